@@ -1,0 +1,12 @@
+# The two entry points README names. Both install what is missing first (scripts/setup.sh).
+.PHONY: setup serve test
+
+setup:
+	./scripts/setup.sh
+
+serve: setup
+	.venv/bin/lab serve
+
+test:
+	LAB_MODELS="smollm2 qwen2.5 gemma3" ./scripts/setup.sh
+	.venv/bin/pytest -q

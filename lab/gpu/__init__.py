@@ -1,0 +1,166 @@
+"""The device layer: the only place that talks to WebGPU.
+
+Engine code is written once against `Device` and runs on two backends with the same WGSL:
+`native` (wgpu-py: Vulkan, Metal, D3D12, lavapipe) and `browser` (navigator.gpu through
+pyodide.ffi, inside the worker). The surface is small on purpose: buffers, writes, kernels,
+bind groups, one compute pass per `run`, asynchronous reads.
+
+What it does not know: models, tokens, quant formats. It knows buffer *kinds* so that Forget
+can find every buffer holding conversation-derived data without a hand-made list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Buffer kinds. Every buffer the engine creates carries one.
+WEIGHTS = "weights"            # model parameters, uploaded once from the file
+CONSTANT = "constant"          # shapes and other per-dispatch parameters fixed at load time
+CONVERSATION = "conversation"  # anything derived from user text: KV, activations, logits, probes, staging
+KINDS = (WEIGHTS, CONSTANT, CONVERSATION)
+
+# Features the engine may use, under their WebGPU names.
+FEATURES = ("shader-f16", "subgroups", "timestamp-query")
+
+# Limits the engine reads, under snake_case names (wgpu-py spells them with dashes, the browser in camelCase).
+LIMITS = (
+    "max_storage_buffer_binding_size",
+    "max_buffer_size",
+    "max_compute_workgroup_storage_size",
+    "max_compute_invocations_per_workgroup",
+    "max_compute_workgroup_size_x",
+    "max_compute_workgroups_per_dimension",
+    "max_storage_buffers_per_shader_stage",
+    "min_storage_buffer_offset_alignment",
+    "min_uniform_buffer_offset_alignment",
+)
+
+
+class GpuError(RuntimeError):
+    """A problem the user can act on: no adapter, a shader that does not compile, a size over a limit."""
+
+
+@dataclass(eq=False)
+class Buffer:
+    handle: object          # GPUBuffer of the backend
+    size: int               # bytes
+    kind: str               # one of KINDS
+    label: str
+    uniform: bool = False   # a uniform buffer (read-only parameters) rather than storage
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A byte range of a buffer bound in place of the whole (offset aligned to min_storage_buffer_offset_alignment)."""
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+@dataclass(eq=False)
+class Kernel:
+    handle: object          # GPUComputePipeline
+    label: str
+
+
+@dataclass(eq=False)
+class Bound:
+    handle: object          # GPUBindGroup
+    label: str
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    kernel: Kernel
+    bound: Bound
+    groups: tuple[int, int, int]
+
+
+@dataclass
+class AdapterInfo:
+    backend: str                      # "native" or "browser"
+    name: str                         # adapter description as the platform reports it
+    features: frozenset[str]
+    limits: dict[str, int]
+    details: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"backend": self.backend, "name": self.name, "features": sorted(self.features),
+                "limits": dict(self.limits), **self.details}
+
+
+class Device:
+    """Backend-neutral base: the registry of buffers and the checks every backend shares."""
+
+    info: AdapterInfo
+
+    def __init__(self) -> None:
+        self.buffers: list[Buffer] = []   # every live buffer, in creation order (Forget walks this)
+
+    # -- buffers ---------------------------------------------------------------------------
+    def buffer(self, size: int, kind: str, label: str) -> Buffer:
+        """A storage buffer of at least `size` bytes (rounded up to 4), zero-filled by WebGPU."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown buffer kind {kind!r} for {label}")
+        size = max(4, (size + 3) & ~3)
+        if size > self.info.limits["max_buffer_size"]:
+            raise GpuError(f"{label}: {size:,} bytes exceed this GPU's max buffer size "
+                           f"({self.info.limits['max_buffer_size']:,} bytes)")
+        buf = Buffer(self._create_buffer(size, label, uniform=False), size, kind, label)
+        self.buffers.append(buf)
+        return buf
+
+    def uniform(self, data: bytes, label: str) -> Buffer:
+        """A uniform buffer holding `data` (padded to 16 bytes), for per-dispatch parameters."""
+        size = max(16, (len(data) + 15) & ~15)
+        buf = Buffer(self._create_buffer(size, label, uniform=True), size, CONSTANT, label, uniform=True)
+        self.buffers.append(buf)
+        self.write(buf, bytes(data) + bytes(size - len(data)))
+        return buf
+
+    def destroy(self, buf: Buffer) -> None:
+        self.buffers.remove(buf)
+        buf.handle.destroy()
+
+    def check_binding(self, size: int, label: str) -> None:
+        limit = self.info.limits["max_storage_buffer_binding_size"]
+        if size > limit:
+            raise GpuError(f"{label}: a binding of {size:,} bytes exceeds this GPU's storage binding limit "
+                           f"({limit:,} bytes); bind it in row ranges")
+
+    # -- backend hooks -----------------------------------------------------------------------
+    def _create_buffer(self, size: int, label: str, uniform: bool):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def write(self, buf: Buffer, data, offset: int = 0) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def clear(self, buf: Buffer) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def kernel(self, source: str, label: str, entry: str = "main") -> Kernel:  # pragma: no cover
+        raise NotImplementedError
+
+    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:  # pragma: no cover
+        raise NotImplementedError
+
+    def prepare(self, dispatches: list[Dispatch]):
+        """A step's dispatch list in the backend's own form, built once and passed to `run` every step."""
+        return list(dispatches)
+
+    def run(self, dispatches, writes=()) -> None:  # pragma: no cover - abstract
+        """Apply `writes` [(buffer, offset, bytes)], then encode all dispatches (a list or a `prepare`d
+        plan) in one compute pass and submit once."""
+        raise NotImplementedError
+
+    async def flush_errors(self) -> None:
+        """Raise the first shader or validation problem not yet reported (the browser reports late)."""
+
+    async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:  # pragma: no cover
+        raise NotImplementedError
+
+
+def open_native(disable: tuple[str, ...] = ()) -> Device:
+    """The wgpu-py device (CPython only). `disable` drops features, so fallbacks stay testable."""
+    from .native import NativeDevice
+    return NativeDevice(disable=disable)

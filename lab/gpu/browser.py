@@ -1,0 +1,166 @@
+"""Browser backend: navigator.gpu through pyodide.ffi, inside the module worker (Pyodide only).
+
+Traps measured here:
+- WebGPU descriptors must be plain JS objects: `to_js(d, dict_converter=Object.fromEntries)`; a bare
+  `to_js` makes a Map, whose entries WebGPU does not read as descriptor fields.
+- Each Python->JS call costs microseconds, so a step's dispatches are encoded by one call into the
+  worker's JS helper `labEncode` from a JS array prepared once (`prepare`).
+- Shader problems arrive asynchronously: `flush_errors` awaits every new module's compilation info and
+  the device's error scope, so they are reported before any weight is uploaded.
+- Read-back is copy -> staging (MAP_READ) -> mapAsync; the staging buffer holds conversation data and
+  is registered like any other buffer so Forget clears it.
+"""
+
+from __future__ import annotations
+
+import js
+from pyodide.ffi import to_js
+
+from . import FEATURES, LIMITS, AdapterInfo, Bound, Buffer, CONVERSATION, Device, Dispatch, GpuError, Kernel, Slice
+
+_STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
+_UNIFORM = 0x0040 | 0x0008               # UNIFORM | COPY_DST
+_STAGING = 0x0001 | 0x0008               # MAP_READ | COPY_DST
+_MAP_READ = 0x0001
+
+
+def _null(x) -> bool:
+    # JS null crosses as pyodide.ffi.jsnull (a JsNull), not None.
+    return x is None or type(x).__name__ == "JsNull"
+
+
+def _obj(d):
+    return to_js(d, dict_converter=js.Object.fromEntries)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+async def open_browser() -> "BrowserDevice":
+    gpu = getattr(js.navigator, "gpu", None)
+    if _null(gpu):
+        raise GpuError("this browser has no WebGPU (navigator.gpu is missing): use a recent Chrome, Edge or "
+                       "Firefox with WebGPU enabled, over http://localhost or https")
+    adapter = await gpu.requestAdapter(_obj({"powerPreference": "high-performance"}))
+    if _null(adapter):
+        raise GpuError("WebGPU is present but no GPU adapter was granted: enable hardware acceleration in the "
+                       "browser settings, or update the GPU driver")
+    features = [f for f in FEATURES if adapter.features.has(f)]
+    limits = {k: int(getattr(adapter.limits, _camel(k))) for k in LIMITS}
+    device = await adapter.requestDevice(_obj({
+        "requiredFeatures": features,
+        # Ask for the adapter's own limits: the defaults (128 MiB bindings) would refuse real embeddings.
+        "requiredLimits": {_camel(k): v for k, v in limits.items()},
+    }))
+    info = adapter.info
+    name = " ".join(str(x) for x in (info.vendor, info.architecture, info.device, info.description) if x)
+    return BrowserDevice(device, AdapterInfo("browser", name or "unknown adapter", frozenset(features), limits,
+                                             {"vendor": str(info.vendor)}))
+
+
+class BrowserDevice(Device):
+    def __init__(self, device, info: AdapterInfo) -> None:
+        super().__init__()
+        self._device = device
+        self._queue = device.queue
+        self.info = info
+        self._pending: list[tuple[str, object]] = []   # (label, shader module) not yet checked
+        self._staging: Buffer | None = None
+        self.lost = None
+        device.pushErrorScope("validation")
+
+    def _create_buffer(self, size: int, label: str, uniform: bool):
+        return self._device.createBuffer(_obj({"size": size, "usage": _UNIFORM if uniform else _STORAGE,
+                                               "label": label}))
+
+    def write(self, buf: Buffer, data, offset: int = 0) -> None:
+        # bytes from Python cross as a Uint8Array copy; a JS ArrayBuffer (File.slice) crosses untouched.
+        src = data if hasattr(data, "byteLength") else to_js(bytes(data))
+        self._queue.writeBuffer(buf.handle, offset, src)
+
+    def clear(self, buf: Buffer) -> None:
+        enc = self._device.createCommandEncoder()
+        enc.clearBuffer(buf.handle)
+        self._queue.submit(to_js([enc.finish()]))
+
+    def kernel(self, source: str, label: str, entry: str = "main") -> Kernel:
+        module = self._device.createShaderModule(_obj({"code": source, "label": label}))
+        self._pending.append((label, module))
+        pipeline = self._device.createComputePipeline(_obj({
+            "layout": "auto", "compute": {"module": module, "entryPoint": entry}, "label": label}))
+        return Kernel(pipeline, label)
+
+    async def flush_errors(self) -> None:
+        """Raise the first shader or validation problem since the last call, naming the kernel."""
+        pending, self._pending = self._pending, []
+        for label, module in pending:
+            info = await module.getCompilationInfo()
+            errors = [m for m in info.messages if m.type == "error"]
+            if errors:
+                m = errors[0]
+                raise GpuError(f"kernel {label} does not compile: line {m.lineNum}: {m.message}")
+        err = await self._device.popErrorScope()
+        self._device.pushErrorScope("validation")
+        if not _null(err):
+            raise GpuError(f"WebGPU validation error: {err.message}")
+
+    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:
+        entries = []
+        for i, res in enumerate(resources):
+            if isinstance(res, Slice):
+                self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.buffer.label})")
+                entries.append({"binding": i, "resource": {"buffer": res.buffer.handle, "offset": res.offset,
+                                                            "size": res.size}})
+            else:
+                if not res.uniform:
+                    self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.label})")
+                entries.append({"binding": i, "resource": {"buffer": res.handle}})
+        group = self._device.createBindGroup(_obj({
+            "layout": kernel.handle.getBindGroupLayout(0), "entries": entries, "label": label or kernel.label}))
+        return Bound(group, label or kernel.label)
+
+    def prepare(self, dispatches: list[Dispatch]):
+        """A JS array [pipeline, group, x, y, z, ...] built once, encoded later by one JS call."""
+        flat = []
+        for d in dispatches:
+            flat += [d.kernel.handle, d.bound.handle, *d.groups]
+        return to_js(flat)
+
+    def run(self, dispatches, writes=()) -> None:
+        plan = dispatches if hasattr(dispatches, "length") else self.prepare(dispatches)
+        if writes:
+            w = []
+            for buf, offset, data in writes:
+                w += [buf.handle, offset, to_js(bytes(data))]
+            js.labEncode(self._device, plan, to_js(w))
+        else:
+            js.labEncode(self._device, plan, None)
+
+    def _staging_for(self, size: int) -> Buffer:
+        if self._staging is None or self._staging.size < size:
+            if self._staging is not None:
+                self.destroy(self._staging)
+            size = max(size, 1 << 16)
+            handle = self._device.createBuffer(_obj({"size": size, "usage": _STAGING, "label": "readback"}))
+            self._staging = Buffer(handle, size, CONVERSATION, "readback")
+            self.buffers.append(self._staging)
+        return self._staging
+
+    async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        size = buf.size - offset if size is None else size
+        if buf is self._staging:
+            return await self._map(buf, offset, size)
+        staging = self._staging_for(size)
+        enc = self._device.createCommandEncoder()
+        enc.copyBufferToBuffer(buf.handle, offset, staging.handle, 0, size)
+        self._queue.submit(to_js([enc.finish()]))
+        return await self._map(staging, 0, size)
+
+    async def _map(self, buf: Buffer, offset: int, size: int) -> bytes:
+        await buf.handle.mapAsync(_MAP_READ, offset, size)
+        try:
+            return js.Uint8Array.new(buf.handle.getMappedRange(offset, size)).to_bytes()
+        finally:
+            buf.handle.unmap()

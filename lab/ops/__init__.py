@@ -1,0 +1,75 @@
+"""Kernel families as plan-time builders: each function compiles (cached) its WGSL variant, makes the
+uniform parameters and the bind group once, and returns `Op`s the engine strings into a step.
+
+Conventions every op follows (the engine and the tests rely on them):
+- Activations are f32, row-major: a tensor of t tokens by n features is `t * n` floats, token-major.
+- Per-step values live in one `step` uniform buffer shared by all ops (layout `STEP`), written once per
+  step, so bind groups never change between tokens: `pos` is the position of the step's first token,
+  `n_tokens` the number of tokens in the step.
+- An op's grid depends only on the step's token count: `op.at(t)` gives the dispatch for t tokens.
+- Weights stay in their GGUF block layout, split into row ranges that each fit one storage binding.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable
+
+from .. import gpu
+from ..ggml import GgmlType
+
+# struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 }  (uniform, 16 bytes)
+STEP = struct.Struct("<IIII")
+
+
+def step_bytes(pos: int, n_tokens: int, n_ctx: int) -> bytes:
+    return STEP.pack(pos, n_tokens, n_ctx, 0)
+
+
+def make_step(device: gpu.Device, label: str = "step") -> gpu.Buffer:
+    """The shared per-step uniform buffer. Conversation-derived (it holds the position)."""
+    size = 16
+    buf = gpu.Buffer(device._create_buffer(size, label, uniform=True), size, gpu.CONVERSATION, label, uniform=True)
+    device.buffers.append(buf)
+    return buf
+
+
+@dataclass(frozen=True)
+class Op:
+    kernel: gpu.Kernel
+    bound: gpu.Bound
+    grid: Callable[[int], tuple[int, int, int]]   # workgroups for a step of t tokens
+
+    def at(self, t: int) -> gpu.Dispatch:
+        return gpu.Dispatch(self.kernel, self.bound, self.grid(t))
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    buffer: gpu.Buffer
+    first_row: int
+    n_rows: int
+
+
+@dataclass(frozen=True)
+class Weight:
+    """A 2-D weight of `rows` outputs by `cols` inputs (GGUF ne0 = cols, ne1 = rows), GGUF block layout."""
+    name: str
+    type: GgmlType
+    rows: int
+    cols: int
+    parts: tuple[WeightPart, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.type.row_bytes(self.cols)
+
+
+def groups_1d(n: int, per_group: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
+    """Workgroups for n items at per_group each, folded into y when x would pass the per-dimension limit."""
+    g = max(1, -(-n // per_group))
+    if g <= max_per_dim:
+        return (g, 1, 1)
+    y = -(-g // max_per_dim)
+    return (max_per_dim, y, 1)

@@ -1,0 +1,310 @@
+"""The numpy forward pass: the oracle the GPU engine is checked against (CPython only).
+
+Follows llama.cpp's graph builders op for op (src/models/llama.cpp, qwen2.cpp, gemma3.cpp and
+llm_graph_context::build_norm / build_ffn / build_attn in src/llama-graph.cpp), on weights
+dequantized by gguf-py, in float32 (or float64: `Reference(path, dtype=np.float64)`).
+
+Trace names (`ref.trace`, filled when `forward(..., trace=True)`; `ref.trace_order` lists them in
+the order they were computed). They are llama.cpp's eval-callback names with "-{il}" for layer il;
+where llama.cpp gives two tensors one name, the second gets a suffix. Shapes are for t new tokens
+and n_kv = start_pos + t cached positions:
+
+    inp_embd            [t, n_embd]     token_embd rows
+    inp_scaled          [t, n_embd]     gemma3 only: inp_embd * sqrt(n_embd)
+    attn_norm-il        [t, n_embd]     RMSNorm(x) * attn_norm.weight
+    Qcur-il             [t, n_head*hd]  x @ Wq.T (+ bq)       (llama.cpp: "Qcur" before RoPE)
+    Kcur-il             [t, n_kv_head*hd]
+    Vcur-il             [t, n_kv_head*hd_v]
+    Qcur_normed-il      [t, n_head, hd] gemma3 only: per-head RMSNorm * attn_q_norm.weight
+    Kcur_normed-il      [t, n_kv_head, hd]
+    Qcur_rope-il        [t, n_head, hd] after RoPE            (llama.cpp names this "Qcur" too)
+    Kcur_rope-il        [t, n_kv_head, hd]
+    kq_soft_max-il      [n_head, t, n_kv] attention probabilities (masked entries exactly 0)
+    kqv_out-il          [t, n_head*hd_v] heads merged, before Wo
+    attn_out-il         [t, n_embd]     after Wo (+ bo)
+    attn_post_norm-il   [t, n_embd]     gemma3 only
+    ffn_inp-il          [t, n_embd]     residual after attention (gemma3: llama.cpp's "sa_out")
+    ffn_norm-il         [t, n_embd]
+    ffn_out-il          [t, n_embd]     FFN output before the residual add
+    ffn_post_norm-il    [t, n_embd]     gemma3 only
+    l_out-il            [t, n_embd]     residual after the layer
+    result_norm         [t, n_embd]
+    result_output       [t, n_vocab]    logits (after softcapping, if the model has it)
+
+API:
+    ref = Reference(path)
+    logits = ref.forward(ids)                 # prefill from position 0, all positions, [t, n_vocab]
+    logits = ref.forward(more, start_pos=n)   # continue: keeps cache[:n], appends `more`
+    ref.greedy(ids, n) -> list[int]           # n greedy tokens after ids (argmax, ties -> lowest id)
+    ref.logit_lens(ids) -> (top_ids [n_layer, t], top_probs [n_layer, t])
+    ref.neighbours(token_id, k=10) -> (ids [k], cosine [k])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .weights import Hparams, Weights
+
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_COEF_A = 0.044715
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """ggml_rms_norm over the last axis, then (build_norm) times the weight as stored in the GGUF."""
+    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    y = x * (1.0 / np.sqrt(ms + eps)).astype(x.dtype)
+    return y * w if w is not None else y
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu: the tanh approximation."""
+    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str) -> np.ndarray:
+    """ggml_rope_ext without scaling: x [t, heads, hd]; rotates the first n_rot dims of each head.
+
+    theta_i = pos * base^(-2i/n_rot), i < n_rot/2.  mode "norm": pairs (x[2i], x[2i+1]);
+    mode "neox": pairs (x[i], x[i + n_rot/2]).  Angles in float64, then cast.
+    """
+    half = n_rot // 2
+    inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+    ang = pos.astype(np.float64)[:, None] * inv[None, :]              # [t, half]
+    cos = np.cos(ang).astype(x.dtype)[:, None, :]
+    sin = np.sin(ang).astype(x.dtype)[:, None, :]
+    out = x.copy()
+    if mode == "norm":
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+        out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    elif mode == "neox":
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_rot] = x0 * sin + x1 * cos
+    else:
+        raise ValueError(f"rope mode {mode!r}")
+    return out
+
+
+class Reference:
+    """numpy forward pass of a GGUF model (llama, qwen2, gemma3) with a KV cache and a trace."""
+
+    def __init__(self, path: str | Path, dtype=np.float32, kv_f16: bool = False):
+        """kv_f16: round K and V to float16 on their way into the cache, as llama.cpp's default
+        F16 KV cache does (off by default: the oracle keeps them in `dtype`)."""
+        self.w = Weights(path, dtype=dtype)
+        self.hp = Hparams.from_weights(self.w)
+        self.dtype = np.dtype(dtype)
+        self.kv_f16 = kv_f16
+        self.trace: dict[str, np.ndarray] = {}
+        self.trace_order: list[str] = []
+        self._trace_on = False
+        self._k: list[np.ndarray] = []     # per layer [n_kv_head, n_ctx, hd] (post-RoPE)
+        self._v: list[np.ndarray] = []
+        self.n_past = 0
+        self._emb_unit: np.ndarray | None = None
+        self.reset()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def reset(self) -> None:
+        hp = self.hp
+        self._k = [np.zeros((hp.n_head_kv, 0, hp.head_dim), self.dtype) for _ in range(hp.n_layer)]
+        self._v = [np.zeros((hp.n_head_kv, 0, hp.head_dim_v), self.dtype) for _ in range(hp.n_layer)]
+        self.n_past = 0
+
+    def _cb(self, name: str, x: np.ndarray) -> None:
+        if self._trace_on:
+            self.trace[name] = np.array(x, copy=True)
+            self.trace_order.append(name)
+
+    def _lw(self, il: int, name: str) -> np.ndarray | None:
+        return self.w.maybe(f"blk.{il}.{name}")
+
+    def output_weight(self) -> np.ndarray:
+        """output.weight, or token_embd.weight when the head is tied (no output.weight in the file)."""
+        return self.w.get("output.weight" if "output.weight" in self.w else "token_embd.weight")
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        """result_norm -> logits: output projection (+ final softcapping)."""
+        logits = x @ self.output_weight().T
+        cap = self.hp.final_softcap
+        if cap:
+            logits = np.tanh(logits / cap) * cap
+        return logits
+
+    @staticmethod
+    def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        y = x @ w.T
+        return y + b if b is not None else y
+
+    def _mask(self, il: int, pos_q: np.ndarray, n_kv: int) -> np.ndarray:
+        """True where query (row) may attend key (col): causal, plus the sliding window on SWA layers
+        (llama_hparams::is_masked_swa, STANDARD: masked when p_q - p_k >= n_swa)."""
+        pk = np.arange(n_kv)[None, :]
+        pq = pos_q[:, None]
+        ok = pk <= pq
+        if self.hp.is_swa(il) and self.hp.n_swa > 0:
+            ok &= (pq - pk) < self.hp.n_swa
+        return ok
+
+    # -- the forward pass -----------------------------------------------------------------------
+    def forward(self, ids, start_pos: int | None = None, trace: bool = False) -> np.ndarray:
+        """Logits [t, n_vocab] for every position of `ids` (causal). start_pos None or 0 starts
+        fresh; start_pos = n keeps the first n cached positions and appends."""
+        hp, dt = self.hp, self.dtype
+        ids = np.asarray(list(ids), dtype=np.int64)
+        t = len(ids)
+        if t == 0:
+            raise ValueError("forward: no tokens")
+        if ids.min() < 0 or ids.max() >= hp.n_vocab:
+            raise ValueError(f"forward: token id out of range [0, {hp.n_vocab})")
+        start = 0 if start_pos is None else int(start_pos)
+        if start > self.n_past:
+            raise ValueError(f"forward: start_pos {start} is past the cache ({self.n_past} positions)")
+        self._trace_on = trace
+        if trace:
+            self.trace = {}
+            self.trace_order = []
+        pos = np.arange(start, start + t)
+        n_kv = start + t
+        rep = hp.n_head // hp.n_head_kv
+
+        x = self.w.get("token_embd.weight")[ids].astype(dt)
+        self._cb("inp_embd", x)
+        if hp.embed_scale != 1.0:
+            x = x * dt.type(hp.embed_scale)
+            self._cb("inp_scaled", x)
+
+        for il in range(hp.n_layer):
+            inp = x
+            cur = rms_norm(x, self._lw(il, "attn_norm.weight"), hp.eps)
+            self._cb(f"attn_norm-{il}", cur)
+
+            q = self._linear(cur, self._lw(il, "attn_q.weight"), self._lw(il, "attn_q.bias"))
+            k = self._linear(cur, self._lw(il, "attn_k.weight"), self._lw(il, "attn_k.bias"))
+            v = self._linear(cur, self._lw(il, "attn_v.weight"), self._lw(il, "attn_v.bias"))
+            self._cb(f"Qcur-{il}", q)
+            self._cb(f"Kcur-{il}", k)
+            self._cb(f"Vcur-{il}", v)
+            q = q.reshape(t, hp.n_head, hp.head_dim)
+            k = k.reshape(t, hp.n_head_kv, hp.head_dim)
+            v = v.reshape(t, hp.n_head_kv, hp.head_dim_v)
+            if hp.qk_norm:
+                q = rms_norm(q, self._lw(il, "attn_q_norm.weight"), hp.eps)
+                k = rms_norm(k, self._lw(il, "attn_k_norm.weight"), hp.eps)
+                self._cb(f"Qcur_normed-{il}", q)
+                self._cb(f"Kcur_normed-{il}", k)
+            base = hp.rope_base_for(il)
+            q = rope(q, pos, hp.n_rot, base, hp.rope_type)
+            k = rope(k, pos, hp.n_rot, base, hp.rope_type)
+            self._cb(f"Qcur_rope-{il}", q)
+            self._cb(f"Kcur_rope-{il}", k)
+
+            # KV cache: [n_kv_head, n_kv, hd]
+            kt, vt = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+            if self.kv_f16:
+                kt = kt.astype(np.float16).astype(dt)
+                vt = vt.astype(np.float16).astype(dt)
+            K = np.concatenate([self._k[il][:, :start], kt], axis=1)
+            V = np.concatenate([self._v[il][:, :start], vt], axis=1)
+            self._k[il], self._v[il] = K, V
+
+            # scores [n_head, t, n_kv]; query head h reads kv head h // rep (ggml_mul_mat broadcast)
+            qh = q.transpose(1, 0, 2)                                         # [n_head, t, hd]
+            Kr = np.repeat(K, rep, axis=0) if rep > 1 else K
+            Vr = np.repeat(V, rep, axis=0) if rep > 1 else V
+            kq = np.matmul(qh, Kr.transpose(0, 2, 1)) * dt.type(hp.attn_scale)
+            mask = self._mask(il, pos, n_kv)
+            kq = np.where(mask[None], kq, -np.inf)
+            p = softmax(kq, axis=-1).astype(dt)
+            self._cb(f"kq_soft_max-{il}", p)
+            o = np.matmul(p, Vr)                                              # [n_head, t, hd_v]
+            o = o.transpose(1, 0, 2).reshape(t, hp.n_head * hp.head_dim_v)
+            self._cb(f"kqv_out-{il}", o)
+            cur = self._linear(o, self._lw(il, "attn_output.weight"), self._lw(il, "attn_output.bias"))
+            self._cb(f"attn_out-{il}", cur)
+            if hp.post_norms:
+                cur = rms_norm(cur, self._lw(il, "post_attention_norm.weight"), hp.eps)
+                self._cb(f"attn_post_norm-{il}", cur)
+            ffn_inp = cur + inp
+            self._cb(f"ffn_inp-{il}", ffn_inp)
+
+            cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
+            self._cb(f"ffn_norm-{il}", cur)
+            gate = self._linear(cur, self._lw(il, "ffn_gate.weight"))
+            up = self._linear(cur, self._lw(il, "ffn_up.weight"))
+            act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
+            cur = self._linear(act * up, self._lw(il, "ffn_down.weight"))
+            self._cb(f"ffn_out-{il}", cur)
+            if hp.post_norms:
+                cur = rms_norm(cur, self._lw(il, "post_ffw_norm.weight"), hp.eps)
+                self._cb(f"ffn_post_norm-{il}", cur)
+            x = cur + ffn_inp
+            self._cb(f"l_out-{il}", x)
+
+        self.n_past = n_kv
+        x = rms_norm(x, self.w.get("output_norm.weight"), hp.eps)
+        self._cb("result_norm", x)
+        logits = self._head(x)
+        self._cb("result_output", logits)
+        self._trace_on = False
+        return np.asarray(logits, dtype=np.float32) if dt != np.float32 else logits
+
+    # -- generation and the lab panels ----------------------------------------------------------
+    def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:
+        """n greedy tokens after `ids` (prefill, then one token at a time through the KV cache).
+        Stops early only at a token in `stop`, which is included."""
+        ids = list(ids)
+        logits = self.forward(ids)
+        out: list[int] = []
+        for _ in range(n):
+            nxt = int(np.argmax(logits[-1]))
+            out.append(nxt)
+            if stop and nxt in stop or len(out) == n:
+                break
+            logits = self.forward([nxt], start_pos=self.n_past)
+        return out
+
+    def logit_lens(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """Each layer's residual (l_out-il) through the final norm and the output head:
+        top-1 token id and its softmax probability, both [n_layer, t]."""
+        self.forward(ids, trace=True)
+        hp = self.hp
+        norm_w = self.w.get("output_norm.weight")
+        top_ids = np.zeros((hp.n_layer, len(ids)), np.int64)
+        top_p = np.zeros((hp.n_layer, len(ids)), np.float32)
+        for il in range(hp.n_layer):
+            logits = self._head(rms_norm(self.trace[f"l_out-{il}"], norm_w, hp.eps)).astype(np.float64)
+            i = np.argmax(logits, axis=-1)
+            m = logits[np.arange(len(i)), i]
+            top_ids[il] = i
+            top_p[il] = 1.0 / np.sum(np.exp(logits - m[:, None]), axis=-1)
+        return top_ids, top_p
+
+    def neighbours(self, token_id: int, k: int = 10, include_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The k tokens whose input embeddings have the highest cosine similarity to token_id's."""
+        if self._emb_unit is None:
+            e = self.w.get("token_embd.weight")
+            n = np.linalg.norm(e, axis=1, keepdims=True)
+            self._emb_unit = (e / np.maximum(n, 1e-12)).astype(np.float32)
+        u = self._emb_unit
+        sim = u @ u[int(token_id)]
+        if not include_self:
+            sim = sim.copy()
+            sim[int(token_id)] = -np.inf
+        top = np.argpartition(-sim, k)[:k]
+        top = top[np.argsort(-sim[top], kind="stable")]
+        return top, sim[top].astype(np.float32)

