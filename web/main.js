@@ -44,10 +44,11 @@ function render() {
   err.textContent = store.error || "";
   if (store.model) {
     const m = store.model;
-    const quant = Object.entries(m.quant_types || {}).map(([t, v]) => `${t} ${fmtBytes(v.bytes)} (${v.tensors})`).join(", ");
+    const quant = Object.entries(m.type_bytes || {})
+      .map(([t, b]) => `${t} ${fmtBytes(b)} (${m.type_counts[t]} tensors)`).join(", ");
     renderFacts($("model-info"), [
       ["file", m.file_name], ["architecture", m.architecture], ["name", m.name], ["layers", m.layers],
-      ["embedding", m.embedding], ["heads", m.heads], ["KV heads", m.kv_heads], ["vocabulary", m.vocab_size],
+      ["embedding", m.embedding_size], ["heads", m.heads], ["KV heads", m.kv_heads], ["vocabulary", m.vocab_size],
       ["tokenizer", `${m.tokenizer_model ?? "—"} / ${m.tokenizer_pre ?? "—"}`], ["context", m.context_length],
       ["tensors", m.tensor_count], ["quant types", quant], ["file size", fmtBytes(m.file_size)],
       ["header read", `${fmtBytes(m.prefix_bytes)} in ${m.parse_ms} ms`],
