@@ -28,6 +28,61 @@ def _selftest(args) -> int:
     return 0
 
 
+def _load(model_path: str, n_ctx: int, disable=()):
+    """Header, config, tokenizer and a native engine with the weights uploaded (timed)."""
+    import time
+
+    from lab import gguf, gpu
+    from lab.engine import Engine
+    from lab.tokenizer import from_metadata
+    header = gguf.read_file(model_path)
+    tok = from_metadata(header.metadata)
+    device = gpu.open_native(disable=tuple(disable))
+    t0 = time.perf_counter()
+    engine = Engine(device, header, n_ctx=n_ctx)
+    nbytes = engine.upload_file(model_path)
+    return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
+
+
+def _generate(args) -> int:
+    from lab import chat
+    from lab.sampler import Settings
+    from lab.session import Session
+    header, tok, engine, load = _load(args.model, args.ctx, args.disable)
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
+        messages.append({"role": "user", "content": args.prompt})
+        prompt = chat.render_chat(tok, header.metadata, messages)
+    else:
+        prompt = tok.encode(args.prompt, add_bos=tok.add_bos)
+    settings = Settings(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        min_p=args.min_p, seed=args.seed)
+    session = Session(engine, tok)
+    stream = None if args.json else (lambda _id, piece: print(piece, end="", flush=True))
+    result = asyncio.run(session.generate(prompt, settings, args.n, on_token=stream))
+    if args.json:
+        out = result.to_dict()
+        out.update(load_s=round(load["load_s"], 3), weight_bytes=load["weight_bytes"],
+                   dispatches_per_token=engine.dispatches_per_step(1), adapter=engine.device.info.name)
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print()
+        print(f"[{len(prompt)} prompt tokens, {result.prefill_tok_s:.1f} tok/s prefill; {len(result.ids)} generated, "
+              f"{result.decode_tok_s:.1f} tok/s decode; stop: {result.stop}]", file=sys.stderr)
+    return 0
+
+
+def _tokenize(args) -> int:
+    from lab import gguf
+    from lab.tokenizer import from_metadata
+    tok = from_metadata(gguf.read_file(args.model).metadata)
+    with open(args.file, encoding="utf-8", errors="surrogateescape") as f:
+        text = f.read()
+    ids = tok.encode(text)
+    print(json.dumps(ids) if args.json else " ".join(map(str, ids)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -46,13 +101,38 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_selftest)
 
+    s = sub.add_parser("generate", help="generate text natively (wgpu) with the same engine the page runs")
+    s.add_argument("model")
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
+    s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
+    s.add_argument("--greedy", action="store_true")
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--min-p", type=float, default=0.05)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-n", type=int, default=128, help="maximum new tokens")
+    s.add_argument("--ctx", type=int, default=2048, help="KV cache length in tokens")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_generate)
+
+    s = sub.add_parser("tokenize", help="token ids of a text file (no BOS, no special-token parsing)")
+    s.add_argument("model")
+    s.add_argument("file")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=_tokenize)
+
     args = p.parse_args(argv)
     try:
         return args.fn(args)
     except Exception as exc:  # one clear line for the user, not a traceback
+        from lab.engine import EngineError
         from lab.gguf import GGUFError
         from lab.gpu import GpuError
-        if isinstance(exc, (GGUFError, GpuError, FileNotFoundError)):
+        from lab.model import ModelError
+        if isinstance(exc, (GGUFError, GpuError, ModelError, EngineError, FileNotFoundError, ValueError)):
             print(f"lab {args.cmd}: {exc}", file=sys.stderr)
             return 2
         raise

@@ -1,31 +1,119 @@
-// Elementwise ops over f32 vectors of n elements.
-// Bindings: 0 a (read), 1 b (read), 2 out (read_write), 3 params (uniform: n, scale)
-//   add:        out[i] = a[i] + b[i]
-//   mul:        out[i] = a[i] * b[i]
-//   scale_add:  out[i] = a[i] + scale * b[i]
-// Workgroup size {{WG}} is owned by Python (lab.kernels), which sizes the grid to match.
+// Elementwise ops over f32 vectors (and a u32 wipe). Three binding layouts; each entry uses exactly one,
+// so its auto layout is bindings 0..k-1 (variables of different entries share binding numbers on purpose:
+// WGSL only forbids two variables at one (group, binding) within the SAME entry point).
+//
+// Layout A, fixed n (lab.selftest relies on scale_add with exactly these bindings):
+//   0 a (storage, read)   1 b (storage, read)   2 out (storage, read_write)   3 p (uniform Params)
+//   add:        out[i] = a[i] + b[i]            i < p.n
+//   mul:        out[i] = a[i] * b[i]            i < p.n
+//   scale_add:  out[i] = a[i] + p.scale * b[i]  i < p.n
+// Layout B, per step (p.n = features per token, i < p.n * step.n_tokens):
+//   0 a (read)   1 b (read)   2 out (read_write)   3 p (uniform Params)   4 step (uniform Step)
+//   add_rows:   out[i] = a[i] + b[i]
+//   mul_rows:   out[i] = a[i] * b[i]
+// Layout C, in place, per step (i < p.n * step.n_tokens):
+//   0 x (read_write)   1 p (uniform Params)   2 step (uniform Step)   3 r (read; not used by scale_to)
+//   add_to:     x[i] = x[i] + r[i]      (residual add)
+//   mul_to:     x[i] = x[i] * r[i]
+//   scale_to:   x[i] = x[i] * p.scale
+//   bias_to:    x[j*p._p0 + p._p1 + c] += r[c]       c < p.n, j < n_tokens (bias into a slice of a fused row)
+//   last_row_to: x[c] = r[(n_tokens-1)*p.n + c]      c < p.n (the last token's row, for the output head)
+// Layout D, wipe:  0 words (array<u32>, read_write)   1 p (uniform Params)
+//   fill_zero:  words[i] = 0u            i < p.n
+// Uniform Params { n: u32, scale: f32, _p0: u32, _p1: u32 } (16 bytes).
+// Grid: 1-D over elements, folded into y past 65535 groups: element = gid.x + gid.y * (num_workgroups.x * WG).
+// Workgroup size {{WG}} is owned by Python (lab.ops.elementwise), which sizes the grid to match.
 
 struct Params { n: u32, scale: f32, _p0: u32, _p1: u32 };
+struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
+const WG: u32 = {{WG}}u;
+
+// Layout A and B
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+@group(0) @binding(4) var<uniform> step: Step;
+// Layout C
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<uniform> pc: Params;
+@group(0) @binding(2) var<uniform> step_c: Step;
+@group(0) @binding(3) var<storage, read> r: array<f32>;
+// Layout D
+@group(0) @binding(0) var<storage, read_write> words: array<u32>;
 
-@compute @workgroup_size({{WG}})
+fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return gid.x + gid.y * (nwg.x * WG);
+}
+
+@compute @workgroup_size(WG)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     if (i < p.n) { out[i] = a[i] + b[i]; }
 }
 
-@compute @workgroup_size({{WG}})
+@compute @workgroup_size(WG)
 fn mul(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     if (i < p.n) { out[i] = a[i] * b[i]; }
 }
 
-@compute @workgroup_size({{WG}})
+@compute @workgroup_size(WG)
 fn scale_add(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
     if (i < p.n) { out[i] = a[i] + p.scale * b[i]; }
+}
+
+@compute @workgroup_size(WG)
+fn add_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p.n * step.n_tokens) { out[i] = a[i] + b[i]; }
+}
+
+@compute @workgroup_size(WG)
+fn mul_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < p.n * step.n_tokens) { out[i] = a[i] * b[i]; }
+}
+
+@compute @workgroup_size(WG)
+fn add_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n * step_c.n_tokens) { x[i] = x[i] + r[i]; }
+}
+
+@compute @workgroup_size(WG)
+fn mul_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n * step_c.n_tokens) { x[i] = x[i] * r[i]; }
+}
+
+@compute @workgroup_size(WG)
+fn scale_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n * step_c.n_tokens) { x[i] = x[i] * pc.scale; }
+}
+
+@compute @workgroup_size(WG)
+fn bias_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n * step_c.n_tokens) {
+        let j = i / pc.n;
+        let c = i % pc.n;
+        let at = j * pc._p0 + pc._p1 + c;
+        x[at] = x[at] + r[c];
+    }
+}
+
+@compute @workgroup_size(WG)
+fn last_row_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let c = flat(gid, nwg);
+    if (c < pc.n && step_c.n_tokens > 0u) { x[c] = r[(step_c.n_tokens - 1u) * pc.n + c]; }
+}
+
+@compute @workgroup_size(WG)
+fn fill_zero(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n) { words[i] = 0u; }
 }

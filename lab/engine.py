@@ -1,0 +1,322 @@
+"""The GPU forward pass: weights resident, a KV cache, and two prebuilt plans (prefill of t tokens,
+decode of one), each run as one compute pass with one submit.
+
+    Config (lab.model)  ->  Engine: Weights (GGUF blocks on the GPU), Scratch (activations, KV cache),
+                                    plans (list of Ops, bind groups built once at load)
+
+Per step the CPU writes only the step uniform (position, token count) and, for prefill or a sampled
+token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
+the ids buffer, so the following decode step needs no write of it).
+
+What it does not know: text (lab.tokenizer), turns and KV reuse (lab.session), files (`uploads`
+says which file bytes go where; the native loader below and the browser's JS helper move them).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from . import gpu, ops
+from .gguf import Header, TensorInfo
+from .model import Config, from_gguf
+from .ops import attention as attn_ops
+from .ops import elementwise, embed, glu, matmul, norm, rope, sample
+from .ops.weights import alloc_weight, placements
+from .shaders import KernelCache
+
+DEFAULT_CTX = 2048      # tokens of KV cache made at load: 2 x 30 x 3 x 64 x 4 B x 2048 = 94 MB for SmolLM2
+DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
+TOP_K = sample.MAX_K    # candidates read back for a sampled token
+
+
+class EngineError(RuntimeError):
+    """A request the loaded engine cannot serve (context full, bad token id); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One contiguous byte range of the model file and where it goes on the GPU."""
+    tensor: str
+    file_offset: int
+    size: int
+    buffer: gpu.Buffer
+    buffer_offset: int = 0
+
+
+@dataclass(frozen=True)
+class Traced:
+    """An activation recorded under llama.cpp's eval-callback name after op `after` of a plan."""
+    name: str
+    after: int              # index into the plan's op list
+    buffer: gpu.Buffer
+    width: int              # floats per token row
+    stride: int             # floats between rows
+    offset: int = 0         # floats before the first element of row 0
+    rows: str = "tokens"    # "tokens" (t rows) or "one" (a single row)
+
+
+class Engine:
+    def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
+                 n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
+                 probe_attention: bool = False) -> None:
+        self.device = device
+        self.header = header
+        self.cfg = cfg = cfg or from_gguf(header)
+        if n_ctx < 2 or max_batch < 1:
+            raise EngineError(f"context {n_ctx} and batch {max_batch} must be positive")
+        self.n_ctx = n_ctx
+        self.max_batch = max_batch
+        self.logits_all = logits_all
+        self.kernels = KernelCache(device)
+        self.tensors: dict[str, TensorInfo] = {t.name: t for t in header.tensors}
+        self.uploads: list[Upload] = []
+        self._alloc_weights()
+        self._alloc_scratch(probe_attention)
+        self._tails: dict[bool, dict[bool, list[ops.Op]]] = {}
+        self.prefill_ops, self.prefill_trace = self._build(batched=True)
+        self.decode_ops, self.decode_trace = self._build(batched=False)
+        self._plans: dict[tuple[str, int], object] = {}
+
+    # -- weights ----------------------------------------------------------------------------------------
+    def _alloc_weights(self) -> None:
+        cfg = self.cfg
+        self.w: dict[str, ops.Weight] = {}     # 2-D matrices, GGUF block layout
+        self.v: dict[str, gpu.Buffer] = {}     # 1-D f32 vectors (norm weights, biases)
+        from .model import expected_tensors
+        for name, shape in expected_tensors(cfg).items():
+            t = self.tensors[name]
+            if len(shape) == 1:
+                buf = self.device.buffer(t.nbytes, gpu.WEIGHTS, name)
+                self.v[name] = buf
+                self.uploads.append(Upload(name, t.offset, t.nbytes, buf))
+            else:
+                w = alloc_weight(self.device, name, t.type, rows=shape[1], cols=shape[0])
+                self.w[name] = w
+                for part, off, size in placements(w):
+                    self.uploads.append(Upload(name, t.offset + off, size, part.buffer))
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(u.size for u in self.uploads)
+
+    def upload_file(self, path, chunk: int = 32 << 20) -> int:
+        """Native loader: copy every planned range from the file, at most `chunk` bytes at a time."""
+        done = 0
+        with open(path, "rb") as f:
+            for u in self.uploads:
+                for start in range(0, u.size, chunk):
+                    n = min(chunk, u.size - start)
+                    f.seek(u.file_offset + start)
+                    data = f.read(n)
+                    if len(data) != n:
+                        raise EngineError(f"{path}: the file ends inside tensor {u.tensor}: it is truncated")
+                    if n % 4:
+                        data += bytes(4 - n % 4)
+                    self.device.write(u.buffer, data, u.buffer_offset + start)
+                    done += n
+        return done
+
+    # -- activations and KV cache ----------------------------------------------------------------------
+    def _alloc_scratch(self, probe_attention: bool) -> None:
+        cfg, dev, B = self.cfg, self.device, self.max_batch
+        conv = gpu.CONVERSATION
+        f32 = 4
+        self.qkv_width = cfg.q_dim + 2 * cfg.kv_dim
+        self.step_buf = ops.make_step(dev, "step")
+        self.ids = dev.buffer(4 * B, conv, "ids [B] u32")
+        self.x = dev.buffer(f32 * B * cfg.n_embd, conv, "x residual [B, n_embd]")
+        self.xn = dev.buffer(f32 * B * cfg.n_embd, conv, "xn normed [B, n_embd]")
+        self.qkv = dev.buffer(f32 * B * self.qkv_width, conv, "qkv [B, q + 2 kv]")
+        self.att = dev.buffer(f32 * B * cfg.q_dim, conv, "attention out [B, q]")
+        self.tmp = dev.buffer(f32 * B * cfg.n_embd, conv, "branch out [B, n_embd]") if cfg.post_norms else None
+        self.gate_up = dev.buffer(f32 * B * 2 * cfg.n_ff, conv, "gate|up [B, 2 n_ff]")
+        self.h = dev.buffer(f32 * B * cfg.n_ff, conv, "glu out [B, n_ff]")
+        self.last = dev.buffer(f32 * cfg.n_embd, conv, "last row [n_embd]")
+        rows = B if self.logits_all else 1
+        self.logits = dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]")
+        self.topk = dev.buffer(8 * TOP_K, conv, "top-k pairs [K] (u32, f32)")
+        kv_bytes = attn_ops.kv_cache_bytes(self.n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.k_cache = [dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)]
+        self.v_cache = [dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)]
+        self.probe = None
+        if probe_attention:
+            self.probe = [dev.buffer(attn_ops.probe_bytes(B, cfg.n_head, self.n_ctx), conv,
+                                     f"attention probe {il} [B, n_head, n_ctx]") for il in range(cfg.n_layer)]
+
+    # -- plans ------------------------------------------------------------------------------------------
+    def _mm(self, name: str, x: gpu.Buffer, y: gpu.Buffer, batched: bool, *, y_offset: int = 0,
+            y_stride: int | None = None, accumulate: bool = False) -> list[ops.Op]:
+        w = self.w[name]
+        if batched:
+            return matmul.matmul(self.device, self.kernels, w, x, y, self.step_buf, max_tokens=self.max_batch,
+                                 accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+        return matmul.matvec(self.device, self.kernels, w, x, y, self.step_buf, y_offset=y_offset,
+                             accumulate=accumulate)
+
+    def _build(self, batched: bool) -> tuple[list[ops.Op], list[Traced]]:
+        cfg, dev, kc, step = self.cfg, self.device, self.kernels, self.step_buf
+        E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, self.qkv_width
+        plan: list[ops.Op] = []
+        trace: list[Traced] = []
+
+        def add(op_list, name=None, buf=None, width=0, stride=None, offset=0, rows="tokens"):
+            plan.extend(op_list)
+            if name:
+                trace.append(Traced(name, len(plan) - 1, buf, width, stride or width, offset, rows))
+
+        # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
+        add(embed.get_rows(dev, kc, self.w["token_embd.weight"], self.ids, self.x, step, scale=cfg.embd_scale),
+            "inp_embd", self.x, E)
+        for il in range(cfg.n_layer):
+            b = f"blk.{il}."
+            # attention block: x -> norm -> q, k, v (fused row [q | k | v]) -> rope -> cache -> attention
+            add(norm.rms_norm(dev, kc, self.x, self.v[b + "attn_norm.weight"], self.xn, step, E, cfg.eps),
+                f"attn_norm-{il}", self.xn, E)
+            add(self._mm(b + "attn_q.weight", self.xn, self.qkv, batched, y_offset=0, y_stride=W))
+            add(self._mm(b + "attn_k.weight", self.xn, self.qkv, batched, y_offset=Q, y_stride=W))
+            add(self._mm(b + "attn_v.weight", self.xn, self.qkv, batched, y_offset=Q + KV, y_stride=W))
+            if cfg.qkv_bias:
+                for part, off, n in (("q", 0, Q), ("k", Q, KV), ("v", Q + KV, KV)):
+                    add(elementwise.add_bias(dev, kc, self.qkv, self.v[f"{b}attn_{part}.bias"], step, n,
+                                             stride=W, offset=off))
+            if cfg.qk_norm:
+                add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_q_norm.weight"], self.qkv, step, Q, cfg.eps,
+                                  group=cfg.head_dim, in_stride=W, in_offset=0, out_stride=W, out_offset=0))
+                add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_k_norm.weight"], self.qkv, step, KV, cfg.eps,
+                                  group=cfg.head_dim, in_stride=W, in_offset=Q, out_stride=W, out_offset=Q))
+            base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
+            # Q heads then K heads are adjacent in the fused row: one rope op rotates both.
+            add(rope.rope(dev, kc, self.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
+                          cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W, col_offset=0),
+                f"Qcur_rope-{il}", self.qkv, Q, W, 0)
+            trace.append(Traced(f"Kcur_rope-{il}", len(plan) - 1, self.qkv, KV, W, Q))
+            trace.append(Traced(f"Vcur-{il}", len(plan) - 1, self.qkv, KV, W, Q + KV))
+            add(attn_ops.kv_write(dev, kc, self.qkv, self.k_cache[il], self.v_cache[il], step,
+                                  n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=W, k_offset=Q,
+                                  v_offset=Q + KV, n_ctx=self.n_ctx))
+            add(attn_ops.attention(dev, kc, self.qkv, self.k_cache[il], self.v_cache[il], self.att, step,
+                                   n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, q_stride=W,
+                                   q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
+                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
+                                   probe=self.probe[il] if self.probe else None,
+                                   mode="prefill" if batched else "decode"),
+                f"kqv_out-{il}", self.att, Q)
+            # output projection; the residual add is folded into it unless gemma3's post-norm sits between
+            if cfg.post_norms:
+                add(self._mm(b + "attn_output.weight", self.att, self.tmp, batched))
+                add(norm.rms_norm(dev, kc, self.tmp, self.v[b + "post_attention_norm.weight"], self.tmp, step, E,
+                                  cfg.eps), f"attn_post_norm-{il}", self.tmp, E)
+                add(elementwise.add(dev, kc, self.x, self.tmp, self.x, step, E), f"ffn_inp-{il}", self.x, E)
+            else:
+                add(self._mm(b + "attn_output.weight", self.att, self.x, batched, accumulate=True),
+                    f"ffn_inp-{il}", self.x, E)
+            # feed-forward: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down (+ residual)
+            add(norm.rms_norm(dev, kc, self.x, self.v[b + "ffn_norm.weight"], self.xn, step, E, cfg.eps),
+                f"ffn_norm-{il}", self.xn, E)
+            add(self._mm(b + "ffn_gate.weight", self.xn, self.gate_up, batched, y_offset=0, y_stride=2 * cfg.n_ff))
+            add(self._mm(b + "ffn_up.weight", self.xn, self.gate_up, batched, y_offset=cfg.n_ff,
+                         y_stride=2 * cfg.n_ff))
+            add(glu.glu(dev, kc, self.gate_up, None, self.h, step, cfg.n_ff, act="geglu" if cfg.gelu else "swiglu"))
+            if cfg.post_norms:
+                add(self._mm(b + "ffn_down.weight", self.h, self.tmp, batched), f"ffn_out-{il}", self.tmp, E)
+                add(norm.rms_norm(dev, kc, self.tmp, self.v[b + "post_ffw_norm.weight"], self.tmp, step, E,
+                                  cfg.eps), f"ffn_post_norm-{il}", self.tmp, E)
+                add(elementwise.add(dev, kc, self.x, self.tmp, self.x, step, E), f"l_out-{il}", self.x, E)
+            else:
+                add(self._mm(b + "ffn_down.weight", self.h, self.x, batched, accumulate=True),
+                    f"l_out-{il}", self.x, E)
+        # output: final norm, then the head on the last row only (or every row for logits_all)
+        add(norm.rms_norm(dev, kc, self.x, self.v["output_norm.weight"], self.xn, step, E, cfg.eps),
+            "result_norm", self.xn, E)
+        head = self.w.get("output.weight", self.w["token_embd.weight"])
+        if self.logits_all and batched:
+            add(matmul.matmul(dev, kc, head, self.xn, self.logits, step, max_tokens=self.max_batch),
+                "result_output", self.logits, cfg.n_vocab)
+            rows = "last"
+        else:
+            add(elementwise.last_row(dev, kc, self.xn, self.last, step, E))
+            add(matmul.matvec(dev, kc, head, self.last, self.logits, step), "result_output", self.logits,
+                cfg.n_vocab, rows="one")
+            rows = 1
+        if cfg.final_softcap:
+            raise EngineError("final logit soft-capping is not implemented")
+        # The tail picks the next token: greedy's argmax lands in ids[0], ready to be the next decode step's
+        # input; sampling reads back the top-k candidates instead (the top-k pass costs 13% of a decode
+        # step on lavapipe, so greedy plans leave it out).
+        self._tails[batched] = {
+            False: sample.argmax(dev, kc, self.logits, self.ids, step, cfg.n_vocab, rows=rows),
+            True: sample.top_k(dev, kc, self.logits, self.topk, step, cfg.n_vocab, TOP_K, rows=rows)}
+        return plan, trace
+
+    def ops_for(self, t: int, sampled: bool = False) -> list[ops.Op]:
+        batched = t > 1
+        return (self.prefill_ops if batched else self.decode_ops) + self._tails[batched][sampled]
+
+    def plan(self, t: int, sampled: bool = False):
+        """The prepared dispatch list for a step of t tokens (prefill for t > 1), cached per (t, sampled)."""
+        key = ("decode" if t == 1 else "prefill", t, sampled)
+        p = self._plans.get(key)
+        if p is None:
+            p = self.device.prepare([d for d in (op.at(t) for op in self.ops_for(t, sampled)) if all(d.groups)])
+            if len(self._plans) > 32:
+                self._plans.pop(next(iter(k for k in self._plans if k[0] == "prefill")))
+            self._plans[key] = p
+        return p
+
+    # -- steps ------------------------------------------------------------------------------------------
+    def _check(self, ids, pos: int) -> None:
+        t = len(ids)
+        if not 1 <= t <= self.max_batch:
+            raise EngineError(f"a step takes 1 to {self.max_batch} tokens, not {t}")
+        if pos + t > self.n_ctx:
+            raise EngineError(f"the conversation would reach {pos + t} tokens, past the context of {self.n_ctx} "
+                              f"made at load: start a new chat, or load with a larger context")
+        bad = [i for i in ids if not 0 <= i < self.cfg.n_vocab]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.n_vocab}")
+
+    def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False) -> None:
+        """Submit one step of t tokens at `pos`. ids=None reuses ids[0] (the previous greedy argmax).
+        sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`)."""
+        t = len(ids) if ids is not None else (t or 1)
+        self._check(ids if ids is not None else [0] * t, pos)
+        writes = [(self.step_buf, 0, ops.step_bytes(pos, t, self.n_ctx))]
+        if ids is not None:
+            writes.append((self.ids, 0, struct.pack(f"<{t}I", *ids)))
+        self.device.run(self.plan(t, sampled), writes)
+
+    async def argmax(self) -> int:
+        return struct.unpack("<I", await self.device.read(self.ids, 0, 4))[0]
+
+    async def top_k(self) -> list[tuple[int, float]]:
+        raw = await self.device.read(self.topk, 0, 8 * TOP_K)
+        pairs = [sample.PAIR.unpack_from(raw, 8 * i) for i in range(TOP_K)]
+        return [(i, v) for i, v in pairs if i != sample.NONE]
+
+    async def logits(self, rows: int = 1) -> list[float]:
+        raw = await self.device.read(self.logits, 0, 4 * rows * self.cfg.n_vocab)
+        return list(struct.unpack(f"<{rows * self.cfg.n_vocab}f", raw))
+
+    async def traced(self, ids: list[int], pos: int) -> dict[str, bytes]:
+        """Run one step op by op and read every traced activation: {name: raw f32 bytes, [rows, width]}."""
+        t = len(ids)
+        self._check(ids, pos)
+        op_list, trace = self.ops_for(t), (self.decode_trace if t == 1 else self.prefill_trace)
+        out: dict[str, bytes] = {}
+        done = 0
+        writes = [(self.step_buf, 0, ops.step_bytes(pos, t, self.n_ctx)), (self.ids, 0, struct.pack(f"<{t}I", *ids))]
+        for tr in sorted(trace, key=lambda r: r.after):
+            if tr.after >= done:
+                seg = [d for d in (op.at(t) for op in op_list[done:tr.after + 1]) if all(d.groups)]
+                self.device.run(seg, writes)
+                writes, done = [], tr.after + 1
+            rows = 1 if tr.rows == "one" else t
+            raw = await self.device.read(tr.buffer, 4 * tr.offset, 4 * ((rows - 1) * tr.stride + tr.width))
+            out[tr.name] = b"".join(raw[4 * r * tr.stride: 4 * (r * tr.stride + tr.width)] for r in range(rows))
+        if done < len(op_list):
+            self.device.run([d for d in (op.at(t) for op in op_list[done:]) if all(d.groups)], writes)
+        return out
+
+    def dispatches_per_step(self, t: int, sampled: bool = False) -> int:
+        return sum(1 for op in self.ops_for(t, sampled) if all(op.at(t).groups))

@@ -1,0 +1,126 @@
+"""A conversation with one loaded engine: KV-cache reuse across turns, the generation loop, timings.
+
+What it does not know: how the prompt was made (lab.chat renders turns into ids) or where the text
+goes (callers pass `on_token`). It is the same code natively and in the browser's worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .engine import Engine
+from .sampler import Sampler, Settings
+
+
+@dataclass
+class Result:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)       # generated ids (an end-of-generation id is not included)
+    text: str = ""
+    reused: int = 0             # prompt tokens whose K/V were already cached
+    prefilled: int = 0          # prompt tokens run through prefill this turn
+    ttft_s: float = 0.0         # time to first token
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0       # one-token steps run (the first generated token comes from prefill)
+    stop: str = ""              # "eog", "length", "stopped"
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefilled / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text, "reused": self.reused,
+                "prefilled": self.prefilled, "ttft_s": round(self.ttft_s, 4),
+                "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
+                "stop": self.stop}
+
+
+class Session:
+    def __init__(self, engine: Engine, tokenizer) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.cached: list[int] = []      # ids whose K/V sit in the cache at positions 0..len-1
+
+    def reset(self) -> None:
+        self.cached = []
+
+    def _reuse(self, prompt: list[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, prompt):
+            if a != b:
+                break
+            n += 1
+        # at least one prompt token must run, to produce the logits of the next token
+        return min(n, len(prompt) - 1)
+
+    async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
+                       should_stop=None) -> Result:
+        """Run the prompt (reusing the cached prefix) and generate up to max_new tokens.
+        on_token(id, text_piece) is called for every generated token; should_stop() is polled between steps."""
+        if not prompt:
+            raise ValueError("an empty prompt: nothing to continue from")
+        eng = self.engine
+        if len(prompt) + max_new > eng.n_ctx:
+            max_new = max(0, eng.n_ctx - len(prompt))
+        if len(prompt) > eng.n_ctx:
+            raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context of {eng.n_ctx}")
+        sampler = Sampler(settings)
+        greedy = settings.greedy or settings.temperature == 0
+        res = Result(prompt_ids=list(prompt))
+        decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
+        t0 = time.perf_counter()
+
+        # 1. prefill what the cache does not hold yet, in chunks of the engine's batch
+        res.reused = self._reuse(prompt)
+        self.cached = self.cached[:res.reused]
+        pos = res.reused
+        while pos < len(prompt):
+            chunk = prompt[pos:pos + eng.max_batch]
+            eng.step(chunk, pos, sampled=not greedy)
+            pos += len(chunk)
+            self.cached += chunk
+        res.prefilled = len(prompt) - res.reused
+        tok = await self._next(sampler, greedy)
+        res.prefill_s = res.ttft_s = time.perf_counter() - t0
+
+        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request
+        t1 = time.perf_counter()
+        eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
+        while True:
+            if tok in eog:
+                res.stop = "eog"
+                break
+            res.ids.append(tok)
+            if decoder is not None:
+                piece = decoder.feed(tok)
+                res.text += piece
+            else:
+                piece = ""
+            if on_token is not None:
+                on_token(tok, piece)
+            if len(res.ids) >= max_new:
+                res.stop = "length"
+                break
+            if should_stop is not None and should_stop():
+                res.stop = "stopped"
+                break
+            # greedy: the argmax already sits in the ids buffer, so nothing is written but the step
+            eng.step(None if greedy else [tok], len(self.cached), sampled=not greedy)
+            self.cached.append(tok)
+            res.decode_steps += 1
+            tok = await self._next(sampler, greedy)
+        if decoder is not None:
+            res.text += decoder.flush()
+        res.decode_s = time.perf_counter() - t1
+        return res
+
+    async def _next(self, sampler: Sampler, greedy: bool) -> int:
+        if greedy:
+            return await self.engine.argmax()
+        return sampler.pick(await self.engine.top_k())
