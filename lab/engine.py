@@ -69,6 +69,7 @@ class Engine:
         self.max_batch = max_batch
         self.logits_all = logits_all
         self.kernels = KernelCache(device)
+        before = set(map(id, device.buffers))
         self.tensors: dict[str, TensorInfo] = {t.name: t for t in header.tensors}
         self.uploads: list[Upload] = []
         self._alloc_weights()
@@ -76,7 +77,16 @@ class Engine:
         self._tails: dict[bool, dict[bool, list[ops.Op]]] = {}
         self.prefill_ops, self.prefill_trace = self._build(batched=True)
         self.decode_ops, self.decode_trace = self._build(batched=False)
-        self._plans: dict[tuple[str, int], object] = {}
+        self._plans: dict[tuple[str, int, bool], object] = {}
+        self.buffers = [b for b in device.buffers if id(b) not in before]   # what `close` frees
+
+    def close(self) -> None:
+        """Free every buffer this engine made (weights, activations, caches, parameters)."""
+        for b in self.buffers:
+            if b in self.device.buffers:
+                self.device.destroy(b)
+        self.buffers = []
+        self._plans.clear()
 
     # -- weights ----------------------------------------------------------------------------------------
     def _alloc_weights(self) -> None:
@@ -100,21 +110,28 @@ class Engine:
     def weight_bytes(self) -> int:
         return sum(u.size for u in self.uploads)
 
+    def upload_pieces(self, chunk: int = 32 << 20) -> list[Upload]:
+        """The uploads cut into pieces of at most `chunk` bytes, in file order (so a loader reads the file
+        front to back). A piece starts at a multiple of `chunk` within its range, so every buffer offset
+        stays a multiple of 4 (writeBuffer's rule); only a range's last piece can have a size that is
+        not, and the loaders pad it."""
+        pieces = [Upload(u.tensor, u.file_offset + s, min(chunk, u.size - s), u.buffer, u.buffer_offset + s)
+                  for u in self.uploads for s in range(0, u.size, chunk)]
+        return sorted(pieces, key=lambda u: u.file_offset)
+
     def upload_file(self, path, chunk: int = 32 << 20) -> int:
-        """Native loader: copy every planned range from the file, at most `chunk` bytes at a time."""
+        """Native loader: copy every piece from the file (the browser's is labUpload in web/worker.js)."""
         done = 0
         with open(path, "rb") as f:
-            for u in self.uploads:
-                for start in range(0, u.size, chunk):
-                    n = min(chunk, u.size - start)
-                    f.seek(u.file_offset + start)
-                    data = f.read(n)
-                    if len(data) != n:
-                        raise EngineError(f"{path}: the file ends inside tensor {u.tensor}: it is truncated")
-                    if n % 4:
-                        data += bytes(4 - n % 4)
-                    self.device.write(u.buffer, data, u.buffer_offset + start)
-                    done += n
+            for u in self.upload_pieces(chunk):
+                f.seek(u.file_offset)
+                data = f.read(u.size)
+                if len(data) != u.size:
+                    raise EngineError(f"{path}: the file ends inside tensor {u.tensor}: it is truncated")
+                if u.size % 4:
+                    data += bytes(4 - u.size % 4)
+                self.device.write(u.buffer, data, u.buffer_offset)
+                done += u.size
         return done
 
     # -- activations and KV cache ----------------------------------------------------------------------

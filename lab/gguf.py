@@ -135,14 +135,13 @@ class _Parser:
 
     def check_count(self, count: int, cap: int, min_size: int, what: str, kind: str) -> None:
         """Refuse a count that the cap or the bytes left in the file rule out, before using it."""
+        where = f"{kind} {count}{f' of {what}' if what else ''} at offset {self.pos}"
         if count > cap:
-            raise GGUFError(f"{kind} {count} of {what} at offset {self.pos} is absurd (the cap is {cap}): "
-                            f"corrupt file")
+            raise GGUFError(f"{where} is absurd (the cap is {cap}): corrupt file")
         if self.file_size is not None:
             left = self.file_size - self.pos
             if count * min_size > left:
-                raise GGUFError(f"{kind} {count} of {what} at offset {self.pos} cannot fit in the {left} "
-                                f"bytes left in the file: truncated or corrupt")
+                raise GGUFError(f"{where} cannot fit in the {left} bytes left in the file: truncated or corrupt")
 
     def u32(self, what: str) -> int:
         self.need(4, what)
@@ -263,9 +262,9 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
     tensor_count = p.u64("tensor count")
     kv_count = p.u64("kv count")
     p.pos = 8
-    p.check_count(tensor_count, MAX_TENSORS, _MIN_TENSOR_INFO, "the file", "tensor count")
+    p.check_count(tensor_count, MAX_TENSORS, _MIN_TENSOR_INFO, "", "tensor count")
     p.pos = 16
-    p.check_count(kv_count, MAX_KVS, _MIN_KV, "the file", "kv count")
+    p.check_count(kv_count, MAX_KVS, _MIN_KV, "", "kv count")
     p.pos = 24
     if file_size is not None and tensor_count * _MIN_TENSOR_INFO + kv_count * _MIN_KV > file_size - 24:
         raise GGUFError(f"tensor count {tensor_count} and kv count {kv_count} together cannot fit in a "
@@ -325,6 +324,9 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
         nbytes = t.row_bytes(shape[0])
         for d in shape[1:]:
             nbytes *= d
+        if nbytes >= 1 << 63:
+            raise GGUFError(f"tensor {name!r} at offset {start}: shape {shape} makes {nbytes} bytes, "
+                            f"more than 64-bit offsets can address")
         raw.append((name, shape, t, rel, nbytes, start))
     header_bytes = p.pos
     data_offset = -(-header_bytes // alignment) * alignment
@@ -361,9 +363,9 @@ def read_file(path: str | os.PathLike) -> Header:
             try:
                 return read(data, size)
             except NeedMoreBytes as e:
-                # read() bounds e.needed by the file size; growth is guaranteed, as it raises only
-                # when the prefix is shorter than the file.
-                n = max(e.needed, len(data) + 1)
+                # At least double, whatever the estimate: the number of tries stays logarithmic.
+                # read() raises this only while the prefix is shorter than the file, so n grows.
+                n = max(e.needed, min(size, 2 * len(data)))
                 data += f.read(n - len(data))
 
 

@@ -1,9 +1,11 @@
 """The worker's Python side (Pyodide only): answers the page's messages, relayed by web/worker.js.
 
-Messages in:  {type: "init"} | {type: "inspect", file: File}
-Messages out: {type: "gpu", info} | {type: "selftest", result} | {type: "model-info", summary}
-              | {type: "error", where, message}
-Python only ever sees the header prefix of a model file: the bytes go from File.slice to the GPU.
+Messages in:  init | inspect {file} | load {file} | chat {messages, settings, max_new} | reset
+Messages out: gpu | selftest | model-info | loaded | prompt | token | done | reset | error {where, message}
+(`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
+
+Python only ever sees the header prefix of a model file: the weights go from File.slice to
+queue.writeBuffer in worker.js (`labUpload`), 32 MB at a time, from a plan Python made.
 """
 
 from __future__ import annotations
@@ -14,12 +16,18 @@ import time
 import js
 from pyodide.ffi import to_js
 
-from . import gguf, selftest
+from . import chat, gguf, selftest
+from .engine import Engine
 from .gpu.browser import open_browser
+from .model import from_gguf
+from .sampler import Settings
+from .session import Session
+from .tokenizer import from_metadata
 
-_lock = asyncio.Lock()   # one message at a time: a second file picked mid-read waits its turn
-_state: dict = {"device": None}
+_lock = asyncio.Lock()   # one message at a time: a second file picked mid-load waits its turn
+_state: dict = {"device": None, "engine": None, "session": None, "header": None, "tokenizer": None}
 PREFIX = 1 << 20         # first read of a header; grown when the metadata is larger
+CHUNK = 32 << 20         # bytes per File.slice during an upload
 
 
 def post(msg: dict) -> None:
@@ -34,6 +42,12 @@ async def handle(msg) -> None:
                 await _init()
             elif kind == "inspect":
                 await _inspect(msg.file)
+            elif kind == "load":
+                await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None)
+            elif kind == "chat":
+                await _chat(msg.to_py())
+            elif kind == "reset":
+                _reset()
             else:
                 post({"type": "error", "where": kind, "message": f"unknown message type {kind!r}"})
         except Exception as exc:  # every failure reaches the page as a message, and the worker lives on
@@ -63,9 +77,88 @@ async def read_header(file) -> tuple[gguf.Header, int]:
             want = min(size, max(more.needed, want * 2))
 
 
-async def _inspect(file) -> None:
+async def _inspect(file) -> dict:
     t0 = time.perf_counter()
     header, nread = await read_header(file)
     summary = gguf.summary(header)
-    summary.update(file_name=str(file.name), prefix_bytes=nread, parse_ms=round((time.perf_counter() - t0) * 1e3, 1))
+    summary.update(file_name=str(getattr(file, "name", "")), prefix_bytes=nread,
+                   parse_ms=round((time.perf_counter() - t0) * 1e3, 1))
     post({"type": "model-info", "summary": summary})
+    return {"header": header, "summary": summary}
+
+
+def _unload() -> None:
+    engine = _state.get("engine")
+    if engine is not None:
+        engine.close()
+    _state.update(engine=None, session=None, header=None, tokenizer=None)
+
+
+async def _load(file, n_ctx: int | None) -> None:
+    device = _state["device"]
+    if device is None:
+        raise RuntimeError("no GPU: the lab cannot load a model without WebGPU")
+    _unload()
+    info = await _inspect(file)
+    header = info["header"]
+    cfg = from_gguf(header)                      # names an unsupported architecture or tensor before any upload
+    tok = from_metadata(header.metadata)
+    t0 = time.perf_counter()
+    engine = Engine(device, header, cfg, **({"n_ctx": n_ctx} if n_ctx else {}))
+    try:
+        await device.flush_errors()              # shader problems surface before a byte of weights moves
+        plan = []
+        for u in engine.upload_pieces(CHUNK):
+            plan += [u.file_offset, u.size, u.buffer.handle, u.buffer_offset]
+        t1 = time.perf_counter()
+        moved = await js.labUpload(device._device, file, to_js(plan), CHUNK)
+        if moved < 0:
+            raise RuntimeError("loading was cancelled")
+        await device.flush_errors()
+    except BaseException:
+        engine.close()
+        raise
+    t2 = time.perf_counter()
+    _state.update(engine=engine, session=Session(engine, tok), header=header, tokenizer=tok)
+    post({"type": "loaded", "stats": {
+        "weight_bytes": engine.weight_bytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
+        "upload_mb_s": round(engine.weight_bytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
+        "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
+
+
+def _settings(d: dict) -> Settings:
+    return Settings(greedy=bool(d.get("greedy", True)), temperature=float(d.get("temperature", 0.8)),
+                    top_k=int(d.get("top_k", 40)), top_p=float(d.get("top_p", 0.95)),
+                    min_p=float(d.get("min_p", 0.05)), seed=int(d.get("seed", 0))).check()
+
+
+async def _chat(msg: dict) -> None:
+    session: Session | None = _state["session"]
+    if session is None:
+        raise RuntimeError("load a model first")
+    tok, header = _state["tokenizer"], _state["header"]
+    messages = msg["messages"]
+    settings = _settings(msg.get("settings", {}))
+    prompt = chat.render_chat(tok, header.metadata, messages)
+    post({"type": "prompt", "ids": prompt, "pieces": [tok.piece(i) for i in prompt]})
+    base = len(prompt)
+    count = [0]
+
+    def on_token(tid: int, piece: str) -> None:
+        post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": base + count[0]})
+        count[0] += 1
+
+    js.labStopClear()
+    result = await session.generate(prompt, settings, int(msg.get("max_new", 256)), on_token=on_token,
+                                    should_stop=lambda: bool(js.labStopRequested()))
+    done = result.to_dict()
+    del done["prompt_ids"]                       # the page has them from the "prompt" message
+    post({"type": "done", "result": done})
+
+
+def _reset() -> None:
+    session = _state["session"]
+    if session is not None:
+        session.reset()
+    post({"type": "reset"})

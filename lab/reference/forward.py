@@ -65,7 +65,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    with np.errstate(over="ignore"):          # exp(-x) -> inf for very negative x gives -0, right
+        return x / (1.0 + np.exp(-x))
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -102,20 +103,18 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str) -> 
 class Reference:
     """numpy forward pass of a GGUF model (llama, qwen2, gemma3) with a KV cache and a trace."""
 
-    def __init__(self, path: str | Path, dtype=np.float32, kv_f16: bool = False):
-        """kv_f16: round K and V to float16 on their way into the cache, as llama.cpp's default
-        F16 KV cache does (off by default: the oracle keeps them in `dtype`)."""
+    def __init__(self, path: str | Path, dtype=np.float32):
+        """dtype: float32 (default) or float64, for the dequantized weights and every activation."""
         self.w = Weights(path, dtype=dtype)
         self.hp = Hparams.from_weights(self.w)
         self.dtype = np.dtype(dtype)
-        self.kv_f16 = kv_f16
         self.trace: dict[str, np.ndarray] = {}
         self.trace_order: list[str] = []
         self._trace_on = False
         self._k: list[np.ndarray] = []     # per layer [n_kv_head, n_ctx, hd] (post-RoPE)
         self._v: list[np.ndarray] = []
         self.n_past = 0
-        self._emb_unit: np.ndarray | None = None
+        self._emb_norm: np.ndarray | None = None
         self.reset()
 
     # -- helpers --------------------------------------------------------------------------------
@@ -133,21 +132,28 @@ class Reference:
     def _lw(self, il: int, name: str) -> np.ndarray | None:
         return self.w.maybe(f"blk.{il}.{name}")
 
-    def output_weight(self) -> np.ndarray:
-        """output.weight, or token_embd.weight when the head is tied (no output.weight in the file)."""
-        return self.w.get("output.weight" if "output.weight" in self.w else "token_embd.weight")
+    @property
+    def output_name(self) -> str:
+        """output.weight, or token_embd.weight when the head is tied (no output.weight in the file:
+        llama.cpp then creates `output` from token_embd, TENSOR_DUPLICATED)."""
+        return "output.weight" if "output.weight" in self.w else "token_embd.weight"
 
     def _head(self, x: np.ndarray) -> np.ndarray:
         """result_norm -> logits: output projection (+ final softcapping)."""
-        logits = x @ self.output_weight().T
+        logits = self._mm(x, self.output_name)
         cap = self.hp.final_softcap
         if cap:
             logits = np.tanh(logits / cap) * cap
         return logits
 
-    @staticmethod
-    def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        y = x @ w.T
+    def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x @ W.T for the GGUF tensor `name` (W dequantized, (out, in))."""
+        return x @ self.w.get(name).T
+
+    def _linear(self, x: np.ndarray, il: int, name: str) -> np.ndarray:
+        """blk.{il}.{name}.weight (+ .bias when the file has one)."""
+        y = self._mm(x, f"blk.{il}.{name}.weight")
+        b = self._lw(il, f"{name}.bias")
         return y + b if b is not None else y
 
     def _mask(self, il: int, pos_q: np.ndarray, n_kv: int) -> np.ndarray:
@@ -182,7 +188,7 @@ class Reference:
         n_kv = start + t
         rep = hp.n_head // hp.n_head_kv
 
-        x = self.w.get("token_embd.weight")[ids].astype(dt)
+        x = self.w.rows("token_embd.weight", ids)
         self._cb("inp_embd", x)
         if hp.embed_scale != 1.0:
             x = x * dt.type(hp.embed_scale)
@@ -193,9 +199,9 @@ class Reference:
             cur = rms_norm(x, self._lw(il, "attn_norm.weight"), hp.eps)
             self._cb(f"attn_norm-{il}", cur)
 
-            q = self._linear(cur, self._lw(il, "attn_q.weight"), self._lw(il, "attn_q.bias"))
-            k = self._linear(cur, self._lw(il, "attn_k.weight"), self._lw(il, "attn_k.bias"))
-            v = self._linear(cur, self._lw(il, "attn_v.weight"), self._lw(il, "attn_v.bias"))
+            q = self._linear(cur, il, "attn_q")
+            k = self._linear(cur, il, "attn_k")
+            v = self._linear(cur, il, "attn_v")
             self._cb(f"Qcur-{il}", q)
             self._cb(f"Kcur-{il}", k)
             self._cb(f"Vcur-{il}", v)
@@ -215,9 +221,6 @@ class Reference:
 
             # KV cache: [n_kv_head, n_kv, hd]
             kt, vt = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-            if self.kv_f16:
-                kt = kt.astype(np.float16).astype(dt)
-                vt = vt.astype(np.float16).astype(dt)
             K = np.concatenate([self._k[il][:, :start], kt], axis=1)
             V = np.concatenate([self._v[il][:, :start], vt], axis=1)
             self._k[il], self._v[il] = K, V
@@ -234,7 +237,7 @@ class Reference:
             o = np.matmul(p, Vr)                                              # [n_head, t, hd_v]
             o = o.transpose(1, 0, 2).reshape(t, hp.n_head * hp.head_dim_v)
             self._cb(f"kqv_out-{il}", o)
-            cur = self._linear(o, self._lw(il, "attn_output.weight"), self._lw(il, "attn_output.bias"))
+            cur = self._linear(o, il, "attn_output")
             self._cb(f"attn_out-{il}", cur)
             if hp.post_norms:
                 cur = rms_norm(cur, self._lw(il, "post_attention_norm.weight"), hp.eps)
@@ -244,10 +247,10 @@ class Reference:
 
             cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
             self._cb(f"ffn_norm-{il}", cur)
-            gate = self._linear(cur, self._lw(il, "ffn_gate.weight"))
-            up = self._linear(cur, self._lw(il, "ffn_up.weight"))
+            gate = self._linear(cur, il, "ffn_gate")
+            up = self._linear(cur, il, "ffn_up")
             act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
-            cur = self._linear(act * up, self._lw(il, "ffn_down.weight"))
+            cur = self._linear(act * up, il, "ffn_down")
             self._cb(f"ffn_out-{il}", cur)
             if hp.post_norms:
                 cur = rms_norm(cur, self._lw(il, "post_ffw_norm.weight"), hp.eps)
@@ -265,46 +268,50 @@ class Reference:
 
     # -- generation and the lab panels ----------------------------------------------------------
     def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:
-        """n greedy tokens after `ids` (prefill, then one token at a time through the KV cache).
-        Stops early only at a token in `stop`, which is included."""
-        ids = list(ids)
-        logits = self.forward(ids)
+        """n greedy tokens after `ids`: prefill, then one token at a time through the KV cache.
+        argmax ties go to the lowest id. Stops early after a token in `stop` (it is included)."""
+        logits = self.forward(list(ids))
         out: list[int] = []
-        for _ in range(n):
+        while len(out) < n:
             nxt = int(np.argmax(logits[-1]))
             out.append(nxt)
-            if stop and nxt in stop or len(out) == n:
+            if len(out) == n or (stop and nxt in stop):
                 break
             logits = self.forward([nxt], start_pos=self.n_past)
         return out
 
     def logit_lens(self, ids) -> tuple[np.ndarray, np.ndarray]:
-        """Each layer's residual (l_out-il) through the final norm and the output head:
-        top-1 token id and its softmax probability, both [n_layer, t]."""
+        """Each layer's residual (l_out-il) through the final norm and the output head: the top-1
+        token id and its softmax probability, both [n_layer, t]. The last layer's row is the
+        model's own prediction. Runs a traced forward from position 0 (replaces trace and cache)."""
+        ids = list(ids)
         self.forward(ids, trace=True)
         hp = self.hp
         norm_w = self.w.get("output_norm.weight")
         top_ids = np.zeros((hp.n_layer, len(ids)), np.int64)
         top_p = np.zeros((hp.n_layer, len(ids)), np.float32)
+        rows = np.arange(len(ids))
         for il in range(hp.n_layer):
             logits = self._head(rms_norm(self.trace[f"l_out-{il}"], norm_w, hp.eps)).astype(np.float64)
             i = np.argmax(logits, axis=-1)
-            m = logits[np.arange(len(i)), i]
             top_ids[il] = i
-            top_p[il] = 1.0 / np.sum(np.exp(logits - m[:, None]), axis=-1)
+            top_p[il] = 1.0 / np.sum(np.exp(logits - logits[rows, i][:, None]), axis=-1)
         return top_ids, top_p
 
     def neighbours(self, token_id: int, k: int = 10, include_self: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The k tokens whose input embeddings have the highest cosine similarity to token_id's."""
-        if self._emb_unit is None:
-            e = self.w.get("token_embd.weight")
-            n = np.linalg.norm(e, axis=1, keepdims=True)
-            self._emb_unit = (e / np.maximum(n, 1e-12)).astype(np.float32)
-        u = self._emb_unit
-        sim = u @ u[int(token_id)]
+        """The k tokens whose input embeddings (token_embd rows) have the highest cosine similarity
+        with token_id's: (ids [k], similarities [k]), best first; the token itself is left out
+        unless include_self."""
+        e = self.w.get("token_embd.weight")
+        if self._emb_norm is None:
+            self._emb_norm = np.sqrt(np.einsum("ij,ij->i", e, e, dtype=np.float64))
+        tid = int(token_id)
+        if not 0 <= tid < len(e):
+            raise ValueError(f"neighbours: token id {tid} out of range")
+        sim = (e @ e[tid]).astype(np.float64) / np.maximum(self._emb_norm * self._emb_norm[tid], 1e-30)
         if not include_self:
-            sim = sim.copy()
-            sim[int(token_id)] = -np.inf
-        top = np.argpartition(-sim, k)[:k]
-        top = top[np.argsort(-sim[top], kind="stable")]
+            sim[tid] = -np.inf
+        k = min(k, len(sim) - (0 if include_self else 1))
+        top = np.argpartition(-sim, k - 1)[:k]
+        top = top[np.lexsort((top, -sim[top]))]
         return top, sim[top].astype(np.float32)

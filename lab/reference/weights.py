@@ -72,6 +72,18 @@ class Weights:
             self._cache[name] = a
         return a
 
+    def rows(self, name: str, idx) -> np.ndarray:
+        """Rows `idx` of a 2-D tensor (e.g. token embeddings), dequantizing only those rows unless
+        the whole tensor is already cached."""
+        a = self._cache.get(name)
+        idx = np.asarray(idx, dtype=np.int64)
+        if a is not None:
+            return a[idx]
+        t = self.tensors[name]
+        raw = np.asarray(t.data)
+        out = dequantize(raw[idx], t.tensor_type)
+        return np.asarray(out, dtype=self.dtype).reshape(len(idx), self.shape(name)[1])
+
     def maybe(self, name: str) -> np.ndarray | None:
         return self.get(name) if name in self.tensors else None
 

@@ -1,0 +1,51 @@
+"""RoPE builder (wgsl/rope.wgsl): both pairings, partial rotary dims, strided rows of a fused QKV buffer."""
+
+from __future__ import annotations
+
+import struct
+
+from .. import gpu
+from . import Op
+
+WG = 64
+PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, _p0, _p1, _p2
+MODES = {"adjacent": "rope_adjacent", "norm": "rope_adjacent", 0: "rope_adjacent",   # llama.cpp calls mode 0 "norm"
+         "neox": "rope_neox", 2: "rope_neox"}
+
+
+def frequencies(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_factors=None) -> list[float]:
+    """freqs[i] = freq_scale * base^(-2i/n_rot) / factor_i, i < n_rot/2, in double precision (the kernel
+    multiplies by the position once, so theta carries a single f32 rounding)."""
+    half = n_rot // 2
+    factors = [1.0] * half if freq_factors is None else [float(f) for f in freq_factors]
+    if len(factors) != half:
+        raise ValueError(f"rope: {len(factors)} frequency factors for {half} rotary pairs")
+    return [freq_scale * freq_base ** (-2.0 * i / n_rot) / factors[i] for i in range(half)]
+
+
+def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: int, head_dim: int,
+         n_rot: int | None = None, freq_base: float = 10000.0, freq_scale: float = 1.0, mode="neox",
+         row_stride: int | None = None, col_offset: int = 0, freq_factors=None) -> list[Op]:
+    """Rotate n_head heads of head_dim floats in place; token j of the step sits at position step.pos + j.
+
+    mode "adjacent" (or llama.cpp's 0 / "norm") pairs (2i, 2i+1); "neox" (or 2) pairs (i, i + n_rot/2). Only the first
+    n_rot dims of each head rotate (default: all). Head h of token row j starts at float
+    j*row_stride + col_offset + h*head_dim; row_stride defaults to n_head*head_dim. In a fused QKV buffer
+    [t, (nh + 2*nkv)*hd] the K heads follow the Q heads, so one op with n_head = nh + nkv, col_offset 0,
+    row_stride (nh + 2*nkv)*hd rotates both (or build one op per part). freq_factors: llama.cpp's
+    rope_freqs (theta divided by factor_i), optional."""
+    if mode not in MODES:
+        raise ValueError(f"rope: unknown mode {mode!r} (adjacent/0 or neox/2)")
+    n_rot = head_dim if n_rot is None else int(n_rot)
+    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"rope: n_rot={n_rot} must be even and at most head_dim={head_dim}")
+    row_stride = n_head * head_dim if row_stride is None else int(row_stride)
+    half = n_rot // 2
+    freqs = frequencies(n_rot, freq_base, freq_scale, freq_factors)
+    table = device.buffer(4 * half, gpu.CONSTANT, "rope.freqs")
+    device.write(table, struct.pack(f"<{half}f", *freqs))
+    params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, 0, 0, 0), "rope.params")
+    k = kernels.get("rope", MODES[mode], WG=WG)
+    bound = device.bind(k, [x, table, params, step], MODES[mode])
+    gx = -(-(n_head * half) // WG)
+    return [Op(k, bound, lambda t: (gx, max(1, t), 1))]

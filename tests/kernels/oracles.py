@@ -1,0 +1,488 @@
+"""numpy references and GPU checks for the basic kernel families (norm, rope, glu, softmax, sample, elementwise).
+
+Each `check_*` runs one op family on the device against a float64 numpy reference computed from the same
+f32 inputs and raises AssertionError when the error passes its tolerance; the tolerance and its reason sit
+next to each check. tests/kernels/test_*.py call the checks; test_traps_basic.py runs them on deliberately
+broken WGSL (`Patched`) and requires them to fail.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from lab import gpu, shaders
+from lab.ops import step_bytes
+from lab.ops import make_step
+from lab.shaders import KernelCache
+
+# ---------------------------------------------------------------------------------------------- devices
+
+
+@dataclass
+class Env:
+    device: gpu.Device
+    kernels: KernelCache
+    name: str
+
+
+_DEVICES: dict = {}
+
+
+def open_env(name: str) -> Env:
+    """'subgroups': the device with every feature it has; 'fallback': the same GPU with subgroups disabled."""
+    if name not in _DEVICES:
+        dev = gpu.open_native(disable=("subgroups",) if name == "fallback" else ())
+        if name == "subgroups" and "subgroups" not in dev.info.features:
+            pytest.skip("this adapter has no subgroups")
+        _DEVICES[name] = Env(dev, KernelCache(dev), name)
+    return _DEVICES[name]
+
+
+@pytest.fixture(params=["subgroups", "fallback"], scope="session")
+def env(request) -> Env:
+    """Both reduction paths: kernels built with subgroup ops and with the shared-memory fallback."""
+    return open_env(request.param)
+
+
+@pytest.fixture(scope="session")
+def env1() -> Env:
+    """One device, for kernels without reductions."""
+    return open_env("subgroups")
+
+
+class Patched(KernelCache):
+    """A kernel cache that compiles wgsl/NAME.wgsl with `old` replaced by `new` (every occurrence): a
+    deliberately broken variant. Refuses when `old` is missing, so a trap cannot silently test the real kernel."""
+
+    def __init__(self, device, name: str, old: str, new: str) -> None:
+        super().__init__(device)
+        self.name, self.old, self.new = name, old, new
+
+    def get(self, name: str, entry: str = "main", **consts):
+        if name != self.name:
+            return super().get(name, entry, **consts)
+        key = ("patched", name, entry, tuple(sorted(consts.items())))
+        if key not in self._cache:
+            src = shaders.source(name, **consts)
+            if self.old not in src:
+                raise AssertionError(f"trap text {self.old!r} not found in {name}.wgsl")
+            self._cache[key] = self.device.kernel(src.replace(self.old, self.new), f"{name}:{entry} (broken)", entry)
+        return self._cache[key]
+
+
+def patched(env: Env, name: str, old: str, new: str) -> Env:
+    return Env(env.device, Patched(env.device, name, old, new), env.name + " broken")
+
+
+# ---------------------------------------------------------------------------------------------- buffers
+
+
+def f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def upload(device: gpu.Device, arr: np.ndarray, label: str = "test") -> gpu.Buffer:
+    arr = np.ascontiguousarray(arr)
+    buf = device.buffer(max(4, arr.nbytes), gpu.CONVERSATION, label)
+    device.write(buf, arr.tobytes())
+    return buf
+
+
+def read(device: gpu.Device, buf: gpu.Buffer, dtype=np.float32, count: int | None = None) -> np.ndarray:
+    nbytes = buf.size if count is None else count * np.dtype(dtype).itemsize
+    return np.frombuffer(device.read_sync(buf, 0, nbytes), dtype=dtype).copy()
+
+
+def run(env: Env, ops, pos: int, t: int, n_ctx: int = 8192) -> gpu.Buffer:
+    """Run ops in one compute pass for a step of t tokens at `pos` (step buffer written with the run)."""
+    step = ops_step(env)
+    env.device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
+    return step
+
+
+def ops_step(env: Env) -> gpu.Buffer:
+    if not hasattr(env.device, "_test_step"):
+        env.device._test_step = make_step(env.device, "test.step")
+    return env.device._test_step
+
+
+def free(device: gpu.Device, *bufs) -> None:
+    for b in bufs:
+        if b in device.buffers:
+            device.destroy(b)
+
+
+def rel_err(got, want, axis=None) -> float:
+    """Largest |got - want| over the largest |want|, within each slice along `axis` (the worst slice)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if axis is None:
+        return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    err = np.max(np.abs(got - want), axis=axis)
+    mag = np.maximum(np.max(np.abs(want), axis=axis), 1e-30)
+    return float(np.max(err / mag))
+
+
+def assert_close(got, want, tol: float, what: str, axis=None) -> None:
+    got = np.asarray(got)
+    if not np.all(np.isfinite(got)):
+        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    e = rel_err(got, want, axis)
+    if not e <= tol:
+        raise AssertionError(f"{what}: error {e:.3g} relative to magnitude exceeds {tol:.3g}")
+
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def rms_norm_ref(x, w, eps, group):
+    x = np.asarray(x, np.float64)
+    g = x.reshape(x.shape[0], -1, group)
+    y = g / np.sqrt(np.mean(g * g, axis=-1, keepdims=True) + eps) * np.asarray(w, np.float64)
+    return y.reshape(x.shape)
+
+
+def rope_ref(x, pos, n_head, head_dim, n_rot, base, scale, mode, col_offset=0, factors=None):
+    """x: [t, row_stride] float; returns a rotated float64 copy (heads at col_offset + h*head_dim)."""
+    y = np.array(x, np.float64)
+    half = n_rot // 2
+    i = np.arange(half)
+    freq = scale * base ** (-2.0 * i / n_rot)
+    if factors is not None:
+        freq = freq / np.asarray(factors, np.float64)
+    for j in range(y.shape[0]):
+        th = (pos + j) * freq
+        c, s = np.cos(th), np.sin(th)
+        for h in range(n_head):
+            b = col_offset + h * head_dim
+            if mode == "adjacent":
+                a_idx, b_idx = b + 2 * i, b + 2 * i + 1
+            else:
+                a_idx, b_idx = b + i, b + i + half
+            x0, x1 = y[j, a_idx].copy(), y[j, b_idx].copy()
+            y[j, a_idx] = x0 * c - x1 * s
+            y[j, b_idx] = x0 * s + x1 * c
+    return y
+
+
+def softmax_ref(x, scale=1.0):
+    z = np.asarray(x, np.float64) * scale
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def silu(g):
+    g = np.asarray(g, np.float64)
+    return g / (1.0 + np.exp(-g))
+
+
+def gelu_tanh(g):
+    g = np.asarray(g, np.float64)
+    return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3)))
+
+
+def argmax_ref(row) -> int:
+    """Index of the largest non-NaN, non--inf element, lowest index among ties (llama.cpp greedy)."""
+    v = np.asarray(row, np.float64)
+    ok = np.isfinite(v) | (v == np.inf)
+    if not ok.any():
+        return 0xFFFFFFFF
+    return int(np.flatnonzero(ok & (v == v[ok].max()))[0])
+
+
+def topk_ref(row, k):
+    """[(index, value)] of the k best, value descending then index ascending; NaN / -inf never chosen."""
+    v = np.asarray(row, np.float32)
+    idx = np.flatnonzero(~np.isnan(v) & (v != -np.inf))
+    order = idx[np.lexsort((idx, -v[idx].astype(np.float64)))][:k]
+    pairs = [(int(i), float(v[i])) for i in order]
+    return pairs + [(0xFFFFFFFF, float(np.float32(-3.4028234663852886e38)))] * (k - len(pairs))
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+# RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w. The sum of squares runs per invocation (<= n/WG terms) then
+# through a subgroup/tree reduction, so its relative error is at most ~(n/WG + log2 WG) * 2^-24 ~ 1.2e-6 for
+# n <= 3000 (halved by the square root); rsqrt (2 ulp) and the two products add ~2.5e-7. 2e-6 of each group's
+# magnitude is that worst case with margin (lavapipe measures ~1.5e-7); the eps-outside-sqrt trap errs by a
+# factor ~3 on the small-magnitude row.
+NORM_TOL = 2e-6
+
+
+def check_rms_norm(env: Env, t=5, pos=7, n=1000, eps=1e-5, group=None, inplace=False,
+                   n_rows=8, seed=0, fused=None) -> None:
+    """fused=(nh, nkv, hd): normalise the Q heads of a fused QKV buffer per head (strided input)."""
+    from lab.ops.norm import rms_norm
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    if fused is None:
+        g = n if group is None else group
+        x = f32(rng.standard_normal((n_rows, n)) * rng.uniform(0.5, 3.0, (n_rows, 1)))
+        x[1] *= 1e-3          # a row whose mean square (~1e-6) is below eps: eps placement matters here
+        x[2] *= 300.0         # and a large one (residual streams reach hundreds)
+        w = f32(rng.uniform(0.2, 2.0, g))
+        xb, wb = upload(dev, x), upload(dev, w)
+        yb = xb if inplace else upload(dev, np.full_like(x, 7.0))
+        ops = rms_norm(dev, env.kernels, xb, wb, yb, ops_step(env), n, eps, group=group)
+        run(env, ops, pos, t)
+        y = read(dev, yb).reshape(n_rows, n)
+        want = rms_norm_ref(x[:t], w, eps, g)
+        assert_close(y[:t].reshape(t, -1, g), want.reshape(t, -1, g), NORM_TOL,
+                     f"rms_norm n={n} group={g} inplace={inplace}", axis=(2,))
+        rest = x[t:] if inplace else np.full_like(x[t:], 7.0)
+        if not np.array_equal(y[t:], rest):
+            raise AssertionError("rms_norm wrote rows beyond the step's tokens")
+        free(dev, xb, wb, yb)
+    else:
+        nh, nkv, hd = fused
+        stride = (nh + 2 * nkv) * hd
+        x = f32(rng.standard_normal((n_rows, stride)) * 2.0)
+        x[1, : nh * hd] *= 1e-3
+        w = f32(rng.uniform(0.2, 2.0, hd))
+        xb, wb = upload(dev, x), upload(dev, w)
+        # Q heads into a compact buffer, K heads normalised in place in the fused buffer.
+        qb = upload(dev, np.zeros((n_rows, nh * hd), np.float32))
+        ops = rms_norm(dev, env.kernels, xb, wb, qb, ops_step(env), nh * hd, eps, group=hd, in_stride=stride)
+        ops += rms_norm(dev, env.kernels, xb, wb, xb, ops_step(env), nkv * hd, eps, group=hd,
+                        in_stride=stride, in_offset=nh * hd)
+        run(env, ops, pos, t)
+        q = read(dev, qb).reshape(n_rows, nh * hd)
+        xo = read(dev, xb).reshape(n_rows, stride)
+        wq = rms_norm_ref(x[:t, : nh * hd], w, eps, hd)
+        wk = rms_norm_ref(x[:t, nh * hd:(nh + nkv) * hd], w, eps, hd)
+        assert_close(q[:t].reshape(t, nh, hd), wq.reshape(t, nh, hd), NORM_TOL, "rms_norm fused Q", axis=(2,))
+        assert_close(xo[:t, nh * hd:(nh + nkv) * hd].reshape(t, nkv, hd), wk.reshape(t, nkv, hd), NORM_TOL,
+                     "rms_norm fused K in place", axis=(2,))
+        if not (np.array_equal(xo[:, : nh * hd], x[:, : nh * hd])
+                and np.array_equal(xo[:, (nh + nkv) * hd:], x[:, (nh + nkv) * hd:])
+                and np.array_equal(xo[t:], x[t:])):
+            raise AssertionError("rms_norm touched Q, V or rows past t in the fused buffer")
+        free(dev, xb, wb, qb)
+
+
+# RoPE: each output is x0*cos - x1*sin with theta = f32(pos) * f32(freq): theta carries up to ~1.5 ulp
+# (freq and product roundings, 2^-24 relative each), i.e. |theta| * 1e-7 radians, which moves an output by
+# that times the pair's magnitude; Cody-Waite reduction is exact to ~1e-7 rad for |theta| < 1e4, and
+# lavapipe's sin/cos on [-pi, pi] are within ~1e-7. So tolerance = 1e-6 + 1.5e-7 * max|theta| of each head's
+# magnitude (measured: 2.6e-7 at pos 7, 7.6e-5 against 2.3e-4 at theta 1500), far below the O(1) error of the
+# other pairing. (Vulkan only promises sin/cos to 2^-11 absolute: a GPU using that freedom would need ~5e-4.)
+def rope_tol(max_theta: float) -> float:
+    return 1e-6 + 1.5e-7 * max_theta
+
+
+def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=None, base=10000.0, scale=1.0,
+               factors=None, n_rows=8, seed=1, fused=None) -> None:
+    """fused=(nh, nkv): rotate the Q and K heads of a fused QKV buffer in one op; V must not move."""
+    from lab.ops.rope import rope
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    n_rot = head_dim if n_rot is None else n_rot
+    if fused is None:
+        nh_rot, stride = n_head, n_head * head_dim
+    else:
+        nh, nkv = fused
+        nh_rot, stride = nh + nkv, (nh + 2 * nkv) * head_dim
+    x = f32(rng.standard_normal((n_rows, stride)) * rng.uniform(0.5, 4.0, (n_rows, 1)))
+    xb = upload(dev, x)
+    ops = rope(dev, env.kernels, xb, ops_step(env), nh_rot, head_dim, n_rot, base, scale, mode,
+               row_stride=stride, freq_factors=factors)
+    run(env, ops, pos, t)
+    y = read(dev, xb).reshape(n_rows, stride)
+    want = rope_ref(x[:t], pos, nh_rot, head_dim, n_rot, base, scale, mode, factors=factors)
+    ff = 1.0 if factors is None else min(factors)
+    tol = rope_tol((pos + t) * scale / ff)
+    rot = y[:t, : nh_rot * head_dim].reshape(t, nh_rot, head_dim)
+    assert_close(rot, want[:, : nh_rot * head_dim].reshape(t, nh_rot, head_dim), tol,
+                 f"rope {mode} pos={pos} n_rot={n_rot}/{head_dim}", axis=(2,))
+    # dims past n_rot, V heads and rows past t must be bit-identical
+    if not np.array_equal(rot[:, :, n_rot:], x[:t, : nh_rot * head_dim].reshape(t, nh_rot, head_dim)[:, :, n_rot:]):
+        raise AssertionError("rope changed dims past n_rot")
+    if not (np.array_equal(y[:t, nh_rot * head_dim:], x[:t, nh_rot * head_dim:]) and np.array_equal(y[t:], x[t:])):
+        raise AssertionError("rope touched V heads or rows past t")
+    free(dev, xb)
+
+
+# Softmax: each probability is exp(s*x - m) / S. s*x is rounded to f32 (0.5 ulp ~ 6e-8 * |s x| absolute),
+# which exp turns into the same relative error; exp itself and the n-term sum of S (per-invocation then
+# reduction, ~(n/WG + log2 WG) * 6e-8) add a few 1e-7. Tolerance 3e-6 + 2e-7 * max|s*x| of each row's largest
+# probability (measured: 2e-7 to 4.4e-7). Without the max subtraction, logits of 100..1000 overflow exp to
+# inf and the output is NaN.
+def softmax_tol(max_abs: float) -> float:
+    return 3e-6 + 2e-7 * max_abs
+
+
+def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows=None, inplace=False,
+                  n_rows=8, seed=2) -> None:
+    from lab.ops.softmax import softmax
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    x = f32(rng.uniform(lo, hi, (n_rows, n)))
+    xb = upload(dev, x)
+    yb = xb if inplace else upload(dev, np.full_like(x, 7.0))
+    ops = softmax(dev, env.kernels, xb, yb, ops_step(env), n, rows=rows, scale=scale)
+    run(env, ops, pos, t)
+    y = read(dev, yb).reshape(n_rows, n)
+    if rows is None:
+        src, dst = list(range(t)), list(range(t))
+    elif rows == "last":
+        src, dst = [t - 1], [t - 1] if inplace else [0]
+    else:
+        src, dst = list(range(rows)), list(range(rows))
+    want = softmax_ref(x[src], scale)
+    assert_close(y[dst], want, softmax_tol(float(np.max(np.abs(x[src] * scale)))),
+                 f"softmax n={n} rows={rows} scale={scale} range=({lo},{hi})", axis=1)
+    untouched = [r for r in range(n_rows) if r not in dst]
+    base = x if inplace else np.full_like(x, 7.0)
+    if not np.array_equal(y[untouched], base[untouched]):
+        raise AssertionError("softmax wrote rows it was not given")
+    free(dev, xb, yb)
+
+
+# GLU: out = act(g) * u. silu's exp may carry 3 + 2|g| ulp (Vulkan's exp bound), ~2e-6 relative for the
+# |g| <= ~16 drawn here, and silu passes at most that on; tanh in gelu, the cubic and the products add a few
+# ulp. 3e-6 of the tensor's magnitude covers that bound (lavapipe measures ~6e-8); swapping gate and up
+# (silu(u) * g) or clamping tanh's argument too tightly errs by O(1e-2..1).
+GLU_TOL = 3e-6
+
+
+def check_glu(env: Env, act="swiglu", fused=False, t=5, pos=7, n=300, amp=4.0, n_rows=8, seed=3) -> None:
+    from lab.ops.glu import glu
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    g = f32(rng.standard_normal((n_rows, n)) * amp)
+    u = f32(rng.standard_normal((n_rows, n)) * 2.0)
+    if fused:
+        gb, ub = upload(dev, np.concatenate([g, u], axis=1)), None
+    else:
+        gb, ub = upload(dev, g), upload(dev, u)
+    ob = upload(dev, np.full((n_rows, n), 7.0, np.float32))
+    ops = glu(dev, env.kernels, gb, ub, ob, ops_step(env), n, act)
+    run(env, ops, pos, t)
+    out = read(dev, ob).reshape(n_rows, n)
+    f = silu if act == "swiglu" else gelu_tanh
+    assert_close(out[:t], f(g[:t]) * u[:t], GLU_TOL, f"{act} fused={fused} amp={amp}")
+    if not np.all(out[t:] == 7.0):
+        raise AssertionError(f"{act} wrote rows past t")
+    free(dev, *(b for b in (gb, ub, ob) if b is not None))
+
+
+# Argmax / top-k select and copy: indices and values must match the reference exactly (no arithmetic).
+def check_argmax(env: Env, n=262_144, rows=1, max_rows=None, t=1, pos=7, ties=True, special=False, seed=4) -> None:
+    from lab.ops.sample import argmax
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    n_rows = 4
+    x = f32(rng.standard_normal((n_rows, n)) * 5.0)
+    for r in range(n_rows):
+        if ties:   # the maximum at three places; the lowest must win
+            places = np.sort(rng.choice(n, 3, replace=False))
+            x[r, places] = np.float32(x[r].max() + 1.0)
+        if special:
+            x[r, rng.choice(n, n // 10, replace=False)] = np.nan
+            x[r, rng.choice(n, n // 10, replace=False)] = -np.inf
+    xb = upload(dev, x)
+    ob = upload(dev, np.full(n_rows, 12345, np.uint32))
+    ops = argmax(dev, env.kernels, xb, ob, ops_step(env), n, rows=rows, max_rows=max_rows)
+    run(env, ops, pos, t)
+    got = read(dev, ob, np.uint32)
+    if rows == "last":
+        want, m = [argmax_ref(x[t - 1])], 1
+    elif rows is None:
+        m = min(t, max_rows)
+        want = [argmax_ref(x[r]) for r in range(m)]
+    else:
+        m = rows
+        want = [argmax_ref(x[r]) for r in range(rows)]
+    if list(got[:m]) != want:
+        raise AssertionError(f"argmax n={n} rows={rows}: got {list(got[:m])}, want {want}")
+    if not np.all(got[m:] == 12345):
+        raise AssertionError("argmax wrote past its rows")
+    free(dev, xb, ob)
+
+
+def check_topk(env: Env, n=262_144, k=40, rows=1, max_rows=None, t=1, pos=7, quantize=None, special=False,
+               seed=5) -> None:
+    """quantize=q rounds logits to multiples of q so many values tie (order by index must hold)."""
+    from lab.ops.sample import top_k
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    n_rows = 3
+    x = rng.standard_normal((n_rows, n)) * 4.0
+    if quantize:
+        x = np.round(x / quantize) * quantize
+    x = f32(x)
+    if special:
+        x[:, rng.choice(n, n // 3, replace=False)] = np.nan
+        x[:, rng.choice(n, n // 3, replace=False)] = -np.inf
+    xb = upload(dev, x)
+    ob = device_pairs(dev, n_rows * k)
+    ops = top_k(dev, env.kernels, xb, ob, ops_step(env), n, k, rows=rows, max_rows=max_rows)
+    run(env, ops, pos, t)
+    raw = read(dev, ob, np.uint32).reshape(n_rows, k, 2)
+    if rows == "last":
+        src = [t - 1]
+    elif rows is None:
+        src = list(range(min(t, max_rows)))
+    else:
+        src = list(range(rows))
+    for r, s in enumerate(src):
+        got = [(int(a), float(np.uint32(b).view(np.float32))) for a, b in raw[r]]
+        want = topk_ref(x[s], k)
+        if got != want:
+            bad = next(q for q in range(k) if got[q] != want[q])
+            raise AssertionError(f"top_k n={n} k={k} row {s}: place {bad} got {got[bad]}, want {want[bad]}")
+    if not np.all(raw[len(src):] == 0xDEADBEEF):
+        raise AssertionError("top_k wrote past its rows")
+    free(dev, xb, ob)
+
+
+def device_pairs(dev, count):
+    return upload(dev, np.full(count * 2, 0xDEADBEEF, np.uint32))
+
+
+# Elementwise add / mul / scale: one IEEE f32 operation per element, correctly rounded on Vulkan as in numpy:
+# results must equal numpy's float32 results bit for bit.
+def check_elementwise(env: Env, op="add", where="out", t=5, pos=7, n=1000, n_rows=8, seed=6) -> None:
+    from lab.ops import elementwise as ew
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    a = f32(rng.standard_normal((n_rows, n)) * 3.0)
+    b = f32(rng.standard_normal((n_rows, n)) * 3.0)
+    ab, bb = upload(dev, a), upload(dev, b)
+    step = ops_step(env)
+    if op == "scale":
+        s = np.float32(0.7071)
+        ops, target, want, before = ew.scale(dev, env.kernels, ab, step, n, float(s)), ab, a * s, a
+    else:
+        ob = {"a": ab, "b": bb}.get(where) or upload(dev, np.full_like(a, 7.0))
+        fn = ew.add if op == "add" else ew.mul
+        ops, target = fn(dev, env.kernels, ab, bb, ob, step, n), ob
+        want = a + b if op == "add" else a * b
+        before = {"a": a, "b": b}.get(where, np.full_like(a, 7.0))
+    run(env, ops, pos, t)
+    got = read(dev, target).reshape(n_rows, n)
+    if not np.array_equal(got[:t], want[:t]):
+        raise AssertionError(f"{op} ({where}): {np.sum(got[:t] != want[:t])} elements differ from numpy f32")
+    if not np.array_equal(got[t:], before[t:]):
+        raise AssertionError(f"{op} ({where}) wrote rows past t")
+    free(dev, ab, bb, target)
+
+
+def check_fill_zero(env: Env, n_words: int, extra: int = 37, wg: int = 256) -> list:
+    """Fill n_words of a buffer holding n_words + extra non-zero words; returns the ops' grids."""
+    from lab.ops.elementwise import fill_zero
+    dev = env.device
+    buf = upload(dev, np.full(n_words + extra, 0xA5A5A5A5, np.uint32))
+    ops = fill_zero(dev, env.kernels, buf, n_words, wg=wg)
+    run(env, ops, 0, 1)
+    got = read(dev, buf, np.uint32)
+    free(dev, buf)
+    if np.any(got[:n_words] != 0):
+        raise AssertionError(f"fill_zero left {np.count_nonzero(got[:n_words])} of {n_words} words non-zero")
+    if np.any(got[n_words:] != 0xA5A5A5A5):
+        raise AssertionError("fill_zero wrote past n_words")
+    return [op.grid(1) for op in ops]

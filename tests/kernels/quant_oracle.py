@@ -1,0 +1,189 @@
+"""Test helpers for the dequantizing kernels: random valid tensors of each type, the independent
+dequantization (gguf.quants, the gguf package's numpy code), and small runners that upload a weight,
+dispatch an op list and read the result back through the native backend.
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as GQ
+
+from lab import gpu, shaders
+from lab.ggml import BY_NAME
+from lab.ops import make_step, step_bytes
+from lab.ops.embed import get_rows
+from lab.ops.matmul import matmul, matvec
+from lab.ops.weights import alloc_weight, upload_weight
+from lab.shaders import KernelCache
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # gguf 0.19 cannot quantize these: random bytes, sane f16 scales
+
+
+def row_bytes(name: str, cols: int) -> int:
+    return BY_NAME[name].row_bytes(cols)
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def random_tensor(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """A rows x cols tensor of type `name` as GGUF bytes, uint8 array of shape (rows, row_bytes)."""
+    rng = np.random.default_rng(seed)
+    if name not in K_TYPES:
+        # Values with a per-row offset and spread, so Q4_1/Q5_1 minimums and all nibbles get used.
+        f = (rng.standard_normal((rows, cols)) * rng.uniform(0.2, 2.0, (rows, 1))
+             + rng.uniform(-0.5, 0.5, (rows, 1))).astype(np.float32)
+        if name == "F32":
+            return f.view(np.uint8).reshape(rows, -1)
+        q = quants.quantize(f, GQ[name])
+        return np.ascontiguousarray(q).view(np.uint8).reshape(rows, -1)
+    t = BY_NAME[name]
+    nb = rows * cols // t.block
+    raw = rng.integers(0, 256, (nb, t.nbytes), dtype=np.uint8)
+    if name in ("Q4_K", "Q5_K"):
+        raw[:, 0:2] = _f16_bytes(rng.uniform(0.002, 0.05, nb))     # d
+        raw[:, 2:4] = _f16_bytes(rng.uniform(0.0, 0.05, nb))       # dmin
+    else:  # Q6_K: d at the end; the int8 scales are fine as random bytes
+        raw[:, 208:210] = _f16_bytes(rng.uniform(0.0005, 0.01, nb) * rng.choice([-1, 1], nb))
+    return raw.reshape(rows, -1)
+
+
+def dequant(raw: np.ndarray, name: str) -> np.ndarray:
+    """Independent dequantization (gguf.quants) to float32, shape (rows, cols)."""
+    return quants.dequantize(np.ascontiguousarray(raw), GQ[name]).reshape(raw.shape[0], -1)
+
+
+def f32(a) -> bytes:
+    return np.ascontiguousarray(a, dtype=np.float32).tobytes()
+
+
+class Rig:
+    """Destroys on exit every buffer made while it was open (the device is session-wide)."""
+
+    def __init__(self, device, kernels: KernelCache | None = None):
+        self.device = device
+        self.kernels = kernels or KernelCache(device)
+
+    def __enter__(self):
+        self._before = set(map(id, self.device.buffers))
+        return self
+
+    def __exit__(self, *exc):
+        for b in [b for b in self.device.buffers if id(b) not in self._before]:
+            self.device.destroy(b)
+
+    def buffer(self, data: bytes | int, label: str) -> gpu.Buffer:
+        size = data if isinstance(data, int) else len(data)
+        b = self.device.buffer(size, gpu.CONVERSATION, label)
+        if not isinstance(data, int):
+            self.device.write(b, data)
+        return b
+
+    def weight(self, name: str, raw: np.ndarray, max_binding: int | None = None):
+        w = alloc_weight(self.device, "w", BY_NAME[name], raw.shape[0],
+                         raw.shape[1] // BY_NAME[name].nbytes * BY_NAME[name].block, max_binding)
+        upload_weight(self.device, w, raw.tobytes())
+        return w
+
+    def step(self, t: int) -> gpu.Buffer:
+        s = make_step(self.device)
+        self.device.write(s, step_bytes(0, t, 4096))
+        return s
+
+    def run(self, ops, t: int) -> None:
+        self.device.run([op.at(t) for op in ops])
+
+    def read(self, buf: gpu.Buffer, n: int, offset: int = 0) -> np.ndarray:
+        return np.frombuffer(self.device.read_sync(buf, 4 * offset, 4 * n), np.float32).copy()
+
+    # -- one-call runners ------------------------------------------------------------------------
+    def get_rows(self, w, ids, scale: float = 1.0) -> np.ndarray:
+        t = len(ids)
+        idb = self.buffer(np.asarray(ids, np.uint32).tobytes(), "ids")
+        out = self.buffer(f32(np.full(t * w.cols, np.nan)), "out")   # NaN: an unwritten value shows
+        self.run(get_rows(self.device, self.kernels, w, idb, out, self.step(t), scale=scale), t)
+        return self.read(out, t * w.cols).reshape(t, w.cols)
+
+    def matvec(self, w, x, *, y0=None, x_offset=0, y_offset=0, accumulate=False, y_len=None) -> np.ndarray:
+        xb = self.buffer(f32(np.concatenate([np.full(x_offset, 1e6), x])), "x")
+        n = y_len or (y_offset + w.rows)
+        yb = self.buffer(f32(np.zeros(n) if y0 is None else y0), "y")
+        self.run(matvec(self.device, self.kernels, w, xb, yb, x_offset=x_offset, y_offset=y_offset,
+                        accumulate=accumulate), 1)
+        return self.read(yb, n)
+
+    def matmul(self, w, X, *, y0=None, accumulate=False, max_tokens=None) -> np.ndarray:
+        t = X.shape[0]
+        mt = max_tokens or t
+        xb = self.buffer(f32(np.concatenate([X.ravel(), np.full((mt - t) * w.cols, 1e6)])), "X")
+        yb = self.buffer(f32(np.zeros(mt * w.rows) if y0 is None else y0), "Y")
+        self.run(matmul(self.device, self.kernels, w, xb, yb, self.step(t), max_tokens=mt,
+                        accumulate=accumulate), t)
+        return self.read(yb, mt * w.rows).reshape(mt, w.rows)
+
+
+# -- tolerances ------------------------------------------------------------------------------------
+# Dequantized values: one or two f32 operations on an f16 scale and a small integer, the same
+# operations gguf.quants does in float32; contraction into fma may move the last bit.
+DEQUANT_TOL = 1e-6
+# Products: f32 accumulation of `cols` terms, compared with float64. The error bound is
+# cols * eps32 * sum_c |W[r,c] x[c]| in the worst case (4.6e-5 for 768 terms) and about
+# sqrt(cols) * eps32 (1.7e-6 for 768) in practice; 1e-5 of sum |W||x| sits between, while a wrong
+# scale, nibble or bit moves a result by a large fraction of it.
+DOT_TOL = 1e-5
+
+
+def dequant_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """Largest error relative to the largest reference magnitude."""
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def dot_err(got: np.ndarray, W: np.ndarray, X: np.ndarray) -> float:
+    """Largest |got - X W^T| per element, relative to that element's sum |W||x| (X: (t, cols) or (cols,))."""
+    W = W.astype(np.float64)
+    X = np.atleast_2d(X).astype(np.float64)
+    ref = X @ W.T
+    scale = np.abs(X) @ np.abs(W).T
+    return float(np.max(np.abs(np.atleast_2d(got) - ref) / np.maximum(scale, 1e-30)))
+
+
+@contextmanager
+def mutated_wgsl(tmp_path: Path, fn: str, old: str, new: str):
+    """The WGSL folder with `old` replaced by `new` (exactly once) inside quant.wgsl's function `fn`:
+    a deliberately broken kernel, to prove the checks catch it. Restores the real folder on exit."""
+    real = shaders.wgsl_dir()
+    dst = tmp_path / "wgsl"
+    shutil.copytree(real, dst)
+    src = (real / "quant.wgsl").read_text()
+    start = src.index(f"\nfn {fn}(")
+    end = src.find("\nfn ", start + 1)
+    end = len(src) if end < 0 else end
+    body = src[start:end]
+    assert body.count(old) == 1, f"trap snippet {old!r} not found exactly once in {fn}"
+    (dst / "quant.wgsl").write_text(src[:start] + body.replace(old, new) + src[end:])
+    shaders.set_dir(dst)
+    try:
+        yield
+    finally:
+        shaders.set_dir(real)
+
+
+
+def real_tensors(path) -> dict:
+    """name -> (type name, raw uint8 array (rows, row_bytes), a read-only memory map) of a GGUF file.
+    The tensor table comes from lab.gguf (header only, fast); the bytes are the file's own."""
+    from lab import gguf as lab_gguf
+    header = lab_gguf.read_file(path)
+    mm = np.memmap(path, np.uint8, mode="r")
+    out = {}
+    for t in header.tensors:
+        rows = t.n_elements // t.shape[0]
+        out[t.name] = (t.type.name, mm[t.offset:t.offset + t.nbytes].reshape(rows, -1))
+    return out

@@ -1,0 +1,307 @@
+"""wgsl/attention.wgsl and wgsl/kv.wgsl against a float64 numpy oracle (attention_oracle.py), on the native device.
+
+Every case writes the step's K/V rows from a fused QKV buffer with kv_write, then runs attention over a cache whose
+other rows (earlier positions, and the stale rows after the step) hold random values, all in one compute pass.
+
+Tolerance. The output is a convex combination of V rows, so errors are measured against max|V|. An f32 score
+s = scale * sum_i q_i k_i is rounded relative to the partial sums, which the L1 size L1 = scale * sum_i |q_i k_i|
+bounds: its error is a few eps32 * L1 (the strict worst case, hd * eps32 * L1, is never approached by random signs
+and vec4 partial sums). An absolute score error d becomes a relative error d in each probability (softmax has
+unit Lipschitz constant in the max norm), hence at most d * max|V| in the output; exp, the online rescaling and
+the sum over keys add a few eps32 more. So
+    max|out - ref| <= 8 * eps32 * (max L1 + 16) * max|V|
+i.e. ~2e-5 * max|V| for ordinary scores (L1 ~ 8) and ~3e-4 * max|V| when scores sit near 250 (L1 ~ 280); the
+probabilities get the same bound without max|V|. Measured: 2e-8 .. 1e-7 (ordinary), 1e-5 (scores ~250). Broken
+kernels miss by 1.7e-2 .. 1 of max|V| or give NaN/inf: 700x or more outside the bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import attention_oracle as oracle
+from lab import gpu, shaders
+from lab.ops import attention as A
+from lab.ops import make_step, step_bytes
+from lab.shaders import KernelCache
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return KernelCache(device)
+
+
+class BrokenKernels(KernelCache):
+    """A kernel cache whose attention source has text substitutions applied (each must match exactly)."""
+
+    def __init__(self, device, subs):
+        super().__init__(device)
+        self.subs = subs
+
+    def get(self, name, entry="main", **consts):
+        text = shaders.source(name, **consts)
+        if name == "attention":
+            for old, new in self.subs:
+                assert text.count(old) == 1, f"substitution target {old!r} not found exactly once"
+                text = text.replace(old, new)
+        return self.device.kernel(text, f"broken {name}:{entry}", entry)
+
+
+def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto", window=0, softcap=0.0,
+             scale=None, probe=False, big=0.0, seed=0):
+    """Run kv_write + attention once; return the GPU results with the oracle's."""
+    rng = np.random.default_rng(seed)
+    width = (n_head + 2 * n_kv) * hd
+    k_off, v_off = n_head * hd, (n_head + n_kv) * hd
+    kvd = n_kv * hd
+    sc = 1.0 / math.sqrt(hd) if scale is None else scale
+    src = rng.standard_normal((t, width))
+    kc0 = rng.standard_normal((n_ctx, kvd))
+    vc0 = rng.standard_normal((n_ctx, kvd))
+    if big:
+        # Q and K share a direction u, so scale * q.k ~ big (+- a few): large but informative scores.
+        u = rng.standard_normal(hd)
+        u /= np.linalg.norm(u)
+        a = math.sqrt(big / sc)
+        for h in range(n_head):
+            src[:, h * hd:(h + 1) * hd] += a * u
+        for g in range(n_kv):
+            src[:, k_off + g * hd:k_off + (g + 1) * hd] += a * u
+            kc0[:, g * hd:(g + 1) * hd] += a * u
+    src, kc0, vc0 = (x.astype(np.float32) for x in (src, kc0, vc0))
+
+    before = set(map(id, device.buffers))
+    conv = gpu.CONVERSATION
+    b_src = device.buffer(src.nbytes, conv, "t.src")
+    b_k = device.buffer(kc0.nbytes, conv, "t.k")
+    b_v = device.buffer(vc0.nbytes, conv, "t.v")
+    b_out = device.buffer(4 * t * n_head * hd, conv, "t.out")
+    step = make_step(device, "t.step")
+    b_probe = device.buffer(A.probe_bytes(t, n_head, n_ctx), conv, "t.probe") if probe else None
+    try:
+        device.write(b_src, src.tobytes())
+        device.write(b_k, kc0.tobytes())
+        device.write(b_v, vc0.tobytes())
+        device.write(b_out, np.full(t * n_head * hd, np.nan, np.float32).tobytes())
+        if probe:
+            device.write(b_probe, np.full(t * n_head * n_ctx, np.nan, np.float32).tobytes())
+        ops = A.kv_write(device, kernels, b_src, b_k, b_v, step, n_kv_head=n_kv, head_dim=hd, src_stride=width,
+                         k_offset=k_off, v_offset=v_off, n_ctx=n_ctx)
+        ops += A.attention(device, kernels, b_src, b_k, b_v, b_out, step, n_head=n_head, n_kv_head=n_kv,
+                           head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx, scale=scale, window=window,
+                           softcap=softcap, probe=b_probe, mode=mode)
+        device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
+        got = np.frombuffer(device.read_sync(b_out), np.float32).reshape(t, n_head * hd)
+        got_k = np.frombuffer(device.read_sync(b_k), np.float32).reshape(n_ctx, kvd)
+        got_v = np.frombuffer(device.read_sync(b_v), np.float32).reshape(n_ctx, kvd)
+        got_p = (np.frombuffer(device.read_sync(b_probe), np.float32).reshape(t, n_head, n_ctx)
+                 if probe else None)
+    finally:
+        for buf in [b for b in device.buffers if id(b) not in before]:
+            device.destroy(buf)
+
+    kc, vc = oracle.kv_write(kc0, vc0, src, pos, n_kv_head=n_kv, head_dim=hd, k_offset=k_off, v_offset=v_off)
+    ref, probs, _ = oracle.attention(src[:, :k_off], kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+                                     scale=sc, window=window, softcap=softcap)
+    # L1 size of every score sum (for the rounding bound) over all (token, head, key): an upper bound
+    q = src[:, :k_off].astype(np.float64).reshape(t, n_head, hd)
+    kk = np.abs(kc.astype(np.float64)).reshape(n_ctx, n_kv, hd)
+    l1 = max(float((np.abs(q[:, h]) @ kk[:, h // (n_head // n_kv)].T).max()) for h in range(n_head)) * sc
+    return dict(got=got, ref=ref, got_k=got_k, got_v=got_v, kc=kc, vc=vc, got_p=got_p, probs=probs,
+                l1=float(l1), hd=hd, vmax=float(np.abs(vc).max()), pos=pos, t=t)
+
+
+def tolerance(r) -> float:
+    return 8 * EPS32 * (r["l1"] + 16)
+
+
+def out_error(r) -> float:
+    """max |out - ref| / max|V|; NaN or inf count as infinitely wrong."""
+    d = np.abs(r["got"].astype(np.float64) - r["ref"])
+    return math.inf if not np.all(np.isfinite(d)) else float(d.max()) / r["vmax"]
+
+
+def passes(r) -> bool:
+    return out_error(r) <= tolerance(r)
+
+
+def assert_ok(r):
+    np.testing.assert_array_equal(r["got_k"], r["kc"])   # the cache write is a copy: exact
+    np.testing.assert_array_equal(r["got_v"], r["vc"])
+    err, tol = out_error(r), tolerance(r)
+    assert err <= tol, f"out error {err:.3g} * max|V| > tolerance {tol:.3g}"
+    if r["got_p"] is not None:
+        p = r["got_p"].astype(np.float64)
+        assert np.all(np.isfinite(p)), "probe has unwritten or non-finite entries"
+        perr = float(np.abs(p - r["probs"]).max())
+        assert perr <= tol, f"probe error {perr:.3g} > {tol:.3g}"
+        np.testing.assert_allclose(p.sum(axis=-1), 1.0, rtol=0, atol=tol)
+        assert np.all(p[r["probs"] == 0] == 0), "probe non-zero on a masked key"
+
+
+SMOL = dict(n_head=9, n_kv=3, hd=64)     # GQA group 3 (SmolLM2)
+QWEN = dict(n_head=14, n_kv=2, hd=64)    # group 7 (Qwen2.5)
+GEMMA = dict(n_head=4, n_kv=1, hd=256)   # group 4, one KV head, head_dim 256 (Gemma 3)
+MHA = dict(n_head=4, n_kv=4, hd=64)      # group 1
+
+
+# --------------------------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("pos", [0, 1, 17, 300])
+def test_decode_positions(device, kernels, pos):
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=320, mode="decode", seed=pos))
+
+
+@pytest.mark.parametrize("shape,pos", [(QWEN, 17), (GEMMA, 300), (MHA, 40)], ids=["qwen", "gemma", "mha"])
+def test_decode_shapes(device, kernels, shape, pos):
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=1, n_ctx=320, mode="decode", seed=1))
+
+
+def test_decode_long_context(device, kernels):
+    # 2048 keys: 8 tiles of TK; workgroup memory holds one tile only
+    assert_ok(run_case(device, kernels, **SMOL, pos=2047, t=1, n_ctx=2048, mode="decode", seed=2))
+
+
+# --------------------------------------------------------------------------------------------- prefill
+@pytest.mark.parametrize("shape", [SMOL, QWEN, GEMMA, MHA], ids=["smol", "qwen", "gemma", "mha"])
+@pytest.mark.parametrize("t,pos", [(7, 0), (5, 11)])
+def test_prefill(device, kernels, shape, t, pos):
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=t, mode="prefill", seed=3 + pos))
+
+
+def test_prefill_long_context(device, kernels):
+    assert_ok(run_case(device, kernels, **QWEN, pos=2040, t=8, n_ctx=2048, mode="prefill", seed=4))
+
+
+def test_entries_any_t(device, kernels):
+    # decode with several tokens and prefill with one are still correct
+    assert_ok(run_case(device, kernels, **SMOL, pos=11, t=5, mode="decode", seed=5))
+    assert_ok(run_case(device, kernels, **GEMMA, pos=17, t=1, mode="prefill", seed=6))
+
+
+@pytest.mark.parametrize("t,pos", [(1, 20), (6, 3)])
+def test_auto_mode(device, kernels, t, pos):
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=t, mode="auto", seed=7))
+
+
+# --------------------------------------------------------------------------------------------- options
+@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 20), ("prefill", 7, 9)])
+def test_window(device, kernels, mode, t, pos):
+    r = run_case(device, kernels, **SMOL, pos=pos, t=t, window=4, mode=mode, probe=True, seed=8)
+    assert_ok(r)
+    # each query sees exactly its 4 latest keys (itself included), and that changes the result
+    assert np.all((r["probs"] > 0).sum(axis=-1) == 4)
+    full = run_case(device, kernels, **SMOL, pos=pos, t=t, mode=mode, seed=8)
+    assert np.abs(full["ref"] - r["ref"]).max() > 100 * tolerance(r) * r["vmax"]
+
+
+@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 30), ("prefill", 5, 11)])
+def test_softcap(device, kernels, mode, t, pos):
+    # raw scores ~ 60 +- 10 .. 400: the cap 50 changes them (and saturates at 400 without NaN)
+    for big in (60.0, 400.0):
+        r = run_case(device, kernels, **QWEN, pos=pos, t=t, softcap=50.0, big=big, mode=mode, probe=True, seed=9)
+        assert_ok(r)
+    r = run_case(device, kernels, **QWEN, pos=pos, t=t, softcap=50.0, big=60.0, mode=mode, seed=9)
+    uncapped = run_case(device, kernels, **QWEN, pos=pos, t=t, big=60.0, mode=mode, seed=9)
+    assert np.abs(uncapped["ref"] - r["ref"]).max() > 100 * tolerance(r) * r["vmax"]
+
+
+@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 40), ("prefill", 7, 9)])
+def test_large_scores(device, kernels, mode, t, pos):
+    # scale * q.k ~ 250: exp of a raw score overflows f32; the max subtraction keeps it finite
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=t, big=250.0, mode=mode, probe=True, seed=10))
+
+
+def test_custom_scale_gemma(device, kernels):
+    # Gemma's own scale (query_pre_attn_scalar) differs from 1/sqrt(head_dim); any scale is honoured
+    for mode, t in (("decode", 1), ("prefill", 5)):
+        assert_ok(run_case(device, kernels, **GEMMA, pos=11, t=t, scale=0.2, mode=mode, probe=True, seed=11))
+
+
+@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 17), ("prefill", 7, 0), ("prefill", 5, 11)])
+def test_probe(device, kernels, mode, t, pos):
+    r = run_case(device, kernels, **SMOL, pos=pos, t=t, mode=mode, probe=True, seed=12)
+    assert_ok(r)
+    # layout [t, n_head, n_ctx]: token j's row is non-zero exactly on keys 0 .. pos + j
+    p = r["got_p"]
+    for j in range(t):
+        assert np.all(p[j, :, :pos + j + 1] > 0) and np.all(p[j, :, pos + j + 1:] == 0)
+
+
+def test_probe_off_has_no_binding(device, kernels):
+    # without a probe, no live line of the source mentions the probe buffer, and the layout takes 6 resources only
+    text = shaders.source("attention", **A._consts(64, 3, 3, False))
+    live = [ln for ln in text.splitlines() if not ln.lstrip().startswith("//")]
+    assert not [ln for ln in live if "probe[" in ln or "> probe" in ln]
+    k = kernels.get("attention", "decode", **A._consts(64, 3, 3, False))
+    bufs = [device.buffer(64, gpu.CONVERSATION, f"x{i}") for i in range(5)]
+    uni = [make_step(device), device.uniform(bytes(32), "p")]
+    try:
+        device.bind(k, bufs[:4] + uni)
+        with pytest.raises(Exception):
+            device.bind(k, bufs[:4] + uni + [bufs[4]])
+    finally:
+        for b in bufs + uni:
+            device.destroy(b)
+
+
+SWEEP = [  # (shape, mode, t, pos, n_ctx, window, softcap, probe): options mixed, blocks and tiles at their edges
+    (GEMMA, "prefill", 9, 30, 64, 4, 0.0, True),       # Gemma: window, several row blocks of BQ=4
+    (GEMMA, "decode", 1, 511, 512, 6, 30.0, True),     # last row of the cache, window and cap together
+    (QWEN, "prefill", 3, 44, 48, 0, 0.0, False),       # step ends at the cache's last row
+    (QWEN, "decode", 2, 255, 320, 0, 0.0, True),       # keys 256 and 257 in a second tile of TK
+    (SMOL, "prefill", 16, 31, 64, 33, 0.0, True),      # window wider than the block's key span
+    (MHA, "prefill", 33, 0, 40, 0, 20.0, True),        # 33 rows in 3 blocks, keys over 2 tiles of BK
+]
+
+
+@pytest.mark.parametrize("case", range(len(SWEEP)))
+def test_sweep(device, kernels, case):
+    shape, mode, t, pos, n_ctx, window, softcap, probe = SWEEP[case]
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=t, n_ctx=n_ctx, mode=mode, window=window,
+                       softcap=softcap, probe=probe, big=30.0 if softcap else 0.0, seed=20 + case))
+
+
+def test_auto_grids(device, kernels):
+    # auto mode: one op per entry, complementary grids; the idle one dispatches (0, 0, 0)
+    conv = gpu.CONVERSATION
+    before = set(map(id, device.buffers))
+    try:
+        q, k, v, o = (device.buffer(4 * 64 * 640, conv, n) for n in "qkvo")
+        ops = A.attention(device, kernels, q, k, v, o, make_step(device), n_head=14, n_kv_head=2, head_dim=64,
+                          q_stride=18 * 64, q_offset=0, n_ctx=64)
+        assert [op.kernel.label.split(" ")[0] for op in ops] == ["attention:decode", "attention:prefill"]
+        assert ops[0].grid(1) == (14, 1, 1) and ops[1].grid(1) == (0, 0, 0)
+        assert ops[0].grid(5) == (0, 0, 0) and ops[1].grid(5) == (-(-5 * 7 // 16), 2, 1)
+    finally:
+        for buf in [b for b in device.buffers if id(b) not in before]:
+            device.destroy(buf)
+
+
+# --------------------------------------------------------------------------------------------- broken kernels
+GQA_MOD = [("return h / GROUP;", "return h % N_KV;"), ("return kvh * GROUP + hg;", "return hg * N_KV + kvh;")]
+NO_MAX = [("return max(m_old, tile_max);", "return 0.0;")]
+NEXT = [("fn key_end(qpos: u32) -> u32 { return qpos + 1u; }", "fn key_end(qpos: u32) -> u32 { return qpos + 2u; }")]
+NOT_SELF = [("fn key_end(qpos: u32) -> u32 { return qpos + 1u; }", "fn key_end(qpos: u32) -> u32 { return qpos; }")]
+BROKEN = {"gqa_mod": GQA_MOD, "no_max": NO_MAX, "next_token": NEXT, "not_self": NOT_SELF}
+
+
+@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 17), ("prefill", 7, 0), ("prefill", 5, 11)])
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_variants_fail(device, name, mode, t, pos):
+    broken = BrokenKernels(device, BROKEN[name])
+    big = 250.0 if name == "no_max" else 0.0
+    case = dict(**SMOL, pos=pos, t=t, mode=mode, big=big, seed=13)
+    assert passes(run_case(device, KernelCache(device), **case)), "the real kernel must pass this case"
+    r = run_case(device, broken, **case)
+    assert not passes(r), f"broken variant {name} passed: error {out_error(r):.3g} <= {tolerance(r):.3g}"
+
+
+def test_no_max_needs_large_scores(device):
+    # Without max subtraction the online softmax is still right for small scores: only the large case catches it
+    r = run_case(device, BrokenKernels(device, NO_MAX), **SMOL, pos=17, t=1, mode="decode", seed=13)
+    assert passes(r)

@@ -1,0 +1,257 @@
+"""matvec (decode) and matmul (prefill) with fused dequantization, on the native backend (lavapipe here).
+
+Reference: weights dequantized by gguf.quants (independent of our WGSL), product in float64.
+Tolerances are in quant_oracle (DOT_TOL, with the reasoning) and relative to each output's own
+sum |W||x|, so they do not depend on the scale of a type's values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lab import gpu
+from lab.ggml import BY_NAME
+from lab.ops.matmul import matmul
+from lab.ops.weights import alloc_weight, placements, upload_weight
+from lab.shaders import KernelCache
+from tests.kernels import quant_oracle as qo
+from tests.kernels.quant_oracle import DOT_TOL, Rig
+
+
+def cols_for(name: str) -> int:
+    """Three blocks for quantized types (K: 768, others: 96, so not a multiple of the 64-column
+    matmul chunk); float types 264 (a multiple of 8, not of 64)."""
+    if name in qo.K_TYPES:
+        return 3 * 256
+    return 96 if BY_NAME[name].block == 32 else 264
+
+
+ROWS = 333   # not a multiple of 4 (matvec) or 32 (matmul tile)
+
+
+@pytest.fixture(scope="module")
+def kernels(device):
+    return KernelCache(device)
+
+
+@pytest.fixture(scope="module")
+def device_nosg():
+    return gpu.open_native(disable=("subgroups",))
+
+
+@pytest.fixture(scope="module")
+def kernels_nosg(device_nosg):
+    return KernelCache(device_nosg)
+
+
+_cache: dict = {}
+
+
+def tensor(name: str, rows: int = ROWS, cols: int | None = None, seed: int = 0):
+    key = (name, rows, cols, seed)
+    if key not in _cache:
+        raw = qo.random_tensor(name, rows, cols or cols_for(name), seed)
+        _cache[key] = (raw, qo.dequant(raw, name))
+    return _cache[key]
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed + 100).standard_normal(shape).astype(np.float32)
+
+
+# -- weights: allocation and placement ----------------------------------------------------------------
+
+def test_alloc_split_and_placements(device):
+    t = BY_NAME["Q4_0"]                       # 18-byte blocks: row bytes not a multiple of 4
+    rows, cols = 50, 96                       # 54 bytes per row
+    w = alloc_weight(device, "split", t, rows, cols, max_binding=1100)
+    try:
+        assert [p.n_rows for p in w.parts] == [20, 20, 10]     # greedy: 20 * 54 = 1080 <= 1100
+        assert [p.first_row for p in w.parts] == [0, 20, 40]
+        pl = placements(w)
+        assert [(off, n) for _, off, n in pl] == [(0, 1080), (1080, 1080), (2160, 540)]
+        assert all(p.buffer.size % 4 == 0 and p.buffer.size <= 1100 and p.buffer.kind == gpu.WEIGHTS
+                   for p in w.parts)
+        with pytest.raises(ValueError):
+            upload_weight(device, w, bytes(rows * 54 - 1))
+    finally:
+        for p in w.parts:
+            device.destroy(p.buffer)
+    one = alloc_weight(device, "whole", t, rows, cols)
+    assert len(one.parts) == 1 and one.parts[0].buffer.size == 2700 and placements(one) == [(one.parts[0], 0, 2700)]
+    device.destroy(one.parts[0].buffer)
+    with pytest.raises(gpu.GpuError, match="binding limit"):
+        alloc_weight(device, "big", t, rows, cols, max_binding=50)
+    with pytest.raises(gpu.GpuError, match="not supported"):
+        alloc_weight(device, "iq", BY_NAME["IQ2_XS"], 4, 256)
+    with pytest.raises(ValueError):
+        alloc_weight(device, "odd", BY_NAME["Q4_K"], 4, 100)
+
+
+# -- per type ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", qo.TYPES)
+def test_matvec(device, kernels, name):
+    raw, W = tensor(name)
+    x = rand(W.shape[1])
+    with Rig(device, kernels) as r:
+        y = r.matvec(r.weight(name, raw), x)
+    assert qo.dot_err(y, W, x) <= DOT_TOL
+
+
+@pytest.mark.parametrize("name", qo.TYPES)
+def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
+    assert "subgroups" not in device_nosg.info.features
+    raw, W = tensor(name)
+    x = rand(W.shape[1], seed=1)
+    with Rig(device_nosg, kernels_nosg) as r:
+        y = r.matvec(r.weight(name, raw), x)
+    assert qo.dot_err(y, W, x) <= DOT_TOL
+
+
+def test_subgroup_path_is_used(device, kernels):
+    if "subgroups" not in device.info.features:
+        pytest.skip("this adapter has no subgroups")
+    raw, W = tensor("Q4_0")
+    with Rig(device, kernels) as r:
+        r.matvec(r.weight("Q4_0", raw), rand(W.shape[1]))
+    labels = [k.label for k in kernels._cache.values() if k.label.startswith("matvec")]
+    assert labels and all(" SG= " in lab and "NOSG=// " in lab for lab in labels)
+
+
+@pytest.mark.parametrize("name", qo.TYPES)
+def test_matmul(device, kernels, name):
+    raw, W = tensor(name)
+    with Rig(device, kernels) as r:
+        w = r.weight(name, raw)
+        for t in (1, 5, 37):
+            X = rand(t, W.shape[1], seed=t)
+            Y = r.matmul(w, X)
+            assert qo.dot_err(Y, W, X) <= DOT_TOL, f"t={t}"
+
+
+# -- options: accumulate, offsets, strides, token count ------------------------------------------
+
+def test_matvec_accumulate_and_offsets(device, kernels):
+    raw, W = tensor("Q5_1")
+    rows, cols = W.shape
+    x = rand(cols, seed=3)
+    y0 = rand(rows + 20, seed=4)
+    with Rig(device, kernels) as r:
+        w = r.weight("Q5_1", raw)
+        y = r.matvec(w, x, y0=y0, x_offset=5, y_offset=7, accumulate=True, y_len=rows + 20)
+        y_over = r.matvec(w, x, y0=y0, x_offset=5, y_offset=7, accumulate=False, y_len=rows + 20)
+    np.testing.assert_array_equal(y[:7], y0[:7])                  # outside the slice: untouched
+    np.testing.assert_array_equal(y[7 + rows:], y0[7 + rows:])
+    # y0 + W x is rounded once more at the magnitude of y0 (~1, against sum |W||x| ~ 50): twice the tolerance
+    assert qo.dot_err(y[7:7 + rows] - y0[7:7 + rows], W, x) <= DOT_TOL * 2
+    assert qo.dot_err(y_over[7:7 + rows], W, x) <= DOT_TOL
+    np.testing.assert_array_equal(y_over[:7], y0[:7])
+
+
+def test_matmul_accumulate_and_token_count(device, kernels):
+    raw, W = tensor("Q4_K")
+    rows, cols = W.shape
+    t, mt = 5, 9
+    X = rand(t, cols, seed=5)
+    y0 = rand(mt * rows, seed=6)
+    with Rig(device, kernels) as r:
+        Y = r.matmul(r.weight("Q4_K", raw), X, y0=y0, accumulate=True, max_tokens=mt)
+    Y0 = y0.reshape(mt, rows)
+    np.testing.assert_array_equal(Y[t:], Y0[t:])                  # tokens past n_tokens untouched
+    assert qo.dot_err(Y[:t] - Y0[:t], W, X) <= DOT_TOL * 2         # as in the matvec case
+
+
+def test_matmul_strides_into_fused_buffer(device, kernels):
+    """Q and K projections writing side by side into one [t, q+k] buffer, reading a strided input."""
+    rq, wq = tensor("Q8_0", rows=64, seed=1)
+    rk, wk = tensor("Q8_0", rows=40, seed=2)
+    cols = wq.shape[1]
+    t, xs, ys = 6, cols + 3, 64 + 40
+    X = rand(t, cols, seed=7)
+    xbuf = np.full((t, xs), 1e6, np.float32)
+    xbuf[:, 2:2 + cols] = X                    # token i at 2 + i * xs
+    flat = xbuf.ravel()
+    with Rig(device, kernels) as r:
+        q, k = r.weight("Q8_0", rq), r.weight("Q8_0", rk)
+        xb = r.buffer(qo.f32(flat), "x")
+        yb = r.buffer(t * ys * 4, "qk")
+        step = r.step(t)
+        ops = (matmul(device, r.kernels, q, xb, yb, step, max_tokens=t, x_offset=2, x_stride=xs, y_stride=ys)
+               + matmul(device, r.kernels, k, xb, yb, step, max_tokens=t, x_offset=2, x_stride=xs,
+                        y_offset=64, y_stride=ys))
+        r.run(ops, t)
+        Y = r.read(yb, t * ys).reshape(t, ys)
+    assert qo.dot_err(Y[:, :64], wq, X) <= DOT_TOL
+    assert qo.dot_err(Y[:, 64:], wk, X) <= DOT_TOL
+
+
+# -- weights split over several bindings ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16"])
+def test_split_weight_gives_identical_results(device, kernels, name):
+    raw, W = tensor(name)
+    rb = raw.shape[1]
+    limit = 130 * rb + 3                       # parts of 130, 130, 73 rows
+    x = rand(W.shape[1], seed=8)
+    X = rand(37, W.shape[1], seed=9)
+    with Rig(device, kernels) as r:
+        whole = r.weight(name, raw)
+        split = r.weight(name, raw, max_binding=limit)
+        assert [p.n_rows for p in split.parts] == [130, 130, 73]
+        np.testing.assert_array_equal(r.matvec(split, x), r.matvec(whole, x))
+        np.testing.assert_array_equal(r.matmul(split, X), r.matmul(whole, X))
+
+
+def test_matvec_grid_folds_past_65535_workgroups(device, kernels):
+    """More than 4 * 65535 rows: the matvec grid folds into y (a 262k vocabulary's head does this)."""
+    rows = 4 * 65535 + 61
+    raw, W = tensor("Q4_0", rows=rows, cols=32, seed=3)
+    x = rand(32, seed=10)
+    with Rig(device, kernels) as r:
+        y = r.matvec(r.weight("Q4_0", raw), x)
+    assert qo.dot_err(y, W, x) <= DOT_TOL
+
+
+# -- real tensors ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    return qo.real_tensors(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    return qo.real_tensors(gemma_path)
+
+
+def _real(device, kernels, tensors, tname, row_slice=slice(None), t=5):
+    name, data = tensors[tname]
+    raw = np.ascontiguousarray(data[row_slice])
+    W = qo.dequant(raw, name)
+    x = rand(W.shape[1], seed=11)
+    X = rand(t, W.shape[1], seed=12)
+    with Rig(device, kernels) as r:
+        w = r.weight(name, raw)
+        y = r.matvec(w, x)
+        Y = r.matmul(w, X)
+    assert qo.dot_err(y, W, x) <= DOT_TOL, tname
+    assert qo.dot_err(Y, W, X) <= DOT_TOL, tname
+    return name
+
+
+def test_real_smollm2(device, kernels, smollm2):
+    assert _real(device, kernels, smollm2, "blk.0.attn_q.weight") == "Q4_1"         # 576 x 576
+    assert _real(device, kernels, smollm2, "blk.0.ffn_down.weight") == "Q4_1"       # 576 x 1536
+    # token_embd as an output head: 2,000 of its 49,152 rows
+    assert _real(device, kernels, smollm2, "token_embd.weight", slice(1000, 3000)) == "Q8_0"
+
+
+def test_real_gemma_k_quants(device, kernels, gemma):
+    names = {t: ty for t, (ty, _) in gemma.items()}
+    seen = set()
+    for want in ("Q4_K", "Q6_K", "Q5_0"):
+        tname = next(n for n, ty in names.items() if ty == want and n.startswith("blk."))
+        seen.add(_real(device, kernels, gemma, tname, slice(0, 300)))
+    assert seen == {"Q4_K", "Q6_K", "Q5_0"}

@@ -1,0 +1,66 @@
+// RMSNorm over groups of each token's row: whole rows (group = n) or per head (Gemma 3 q/k norm: group = head_dim).
+// Bindings: 0 y (storage, read_write)  1 w (storage, read: `group` floats)  2 p (uniform Params)
+//           3 step (uniform Step)      4 x (storage, read; out-of-place only: {{SRC}} = x, in place {{SRC}} = y)
+// Math: y[g] = x[g] * inverseSqrt(mean(x[g]^2) + eps) * w     for each group g of `group` floats
+//       (Gemma's "1 + w" is already in the GGUF weights, so w is used as stored.)
+// Params { group, n_groups, in_stride, in_offset, out_stride, out_offset: u32, eps: f32, _p: u32 }
+//   element i of group g of token row j is read at  j*in_stride  + in_offset  + g*group + i
+//                                   and written at  j*out_stride + out_offset + g*group + i   (floats)
+// Grid: (t, n_groups, 1), one workgroup of {{WG}} per (token, group); rows >= step.n_tokens do nothing.
+// Reduction: subgroupAdd then one partial per subgroup ({{SG}} lines), or a shared-memory tree ({{NOSG}} lines).
+{{SG_ENABLE}}
+
+struct Params { group: u32, n_groups: u32, in_stride: u32, in_offset: u32,
+                out_stride: u32, out_offset: u32, eps: f32, _p: u32 };
+struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+
+const WG: u32 = {{WG}}u;
+
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+@group(0) @binding(3) var<uniform> step: Step;
+@group(0) @binding(4) var<storage, read> x: array<f32>;
+
+var<workgroup> red: array<f32, WG>;
+var<private> sg_lane: u32;
+var<private> sg_size: u32;
+
+// Sum of v over the workgroup, returned to every invocation. Called in uniform control flow.
+fn wg_sum(v: f32, li: u32) -> f32 {
+{{SG}}    let s = subgroupAdd(v);
+{{SG}}    if (sg_lane == 0u) { red[li / sg_size] = s; }
+{{SG}}    workgroupBarrier();
+{{SG}}    var total = 0.0;
+{{SG}}    for (var j = 0u; j < (WG + sg_size - 1u) / sg_size; j++) { total += red[j]; }
+{{NOSG}}    red[li] = v;
+{{NOSG}}    workgroupBarrier();
+{{NOSG}}    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+{{NOSG}}        if (li < s) { red[li] += red[li + s]; }
+{{NOSG}}        workgroupBarrier();
+{{NOSG}}    }
+{{NOSG}}    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WG)
+fn rms_norm(@builtin(local_invocation_index) li: u32,
+{{SG}}            @builtin(subgroup_invocation_id) sgi: u32, @builtin(subgroup_size) sgs: u32,
+            @builtin(workgroup_id) wid: vec3<u32>) {
+{{SG}}    sg_lane = sgi; sg_size = sgs;
+    let row = wid.x;
+    if (row >= step.n_tokens) { return; }
+    let src = row * p.in_stride + p.in_offset + wid.y * p.group;
+    let dst = row * p.out_stride + p.out_offset + wid.y * p.group;
+    var ss = 0.0;
+    for (var i = li; i < p.group; i += WG) {
+        let v = {{SRC}}[src + i];
+        ss += v * v;
+    }
+    let ms = wg_sum(ss, li) / f32(p.group);
+    let r = inverseSqrt(ms + p.eps);
+    for (var i = li; i < p.group; i += WG) {
+        y[dst + i] = {{SRC}}[src + i] * r * w[i];
+    }
+}

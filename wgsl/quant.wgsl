@@ -1,0 +1,209 @@
+// Dequantization of GGUF weights read in place from their block layout (included, no entry points).
+// Bindings: none of its own. The including kernel declares the weights as
+//   `var<storage, read> W: array<u32>;`  (GGUF blocks, row-major, rows start at byte row * row_bytes)
+// Math: one function per type, dq_TYPE(rb, g) -> Dq, gives the 8 values of "group" g of the row
+//   whose first byte is rb: lo = elements e0..e0+3, hi = elements e0+HALF..e0+HALF+3, where
+//   e0 = group_base(g, HALF) = (g / (HALF/4)) * 2*HALF + (g % (HALF/4)) * 4.
+//   Groups 0..cols/8-1 cover a row exactly once. HALF per type (Python owns the table, lab/ops/weights.py):
+//   F32 F16 BF16 Q8_0: 4 (8 consecutive values); Q4_0 Q4_1 Q5_0 Q5_1: 16 (low/high nibbles of 4 qs
+//   bytes); Q4_K Q5_K Q6_K: 32. A span of 2*HALF consecutive elements is always whole groups, and
+//   divides the block, so any range starting at a multiple of 64 holds whole groups.
+// Uniforms: none. Constants: none (the type is picked by the including file through the function name).
+// Blocks of 18, 22, 34 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/ld_u32,
+// which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed).
+
+struct Dq { lo: vec4<f32>, hi: vec4<f32> };
+
+fn group_base(g: u32, hf: u32) -> u32 {
+    let per = hf / 4u;
+    return (g / per) * 2u * hf + (g % per) * 4u;
+}
+
+// ---- byte loaders ------------------------------------------------------------------------------
+
+// Four bytes at any byte offset, little-endian.
+fn ld_u32(off: u32) -> u32 {
+    let i = off >> 2u;
+    let s = (off & 3u) * 8u;
+    let lo = W[i] >> s;
+    let hi = select(0u, W[i + 1u] << ((32u - s) & 31u), s != 0u);
+    return lo | hi;
+}
+
+// Two bytes at an even byte offset.
+fn ld_u16(off: u32) -> u32 {
+    return (W[off >> 2u] >> ((off & 2u) * 8u)) & 0xFFFFu;
+}
+
+fn ld_u8(off: u32) -> u32 {
+    return (W[off >> 2u] >> ((off & 3u) * 8u)) & 0xFFu;
+}
+
+fn ld_f16(off: u32) -> f32 {
+    return unpack2x16float(ld_u16(off)).x;
+}
+
+fn bf16x2(w: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xFFFF0000u));
+}
+
+// The four bytes of w as unsigned / signed values, byte 0 first.
+fn u8x4(w: u32) -> vec4<u32> {
+    return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
+}
+
+fn i8x4(w: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Low / high nibble of each byte of w.
+fn nib_lo(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+}
+
+fn nib_hi(w: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+}
+
+// Bit `b` of each byte of w, as 0.0 / 1.0.
+fn bit_of_bytes(w: u32, b: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(w) >> (vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(b))) & vec4<u32>(1u));
+}
+
+// ---- plain floats (group g = elements 8g..8g+7; rows of these types start 16-byte aligned) ----
+
+fn dq_f32(rb: u32, g: u32) -> Dq {
+    let i = (rb >> 2u) + 8u * g;
+    return Dq(bitcast<vec4<f32>>(vec4<u32>(W[i], W[i + 1u], W[i + 2u], W[i + 3u])),
+              bitcast<vec4<f32>>(vec4<u32>(W[i + 4u], W[i + 5u], W[i + 6u], W[i + 7u])));
+}
+
+fn dq_f16(rb: u32, g: u32) -> Dq {
+    let i = (rb >> 2u) + 4u * g;
+    return Dq(vec4<f32>(unpack2x16float(W[i]), unpack2x16float(W[i + 1u])),
+              vec4<f32>(unpack2x16float(W[i + 2u]), unpack2x16float(W[i + 3u])));
+}
+
+fn dq_bf16(rb: u32, g: u32) -> Dq {
+    let i = (rb >> 2u) + 4u * g;
+    return Dq(vec4<f32>(bf16x2(W[i]), bf16x2(W[i + 1u])), vec4<f32>(bf16x2(W[i + 2u]), bf16x2(W[i + 3u])));
+}
+
+// ---- 32-element blocks (4 groups per block) ----------------------------------------------------
+
+// Q8_0, 34 bytes: d f16, qs[32] i8.  x = d * q
+fn dq_q8_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 2u) * 34u;
+    let gi = g & 3u;
+    let d = ld_f16(blk);
+    return Dq(d * i8x4(ld_u32(blk + 2u + 8u * gi)), d * i8x4(ld_u32(blk + 6u + 8u * gi)));
+}
+
+// Q4_0, 18 bytes: d f16, qs[16]; element j = low nibble of qs[j], element j+16 = high nibble.  x = d * (q - 8)
+fn dq_q4_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 2u) * 18u;
+    let d = ld_f16(blk);
+    let q = ld_u32(blk + 2u + 4u * (g & 3u));
+    return Dq(d * (nib_lo(q) - 8.0), d * (nib_hi(q) - 8.0));
+}
+
+// Q4_1, 20 bytes: d f16, m f16, qs[16] (nibbles as Q4_0).  x = d * q + m
+fn dq_q4_1(rb: u32, g: u32) -> Dq {
+    let w = (rb >> 2u) + (g >> 2u) * 5u;
+    let dm = unpack2x16float(W[w]);
+    let q = W[w + 1u + (g & 3u)];
+    return Dq(dm.x * nib_lo(q) + dm.y, dm.x * nib_hi(q) + dm.y);
+}
+
+// Q5_0, 22 bytes: d f16, qh u32, qs[16]; 5th bit of element j is bit j of qh (j = 0..31).  x = d * (q - 16)
+fn dq_q5_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 2u) * 22u;
+    let j = 4u * (g & 3u);
+    let d = ld_f16(blk);
+    let qh = ld_u32(blk + 2u);
+    let q = ld_u32(blk + 6u + j);
+    let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
+    let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
+    return Dq(d * (nib_lo(q) + 16.0 * vec4<f32>(h) - 16.0), d * (nib_hi(q) + 16.0 * vec4<f32>(h2) - 16.0));
+}
+
+// Q5_1, 24 bytes: d f16, m f16, qh u32, qs[16] (bits as Q5_0).  x = d * q + m
+fn dq_q5_1(rb: u32, g: u32) -> Dq {
+    let w = (rb >> 2u) + (g >> 2u) * 6u;
+    let j = 4u * (g & 3u);
+    let dm = unpack2x16float(W[w]);
+    let qh = W[w + 1u];
+    let q = W[w + 2u + (g & 3u)];
+    let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
+    let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
+    return Dq(dm.x * (nib_lo(q) + 16.0 * vec4<f32>(h)) + dm.y, dm.x * (nib_hi(q) + 16.0 * vec4<f32>(h2)) + dm.y);
+}
+
+// ---- 256-element K blocks (32 groups per block; group gi: chunk j = gi/8 of 64 elements, l = 4*(gi%8);
+//      lo = elements 64j+l.., sub-block 2j; hi = elements 64j+32+l.., sub-block 2j+1) --------------
+
+// 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes at sb (ggml get_scale_min_k4):
+//   s < 4:  scale = b[s] & 63,                       min = b[s+4] & 63
+//   s >= 4: scale = (b[s+4] & 15) | (b[s-4] >> 6) << 4,  min = (b[s+4] >> 4) | (b[s] >> 6) << 4
+fn k_scale_min(sb: u32, s: u32) -> vec2<f32> {
+    let hi = s >= 4u;
+    let a = ld_u8(sb + s);                      // b[s]
+    let b4 = ld_u8(sb + s + 4u);                // b[s+4]   (s < 4)
+    let c = ld_u8(sb + (s & 3u) + 8u);          // b[s+4]   (s >= 4)
+    let e = ld_u8(sb + (s & 3u));               // b[s-4]   (s >= 4)
+    let sc = select(a & 63u, (c & 15u) | ((e >> 6u) << 4u), hi);
+    let mn = select(b4 & 63u, (c >> 4u) | ((a >> 6u) << 4u), hi);
+    return vec2<f32>(f32(sc), f32(mn));
+}
+
+// Q4_K, 144 bytes: d f16, dmin f16, scales[12], qs[128].  x = d * sc * q - dmin * m
+fn dq_q4_k(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * 144u;
+    let gi = g & 31u;
+    let j = gi >> 3u;
+    let dm = unpack2x16float(W[blk >> 2u]);
+    let s0 = k_scale_min(blk + 4u, 2u * j);
+    let s1 = k_scale_min(blk + 4u, 2u * j + 1u);
+    let q = W[(blk >> 2u) + 4u + gi];
+    return Dq(dm.x * s0.x * nib_lo(q) - dm.y * s0.y, dm.x * s1.x * nib_hi(q) - dm.y * s1.y);
+}
+
+// Q5_K, 176 bytes: d f16, dmin f16, scales[12], qh[32], qs[128]; 5th bit of element 64j+l (+32) is
+// bit 2j (2j+1) of qh[l].  x = d * sc * q - dmin * m
+fn dq_q5_k(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * 176u;
+    let gi = g & 31u;
+    let j = gi >> 3u;
+    let w = blk >> 2u;
+    let dm = unpack2x16float(W[w]);
+    let s0 = k_scale_min(blk + 4u, 2u * j);
+    let s1 = k_scale_min(blk + 4u, 2u * j + 1u);
+    let qh = W[w + 4u + (gi & 7u)];
+    let q = W[w + 12u + gi];
+    return Dq(dm.x * s0.x * (nib_lo(q) + 16.0 * bit_of_bytes(qh, 2u * j)) - dm.y * s0.y,
+              dm.x * s1.x * (nib_hi(q) + 16.0 * bit_of_bytes(qh, 2u * j + 1u)) - dm.y * s1.y);
+}
+
+// Q6_K, 210 bytes: ql[128], qh[64], scales[16] i8, d f16. Half h (128 elements) uses ql[64h..], qh[32h..],
+// scales[8h..]; its element 32k + l (k = 0..3, l = 0..31) is
+//   q = (nibble k/2 of ql[64h + 32(k%2) + l]) | ((qh[32h + l] >> 2k) & 3) << 4,  x = d * scales[8h + l/16 + 2k] * (q - 32).
+// Here group gi: h = gi/16, k = 2s (lo) and 2s+1 (hi) with s = (gi/8)%2, l = 4*(gi%8).
+fn dq_q6_k(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * 210u;
+    let gi = g & 31u;
+    let h = gi >> 4u;
+    let s = (gi >> 3u) & 1u;
+    let l = 4u * (gi & 7u);
+    let d = ld_f16(blk + 208u);
+    let qa = ld_u32(blk + 64u * h + l);
+    let qb = ld_u32(blk + 64u * h + 32u + l);
+    let qh = ld_u32(blk + 128u + 32u * h + l);
+    let sc = blk + 192u + 8u * h + l / 16u + 4u * s;
+    let sca = f32(bitcast<i32>(ld_u8(sc) << 24u) >> 24u);
+    let scb = f32(bitcast<i32>(ld_u8(sc + 2u) << 24u) >> 24u);
+    let na = select(nib_lo(qa), nib_hi(qa), s == 1u);
+    let nb = select(nib_lo(qb), nib_hi(qb), s == 1u);
+    let ha = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(4u * s))) & vec4<u32>(3u));
+    let hb = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(2u, 10u, 18u, 26u) + vec4<u32>(4u * s))) & vec4<u32>(3u));
+    return Dq(d * sca * (na + 16.0 * ha - 32.0), d * scb * (nb + 16.0 * hb - 32.0));
+}

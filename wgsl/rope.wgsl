@@ -1,0 +1,55 @@
+// Rotary position embedding, in place, on heads inside token rows (Q, K, or both of a fused QKV row).
+// Bindings: 0 x (storage, read_write)  1 freqs (storage, read: n_rot/2 floats)  2 p (uniform Params)  3 step (uniform Step)
+// Math: for pair i < n_rot/2 of head h of token j:  theta = (step.pos + j) * freqs[i]  (freqs[i] = freq_scale *
+//       base^(-2i/n_rot) / factor_i, computed by Python in f64),  (x0, x1) <- (x0 cos - x1 sin, x0 sin + x1 cos);
+//       dims n_rot..head_dim-1 pass through untouched.
+//   rope_adjacent: pair (2i, 2i+1)       (llama-family GGUF, llama.cpp rope mode 0)
+//   rope_neox:     pair (i, i + n_rot/2) (Qwen, Gemma: llama.cpp mode 2)
+// Params { n_head, head_dim, half (= n_rot/2), row_stride, col_offset, _p0, _p1, _p2: u32 }
+//   head h of token j starts at float  j*row_stride + col_offset + h*head_dim.
+// Grid: (ceil(n_head*half / {{WG}}), t, 1), one invocation per (token, head, pair).
+
+struct Params { n_head: u32, head_dim: u32, half: u32, row_stride: u32,
+                col_offset: u32, _p0: u32, _p1: u32, _p2: u32 };
+struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+
+const WG: u32 = {{WG}}u;
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> freqs: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+@group(0) @binding(3) var<uniform> step: Step;
+
+// Indices (within the head) of the two elements pair i rotates.
+fn pair_adjacent(i: u32) -> vec2<u32> { return vec2<u32>(2u * i, 2u * i + 1u); }
+fn pair_neox(i: u32) -> vec2<u32> { return vec2<u32>(i, i + p.half); }
+
+// cos and sin of theta after reducing it to about [-pi, pi] (Cody-Waite, 2*pi = C1 + C2 with C1 exact in
+// few bits), since GPU sin/cos are only specified to be accurate on [-pi, pi].
+fn cos_sin(theta: f32) -> vec2<f32> {
+    let k = round(theta * 0.15915494309189535);
+    let r = (theta - k * 6.28125) - k * 0.0019353071795864769;
+    return vec2<f32>(cos(r), sin(r));
+}
+
+fn rotate(gid: vec3<u32>, neox: bool) {
+    let row = gid.y;
+    let q = gid.x;
+    if (row >= step.n_tokens || q >= p.n_head * p.half) { return; }
+    let h = q / p.half;
+    let i = q % p.half;
+    var ab: vec2<u32>;
+    if (neox) { ab = pair_neox(i); } else { ab = pair_adjacent(i); }
+    let base = row * p.row_stride + p.col_offset + h * p.head_dim;
+    let cs = cos_sin(f32(step.pos + row) * freqs[i]);
+    let x0 = x[base + ab.x];
+    let x1 = x[base + ab.y];
+    x[base + ab.x] = x0 * cs.x - x1 * cs.y;
+    x[base + ab.y] = x0 * cs.y + x1 * cs.x;
+}
+
+@compute @workgroup_size(WG)
+fn rope_adjacent(@builtin(global_invocation_id) gid: vec3<u32>) { rotate(gid, false); }
+
+@compute @workgroup_size(WG)
+fn rope_neox(@builtin(global_invocation_id) gid: vec3<u32>) { rotate(gid, true); }
