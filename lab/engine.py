@@ -184,7 +184,7 @@ class Engine:
 
         # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
         add(embed.get_rows(dev, kc, self.w["token_embd.weight"], self.ids, self.x, step, scale=cfg.embd_scale),
-            "inp_embd", self.x, E)
+            "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", self.x, E)
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
             # attention block: x -> norm -> q, k, v (fused row [q | k | v]) -> rope -> cache -> attention
@@ -212,13 +212,7 @@ class Engine:
             add(attn_ops.kv_write(dev, kc, self.qkv, self.k_cache[il], self.v_cache[il], step,
                                   n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=W, k_offset=Q,
                                   v_offset=Q + KV, n_ctx=self.n_ctx))
-            add(attn_ops.attention(dev, kc, self.qkv, self.k_cache[il], self.v_cache[il], self.att, step,
-                                   n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, q_stride=W,
-                                   q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
-                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
-                                   probe=self.probe[il] if self.probe else None,
-                                   mode="prefill" if batched else "decode"),
-                f"kqv_out-{il}", self.att, Q)
+            add(self.attention_op(il, batched, self.probe[il] if self.probe else None), f"kqv_out-{il}", self.att, Q)
             # output projection; the residual add is folded into it unless gemma3's post-norm sits between
             if cfg.post_norms:
                 add(self._mm(b + "attn_output.weight", self.att, self.tmp, batched))
@@ -265,6 +259,16 @@ class Engine:
             False: sample.argmax(dev, kc, self.logits, self.ids, step, cfg.n_vocab, rows=rows),
             True: sample.top_k(dev, kc, self.logits, self.topk, step, cfg.n_vocab, TOP_K, rows=rows)}
         return plan, trace
+
+    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None) -> list[ops.Op]:
+        """Layer il's attention over the cache, as the plans run it; lab.probes builds it again with a `probe`
+        buffer (attention probabilities), so the probe variant can never drift from the plans' own."""
+        cfg = self.cfg
+        return attn_ops.attention(self.device, self.kernels, self.qkv, self.k_cache[il], self.v_cache[il], self.att,
+                                  self.step_buf, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
+                                  q_stride=self.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
+                                  window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
+                                  probe=probe, mode="prefill" if batched else "decode")
 
     def ops_for(self, t: int, sampled: bool = False) -> list[ops.Op]:
         batched = t > 1

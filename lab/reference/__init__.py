@@ -1,14 +1,17 @@
 """numpy reference forward pass (CPython only): the oracle the GPU engine is checked against.
 
-    from lab.reference import Reference, bisect
+    from lab.reference import Reference
+    from lab.reference.bisect import bisect
     ref = Reference(models.path("smollm2"))
     logits = ref.forward(ids, trace=True)      # ref.trace: llama.cpp-named intermediate tensors
+    bisect(ref.trace, gpu_trace, ref.trace_order, tol=1e-2)   # first tensor off by more than tol
 
-Imports numpy and gguf, so nothing in the Pyodide path may import this package.
+Imports numpy and gguf, so nothing on the Pyodide path may import this package. (bisect is not
+re-exported here so that `python -m lab.reference.bisect` runs without runpy's double-import
+warning.)
 """
 
-from .bisect import bisect, rel_error
 from .forward import Reference
 from .weights import Hparams, Weights
 
-__all__ = ["Reference", "Hparams", "Weights", "bisect", "rel_error"]
+__all__ = ["Reference", "Hparams", "Weights"]

@@ -1,6 +1,7 @@
 """Find the first traced tensor where the GPU engine departs from the numpy reference.
 
-    from lab.reference import Reference, bisect
+    from lab.reference import Reference
+    from lab.reference.bisect import bisect
     ref = Reference(path); ref.forward(ids, trace=True)
     gpu_trace = ...                     # same names, same shapes (see lab/reference/forward.py)
     hit = bisect(ref.trace, gpu_trace, ref.trace_order, tol=1e-2)

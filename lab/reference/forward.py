@@ -5,9 +5,12 @@ llm_graph_context::build_norm / build_ffn / build_attn in src/llama-graph.cpp), 
 dequantized by gguf-py, in float32 (or float64: `Reference(path, dtype=np.float64)`).
 
 Trace names (`ref.trace`, filled when `forward(..., trace=True)`; `ref.trace_order` lists them in
-the order they were computed). They are llama.cpp's eval-callback names with "-{il}" for layer il;
-where llama.cpp gives two tensors one name, the second gets a suffix. Shapes are for t new tokens
-and n_kv = start_pos + t cached positions:
+the order they were computed). They are llama.cpp's eval-callback (cb_eval) names with "-{il}" for
+layer il; where llama.cpp gives two tensors one name, the second gets a suffix here. Checked
+against llama.cpp's own callback tensors on an all-F32 GGUF: every one agrees to ~1e-6 relative
+(gemma3's FFN to 2e-4: llama.cpp's CPU GELU is a float16 table). llama.cpp's tensors are ggml
+[ne0, ne1, ...], i.e. these shapes reversed, and its kq_soft_max has n_kv padded to a multiple of
+256 with zeros. Shapes are for t new tokens and n_kv = start_pos + t cached positions:
 
     inp_embd            [t, n_embd]     token_embd rows
     inp_scaled          [t, n_embd]     gemma3 only: inp_embd * sqrt(n_embd)
@@ -32,9 +35,10 @@ and n_kv = start_pos + t cached positions:
     result_output       [t, n_vocab]    logits (after softcapping, if the model has it)
 
 API:
-    ref = Reference(path)
+    ref = Reference(path)                     # ref.hp: Hparams, ref.w: Weights (lazy dequantized)
     logits = ref.forward(ids)                 # prefill from position 0, all positions, [t, n_vocab]
     logits = ref.forward(more, start_pos=n)   # continue: keeps cache[:n], appends `more`
+    logits = ref.forward(ids, all_logits=False)   # last position only, [1, n_vocab]
     ref.greedy(ids, n) -> list[int]           # n greedy tokens after ids (argmax, ties -> lowest id)
     ref.logit_lens(ids) -> (top_ids [n_layer, t], top_probs [n_layer, t])
     ref.neighbours(token_id, k=10) -> (ids [k], cosine [k])
@@ -167,9 +171,14 @@ class Reference:
         return ok
 
     # -- the forward pass -----------------------------------------------------------------------
-    def forward(self, ids, start_pos: int | None = None, trace: bool = False) -> np.ndarray:
-        """Logits [t, n_vocab] for every position of `ids` (causal). start_pos None or 0 starts
-        fresh; start_pos = n keeps the first n cached positions and appends."""
+    def forward(self, ids, start_pos: int | None = None, trace: bool = False,
+                all_logits: bool = True) -> np.ndarray:
+        """Logits [t, n_vocab] for every position of `ids` (causal), float32.
+
+        start_pos None or 0 starts fresh; start_pos = n keeps the first n cached positions and
+        appends. trace=True records the intermediate tensors in self.trace (see the module doc).
+        all_logits=False computes the head for the last position only ([1, n_vocab]), like
+        llama.cpp's inp_out_ids: the trace's result_norm / result_output then hold that row only."""
         hp, dt = self.hp, self.dtype
         ids = np.asarray(list(ids), dtype=np.int64)
         t = len(ids)
@@ -259,6 +268,8 @@ class Reference:
             self._cb(f"l_out-{il}", x)
 
         self.n_past = n_kv
+        if not all_logits:
+            x = x[-1:]
         x = rms_norm(x, self.w.get("output_norm.weight"), hp.eps)
         self._cb("result_norm", x)
         logits = self._head(x)
@@ -270,7 +281,7 @@ class Reference:
     def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:
         """n greedy tokens after `ids`: prefill, then one token at a time through the KV cache.
         argmax ties go to the lowest id. Stops early after a token in `stop` (it is included)."""
-        logits = self.forward(list(ids))
+        logits = self.forward(list(ids), all_logits=False)
         out: list[int] = []
         while len(out) < n:
             nxt = int(np.argmax(logits[-1]))

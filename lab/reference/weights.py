@@ -9,8 +9,8 @@ shape (ne1, ne0). For a linear layer ne0 is the input width, so `W` is (out, in)
 the token embedding is (n_vocab, n_embd), one row per token.
 
 Hyperparameters follow llama.cpp's loaders (src/llama-model.cpp and src/models/<arch>.cpp):
-see `Hparams.from_reader` for where each value comes from and what defaults llama.cpp applies when a
-key is absent.
+see `Hparams.from_weights` for where each value comes from and what defaults llama.cpp applies
+when a key is absent.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ class Hparams:
     def from_weights(cls, w: Weights) -> "Hparams":
         arch = w.meta("general.architecture")
         if arch not in SUPPORTED_ARCHS:
-            raise NotImplementedError(f"reference: architecture {arch!r} is not supported ({', '.join(SUPPORTED_ARCHS)})")
+            raise NotImplementedError(f"reference: architecture {arch!r} is not supported "
+                                      f"({', '.join(SUPPORTED_ARCHS)})")
 
         def k(name, default=None, required=True):
             v = w.meta(f"{arch}.{name}", default)
