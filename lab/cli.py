@@ -83,6 +83,33 @@ def _tokenize(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from lab import bench
+    ints = lambda s: tuple(int(v) for v in s.split(",") if v)
+    if args.model == "kernels":
+        rows = bench.bench_kernels(repeat=args.repeat, disable=args.disable)
+        if args.json:
+            print(json.dumps(rows))
+        else:
+            print(f"{'type':6s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} {'GB/s':>8s} {'GEMM us':>10s} {'GFLOP/s':>8s}")
+            for r in rows:
+                print(f"{r['type']:6s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} {r['matvec_us']:10.1f} "
+                      f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model
+        if args.synthetic:
+            from lab import synthetic
+            path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf")
+        res = bench.bench_model(path, prompts=ints(args.prompts), contexts=ints(args.contexts),
+                                decode_tokens=args.decode, max_batch=args.batch, disable=args.disable)
+    print(json.dumps(res, indent=None if args.json else 2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -123,6 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("file")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=_tokenize)
+
+    s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively")
+    s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
+    s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
+                   help="benchmark a random GGUF with this model's exact tensor shapes and types")
+    s.add_argument("--prompts", default="128,512", help="prefill lengths")
+    s.add_argument("--contexts", default="0,512,2048", help="decode positions")
+    s.add_argument("--decode", type=int, default=32, help="tokens timed at each context")
+    s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
+    s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_bench)
 
     args = p.parse_args(argv)
     try:

@@ -1,0 +1,135 @@
+"""`lab bench`: speed measured, never asserted (CPython, native backend).
+
+    lab bench MODEL.gguf | --synthetic smollm2|qwen2.5|gemma3   load MB/s, prefill and decode tok/s, TTFT
+    lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
+
+Decode is timed as the chat loop runs it: one step, then the 4-byte argmax read-back, per token.
+"Weight bytes per token" counts every matrix once (decode reads each weight once per token), so
+weight bytes x tok/s is the effective bandwidth.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+
+from . import gguf, gpu, ops
+from .engine import Engine
+
+KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
+    ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576),                  # SmolLM2
+    ("Q5_0", 4864, 896), ("Q6_K", 896, 4864), ("Q4_K", 896, 4864), ("Q8_0", 151936, 896),  # Qwen2.5
+    ("Q5_0", 2048, 640), ("Q4_K", 640, 1024), ("Q8_0", 262144, 640),                # Gemma 3
+    ("F16", 4096, 4096), ("BF16", 4096, 4096), ("F32", 4096, 4096), ("Q4_0", 4096, 4096),
+    ("Q5_1", 4096, 4096), ("Q5_K", 4096, 4096), ("Q8_0", 4096, 4096), ("Q4_K", 14336, 4096),
+]
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _sync(engine: Engine) -> None:
+    engine.device.read_sync(engine.ids, 0, 4)
+
+
+def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
+                disable=(), seed=0) -> dict:
+    header = gguf.read_file(path)
+    device = gpu.open_native(disable=tuple(disable))
+    n_ctx = max(max(contexts) + decode_tokens + 1, max(prompts) + 1)
+    t0 = _now()
+    engine = Engine(device, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
+    t1 = _now()
+    nbytes = engine.upload_file(path)
+    _sync(engine)
+    t2 = _now()
+    rng = random.Random(seed)
+    vocab = engine.cfg.n_vocab
+    out = {"model": str(path), "arch": engine.cfg.arch, "adapter": device.info.name,
+           "features": sorted(device.info.features), "weight_bytes": nbytes, "build_s": round(t1 - t0, 3),
+           "upload_s": round(t2 - t1, 3), "load_mb_s": round(nbytes / 1e6 / (t2 - t1), 1),
+           "max_batch": engine.max_batch, "dispatches_per_decode_token": engine.dispatches_per_step(1),
+           "compute_passes_per_decode_token": 1, "prefill": {}, "decode": {}}
+
+    def prefill(n: int) -> float:
+        ids = [rng.randrange(vocab) for _ in range(n)]
+        t = _now()
+        for pos in range(0, n, engine.max_batch):
+            engine.step(ids[pos:pos + engine.max_batch], pos)
+        _sync(engine)
+        return _now() - t
+
+    prefill(min(prompts))                        # warm-up: pipelines compiled, caches hot
+    for n in prompts:
+        s = prefill(n)
+        out["prefill"][n] = {"tok_s": round(n / s, 1), "ttft_ms": round(s * 1e3, 1)}
+    for c in contexts:
+        if c:
+            prefill(c)
+        else:
+            engine.step([rng.randrange(vocab)], 0)
+            _sync(engine)
+        pos = max(c, 1)
+        t = _now()
+        for i in range(decode_tokens):
+            engine.step(None, pos + i)
+            _sync(engine)
+        s = (_now() - t) / decode_tokens
+        out["decode"][c] = {"tok_s": round(1 / s, 1), "ms_per_token": round(s * 1e3, 3),
+                            "weight_gb_s": round(nbytes / s / 1e9, 1)}
+    out["peak_host_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    engine.close()
+    return out
+
+
+def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=()) -> list[dict]:
+    """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols)."""
+    import numpy as np
+
+    from .ggml import BY_NAME
+    from .ops.matmul import matmul, matvec
+    from .ops.weights import alloc_weight, upload_weight
+    from .shaders import KernelCache
+    from .synthetic import random_blocks
+    device = gpu.open_native(disable=tuple(disable))
+    kc = KernelCache(device)
+    step = ops.make_step(device)
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for type_name, rows, cols in shapes:
+        t = BY_NAME[type_name]
+        if type_name in ("F16", "BF16"):
+            raw = rng.standard_normal((rows, cols)).astype(np.float16).view(np.uint8)
+            if type_name == "BF16":
+                raw = (rng.standard_normal((rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(
+                    np.uint16).view(np.uint8)
+        else:
+            raw = random_blocks(type_name, rows, cols, rng)
+        w = alloc_weight(device, f"bench {type_name} {rows}x{cols}", t, rows, cols)
+        upload_weight(device, w, raw.tobytes())
+        x = device.buffer(4 * cols * tokens, gpu.CONVERSATION, "x")
+        y = device.buffer(4 * rows * tokens, gpu.CONVERSATION, "y")
+        device.write(x, rng.standard_normal(cols * tokens).astype(np.float32).tobytes())
+        device.run([], writes=[(step, 0, ops.step_bytes(0, tokens, 1))])
+        mv = [op.at(1) for op in matvec(device, kc, w, x, y, step)] * repeat
+        mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
+        res = {"type": type_name, "rows": rows, "cols": cols, "weight_bytes": w.rows * w.row_bytes}
+        for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
+            device.run(plan)
+            device.read_sync(y, 0, 4)
+            t0 = _now()
+            device.run(plan)
+            device.read_sync(y, 0, 4)
+            s = (_now() - t0) / reps
+            if name == "matvec":
+                res["matvec_us"] = round(s * 1e6, 1)
+                res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
+            else:
+                res["matmul_us"] = round(s * 1e6, 1)
+                res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
+        rows_out.append(res)
+        for b in (x, y, *(p.buffer for p in w.parts)):
+            device.destroy(b)
+    return rows_out

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see docs/performance.md): Vulkan loader from .gl/, wheels from .whl/,
+# then the kernel tests and the benchmarks; results land in $OUT.
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -m lab.cli selftest | tee "$OUT/selftest.json"
+what=${1:-tests,kernels,models}
+if [[ $what == *tests* ]]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels -x -k "not real" 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt"
+fi
+if [[ $what == *kernels* ]]; then
+  python3 -m lab.cli bench kernels | tee "$OUT/kernels.txt"
+fi
+if [[ $what == *models* ]]; then
+  for m in smollm2 qwen2.5 gemma3; do
+    python3 -m lab.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --json \
+      | tee "$OUT/bench_$m.json"
+  done
+fi
