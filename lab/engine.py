@@ -268,7 +268,10 @@ class Engine:
                                   self.step_buf, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
                                   q_stride=self.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
-                                  probe=probe, mode="prefill" if batched else "decode")
+                                  probe=probe, mode="prefill" if batched else "decode",
+                                  # split-K decode feeds a GPU's many cores; a CPU adapter pays per
+                                  # workgroup, so there the keys stay in one chunk (measured on lavapipe)
+                                  chunk=self.n_ctx if self.device.info.software else None)
 
     def ops_for(self, t: int, sampled: bool = False) -> list[ops.Op]:
         batched = t > 1

@@ -1,25 +1,39 @@
 // Causal multi-head attention over the f32 KV cache, with GQA, sliding window, logit soft-cap and an optional probe.
-// Bindings: 0 q_src   (storage, read)       f32 [t, q_stride]; head h of token j at j*q_stride + q_offset + h*HD
-//           1 k_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4), row = position
-//           2 v_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4)
-//           3 out     (storage, read_write) f32 [t, n_head*HD] (written as vec4)
-//           4 step    (uniform Step)        pos (position of the step's first token), n_tokens (= t)
-//           5 params  (uniform Params)      q_stride, q_offset (floats), n_head, n_ctx (cache rows), window W (0 = off),
-//                                           scale, softcap c (0 = off)
-//           6 probe   (storage, read_write) f32 [t, n_head, n_ctx]: P of (token j, head h) at (j*n_head + h)*n_ctx + k,
-//                                           0 for masked keys; bound only in the PROBE variant
+// Resources (binding numbers are the builder's: each entry binds the ones it uses as 0, 1, .. in its list's order,
+// lab/ops/attention.py ENTRY_RESOURCES; the others get numbers no layout asks for):
+//           q_src   (storage, read)       f32 [t, q_stride]; head h of token j at j*q_stride + q_offset + h*HD
+//           k_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4), row = position
+//           v_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4)
+//           out     (storage, read_write) f32 [t, n_head*HD] (written as vec4)
+//           step    (uniform Step)        pos (position of the step's first token), n_tokens (= t)
+//           params  (uniform Params)      q_stride, q_offset (floats), n_head, n_ctx (cache rows), window W (0 = off),
+//                                         scale, softcap c (0 = off), chunk (decode: keys per split workgroup),
+//                                         n_chunks = ceil(n_ctx / chunk)
+//           scratch (storage, read_write) vec4 [t, n_head, 1 + n_chunks * (1 + HD/4)]: decode's per-chunk partials
+//                                         (see s_row below)
+//           probe   (storage, read_write) f32 [t, n_head, n_ctx]: P of (token j, head h) at (j*n_head + h)*n_ctx + k,
+//                                         0 for masked keys; declared only in the PROBE variant
 // Math: for token j at qpos = pos + j and head h with kv = h / GROUP:
 //       s_k = capc(scale * q.k_k), capc(x) = c*tanh(x/c); P = softmax over visible k (k <= qpos, qpos - k < W); out = sum_k P_k v_k
-// Entries: decode  — one workgroup of WG per (head, token), grid (n_head, t); keys split across the threads in tiles of TK,
-//                    online softmax across tiles; V accumulated by (vec4 of dims, key part) slots.
+// Entries: decode, split-K ("flash decoding") in two or three dispatches of one compute pass:
+//            decode_split   — one workgroup per (chunk of `chunk` keys, HPW query heads of a KV head, token),
+//                             grid (n_chunks, n_head/HPW, t): the chunk's visible keys in tiles of TK, online softmax
+//                             across tiles; each K and V row read once for the block's heads; writes the chunk's
+//                             (max m, sum l, unnormalised V sum) per head to scratch. Chunks with no visible key
+//                             (past the query, before its window) exit at once.
+//            decode_combine — one workgroup per (head, token), grid (n_head, t): merges the chunks' records with the
+//                             log-sum-exp rescaling into out; leaves (M, 1/L) per head for the probe pass.
+//            decode_probs   — probe variant only, grid (ceil(n_ctx/WG), n_head/HPW, t): probabilities of every key.
 //          prefill — one workgroup per block of BQ rows (row = token*GROUP + head in group) of one KV head, grid
 //                    (ceil(t*GROUP/BQ), n_kv_head); K and V tiles of BK keys shared by the rows in workgroup memory.
-// Both are correct for any t and pos; neither keeps more than one tile of keys in workgroup memory.
+// Both are correct for any t and pos (decode for t up to the token count its scratch was sized for); neither keeps
+// more than one tile of keys in workgroup memory.
 
 struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 struct Params {
     q_stride: u32, q_offset: u32, n_head: u32, n_ctx: u32,
-    window: u32, scale: f32, softcap: f32, _p0: u32,
+    window: u32, scale: f32, softcap: f32, chunk: u32,
+    n_chunks: u32, _p0: u32, _p1: u32, _p2: u32,
 };
 
 const HD: u32 = {{HEAD_DIM}}u;
@@ -29,6 +43,7 @@ const N_KV: u32 = {{N_KV_HEAD}}u;
 const KVD4: u32 = N_KV * HD4;             // vec4s per cache row
 const WG: u32 = {{WG}}u;                  // threads per workgroup (a power of two)
 const TK: u32 = {{TK}}u;                  // decode: keys per tile
+const HPW: u32 = {{HPW}}u;                // decode: query heads per workgroup (a divisor of GROUP)
 const NP: u32 = {{NP}}u;                  // decode: key parts in the V sum (WG / HD4, at least 1)
 const DPT: u32 = {{DPT}}u;                // decode: V slots per thread, ceil(HD4 * NP / WG)
 const SLOTS: u32 = HD4 * NP;
@@ -38,13 +53,14 @@ const ACC: u32 = {{ACC}}u;                // prefill: vec4 accumulators per thre
 const PROBE: bool = {{PROBE}};
 const NEG: f32 = -3.0e38;                 // "no score yet"; never fed to exp unshifted
 
-@group(0) @binding(0) var<storage, read> q_src: array<f32>;
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> step: Step;
-@group(0) @binding(5) var<uniform> P: Params;
-{{PROBE_OFF}}@group(0) @binding(6) var<storage, read_write> probe: array<f32>;
+@group(0) @binding({{B_Q_SRC}}) var<storage, read> q_src: array<f32>;
+@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding({{B_OUT}}) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding({{B_STEP}}) var<uniform> step: Step;
+@group(0) @binding({{B_PARAMS}}) var<uniform> P: Params;
+@group(0) @binding({{B_SCRATCH}}) var<storage, read_write> scratch: array<vec4<f32>>;
+{{PROBE_OFF}}@group(0) @binding({{B_PROBE}}) var<storage, read_write> probe: array<f32>;
 
 fn probe_store(i: u32, v: f32) {
 {{PROBE_OFF}}    probe[i] = v;
@@ -81,109 +97,194 @@ fn load_q(j: u32, h: u32, d4: u32) -> vec4<f32> {
     return vec4<f32>(q_src[b], q_src[b + 1u], q_src[b + 2u], q_src[b + 3u]);
 }
 
-// ================================ decode ================================
-var<workgroup> d_q: array<vec4<f32>, HD4>;
-var<workgroup> d_s: array<f32, TK>;
-var<workgroup> d_red: array<f32, WG>;
-var<workgroup> d_acc: array<vec4<f32>, SLOTS>;
+// ================================ decode (split-K) ================================
+// Shared by the three decode entries: the Q of the block's HPW heads, and their scores for one key.
+var<workgroup> d_q: array<vec4<f32>, HPW * HD4>;   // head hh of the block at hh*HD4
+var<workgroup> d_s: array<f32, HPW * TK>;          // scores, then probabilities, of one tile: head hh at hh*TK
+var<workgroup> d_red: array<f32, HPW * WG>;        // one reduction lane per head
+var<workgroup> d_acc: array<vec4<f32>, HPW * SLOTS>;
 
-fn d_dot(kb: u32) -> f32 {
-    var acc = 0.0;
-    for (var e = 0u; e < HD4; e++) { acc += dot(d_q[e], k_cache[kb + e]); }
-    return acc;
+// Head block y of a decode grid: query heads h0 .. h0 + HPW - 1 with h0 = y * HPW, all of KV head kv_head(h0)
+// (HPW divides GROUP).
+fn d_load_q(lid: u32, j: u32, h0: u32) {
+    for (var i = lid; i < HPW * HD4; i += WG) { d_q[i] = load_q(j, h0 + i / HD4, i % HD4); }
 }
 
-fn d_max(lid: u32, v: f32) -> f32 {
-    d_red[lid] = v;
+// Scores of the block's heads for the key whose K row starts at vec4 kb: one pass over the row serves all heads.
+fn d_scores(kb: u32) -> array<f32, HPW> {
+    var d: array<f32, HPW>;
+    for (var e = 0u; e < HD4; e++) {
+        let k = k_cache[kb + e];
+        for (var hh = 0u; hh < HPW; hh++) { d[hh] += dot(d_q[hh * HD4 + e], k); }
+    }
+    for (var hh = 0u; hh < HPW; hh++) { d[hh] = logit(d[hh]); }
+    return d;
+}
+
+// Max (or sum) over the workgroup of each head's lane; every invocation must call it (barriers).
+fn d_reduce(lid: u32, v: array<f32, HPW>, is_max: bool) -> array<f32, HPW> {
+    for (var hh = 0u; hh < HPW; hh++) { d_red[hh * WG + lid] = v[hh]; }
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { d_red[lid] = max(d_red[lid], d_red[lid + s]); }
+        if (lid < s) {
+            for (var hh = 0u; hh < HPW; hh++) {
+                let a = d_red[hh * WG + lid];
+                let b = d_red[hh * WG + lid + s];
+                d_red[hh * WG + lid] = select(a + b, max(a, b), is_max);
+            }
+        }
         workgroupBarrier();
     }
-    let r = d_red[0];
+    var r: array<f32, HPW>;
+    for (var hh = 0u; hh < HPW; hh++) { r[hh] = d_red[hh * WG]; }
     workgroupBarrier();
     return r;
 }
 
-fn d_sum(lid: u32, v: f32) -> f32 {
-    d_red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { d_red[lid] = d_red[lid] + d_red[lid + s]; }
-        workgroupBarrier();
-    }
-    let r = d_red[0];
-    workgroupBarrier();
-    return r;
-}
+// Scratch, per (token j, head h): a row of 1 + n_chunks * (1 + HD4) vec4s: the stats vec4 (M, 1/L) the combine
+// leaves for the probe pass, then per chunk c the record (m_c, l_c) and the HD4 vec4s of sum_k e^(s_k - m_c) v_k.
+fn s_row(j: u32, h: u32) -> u32 { return (j * P.n_head + h) * (1u + P.n_chunks * (HD4 + 1u)); }
+fn s_rec(j: u32, h: u32, c: u32) -> u32 { return s_row(j, h) + 1u + c * (HD4 + 1u); }
 
+// The chunks holding the keys visible from qpos: [first_chunk, end_chunk), each with at least one visible key.
+fn key_hi(qpos: u32) -> u32 { return min(key_end(qpos), P.n_ctx); }
+fn first_chunk(qpos: u32) -> u32 { return key_begin(qpos) / P.chunk; }
+fn end_chunk(qpos: u32) -> u32 { return (key_hi(qpos) + P.chunk - 1u) / P.chunk; }
+
+// Pass 1: one workgroup per (chunk c, head block, token): keys [c*chunk, (c+1)*chunk) ∩ visible, in tiles of TK,
+// online softmax across tiles, V accumulated by (vec4 of dims, key part) slots for all HPW heads at once.
 @compute @workgroup_size(WG)
-fn decode(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let h = wid.x;
-    let j = wid.y;
-    if (j >= step.n_tokens || h >= P.n_head) { return; }
+fn decode_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c = wid.x;
+    let j = wid.z;
+    if (j >= step.n_tokens) { return; }
     let qpos = step.pos + j;
-    let kb0 = kv_head(h) * HD4;
-    for (var i = lid; i < HD4; i += WG) { d_q[i] = load_q(j, h, i); }
+    let lo = max(key_begin(qpos), c * P.chunk);
+    let hi = min(key_hi(qpos), c * P.chunk + P.chunk);
+    if (lo >= hi) { return; }                  // a chunk past the query (or before its window): workgroup-uniform
+    let h0 = wid.y * HPW;
+    let kb0 = kv_head(h0) * HD4;
+    d_load_q(lid, j, h0);
     workgroupBarrier();
 
-    let lo = key_begin(qpos);
-    let hi = min(key_end(qpos), P.n_ctx);
-    var acc: array<vec4<f32>, DPT>;
-    var m = NEG;
-    var l = 0.0;
+    var m: array<f32, HPW>;
+    var l: array<f32, HPW>;
+    for (var hh = 0u; hh < HPW; hh++) { m[hh] = NEG; }
+    var acc: array<vec4<f32>, DPT * HPW>;      // slot a of head hh at a*HPW + hh
     for (var t0 = lo; t0 < hi; t0 += TK) {
         let n = min(TK, hi - t0);
-        // scores of this tile, one key per thread at a time
-        var tmax = NEG;
+        var tmax: array<f32, HPW>;
+        for (var hh = 0u; hh < HPW; hh++) { tmax[hh] = NEG; }
         for (var i = lid; i < n; i += WG) {
-            let s = logit(d_dot((t0 + i) * KVD4 + kb0));
-            d_s[i] = s;
-            tmax = max(tmax, s);
+            let s = d_scores((t0 + i) * KVD4 + kb0);
+            for (var hh = 0u; hh < HPW; hh++) {
+                d_s[hh * TK + i] = s[hh];
+                tmax[hh] = max(tmax[hh], s[hh]);
+            }
         }
-        let m_new = running_max(m, d_max(lid, tmax));
-        var tsum = 0.0;
+        let bmax = d_reduce(lid, tmax, true);
+        var m_new: array<f32, HPW>;
+        for (var hh = 0u; hh < HPW; hh++) { m_new[hh] = running_max(m[hh], bmax[hh]); }
+        var tsum: array<f32, HPW>;                 // zeroed by hand: some compilers zero a loop's var only once
+        for (var hh = 0u; hh < HPW; hh++) { tsum[hh] = 0.0; }
         for (var i = lid; i < n; i += WG) {
-            let p = exp(d_s[i] - m_new);
-            d_s[i] = p;
-            tsum += p;
+            for (var hh = 0u; hh < HPW; hh++) {
+                let p = exp(d_s[hh * TK + i] - m_new[hh]);
+                d_s[hh * TK + i] = p;
+                tsum[hh] += p;
+            }
         }
-        let total = d_sum(lid, tsum);          // its barriers also publish d_s
-        let alpha = exp(m - m_new);
-        l = l * alpha + total;
-        m = m_new;
-        // V: slot = part * HD4 + d4 sums keys part, part + NP, ... of the tile for dims 4*d4 .. 4*d4+3
+        let total = d_reduce(lid, tsum, false);    // its barriers also publish d_s
+        var alpha: array<f32, HPW>;
+        for (var hh = 0u; hh < HPW; hh++) {
+            alpha[hh] = exp(m[hh] - m_new[hh]);
+            l[hh] = l[hh] * alpha[hh] + total[hh];
+            m[hh] = m_new[hh];
+        }
+        // V: slot = part * HD4 + d4 sums keys part, part + NP, ... of the tile for dims 4*d4 .. 4*d4+3; each V
+        // vec4 read serves the HPW heads
         for (var a = 0u; a < DPT; a++) {
             let slot = lid + a * WG;
             if (slot < SLOTS) {
                 let d4 = slot % HD4;
-                var v = acc[a] * alpha;
-                for (var i = slot / HD4; i < n; i += NP) { v += d_s[i] * v_cache[(t0 + i) * KVD4 + kb0 + d4]; }
-                acc[a] = v;
+                for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] *= alpha[hh]; }
+                for (var i = slot / HD4; i < n; i += NP) {
+                    let v = v_cache[(t0 + i) * KVD4 + kb0 + d4];
+                    for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] += d_s[hh * TK + i] * v; }
+                }
             }
         }
-        workgroupBarrier();                    // d_s is rewritten by the next tile
+        workgroupBarrier();                        // d_s is rewritten by the next tile
     }
 
     for (var a = 0u; a < DPT; a++) {
         let slot = lid + a * WG;
-        if (slot < SLOTS) { d_acc[slot] = acc[a]; }
+        if (slot < SLOTS) {
+            for (var hh = 0u; hh < HPW; hh++) { d_acc[hh * SLOTS + slot] = acc[a * HPW + hh]; }
+        }
     }
     workgroupBarrier();
-    let inv = 1.0 / l;
+    for (var i = lid; i < HPW * HD4; i += WG) {
+        let hh = i / HD4;
+        let d4 = i % HD4;
+        var v = vec4<f32>(0.0);
+        for (var p = 0u; p < NP; p++) { v += d_acc[hh * SLOTS + p * HD4 + d4]; }
+        scratch[s_rec(j, h0 + hh, c) + 1u + d4] = v;
+    }
+    if (lid < HPW) { scratch[s_rec(j, h0 + lid, c)] = vec4<f32>(m[lid], l[lid], 0.0, 0.0); }
+}
+
+// Pass 2: one workgroup per (head, token) merges the chunks' records: M = max m_c, L = sum l_c e^(m_c - M),
+// out = sum acc_c e^(m_c - M) / L. No workgroup memory, no barriers: each invocation finds M and L itself.
+@compute @workgroup_size(WG)
+fn decode_combine(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let j = wid.y;
+    if (j >= step.n_tokens || h >= P.n_head) { return; }
+    let qpos = step.pos + j;
+    let c0 = first_chunk(qpos);
+    let c1 = end_chunk(qpos);
+    var mx = NEG;
+    for (var c = c0; c < c1; c++) { mx = running_max(mx, scratch[s_rec(j, h, c)].x); }
+    var sum = 0.0;
+    for (var c = c0; c < c1; c++) {
+        let r = scratch[s_rec(j, h, c)];
+        sum += r.y * exp(r.x - mx);
+    }
+    let inv = 1.0 / sum;
     let ob = j * P.n_head * HD4 + h * HD4;
     for (var d4 = lid; d4 < HD4; d4 += WG) {
         var v = vec4<f32>(0.0);
-        for (var p = 0u; p < NP; p++) { v += d_acc[p * HD4 + d4]; }
+        for (var c = c0; c < c1; c++) {
+            let rc = s_rec(j, h, c);
+            v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);
+        }
         out[ob + d4] = v * inv;
     }
-    if (PROBE) {
-        let row = (j * P.n_head + h) * P.n_ctx;
-        for (var k = lid; k < P.n_ctx; k += WG) {
-            var p = 0.0;
-            if (visible(qpos, k)) { p = exp(logit(d_dot(k * KVD4 + kb0)) - m) * inv; }
-            probe_store(row + k, p);
-        }
+    if (lid == 0u) { scratch[s_row(j, h)] = vec4<f32>(mx, inv, 0.0, 0.0); }
+}
+
+// Pass 3, compiled only with a probe: one workgroup per (WG keys, head block, token) writes the probabilities
+// exp(s_k - M) / L of every cache row (0 where masked), from the stats the combine left.
+@compute @workgroup_size(WG)
+fn decode_probs(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let j = wid.z;
+    if (j >= step.n_tokens) { return; }
+    let h0 = wid.y * HPW;
+    d_load_q(lid, j, h0);
+    workgroupBarrier();
+    let k = wid.x * WG + lid;
+    if (k >= P.n_ctx) { return; }
+    let qpos = step.pos + j;
+    let seen = visible(qpos, k);
+    var s: array<f32, HPW>;
+    if (seen) { s = d_scores(k * KVD4 + kv_head(h0) * HD4); }
+    for (var hh = 0u; hh < HPW; hh++) {
+        let h = h0 + hh;
+        let st = scratch[s_row(j, h)];
+        var p = 0.0;
+        if (seen) { p = exp(s[hh] - st.x) * st.y; }
+        probe_store((j * P.n_head + h) * P.n_ctx + k, p);
     }
 }
 

@@ -14,10 +14,16 @@ Probe (optional): the attention probabilities, f32 [t, n_head, n_ctx]: P(token j
 (j * n_head + h) * n_ctx + k, zero for keys the token does not see; each row sums to 1. A separate pipeline
 variant (constant PROBE); without a probe the kernel has no probe binding and no probe code.
 
-Two entries (see the WGSL header for their organisation): `decode` (a workgroup per head and token; best for one
-token) and `prefill` (a workgroup per block of query rows of one KV head; K/V tiles shared by the rows). Both are
-correct for any t; `attention(mode="auto")` returns one op of each with complementary grids, so that a step of
-one token runs only decode and a longer step only prefill (the other op's grid is (0, 0, 0): a no-op dispatch).
+Decode is split-K ("flash decoding"): `decode_split` runs one workgroup per (chunk of keys, block of HPW query heads
+sharing a KV head, token), each writing its chunk's softmax state (max, sum, unnormalised V sum) to a scratch buffer
+the builder allocates (kind CONVERSATION, sized for n_ctx); `decode_combine`, the next dispatch of the same pass,
+merges the chunks of each (head, token) with the log-sum-exp rescaling. The grid is fixed at plan time for n_ctx:
+chunks past the step's keys exit at once and the combine reads only the chunks that hold visible keys. With a probe,
+a third dispatch `decode_probs` writes the probabilities from the global max and sum the combine left.
+`prefill` is one workgroup per block of query rows of one KV head, K/V tiles shared by the rows (see the WGSL header).
+Both are correct for any t (decode for t up to `max_tokens`, its scratch's size); `attention(mode="auto")` returns
+the decode ops and the prefill op with complementary grids, so that a step of one token runs only decode and a longer
+step only prefill (the other ops' grids are (0, 0, 0): no-op dispatches).
 """
 
 from __future__ import annotations
@@ -30,12 +36,23 @@ from . import Op, groups_1d
 
 KV_WG = 64
 WG = 64            # threads per attention workgroup (a power of two)
-TK = 256           # decode: keys per tile
+TK = 64            # decode: keys per tile (one key per thread)
+MAX_CHUNKS = 64    # decode: the default chunk splits n_ctx into at most this many chunks (a multiple of TK keys each)
+WG_BYTES = 16384   # workgroup memory the kernels may use (WebGPU's default limit); decode's HPW is chosen to fit
 Q_FLOATS = 1024    # prefill: floats of Q per workgroup (BQ = Q_FLOATS / head_dim rows, at most 16)
 KV_FLOATS = 2048   # prefill: floats of one K or V tile (BK = KV_FLOATS / head_dim keys, at most 32)
 
+# The resources of each entry, in binding order (binding i = the i-th one; the probe only in the probe variant).
+RESOURCES = ("q_src", "k_cache", "v_cache", "out", "step", "params", "scratch", "probe")
+ENTRY_RESOURCES = {
+    "decode_split": ("q_src", "k_cache", "v_cache", "step", "params", "scratch"),
+    "decode_combine": ("out", "step", "params", "scratch"),
+    "decode_probs": ("q_src", "k_cache", "step", "params", "scratch", "probe"),
+    "prefill": ("q_src", "k_cache", "v_cache", "out", "step", "params", "probe"),
+}
+
 _KV_PARAMS = struct.Struct("<8I")
-_ATTN_PARAMS = struct.Struct("<5I2fI")
+_ATTN_PARAMS = struct.Struct("<5I2f5I")
 
 
 def kv_cache_bytes(n_ctx: int, n_kv_head: int, head_dim: int) -> int:
@@ -69,33 +86,69 @@ def kv_write(device: gpu.Device, kernels, src, k_cache, v_cache, step, *, n_kv_h
     return [Op(kernel, bound, lambda t: groups_1d(t * kvd, KV_WG, max_dim))]
 
 
-def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool) -> dict:
+def decode_chunk(n_ctx: int) -> int:
+    """Keys per decode_split workgroup: TK times the fewest tiles that cut n_ctx into at most MAX_CHUNKS chunks."""
+    return TK * max(1, -(-n_ctx // (TK * MAX_CHUNKS)))
+
+
+def scratch_bytes(max_tokens: int, n_head: int, head_dim: int, n_chunks: int) -> int:
+    """Bytes of decode's scratch: per (token, head) a stats vec4, then per chunk (m, l) and the V sum."""
+    return 16 * max_tokens * n_head * (1 + n_chunks * (1 + head_dim // 4))
+
+
+def _tiles(head_dim: int) -> tuple[int, int, int, int]:
+    """(HD4, NP, BQ, BK) for a head size: vec4s per head, decode's key parts, prefill's rows and keys per tile."""
     hd4 = head_dim // 4
-    n_parts = max(1, WG // hd4)
-    bq = max(1, min(16, Q_FLOATS // head_dim))
-    bk = max(1, min(32, KV_FLOATS // head_dim))
-    return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK,
-                NP=n_parts, DPT=-(-(hd4 * n_parts) // WG), BQ=bq, BK=bk, ACC=-(-(bq * hd4) // WG),
-                PROBE=probe, PROBE_OFF="" if probe else "//")
+    return hd4, max(1, WG // hd4), max(1, min(16, Q_FLOATS // head_dim)), max(1, min(32, KV_FLOATS // head_dim))
 
 
-def workgroup_bytes(head_dim: int) -> dict[str, int]:
+def _entry_bytes(head_dim: int, hpw: int) -> dict[str, int]:
+    hd4, n_parts, bq, bk = _tiles(head_dim)
+    q = 16 * hpw * hd4
+    return {"decode_split": q + 4 * hpw * TK + 4 * hpw * WG + 16 * hpw * hd4 * n_parts,
+            "decode_combine": 0,
+            "decode_probs": q,
+            "prefill": 16 * bq * hd4 + 16 * bk * hd4 + 4 * bq * bk + 12 * bq}
+
+
+def heads_per_workgroup(head_dim: int, group: int, limit: int = WG_BYTES) -> int:
+    """Decode's HPW: the largest divisor of the GQA group whose split workgroup fits `limit` bytes (at least 1)."""
+    fits = [d for d in range(1, group + 1) if group % d == 0 and _entry_bytes(head_dim, d)["decode_split"] <= limit]
+    return max(fits, default=1)
+
+
+def workgroup_bytes(head_dim: int, hpw: int = 1) -> dict[str, int]:
     """Workgroup memory of each entry, for the limit check (WebGPU's default limit is 16 KiB)."""
-    c = _consts(head_dim, 1, 1, False)
-    hd4 = head_dim // 4
-    return {"decode": 16 * hd4 + 4 * TK + 4 * WG + 16 * hd4 * c["NP"],
-            "prefill": 16 * c["BQ"] * hd4 + 16 * c["BK"] * hd4 + 4 * c["BQ"] * c["BK"] + 12 * c["BQ"]}
+    return _entry_bytes(head_dim, hpw)
+
+
+def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str = "prefill",
+            hpw: int | None = None) -> dict:
+    """The WGSL constants of one entry's variant, its binding numbers included: the resources the entry uses are
+    0, 1, .. in ENTRY_RESOURCES order; every other resource gets a number past them that no layout asks for."""
+    hd4, n_parts, bq, bk = _tiles(head_dim)
+    hpw = heads_per_workgroup(head_dim, group) if hpw is None else hpw
+    used = [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe]
+    unused = [r for r in RESOURCES if r not in used]
+    binding = {r: i for i, r in enumerate(used)} | {r: len(RESOURCES) + i for i, r in enumerate(unused)}
+    return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK, HPW=hpw,
+                NP=n_parts, DPT=-(-(hd4 * n_parts) // WG), BQ=bq, BK=bk, ACC=-(-(bq * hd4) // WG),
+                PROBE=probe, PROBE_OFF="" if probe else "//",
+                **{f"B_{r.upper()}": n for r, n in binding.items()})
 
 
 def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *, n_head: int, n_kv_head: int,
               head_dim: int, q_stride: int, q_offset: int, n_ctx: int, scale: float | None = None,
-              window: int = 0, softcap: float = 0.0, probe=None, mode: str = "auto",
-              label: str = "attention") -> list[Op]:
+              window: int = 0, softcap: float = 0.0, probe=None, mode: str = "auto", max_tokens: int = 1,
+              chunk: int | None = None, label: str = "attention") -> list[Op]:
     """Attention of the step's t queries (Q of token j, head h at q_src[j*q_stride + q_offset + h*head_dim ..])
     over cache rows 0 .. pos+t-1, into `out` [t, n_head*head_dim]. `scale` defaults to 1/sqrt(head_dim);
     `window` W > 0 keeps keys with qpos - k < W; `softcap` c > 0 maps each scaled score s to c*tanh(s/c);
     `probe`, a buffer of probe_bytes(max t, n_head, n_ctx), receives the probabilities.
-    `mode`: "decode" or "prefill" forces that entry for every t; "auto" uses decode for t == 1, prefill otherwise."""
+    `mode`: "decode" or "prefill" forces that entry for every t; "auto" uses decode for t == 1, prefill otherwise.
+    Decode: `max_tokens` is the most tokens a decode step may have (its scratch is sized for them); `chunk` the keys
+    per split workgroup (default decode_chunk(n_ctx)).
+    Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps."""
     if n_head % n_kv_head:
         raise ValueError(f"{label}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
     if head_dim % 4:
@@ -108,30 +161,45 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
             raise ValueError(f"{label}: {name} is smaller than {n_ctx} rows")
     if q_offset + n_head * head_dim > q_stride:
         raise ValueError(f"{label}: Q columns run past the source row ({q_stride} floats)")
-    limit = device.info.limits["max_compute_workgroup_storage_size"]
-    for entry, need in workgroup_bytes(head_dim).items():
-        if need > limit:
-            raise gpu.GpuError(f"{label}: {entry} needs {need} bytes of workgroup memory, this GPU has {limit}")
+    chunk = decode_chunk(n_ctx) if chunk is None else int(chunk)
+    if chunk < 1 or max_tokens < 1:
+        raise ValueError(f"{label}: chunk {chunk} and max_tokens {max_tokens} must be positive")
+    n_chunks = -(-n_ctx // chunk)
+    limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
+    hpw = heads_per_workgroup(head_dim, group, limit)
+    entries = ([] if mode == "prefill" else ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])) \
+        + ([] if mode == "decode" else ["prefill"])
+    need = workgroup_bytes(head_dim, hpw)
+    for entry in entries:
+        if need[entry] > limit:
+            raise gpu.GpuError(f"{label}: {entry} needs {need[entry]} bytes of workgroup memory, the limit is {limit}")
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    consts = _consts(head_dim, group, n_kv_head, probe is not None)
-    params = device.uniform(_ATTN_PARAMS.pack(q_stride, q_offset, n_head, n_ctx, window, scale, float(softcap), 0),
-                            f"{label}.params")
-    resources = [q_src, k_cache, v_cache, out, step, params] + ([probe] if probe is not None else [])
-    bq = consts["BQ"]
+    params = device.uniform(_ATTN_PARAMS.pack(q_stride, q_offset, n_head, n_ctx, window, scale, float(softcap),
+                                              chunk, n_chunks, 0, 0, 0), f"{label}.params")
+    res = dict(q_src=q_src, k_cache=k_cache, v_cache=v_cache, out=out, step=step, params=params, probe=probe)
+    if mode != "prefill":
+        res["scratch"] = device.buffer(scratch_bytes(max_tokens, n_head, head_dim, n_chunks), gpu.CONVERSATION,
+                                       f"{label}.scratch [{max_tokens}, n_head, 1 + {n_chunks} chunks * (1 + hd/4)]")
+    bq = _tiles(head_dim)[2]
 
-    def decode_grid(t: int) -> tuple[int, int, int]:
-        return (n_head, t, 1)
+    def decode_t(t: int) -> int:
+        if t > max_tokens:
+            raise ValueError(f"{label}: a decode step of {t} tokens, its scratch holds {max_tokens}")
+        return t
 
-    def prefill_grid(t: int) -> tuple[int, int, int]:
-        return (-(-(t * group) // bq), n_kv_head, 1)
-
+    grids = {
+        "decode_split": lambda t: (n_chunks, n_head // hpw, decode_t(t)),
+        "decode_combine": lambda t: (n_head, decode_t(t), 1),
+        "decode_probs": lambda t: (-(-n_ctx // WG), n_head // hpw, decode_t(t)),
+        "prefill": lambda t: (-(-(t * group) // bq), n_kv_head, 1),
+    }
     ops = []
-    for entry, grid in (("decode", decode_grid), ("prefill", prefill_grid)):
-        if mode not in ("auto", entry):
-            continue
-        kernel = kernels.get("attention", entry, **consts)
-        bound = device.bind(kernel, resources, f"{label}.{entry}")
+    for entry in entries:
+        kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw))
+        used = [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe is not None]
+        bound = device.bind(kernel, [res[r] for r in used], f"{label}.{entry}")
+        grid = grids[entry]
         if mode == "auto":
-            grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, entry == "decode")
+            grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, entry != "prefill")
         ops.append(Op(kernel, bound, grid))
     return ops

@@ -53,7 +53,7 @@ class BrokenKernels(KernelCache):
 
 
 def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto", window=0, softcap=0.0,
-             scale=None, probe=False, big=0.0, seed=0):
+             scale=None, probe=False, big=0.0, seed=0, chunk=None):
     """Run kv_write + attention once; return the GPU results with the oracle's."""
     rng = np.random.default_rng(seed)
     width = (n_head + 2 * n_kv) * hd
@@ -94,7 +94,8 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
                          k_offset=k_off, v_offset=v_off, n_ctx=n_ctx)
         ops += A.attention(device, kernels, b_src, b_k, b_v, b_out, step, n_head=n_head, n_kv_head=n_kv,
                            head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx, scale=scale, window=window,
-                           softcap=softcap, probe=b_probe, mode=mode)
+                           softcap=softcap, probe=b_probe, mode=mode,
+                           max_tokens=t, chunk=chunk)
         device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
         got = np.frombuffer(device.read_sync(b_out), np.float32).reshape(t, n_head * hd)
         got_k = np.frombuffer(device.read_sync(b_k), np.float32).reshape(n_ctx, kvd)
@@ -162,7 +163,7 @@ def test_decode_shapes(device, kernels, shape, pos):
 
 
 def test_decode_long_context(device, kernels):
-    # 2048 keys: 8 tiles of TK; workgroup memory holds one tile only
+    # 2048 keys: 32 chunks of 64 merged by the combine; workgroup memory holds one tile only
     assert_ok(run_case(device, kernels, **SMOL, pos=2047, t=1, n_ctx=2048, mode="decode", seed=2))
 
 
@@ -232,28 +233,39 @@ def test_probe(device, kernels, mode, t, pos):
         assert np.all(p[j, :, :pos + j + 1] > 0) and np.all(p[j, :, pos + j + 1:] == 0)
 
 
-def test_probe_off_has_no_binding(device, kernels):
-    # without a probe, no live line of the source mentions the probe buffer, and the layout takes 6 resources only
-    text = shaders.source("attention", **A._consts(64, 3, 3, False))
-    live = [ln for ln in text.splitlines() if not ln.lstrip().startswith("//")]
-    assert not [ln for ln in live if "probe[" in ln or "> probe" in ln]
-    k = kernels.get("attention", "decode", **A._consts(64, 3, 3, False))
-    bufs = [device.buffer(64, gpu.CONVERSATION, f"x{i}") for i in range(5)]
-    uni = [make_step(device), device.uniform(bytes(32), "p")]
+def _bind_resources(device, entry, probe):
+    """Buffers of the right kinds for an entry's bindings, in order (uniforms for step and params)."""
+    names = [r for r in A.ENTRY_RESOURCES[entry] if r != "probe" or probe]
+    return [make_step(device) if r == "step" else device.uniform(bytes(48), "p") if r == "params"
+            else device.buffer(64, gpu.CONVERSATION, r) for r in names]
+
+
+@pytest.mark.parametrize("probe", [False, True])
+def test_entry_bindings(device, kernels, probe):
+    # each entry's layout holds exactly the resources ENTRY_RESOURCES lists (bound as 0, 1, ..): one more fails.
+    # Without a probe, no live line of the source mentions the probe buffer.
+    if not probe:
+        text = shaders.source("attention", **A._consts(64, 3, 3, False, "decode_split"))
+        live = [ln for ln in text.splitlines() if not ln.lstrip().startswith("//")]
+        assert not [ln for ln in live if "probe[" in ln or "> probe" in ln]
+    before = set(map(id, device.buffers))
     try:
-        device.bind(k, bufs[:4] + uni)
-        with pytest.raises(Exception):
-            device.bind(k, bufs[:4] + uni + [bufs[4]])
+        for entry in ["decode_split", "decode_combine", "prefill"] + (["decode_probs"] if probe else []):
+            k = kernels.get("attention", entry, **A._consts(64, 3, 3, probe, entry))
+            res = _bind_resources(device, entry, probe)
+            device.bind(k, res)
+            with pytest.raises(Exception):
+                device.bind(k, res + [device.buffer(64, gpu.CONVERSATION, "extra")])
     finally:
-        for b in bufs + uni:
-            device.destroy(b)
+        for buf in [b for b in device.buffers if id(b) not in before]:
+            device.destroy(buf)
 
 
 SWEEP = [  # (shape, mode, t, pos, n_ctx, window, softcap, probe): options mixed, blocks and tiles at their edges
     (GEMMA, "prefill", 9, 30, 64, 4, 0.0, True),       # Gemma: window, several row blocks of BQ=4
     (GEMMA, "decode", 1, 511, 512, 6, 30.0, True),     # last row of the cache, window and cap together
     (QWEN, "prefill", 3, 44, 48, 0, 0.0, False),       # step ends at the cache's last row
-    (QWEN, "decode", 2, 255, 320, 0, 0.0, True),       # keys 256 and 257 in a second tile of TK
+    (QWEN, "decode", 2, 255, 320, 0, 0.0, True),       # 2 tokens: keys 256 and 257 in a fifth chunk
     (SMOL, "prefill", 16, 31, 64, 33, 0.0, True),      # window wider than the block's key span
     (MHA, "prefill", 33, 0, 40, 0, 20.0, True),        # 33 rows in 3 blocks, keys over 2 tiles of BK
 ]
@@ -267,16 +279,118 @@ def test_sweep(device, kernels, case):
 
 
 def test_auto_grids(device, kernels):
-    # auto mode: one op per entry, complementary grids; the idle one dispatches (0, 0, 0)
+    # auto mode: the decode ops (split, combine) then prefill, complementary grids; the idle ones dispatch (0, 0, 0)
     conv = gpu.CONVERSATION
     before = set(map(id, device.buffers))
     try:
-        q, k, v, o = (device.buffer(4 * 64 * 640, conv, n) for n in "qkvo")
+        q, k, v, o = (device.buffer(4 * 128 * 640, conv, n) for n in "qkvo")
         ops = A.attention(device, kernels, q, k, v, o, make_step(device), n_head=14, n_kv_head=2, head_dim=64,
-                          q_stride=18 * 64, q_offset=0, n_ctx=64)
-        assert [op.kernel.label.split(" ")[0] for op in ops] == ["attention:decode", "attention:prefill"]
-        assert ops[0].grid(1) == (14, 1, 1) and ops[1].grid(1) == (0, 0, 0)
-        assert ops[0].grid(5) == (0, 0, 0) and ops[1].grid(5) == (-(-5 * 7 // 16), 2, 1)
+                          q_stride=18 * 64, q_offset=0, n_ctx=640)
+        assert [op.kernel.label.split(" ")[0] for op in ops] == [
+            "attention:decode_split", "attention:decode_combine", "attention:prefill"]
+        # 640 keys in 10 chunks of 64; Qwen's 7 query heads of a KV head share a workgroup
+        assert ops[0].grid(1) == (10, 2, 1) and ops[1].grid(1) == (14, 1, 1) and ops[2].grid(1) == (0, 0, 0)
+        assert ops[0].grid(5) == ops[1].grid(5) == (0, 0, 0) and ops[2].grid(5) == (-(-5 * 7 // 16), 2, 1)
+        # the scratch is conversation data, sized for n_ctx: 14 heads x (1 + 10 chunks x (1 + 16)) vec4s
+        scratch = [b for b in device.buffers if id(b) not in before and "scratch" in b.label]
+        assert len(scratch) == 1 and scratch[0].kind == conv and scratch[0].size == 16 * 14 * (1 + 10 * 17)
+        # decode's scratch holds max_tokens (1) tokens: a longer forced-decode step is refused, not corrupted
+        dec = A.attention(device, kernels, q, k, v, o, make_step(device), n_head=14, n_kv_head=2, head_dim=64,
+                          q_stride=18 * 64, q_offset=0, n_ctx=640, mode="decode")
+        with pytest.raises(ValueError):
+            dec[0].at(2)
+    finally:
+        for buf in [b for b in device.buffers if id(b) not in before]:
+            device.destroy(buf)
+
+
+def test_decode_chunking():
+    # default chunk: multiples of TK, at most MAX_CHUNKS chunks; HPW: a divisor of the group within 16 KiB
+    assert A.decode_chunk(48) == 64 and A.decode_chunk(2048) == 64 and A.decode_chunk(4097) == 128
+    assert -(-32768 // A.decode_chunk(32768)) <= A.MAX_CHUNKS
+    assert A.heads_per_workgroup(64, 3) == 3 and A.heads_per_workgroup(64, 7) == 7
+    assert A.heads_per_workgroup(256, 4) == 4 and A.heads_per_workgroup(64, 16) == 8
+    for hd, g in ((64, 3), (64, 7), (256, 4), (64, 16), (128, 8), (256, 8)):
+        assert A.workgroup_bytes(hd, A.heads_per_workgroup(hd, g))["decode_split"] <= 16384
+
+
+# --------------------------------------------------------------------------------------------- split-K chunks
+BIG_GROUP = dict(n_head=16, n_kv=1, hd=64)   # group 16: two head blocks of 8 per KV head
+
+
+@pytest.mark.parametrize("pos", [15, 16, 31, 32, 47, 63])
+def test_chunk_edges(device, kernels, pos):
+    # chunks of 16 keys: pos + 1 == chunk (15), pos the first key of a chunk (16, 32), the last (31, 47, 63)
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=64, mode="decode", chunk=16, probe=True,
+                       seed=30 + pos))
+
+
+@pytest.mark.parametrize("pos", [63, 64, 127, 128])
+def test_default_chunk_edges(device, kernels, pos):
+    # the default chunk (64 keys for this cache) at its edges
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=320, mode="decode", seed=40 + pos))
+
+
+@pytest.mark.parametrize("pos,window", [(20, 10), (25, 10), (31, 16), (40, 30), (28, 4)],
+                         ids=["span2", "starts_at_edge", "exactly_one", "span3", "inside_one"])
+def test_window_chunks(device, kernels, pos, window):
+    # chunks of 16: a window over two chunks (keys 11..20), one starting at a chunk's first key (16..25, chunk 0
+    # empty), one filling a chunk exactly (16..31), one over three (11..40), one inside a chunk (25..28)
+    r = run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=64, mode="decode", chunk=16, window=window,
+                 probe=True, seed=50 + pos)
+    assert_ok(r)
+    assert np.all((r["probs"] > 0).sum(axis=-1) == window)
+
+
+@pytest.mark.parametrize("chunk,pos", [(128, 200), (100, 299), (1, 9), (320, 319)],
+                         ids=["two_tiles", "ragged_tiles", "one_key", "one_chunk"])
+def test_chunk_sizes(device, kernels, chunk, pos):
+    # chunks of several tiles of TK (online softmax inside a chunk), of a size no multiple of TK, of one key each,
+    # and one chunk for the whole cache (no split at all)
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=320, mode="decode", chunk=chunk, probe=True,
+                       seed=60))
+
+
+@pytest.mark.parametrize("shape", [QWEN, GEMMA, MHA, BIG_GROUP], ids=["qwen", "gemma", "mha", "group16"])
+def test_chunks_shapes(device, kernels, shape):
+    # every GQA shape over several chunks, window, cap and probe together; group 16 splits a KV head's heads
+    assert_ok(run_case(device, kernels, **shape, pos=77, t=1, n_ctx=96, mode="decode", chunk=16, window=50,
+                       softcap=30.0, big=30.0, probe=True, seed=70))
+
+
+def test_chunks_several_tokens(device, kernels):
+    # a forced decode step of 3 tokens over chunks: per-token scratch rows, each token's own chunk range
+    assert_ok(run_case(device, kernels, **QWEN, pos=30, t=3, n_ctx=48, mode="decode", chunk=16, window=20,
+                       probe=True, seed=71))
+
+
+def test_scratch_reused_across_steps(device, kernels):
+    # one plan, several steps: a step never reads chunk records a longer (or differently windowed) earlier step left
+    n_head, n_kv, hd, n_ctx = 9, 3, 64, 64
+    rng = np.random.default_rng(72)
+    conv = gpu.CONVERSATION
+    kc = rng.standard_normal((n_ctx, n_kv * hd)).astype(np.float32)
+    vc = rng.standard_normal((n_ctx, n_kv * hd)).astype(np.float32)
+    before = set(map(id, device.buffers))
+    try:
+        b_q = device.buffer(4 * n_head * hd, conv, "q")
+        b_k, b_v = device.buffer(kc.nbytes, conv, "k"), device.buffer(vc.nbytes, conv, "v")
+        b_o = device.buffer(4 * n_head * hd, conv, "o")
+        step = make_step(device)
+        device.write(b_k, kc.tobytes())
+        device.write(b_v, vc.tobytes())
+        for window in (0, 12):
+            ops = A.attention(device, kernels, b_q, b_k, b_v, b_o, step, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+                              q_stride=n_head * hd, q_offset=0, n_ctx=n_ctx, window=window, mode="decode", chunk=16)
+            for pos in (60, 10, 33, 17, 47):
+                q = rng.standard_normal((1, n_head * hd)).astype(np.float32)
+                device.write(b_q, q.tobytes())
+                device.run([op.at(1) for op in ops], writes=[(step, 0, step_bytes(pos, 1, n_ctx))])
+                got = np.frombuffer(device.read_sync(b_o), np.float32).reshape(1, -1)
+                ref, _, _ = oracle.attention(q, kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+                                             scale=1 / math.sqrt(hd), window=window)
+                err = float(np.abs(got - ref).max()) / float(np.abs(vc).max())
+                assert err <= 8 * EPS32 * 64, f"window {window} pos {pos}: error {err:.3g}"
     finally:
         for buf in [b for b in device.buffers if id(b) not in before]:
             device.destroy(buf)
@@ -288,20 +402,47 @@ NO_MAX = [("return max(m_old, tile_max);", "return 0.0;")]
 NEXT = [("fn key_end(qpos: u32) -> u32 { return qpos + 1u; }", "fn key_end(qpos: u32) -> u32 { return qpos + 2u; }")]
 NOT_SELF = [("fn key_end(qpos: u32) -> u32 { return qpos + 1u; }", "fn key_end(qpos: u32) -> u32 { return qpos; }")]
 BROKEN = {"gqa_mod": GQA_MOD, "no_max": NO_MAX, "next_token": NEXT, "not_self": NOT_SELF}
+# split-K only: the combine adds the chunks' sums without rescaling them to the common max; it skips the last
+# (partly filled) chunk; a chunk keeps only its last tile's V sum (no online rescaling across tiles)
+NO_RESCALE = [("sum += r.y * exp(r.x - mx);", "sum += r.y;"),
+              ("v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);", "v += scratch[rc + 1u + d4];")]
+LAST_CHUNK = [("return (key_hi(qpos) + P.chunk - 1u) / P.chunk;", "return key_hi(qpos) / P.chunk;")]
+TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]
+BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET}
+
+CASES = {  # trap cases: decode in one chunk and over several (chunks of 16; tiles of TK in chunks of 128), prefill
+    "decode": dict(mode="decode", t=1, pos=17),
+    "decode_chunks": dict(mode="decode", t=1, pos=40, chunk=16),
+    "decode_tiles": dict(mode="decode", t=1, pos=150, n_ctx=192, chunk=128),
+    "prefill_0": dict(mode="prefill", t=7, pos=0),
+    "prefill_11": dict(mode="prefill", t=5, pos=11),
+}
 
 
-@pytest.mark.parametrize("mode,t,pos", [("decode", 1, 17), ("prefill", 7, 0), ("prefill", 5, 11)])
-@pytest.mark.parametrize("name", sorted(BROKEN))
-def test_broken_variants_fail(device, name, mode, t, pos):
-    broken = BrokenKernels(device, BROKEN[name])
-    big = 250.0 if name == "no_max" else 0.0
-    case = dict(**SMOL, pos=pos, t=t, mode=mode, big=big, seed=13)
+def _trap(device, subs, case, big):
+    """The real kernel passes the case; returns the broken variant's run of it."""
+    case = dict(**SMOL, **CASES[case], big=big, seed=13)
     assert passes(run_case(device, KernelCache(device), **case)), "the real kernel must pass this case"
-    r = run_case(device, broken, **case)
+    return run_case(device, BrokenKernels(device, subs), **case)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_variants_fail(device, name, case):
+    r = _trap(device, BROKEN[name], case, 250.0 if name == "no_max" else 0.0)
+    assert not passes(r), f"broken variant {name} passed: error {out_error(r):.3g} <= {tolerance(r):.3g}"
+
+
+@pytest.mark.parametrize("name,case", [("no_rescale", "decode_chunks"), ("no_rescale", "decode_tiles"),
+                                       ("last_chunk", "decode_chunks"), ("last_chunk", "decode_tiles"),
+                                       ("tile_reset", "decode_tiles")])
+def test_broken_split_fails(device, name, case):
+    r = _trap(device, BROKEN_SPLIT[name], case, 0.0)
     assert not passes(r), f"broken variant {name} passed: error {out_error(r):.3g} <= {tolerance(r):.3g}"
 
 
 def test_no_max_needs_large_scores(device):
     # Without max subtraction the online softmax is still right for small scores: only the large case catches it
-    r = run_case(device, BrokenKernels(device, NO_MAX), **SMOL, pos=17, t=1, mode="decode", seed=13)
-    assert passes(r)
+    for case in ("decode", "decode_chunks"):
+        r = run_case(device, BrokenKernels(device, NO_MAX), **SMOL, **CASES[case], seed=13)
+        assert passes(r)
