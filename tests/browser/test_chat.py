@@ -1,0 +1,145 @@
+"""The browser lab end to end on the real SmolLM2: load through the file input (32 MB slices straight to
+the GPU), chat, follow-up reuse, stop, new chat, seeded sampling equal to the native engine, bad files,
+and nothing stored or sent anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import pytest
+
+from lab import chat, gguf, gpu
+from lab.engine import Engine
+from lab.sampler import Settings
+from lab.session import Session
+from lab.tokenizer import from_metadata
+from tests.conftest import load_fixture
+
+LOAD_TIMEOUT_MS = 300_000
+REPLY_TIMEOUT_MS = 600_000
+QUESTION = "What is the capital of France?"
+
+
+def _f32_fixture_prompt(messages):
+    fx = load_fixture("smollm2.f32.json")
+    return next(p for p in fx["prompts"] if p.get("messages") == messages)
+
+
+def _load(lab, path):
+    page = lab.page
+    page.set_input_files('[data-testid="model-file"]', str(path))
+    page.wait_for_selector('[data-testid="prompt"]:not([disabled])', timeout=LOAD_TIMEOUT_MS)
+
+
+def _send(lab, text, max_tokens):
+    page = lab.page
+    page.fill('[data-testid="max-tokens"]', str(max_tokens))
+    page.fill('[data-testid="prompt"]', text)
+    n = page.locator('[data-testid="timings"]').inner_text()
+    page.press('[data-testid="prompt"]', "Enter")
+    assert page.locator('[data-testid="send"]').is_disabled()          # disabled while generating
+    page.wait_for_function(
+        "prev => { const t = document.querySelector('[data-testid=timings]').textContent;"
+        " return t.length > 0 && t !== prev && document.querySelector('[data-testid=stop]').disabled; }",
+        arg=n, timeout=REPLY_TIMEOUT_MS)
+    return page.locator('[data-testid="message"]').last.inner_text()
+
+
+@pytest.fixture(scope="module")
+def native(smollm2_path):
+    header = gguf.read_file(smollm2_path)
+    engine = Engine(gpu.open_native(), header, n_ctx=512)
+    engine.upload_file(smollm2_path)
+    return header, from_metadata(header.metadata), engine
+
+
+def test_chat_matches_llama_cpp_then_reuse_stop_and_new_chat(lab, smollm2_path):
+    lab.wait_ready()
+    page = lab.page
+    _load(lab, smollm2_path)
+    growth = int(page.locator('[data-testid="model-info"]').get_attribute("data-wasm-heap-growth"))
+    assert growth < 64 * 2**20, f"wasm heap grew {growth:,} bytes while loading 98 MB"
+
+    # 1. greedy reply, byte-identical to llama.cpp on the same weights (F32 copy: exact arithmetic)
+    want = _f32_fixture_prompt([{"role": "user", "content": QUESTION}])
+    reply = _send(lab, QUESTION, 48)
+    assert reply.encode() == bytes.fromhex(want["text_bytes_hex"])
+    tokens = page.locator('[data-testid="token"]')
+    ids = [int(tokens.nth(i).get_attribute("data-id")) for i in range(tokens.count())]
+    assert ids == want["prompt_ids"] + want["ids"][:len(ids) - len(want["prompt_ids"])]
+    assert [int(tokens.nth(i).get_attribute("data-index")) for i in range(3)] == [0, 1, 2]
+    assert "tok/s" in page.locator('[data-testid="timings"]').inner_text()
+
+    # 2. a follow-up turn runs only its new tokens
+    _send(lab, "And of Germany?", 8)
+    reuse = page.locator('[data-testid="reuse"]').inner_text()
+    prefilled, reused = (int(s.split()[-1]) for s in reuse.split(","))
+    assert reused >= len(want["prompt_ids"]) and 0 < prefilled < 30, reuse
+
+    # 3. stop ends a long generation early
+    page.fill('[data-testid="max-tokens"]', "200")
+    page.fill('[data-testid="prompt"]', "Write a long story about a dragon.")
+    page.click('[data-testid="send"]')
+    page.wait_for_function("document.querySelectorAll('[data-testid=message]').length === 6 && "
+                           "document.querySelectorAll('[data-testid=message]')[5].textContent.length > 3",
+                           timeout=REPLY_TIMEOUT_MS)
+    page.click('[data-testid="stop"]')
+    page.wait_for_function("!document.querySelector('[data-testid=send]').disabled", timeout=REPLY_TIMEOUT_MS)
+    assert "(stopped)" in page.locator('[data-testid="timings"]').inner_text()
+
+    # 4. new chat empties the conversation
+    page.click('[data-testid="new-chat"]')
+    assert page.locator('[data-testid="message"]').count() == 0
+    assert page.locator('[data-testid="token"]').count() == 0
+
+    # Nothing stored, nothing sent elsewhere, no errors.
+    assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+    assert page.evaluate("document.cookie") == ""
+    assert page.evaluate("indexedDB.databases().then(d => d.length)") == 0
+    assert QUESTION not in page.url
+    assert lab.foreign_requests() == []
+    assert lab.errors() == []
+
+
+def test_seeded_sampling_matches_native(lab, smollm2_path, native):
+    header, tok, engine = native
+    settings = Settings(greedy=False, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    prompt = chat.render_chat(tok, header.metadata, [{"role": "user", "content": "Tell me a joke."}])
+    # Playwright's sync API keeps an event loop running in this thread: run the native engine in another.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        want = pool.submit(asyncio.run, Session(engine, tok).generate(prompt, settings, 12)).result()
+
+    lab.wait_ready()
+    page = lab.page
+    _load(lab, smollm2_path)
+    page.uncheck('[data-testid="greedy"]')
+    page.fill('[data-testid="temperature"]', "1.0")
+    page.fill('[data-testid="top-k"]', "40")
+    page.fill('[data-testid="top-p"]', "0.95")
+    page.fill('[data-testid="seed"]', "7")
+    reply = _send(lab, "Tell me a joke.", 12)
+    assert reply == want.text
+    assert lab.errors() == []
+
+
+def test_bad_files_then_the_real_one(lab, smollm2_path, tmp_path):
+    lab.wait_ready()
+    page = lab.page
+    err = page.locator('[data-testid="load-error"]')
+    notes = tmp_path / "notes.gguf"
+    notes.write_text("hello, not a model\n" * 100)
+    page.set_input_files('[data-testid="model-file"]', str(notes))
+    err.wait_for(state="visible", timeout=60_000)
+    assert "not a GGUF file" in err.inner_text()
+
+    cut = tmp_path / "cut.gguf"                      # header intact, tensor data cut short
+    cut.write_bytes(smollm2_path.read_bytes()[:40_000_000])
+    page.set_input_files('[data-testid="model-file"]', str(cut))
+    page.wait_for_function("document.querySelector('[data-testid=load-error]').textContent.includes('truncated')",
+                           timeout=LOAD_TIMEOUT_MS)
+    assert page.locator('[data-testid="prompt"]').is_disabled()
+
+    _load(lab, smollm2_path)                         # no reload needed
+    assert err.is_hidden()
+    assert lab.foreign_requests() == []
