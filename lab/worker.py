@@ -1,7 +1,9 @@
 """The worker's Python side (Pyodide only): answers the page's messages, relayed by web/worker.js.
 
 Messages in:  init | inspect {file} | load {file} | chat {messages, settings, max_new} | reset
+              probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget
 Messages out: gpu | selftest | model-info | loaded | prompt | token | done | reset | error {where, message}
+              embedding | inspection | forget (panels' data: the page renders it and computes nothing)
 (`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
 
 Python only ever sees the header prefix of a model file: the weights go from File.slice to
@@ -16,16 +18,19 @@ import time
 import js
 from pyodide.ffi import to_js
 
-from . import chat, gguf, selftest
+from . import chat, forget, gguf, probes, selftest
 from .engine import Engine
 from .gpu.browser import open_browser
 from .model import from_gguf
+from .probes import Probes
 from .sampler import Settings
 from .session import Session
 from .tokenizer import from_metadata
 
 _lock = asyncio.Lock()   # one message at a time: a second file picked mid-load waits its turn
-_state: dict = {"device": None, "engine": None, "session": None, "header": None, "tokenizer": None}
+_state: dict = {"device": None, "engine": None, "session": None, "header": None, "tokenizer": None,
+                "probes": None,     # built on the first panel request, freed with the engine
+                "context": []}      # ids of the conversation the page shows: the last prompt and what followed
 PREFIX = 1 << 20         # first read of a header; grown when the metadata is larger
 CHUNK = 32 << 20         # bytes per File.slice during an upload
 
@@ -48,6 +53,12 @@ async def handle(msg) -> None:
                 await _chat(msg.to_py())
             elif kind == "reset":
                 _reset()
+            elif kind == "probe-embedding":
+                await _probe_embedding(int(msg.id), int(msg.index))
+            elif kind == "probe-inspect":
+                await _probe_inspect(msg.to_py())
+            elif kind == "forget":
+                await _forget()
             else:
                 post({"type": "error", "where": kind, "message": f"unknown message type {kind!r}"})
         except Exception as exc:  # every failure reaches the page as a message, and the worker lives on
@@ -60,6 +71,8 @@ async def _init() -> None:
     post({"type": "gpu", "info": device.info.summary()})
     result = await selftest.run(device)
     await device.flush_errors()
+    for b in device.staging(0):      # it holds the self-test's numbers, not conversation: start from zero
+        device.clear(b)
     post({"type": "selftest", "result": result})
 
 
@@ -88,10 +101,12 @@ async def _inspect(file) -> dict:
 
 
 def _unload() -> None:
+    if _state["probes"] is not None:
+        _state["probes"].close()
     engine = _state.get("engine")
     if engine is not None:
         engine.close()
-    _state.update(engine=None, session=None, header=None, tokenizer=None)
+    _state.update(engine=None, session=None, header=None, tokenizer=None, probes=None, context=[])
 
 
 async def _load(file, n_ctx: int | None) -> None:
@@ -124,6 +139,11 @@ async def _load(file, n_ctx: int | None) -> None:
         "weight_bytes": engine.weight_bytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
         "upload_mb_s": round(engine.weight_bytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
+        "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
+               "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx,
+               "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
+        "n_head": cfg.n_head, "n_embd": cfg.n_embd,
+        "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 
 
@@ -142,18 +162,20 @@ async def _chat(msg: dict) -> None:
     settings = _settings(msg.get("settings", {}))
     prompt = chat.render_chat(tok, header.metadata, messages)
     post({"type": "prompt", "ids": prompt, "pieces": [tok.piece(i) for i in prompt]})
-    base = len(prompt)
-    count = [0]
+    _state["context"] = list(prompt)
 
     def on_token(tid: int, piece: str) -> None:
-        post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": base + count[0]})
-        count[0] += 1
+        index = len(_state["context"])
+        _state["context"].append(tid)
+        post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": index,
+              "kv_used": len(session.cached)})
 
     js.labStopClear()
     result = await session.generate(prompt, settings, int(msg.get("max_new", 256)), on_token=on_token,
                                     should_stop=lambda: bool(js.labStopRequested()))
     done = result.to_dict()
     del done["prompt_ids"]                       # the page has them from the "prompt" message
+    done["kv_used"] = len(session.cached)
     post({"type": "done", "result": done})
 
 
@@ -161,4 +183,74 @@ def _reset() -> None:
     session = _state["session"]
     if session is not None:
         session.reset()
+    _state["context"] = []
     post({"type": "reset"})
+
+
+# -- panels ---------------------------------------------------------------------------------------------
+def _probes() -> Probes:
+    if _state["engine"] is None:
+        raise RuntimeError("load a model first")
+    if _state["probes"] is None:
+        _state["probes"] = Probes(_state["engine"])
+    return _state["probes"]
+
+
+def _f32(raw: bytes):
+    """Raw f32 bytes as a JS Float32Array over a fresh ArrayBuffer: one copy, no per-number conversion, and never a
+    view of the wasm heap (postMessage would clone the whole heap with it)."""
+    u8 = js.Uint8Array.new(len(raw))
+    u8.assign(raw)
+    return js.Float32Array.new(u8.buffer)
+
+
+async def _probe_embedding(token_id: int, index: int) -> None:
+    pr, tok = _probes(), _state["tokenizer"]
+    e = await pr.embedding(token_id)
+    post({"type": "embedding", "index": index, "id": e.id, "piece": tok.piece(e.id), "values": _f32(e.values),
+          "norm": e.norm, "ms": round(e.ms, 1),
+          "neighbours": [{"id": i, "piece": tok.piece(i), "cos": c} for i, c in e.neighbours]})
+
+
+async def _probe_inspect(req: dict) -> None:
+    pr, tok, session = _probes(), _state["tokenizer"], _state["session"]
+    ids = _state["context"]
+    if not ids:
+        raise RuntimeError("no conversation to inspect")
+    cached = 0
+    for a, b in zip(session.cached, ids):
+        if a != b:
+            break
+        cached += 1
+    end = int(req.get("end") or len(ids))
+    start = req.get("start")
+    start = max(0, end - pr.window) if start is None else int(start)
+    lens = min(int(req.get("lens", 0)), pr.lens_positions, end)
+    r = await pr.inspect(ids, cached, start, end, attention=bool(req.get("attention")),
+                             residual=bool(req.get("residual")), lens=lens)
+    cfg = pr.engine.cfg
+    pieces = {}
+    for layer in r.lens or []:
+        for cell in layer:
+            for i, _ in cell:
+                pieces.setdefault(i, tok.piece(i))
+    post({"type": "inspection", "n": len(ids), "start": r.start, "end": r.end, "lens_start": r.lens_start,
+          "n_layer": cfg.n_layer, "n_head": cfg.n_head, "ms": r.ms,
+          "attention": _f32(r.attention) if r.attention is not None else None,
+          "residual": _f32(r.residual) if r.residual is not None else None,
+          "lens": [[[[i, p] for i, p in cell] for cell in layer] for layer in r.lens] if r.lens else None,
+          "pieces": {str(k): v for k, v in pieces.items()}})
+
+
+async def _forget() -> None:
+    """Drop the Python-side conversation, then wipe and check every conversation buffer on the GPU."""
+    if _state["session"] is not None:
+        _state["session"].reset()
+    _state["context"] = []
+    if _state["tokenizer"] is not None:
+        forget.drop_text_caches(_state["tokenizer"])
+    device = _state["device"]
+    if device is None:
+        raise RuntimeError("no GPU: nothing was ever computed here")
+    report = await forget.wipe(device)
+    post({"type": "forget", "report": report.to_dict()})

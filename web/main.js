@@ -1,5 +1,6 @@
-// The page: one store, a worker that does all the work, and panels that only render.
+// The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
+import { renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos } from "/web/panels.js";
 
 const store = {
   boot: "starting", gpu: null, selftest: null, error: null,
@@ -7,7 +8,21 @@ const store = {
   messages: [],                                          // [{role, content}] of the conversation
   context: [],                                           // [{id, piece}] tokens the model has seen or made
   generating: false, timings: null,
+  dropTurn: false,                                       // the conversation was cleared mid-turn: ignore its tail
+  // panels (opt-in: nothing is computed for a closed panel)
+  panels: { embedding: false, attention: false, lens: false, residual: false },
+  selected: null,                                        // context position clicked
+  embedding: null,                                       // the worker's "embedding" message
+  probe: freshProbe(),                                   // the worker's inspections of this conversation
+  attn: { layer: 0, head: 0 }, lensPositions: 16,
+  kv: { used: 0 },                                       // KV-cache rows the session holds
+  forget: null,                                          // the last Forget report
+  busy: { embedding: false, inspect: 0, forget: false },
 };
+
+function freshProbe() {
+  return { attention: null, lens: null, residual: new Map() };  // residual: position -> Float32Array [n_layer + 1]
+}
 const worker = new Worker("/web/worker.js", { type: "module" });
 const $ = (id) => document.getElementById(id);
 
@@ -59,7 +74,9 @@ function renderModel() {
     const l = store.loaded;
     rows.push(["status", "loaded"], ["weights on GPU", fmtBytes(l.weight_bytes)],
       ["upload", `${l.upload_s.toFixed(2)} s, ${l.upload_mb_s} MB/s`], ["KV cache", `${l.n_ctx} tokens, ${fmtBytes(l.kv_bytes_per_token)} per token`],
-      ["dispatches / token", l.dispatches_per_token]);
+      ["dispatches / token", l.dispatches_per_token],
+      ["wasm heap growth", l.wasm_heap_growth == null ? null : fmtBytes(l.wasm_heap_growth)]);
+    $("model-info").dataset.wasmHeapGrowth = l.wasm_heap_growth ?? "";
   }
   renderFacts($("model-info"), rows);
 }
@@ -111,6 +128,7 @@ function renderChat() {
 function tokenEl(tok, index) {
   const s = document.createElement("span");
   s.className = "tok";
+  s.tabIndex = 0;
   s.setAttribute("data-testid", "token");
   s.dataset.index = index;
   s.dataset.id = tok.id;
@@ -123,14 +141,94 @@ function renderTokens() {
   const strip = $("tokens");
   while (strip.children.length > store.context.length) strip.lastChild.remove();
   for (let i = strip.children.length; i < store.context.length; i++) strip.appendChild(tokenEl(store.context[i], i));
+  for (const s of strip.querySelectorAll(".tok.selected")) s.classList.remove("selected");
+  if (store.selected != null && strip.children[store.selected]) strip.children[store.selected].classList.add("selected");
   $("context-count").textContent = store.context.length ? `(${store.context.length} tokens)` : "";
 }
+
+const panelActions = { selectHead: (h) => { store.attn.head = h; render(); } };
 
 function render() {
   $("boot").textContent = store.boot;
   renderGpu();
   renderModel();
   renderChat();
+  for (const d of document.querySelectorAll("details[data-panel]")) d.open = store.panels[d.dataset.panel];
+  renderEmbedding(store);
+  renderResidual(store);
+  renderAttention(store, panelActions);
+  renderLens(store);
+  renderKv(store);
+  renderForget(store);
+}
+
+// ---- panel requests: ask the worker for what the open panels need and the store lacks -------------------
+function requestInspect() {
+  const n = store.context.length;
+  if (!store.loaded || store.generating || !n || store.busy.inspect || store.dropTurn) return;
+  const p = store.probe;
+  const lens = Math.min(store.lensPositions, store.loaded.probe.lens_positions, n);
+  const wantAttention = store.panels.attention && !p.attention;
+  const wantLens = store.panels.lens && !(p.lens && p.lens.end - p.lens.lens_start >= lens);
+  const pos = selectedPos(store);
+  const wantResidual = store.panels.residual && pos != null && !p.residual.has(pos);
+  const window = store.loaded.probe.window;
+  const requests = [];
+  if (wantAttention || wantLens) {
+    const inWindow = pos != null && pos >= n - window;
+    requests.push({ attention: wantAttention, lens: wantLens ? lens : 0, residual: wantResidual && inWindow });
+    if (wantResidual && !inWindow) requests.push({ start: pos, end: pos + 1, residual: true });
+  } else if (wantResidual) {
+    requests.push({ start: pos, end: pos + 1, residual: true });
+  }
+  for (const r of requests) worker.postMessage({ type: "probe-inspect", ...r });
+  store.busy.inspect = requests.length;
+}
+
+function onInspection(m) {
+  const p = store.probe;
+  if (m.attention) p.attention = { start: m.start, end: m.end, n: m.n, n_layer: m.n_layer, n_head: m.n_head, data: m.attention, ms: m.ms };
+  if (m.lens) p.lens = { lens_start: m.lens_start, end: m.end, lens: m.lens, pieces: m.pieces, ms: m.ms };
+  if (m.residual) {
+    const w = m.end - m.start;
+    for (let i = 0; i < w; i++) {
+      p.residual.set(m.start + i, Float32Array.from({ length: m.n_layer + 1 }, (_, s) => m.residual[s * w + i]));
+    }
+  }
+}
+
+function selectToken(index) {
+  const tok = store.context[index];
+  if (!tok || !store.loaded) return;
+  store.selected = index;
+  store.panels.embedding = true;
+  if (!(store.embedding && store.embedding.index === index && store.embedding.id === tok.id)) {
+    store.embedding = null;
+    store.busy.embedding = true;
+    worker.postMessage({ type: "probe-embedding", id: tok.id, index });
+  }
+  requestInspect();
+  render();
+}
+
+// Empties every trace of the conversation the page holds (DOM included, by re-rendering).
+function clearConversation() {
+  // A turn in flight is stopped; its remaining messages are dropped, and `generating` stays set until its
+  // "done" arrives, so no new turn starts before the worker is free.
+  if (store.generating) { worker.postMessage({ type: "stop" }); store.dropTurn = true; }
+  store.messages = []; store.context = []; store.timings = null;
+  store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv.used = 0;
+  $("tokens").replaceChildren();
+}
+
+function forgetAll() {
+  clearConversation();
+  $("prompt").value = "";
+  $("system-prompt").value = "";
+  store.forget = null;
+  store.busy.forget = true;
+  worker.postMessage({ type: "forget" });
+  render();
 }
 
 worker.onmessage = (e) => {
@@ -143,24 +241,45 @@ worker.onmessage = (e) => {
     case "model-info": store.model = m.summary; store.error = null; break;
     case "load-progress": store.loading = m; store.lastProgress = m; break;
     case "loaded":
-      store.loaded = m.stats; store.loading = null;
+      store.loaded = m.stats; store.loading = null; store.kv.used = 0;
       if (store.lastProgress) store.loaded.wasm_heap_growth = store.lastProgress.wasm_heap_growth;
       break;
     case "prompt":
+      if (store.dropTurn) break;
       store.context = m.ids.map((id, i) => ({ id, piece: m.pieces[i] }));
+      $("tokens").replaceChildren();
+      store.probe = freshProbe();
       store.messages.push({ role: "assistant", content: "" });
       break;
     case "token": {
+      if (store.dropTurn) break;
       store.context.push({ id: m.id, piece: m.piece });
       store.messages[store.messages.length - 1].content += m.text;
+      store.kv.used = m.kv_used;
       break;
     }
     case "done":
+      if (store.dropTurn) { store.dropTurn = false; store.generating = false; break; }
       store.generating = false;
       store.timings = m.result;
       store.messages[store.messages.length - 1].content = m.result.text;
+      store.kv.used = m.result.kv_used;
+      requestInspect();
       break;
     case "reset": break;
+    case "embedding":
+      store.busy.embedding = false;
+      if (m.index === store.selected) store.embedding = m;
+      break;
+    case "inspection":
+      store.busy.inspect = Math.max(0, store.busy.inspect - 1);
+      if (m.n === store.context.length) onInspection(m);
+      if (!store.busy.inspect) requestInspect();
+      break;
+    case "forget":
+      store.busy.forget = false;
+      store.forget = m.report;
+      break;
     case "error":
       if (m.where === "inspect" || m.where === "load") {
         store.error = m.message; store.loading = null; store.loaded = null;
@@ -168,8 +287,14 @@ worker.onmessage = (e) => {
       } else if (m.where === "init") {
         store.error = m.message; store.boot = "no GPU: the lab cannot run here";
       } else if (m.where === "chat") {
-        store.error = `chat: ${m.message}`; store.generating = false;
+        store.error = `chat: ${m.message}`; store.generating = false; store.dropTurn = false;
         if (store.messages.length && store.messages.at(-1).role === "assistant" && !store.messages.at(-1).content) store.messages.pop();
+      } else if (m.where === "probe-inspect") {
+        store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1);
+      } else if (m.where === "probe-embedding") {
+        store.error = `embedding: ${m.message}`; store.busy.embedding = false;
+      } else if (m.where === "forget") {
+        store.error = `forget: ${m.message}`; store.busy.forget = false;
       } else {
         store.error = `${m.where}: ${m.message}`;
       }
@@ -222,9 +347,7 @@ function send() {
 }
 
 function newChat() {
-  if (store.generating) worker.postMessage({ type: "stop" });
-  store.messages = []; store.context = []; store.timings = null;
-  $("tokens").replaceChildren();
+  clearConversation();
   render();
 }
 
@@ -234,6 +357,30 @@ $("load-cancel").addEventListener("click", () => worker.postMessage({ type: "can
 $("send").addEventListener("click", send);
 $("stop").addEventListener("click", () => worker.postMessage({ type: "stop" }));
 $("new-chat").addEventListener("click", newChat);
+$("forget").addEventListener("click", forgetAll);
+$("tokens").addEventListener("click", (e) => {
+  const t = e.target.closest("[data-testid=token]");
+  if (t) selectToken(Number(t.dataset.index));
+});
+$("tokens").addEventListener("keydown", (e) => {
+  const t = e.target.closest("[data-testid=token]");
+  if (t && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); selectToken(Number(t.dataset.index)); }
+});
+for (const d of document.querySelectorAll("details[data-panel]")) {
+  d.addEventListener("toggle", () => {
+    if (store.panels[d.dataset.panel] === d.open) return;
+    store.panels[d.dataset.panel] = d.open;
+    requestInspect();
+    render();
+  });
+}
+$("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
+$("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });
+$("lens-positions").addEventListener("change", (e) => {
+  store.lensPositions = Number(e.target.value);
+  requestInspect();
+  render();
+});
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send(); }
 });

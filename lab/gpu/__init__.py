@@ -83,10 +83,11 @@ class AdapterInfo:
     features: frozenset[str]
     limits: dict[str, int]
     details: dict = field(default_factory=dict)
+    software: bool = False            # a CPU implementation (lavapipe, SwiftShader): more workgroups cost, not help
 
     def summary(self) -> dict:
         return {"backend": self.backend, "name": self.name, "features": sorted(self.features),
-                "limits": dict(self.limits), **self.details}
+                "limits": dict(self.limits), "software": self.software, **self.details}
 
 
 class Device:
@@ -119,6 +120,8 @@ class Device:
         return buf
 
     def destroy(self, buf: Buffer) -> None:
+        if buf.kind == CONVERSATION:
+            self.clear(buf)         # zeroed before its memory goes back to the driver (a reload, a grown staging)
         self.buffers.remove(buf)
         buf.handle.destroy()
 
@@ -152,6 +155,13 @@ class Device:
         """Apply `writes` [(buffer, offset, bytes)], then encode all dispatches (a list or a `prepare`d
         plan) in one compute pass and submit once."""
         raise NotImplementedError
+
+    def staging(self, size: int) -> list[Buffer]:
+        """The registered buffers `read` copies through (kind CONVERSATION: they hold whatever was read last),
+        grown now to take `size` bytes in one read, so that no later read replaces them. `read` maps these
+        directly. Forget sizes them before it walks the registry, reads them first and clears them last.
+        None natively: wgpu-py's read_buffer makes and drops its own staging buffer on every read."""
+        return []
 
     async def flush_errors(self) -> None:
         """Raise the first shader or validation problem not yet reported (the browser reports late)."""

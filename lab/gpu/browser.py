@@ -19,7 +19,7 @@ from pyodide.ffi import to_js
 from . import FEATURES, LIMITS, AdapterInfo, Bound, Buffer, CONVERSATION, Device, Dispatch, GpuError, Kernel, Slice
 
 _STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
-_UNIFORM = 0x0040 | 0x0008               # UNIFORM | COPY_DST
+_UNIFORM = 0x0040 | 0x0004 | 0x0008      # UNIFORM | COPY_SRC | COPY_DST (Forget reads the step uniform back)
 _STAGING = 0x0001 | 0x0008               # MAP_READ | COPY_DST
 _MAP_READ = 0x0001
 
@@ -56,8 +56,10 @@ async def open_browser() -> "BrowserDevice":
     }))
     info = adapter.info
     name = " ".join(str(x) for x in (info.vendor, info.architecture, info.device, info.description) if x)
+    # WebGPU exposes no adapter type; the software rasterizers name themselves.
+    software = any(w in name.lower() for w in ("swiftshader", "llvmpipe", "lavapipe"))
     return BrowserDevice(device, AdapterInfo("browser", name or "unknown adapter", frozenset(features), limits,
-                                             {"vendor": str(info.vendor)}))
+                                             {"vendor": str(info.vendor)}, software=software))
 
 
 class BrowserDevice(Device):
@@ -147,6 +149,9 @@ class BrowserDevice(Device):
             self._staging = Buffer(handle, size, CONVERSATION, "readback")
             self.buffers.append(self._staging)
         return self._staging
+
+    def staging(self, size: int) -> list[Buffer]:
+        return [self._staging_for(size)]
 
     async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         size = buf.size - offset if size is None else size

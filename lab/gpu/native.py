@@ -9,7 +9,8 @@ from . import LIMITS, AdapterInfo, Bound, Buffer, Device, Dispatch, GpuError, Ke
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-_UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+# COPY_SRC on uniforms too: Forget reads every conversation buffer back, the step uniform included.
+_UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
 
 class NativeDevice(Device):
@@ -32,7 +33,8 @@ class NativeDevice(Device):
             backend="native",
             name=f"{info.get('device', '')} ({info.get('backend_type', '')}, {info.get('adapter_type', '')})",
             features=frozenset(features), limits=limits,
-            details={"vendor": info.get("vendor", ""), "driver": info.get("description", "")})
+            details={"vendor": info.get("vendor", ""), "driver": info.get("description", "")},
+            software=info.get("adapter_type", "") == "CPU")
         self._queue = self._device.queue
 
     def _create_buffer(self, size: int, label: str, uniform: bool):

@@ -1,0 +1,118 @@
+"""Forget: clear every GPU buffer that holds conversation-derived data, and prove it by reading each one back.
+
+The buffers are found by kind in the device's registry (`device.buffers`, kind CONVERSATION: KV caches,
+activations, logits, sampling scratch, probe outputs, the step uniform, the browser's read-back staging buffer),
+never from a hand-made list, so a buffer added later is covered as soon as it is registered with its kind.
+
+Order, because the browser reads through a staging buffer that is itself conversation data:
+  1. size the staging buffers now (a larger read later would replace one mid-walk), then list the buffers;
+  2. before: read the staging buffers first, by mapping them (every other read overwrites them), then the rest;
+  3. clear the rest, read them back (through staging);
+  4. clear the staging buffers last and read them by mapping them.
+The report counts non-zero 32-bit words before and after; `wiped` is true only when there was something to wipe
+and nothing is left. Natively wgpu-py reads through a staging buffer of its own per read, made and dropped inside
+`read_buffer`: outside the registry, and outside what this module can check (docs/privacy.md).
+
+`drop_text_caches` empties the Python caches that keep pieces of typed text for speed (the BPE tokenizer's chunk
+cache, the pre-tokenizer's per-character tables); the caller drops the session's token lists itself.
+
+What it does not know: sessions, or the page (it clears its own DOM).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import gpu
+
+
+def nonzero_words(raw: bytes) -> int:
+    """Non-zero 32-bit little-endian words in raw (len a multiple of 4), at C speed in CPython and Pyodide alike:
+    OR the four byte lanes as big integers, so a word's byte is non-zero iff the word is, then count zero bytes."""
+    n = len(raw) // 4
+    if n == 0:
+        return 0
+    lanes = 0
+    for k in range(4):
+        lanes |= int.from_bytes(raw[k::4], "little")
+    return n - lanes.to_bytes(n, "little").count(0)
+
+
+@dataclass
+class Checked:
+    label: str
+    size: int           # bytes
+    before: int         # non-zero words before the wipe
+    after: int          # non-zero words after it
+
+
+@dataclass
+class Report:
+    buffers: list[Checked] = field(default_factory=list)
+    ms: float = 0.0
+
+    @property
+    def before(self) -> int:
+        return sum(b.before for b in self.buffers)
+
+    @property
+    def after(self) -> int:
+        return sum(b.after for b in self.buffers)
+
+    @property
+    def wiped(self) -> bool:
+        """Something was there, and nothing is left."""
+        return self.before > 0 and self.after == 0
+
+    @property
+    def status(self) -> str:
+        if self.after:
+            return "failed"
+        return "wiped" if self.before else "nothing"
+
+    def to_dict(self) -> dict:
+        return {"buffers": len(self.buffers), "bytes": sum(b.size for b in self.buffers), "before": self.before,
+                "after": self.after, "wiped": self.wiped, "status": self.status, "ms": round(self.ms, 1),
+                "items": [{"label": b.label, "size": b.size, "before": b.before, "after": b.after}
+                          for b in self.buffers if b.before or b.after]}
+
+
+def drop_text_caches(tokenizer) -> int:
+    """Empty the caches that hold text the user typed (or the model wrote): the tokenizer's chunk -> ids cache and
+    the pre-tokenizer's per-character tables. Returns the entries dropped. (They refill on the next encode.)"""
+    from .tokenizer import pretokenize
+    caches = [getattr(tokenizer, "_cache", None), pretokenize._flag_cache, pretokenize._collapse_cache]
+    dropped = 0
+    for c in caches:
+        if c:
+            dropped += len(c)
+            c.clear()
+    return dropped
+
+
+def conversation_buffers(device: gpu.Device) -> list[gpu.Buffer]:
+    return [b for b in device.buffers if b.kind == gpu.CONVERSATION]
+
+
+async def wipe(device: gpu.Device) -> Report:
+    t0 = time.perf_counter()
+    found = conversation_buffers(device)
+    staging = device.staging(max((b.size for b in found), default=0)) if found else []
+    conv = conversation_buffers(device)          # again: sizing may have replaced a staging buffer
+    direct = [b for b in conv if b in staging]
+    rest = [b for b in conv if b not in staging]
+    before = {}
+    for b in direct + rest:
+        before[id(b)] = nonzero_words(await device.read(b))
+    after = {}
+    for b in rest:
+        device.clear(b)
+    for b in rest:
+        after[id(b)] = nonzero_words(await device.read(b))
+    for b in direct:
+        device.clear(b)
+        after[id(b)] = nonzero_words(await device.read(b))
+    report = Report([Checked(b.label, b.size, before[id(b)], after[id(b)]) for b in conv])
+    report.ms = (time.perf_counter() - t0) * 1e3
+    return report

@@ -1,0 +1,315 @@
+"""Probes: what the lab's panels show, computed on the GPU only when a panel asks for it.
+
+- `embedding(token_id)`: the token's embedding row (the table's own get_rows, dequantized on the GPU), its L2 norm,
+  and its nearest neighbours by cosine over the whole quantized table: a matvec of the table with the row gives
+  every dot product; row norms come from one kernel run once per model (wgsl/row_norms.wgsl); the cosine kernel
+  divides, and the sampler's top_k picks the best.
+- `inspect(ids, cached, start, end)`: runs positions start .. end-1 of the conversation again through a probe
+  variant of the engine's own plans and keeps what the panels need: attention probabilities with queries and keys
+  in that window (every layer and head, plus each query's mass on keys before the window), the residual norm after
+  every layer at each of those positions, and the logit lens (each layer's residual through the final norm and the
+  output head; the top tokens at the last `lens` positions).
+
+Decode pays nothing: the probe variants are separate op lists, built the first time a panel asks, and run only
+between turns; the decode plan is never touched.
+
+The chat is not disturbed either. Earlier positions are not recomputed: their K/V sit in the cache, which is all
+attention needs. Positions the cache already holds run without the kv_write ops, so the probe sees the K/V the chat
+used and leaves them as they were; only positions past the session's cache are written (the last generated token,
+never fed back), where the session's next turn writes anyway.
+
+Cost: the pass costs what a prefill of the window costs (positions before it are not recomputed); the lens adds
+one output-head matmul per layer over the lens rows (30 x 28 M multiply-adds per row for SmolLM2), the dominant
+term on a CPU device, hence the number of lens positions is a parameter. Measured numbers: docs/panels.md.
+
+What it does not know: text, the page, sessions (the caller says how many leading ids the cache holds).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+from . import gpu, ops
+from .ops import attention as attn_ops
+from .ops import embed, matmul, norm, sample, softmax
+from .ops.weights import dequant_consts
+
+NEIGHBOURS = 10        # nearest tokens listed by the embedding inspector
+WINDOW = 48            # most positions one inspection covers (attention heatmap rows and columns)
+LENS_POSITIONS = 16    # most logit-lens positions one inspection covers
+LENS_K = 5             # logit lens: candidates per cell (top-1 shown, the rest on hover)
+WG = 64
+_WINDOW = struct.Struct("<4I")   # struct Window { w0, wn, l0, ln } in wgsl/probes.wgsl
+_PARAMS = struct.Struct("<4I")
+
+
+@dataclass
+class Embedding:
+    id: int
+    values: bytes                          # f32 [n_embd]: the dequantized embedding row (unscaled)
+    norm: float                            # its L2 norm, from the per-model row norms
+    neighbours: list[tuple[int, float]]    # (token id, cosine), best first, the token itself left out
+    ms: float                              # GPU work and read-back
+
+
+@dataclass
+class Inspection:
+    start: int                      # window: positions start .. end-1, as queries and as keys
+    end: int
+    lens_start: int                 # logit lens positions lens_start .. end-1
+    attention: bytes | None         # f32 [n_layer, n_head, w, w + 1], w = end - start; [il, h, q, 0]: mass on keys
+                                    #   before the window; [il, h, q, 1 + k]: key start + k (0 past q)
+    residual: bytes | None          # f32 [n_layer + 1, w]: row 0 the embeddings (inp_embd), row il+1 after layer il
+    lens: list | None               # [n_layer][end - lens_start] -> [(id, p), ...] LENS_K best, p = softmax prob
+    ms: dict                        # wall-clock milliseconds: "pass", "lens" (each up to its first read), "total"
+
+    @property
+    def width(self) -> int:
+        return self.end - self.start
+
+
+def _uniform(device: gpu.Device, size: int, label: str) -> gpu.Buffer:
+    """A uniform of kind CONVERSATION (it holds positions), written per request; made as ops.make_step makes the
+    step uniform, since Device.uniform makes CONSTANT ones."""
+    buf = gpu.Buffer(device._create_buffer(size, label, uniform=True), size, gpu.CONVERSATION, label, uniform=True)
+    device.buffers.append(buf)
+    return buf
+
+
+def _pairs(raw: bytes, offset: int, count: int) -> list[tuple[int, float]]:
+    out = [sample.PAIR.unpack_from(raw, offset + 8 * i) for i in range(count)]
+    return [(i, v) for i, v in out if i != sample.NONE]
+
+
+class Probes:
+    """Probe plans for one engine, built lazily (the embedding plan on the first `embedding`, the pass on the
+    first `inspect`); `close` frees every buffer they made."""
+
+    def __init__(self, engine, window: int = WINDOW, lens_positions: int = LENS_POSITIONS) -> None:
+        if not 1 <= lens_positions <= engine.max_batch:
+            raise ValueError(f"lens positions {lens_positions} must be 1 .. {engine.max_batch}")
+        self.engine = engine
+        self.device = engine.device
+        self.window = window
+        self.lens_positions = lens_positions
+        self.buffers: list[gpu.Buffer] = []
+        self._emb = None
+        self._pass = None
+        self._variants: dict[tuple, list[ops.Op]] = {}
+
+    def close(self) -> None:
+        for b in self.buffers:
+            if b in self.device.buffers:
+                self.device.destroy(b)
+        self.buffers = []
+        self._emb = self._pass = None
+        self._variants.clear()
+
+    def _made_since(self, before: set) -> None:
+        self.buffers += [b for b in self.device.buffers if id(b) not in before]
+
+    # -- embedding inspector -----------------------------------------------------------------------------
+    def _build_embedding(self) -> None:
+        eng, dev, kc, cfg = self.engine, self.device, self.engine.kernels, self.engine.cfg
+        before = set(map(id, dev.buffers))
+        table = eng.w["token_embd.weight"]
+        V, E, conv = cfg.n_vocab, cfg.n_embd, gpu.CONVERSATION
+        self.q_id = dev.buffer(4, conv, "probe.query id [1] u32")
+        self.q_row = dev.buffer(4 * E, conv, "probe.query row [n_embd]")
+        self.sims = dev.buffer(4 * V, conv, "probe.cosine [n_vocab]")
+        self.nb = dev.buffer(8 * NEIGHBOURS, conv, "probe.neighbours [k] (u32, f32)")
+        # Derived from the weights alone (no user data): not wiped by Forget, made once per model.
+        self.norms = dev.buffer(4 * V, gpu.WEIGHTS, "probe.embedding row norms [n_vocab]")
+        max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
+        k = kc.get("row_norms", WG=WG, DQ=dequant_consts(table.type)["DQ"])
+        norm_ops = []
+        for part in table.parts:
+            params = dev.uniform(_PARAMS.pack(part.first_row, part.n_rows, table.cols // 8, table.row_bytes),
+                                 f"{part.buffer.label}.row_norms")
+            bound = dev.bind(k, [part.buffer, self.norms, params], f"{part.buffer.label}.row_norms")
+            norm_ops.append(gpu.Dispatch(k, bound, ops.groups_1d(part.n_rows, WG, max_dim)))
+        dev.run(norm_ops)
+        kcos = kc.get("probes", "cosine", WG=WG)
+        params = dev.uniform(_PARAMS.pack(V, 0xFF800000, 0, 0), "probe.cosine.params")   # V, -inf as bits
+        cos = ops.Op(kcos, dev.bind(kcos, [self.sims, self.norms, self.q_id, params], "probe.cosine"),
+                     lambda t, g=ops.groups_1d(V, WG, max_dim): g)
+        self._emb = (embed.get_rows(dev, kc, table, self.q_id, self.q_row, eng.step_buf)
+                     + matmul.matvec(dev, kc, table, self.q_row, self.sims)
+                     + [cos]
+                     + sample.top_k(dev, kc, self.sims, self.nb, eng.step_buf, V, NEIGHBOURS, rows=1))
+        self._made_since(before)
+
+    async def embedding(self, token_id: int) -> Embedding:
+        eng, dev = self.engine, self.device
+        if not 0 <= token_id < eng.cfg.n_vocab:
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {eng.cfg.n_vocab}")
+        if self._emb is None:
+            self._build_embedding()
+            await dev.flush_errors()         # the browser reports shader problems late: name them now
+        t0 = time.perf_counter()
+        dev.run([op.at(1) for op in self._emb], [(eng.step_buf, 0, ops.step_bytes(0, 1, eng.n_ctx)),
+                                                 (self.q_id, 0, struct.pack("<I", token_id))])
+        values = await dev.read(self.q_row)
+        nb = _pairs(await dev.read(self.nb), 0, NEIGHBOURS)
+        (norm_,) = struct.unpack("<f", await dev.read(self.norms, 4 * token_id, 4))
+        return Embedding(token_id, values[:4 * eng.cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3)
+
+    # -- the inspection pass ------------------------------------------------------------------------------
+    def _build_pass(self) -> None:
+        eng, dev, kc, cfg = self.engine, self.device, self.engine.kernels, self.engine.cfg
+        before = set(map(id, dev.buffers))
+        L, H, E, V, B, P = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_vocab, eng.max_batch, self.lens_positions
+        conv = gpu.CONVERSATION
+        max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
+        cols = self.window + 1
+        self.win = _uniform(dev, 16, "probe.window {w0, wn, l0, ln}")
+        self.lens_step = _uniform(dev, 16, "probe.lens step")
+        self.attn_probe = dev.buffer(attn_ops.probe_bytes(B, H, eng.n_ctx), conv, "probe.attention [B, n_head, n_ctx]")
+        self.attn = dev.buffer(4 * L * H * self.window * cols, conv, "probe.attention window [n_layer, n_head, w, w+1]")
+        self.resid = dev.buffer(4 * (L + 1) * self.window, conv, "probe.residual norms [n_layer + 1, w]")
+        self.lens_x = dev.buffer(4 * L * P * E, conv, "probe.lens residuals [n_layer, P, n_embd]")
+        self.lens_xn = dev.buffer(4 * L * P * E, conv, "probe.lens normed [n_layer, P, n_embd]")
+        self.lens_logits = dev.buffer(4 * P * V, conv, "probe.lens logits [P, n_vocab]")
+        align = max(256, dev.info.limits["min_storage_buffer_offset_alignment"])
+        self.lens_stride = -(-8 * P * LENS_K // align) * align     # bytes per layer: top_k binds a slice each
+        self.lens_top = dev.buffer(L * self.lens_stride, conv, "probe.lens top-k [n_layer, P, k] (u32, f32)")
+
+        def small(entry: str, resources: list, params: tuple, n_threads, label: str) -> ops.Op:
+            k = kc.get("probes", entry, WG=WG)
+            u = dev.uniform(_PARAMS.pack(*params), f"{label}.params")
+            return ops.Op(k, dev.bind(k, resources + [eng.step_buf, self.win, u], label),
+                          lambda t: ops.groups_1d(max(1, n_threads(t)), WG, max_dim))
+
+        self._gather = [small("attn_gather", [self.attn_probe, self.attn], (H, eng.n_ctx, il, cols),
+                              lambda t: t * H * cols, f"probe.attn_gather {il}") for il in range(L)]
+        self._copy = [small("lens_copy", [eng.x, self.lens_x], (E, il, P, 0), lambda t: t * E, f"probe.lens_copy {il}")
+                      for il in range(L)]
+        self._norm = [small("row_norm", [eng.x, self.resid], (E, slot, 0, 0), lambda t: t, f"probe.row_norm {slot}")
+                      for slot in range(L + 1)]
+        # The lens: per layer, the kept rows through the final norm, the head (one matmul: the head's weights are
+        # read once per layer, not once per row), softmax, top-k into the layer's slice of lens_top. Measured, 30
+        # layers: lavapipe 22 s for any count up to 16 (one tile), where a matvec per row would take 2.2 s per
+        # position; SwiftShader in Chromium: matvecs per row took minutes for 8 positions.
+        head = eng.w.get("output.weight", eng.w["token_embd.weight"])
+        self._lens = []
+        for il in range(L):
+            off = il * P * E
+            self._lens += norm.rms_norm(dev, kc, self.lens_x, eng.v["output_norm.weight"], self.lens_xn,
+                                        self.lens_step, E, cfg.eps, in_offset=off, out_offset=off)
+            self._lens += matmul.matmul(dev, kc, head, self.lens_xn, self.lens_logits, self.lens_step, max_tokens=P,
+                                        x_offset=off)
+            self._lens += softmax.softmax(dev, kc, self.lens_logits, self.lens_logits, self.lens_step, V)
+            self._lens += sample.top_k(dev, kc, self.lens_logits,
+                                       gpu.Slice(self.lens_top, il * self.lens_stride, self.lens_stride),
+                                       self.lens_step, V, LENS_K, rows=None, max_rows=P)
+        # Where the probe ops go in the engine's plans, found by the trace names the plans record. A layer's
+        # attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its last one, and the
+        # run of attention ops ending there is what the probe variant replaces.
+        self._where = {}
+        for batched, plan, trace in ((True, eng.prefill_ops, eng.prefill_trace),
+                                     (False, eng.decode_ops, eng.decode_trace)):
+            at = {tr.name: tr.after for tr in trace}
+            attn = {}
+            for il in range(L):
+                last = first = at[f"kqv_out-{il}"]
+                if not plan[last].kernel.label.startswith("attention:"):
+                    raise RuntimeError(f"probes: op {last} of the engine's plan is {plan[last].kernel.label}, "
+                                       f"not the attention its trace names")
+                while first > 0 and plan[first - 1].kernel.label.startswith("attention:"):
+                    first -= 1
+                attn.update({i: (il, i == last) for i in range(first, last + 1)})
+            self._where[batched] = (at["inp_embd"], attn, {at[f"l_out-{il}"]: il for il in range(L)},
+                                    [eng.attention_op(il, batched, self.attn_probe) for il in range(L)])
+        self._pass = True
+        self._made_since(before)
+
+    def _variant(self, batched: bool, write_kv: bool, attention: bool, lens: bool, residual: bool) -> list[ops.Op]:
+        key = (batched, write_kv, attention, lens, residual)
+        plan = self._variants.get(key)
+        if plan is not None:
+            return plan
+        base = self.engine.prefill_ops if batched else self.engine.decode_ops
+        at_embd, at_attn, at_lout, probed = self._where[batched]
+        end = max(at_lout) + 1        # the residual after the last layer; the output head is not needed
+        plan = []
+        for i, op in enumerate(base[:end]):
+            if not write_kv and op.kernel.label.startswith("kv:kv_write"):
+                continue
+            if attention and i in at_attn:
+                il, last = at_attn[i]
+                if last:
+                    plan += probed[il] + [self._gather[il]]
+                continue
+            plan.append(op)
+            if residual and i == at_embd:
+                plan.append(self._norm[0])
+            if i in at_lout:
+                il = at_lout[i]
+                if residual:
+                    plan.append(self._norm[il + 1])
+                if lens:
+                    plan.append(self._copy[il])
+        self._variants[key] = plan
+        return plan
+
+    def _run(self, plan: list[ops.Op], ids: list[int], pos: int) -> None:
+        eng, t = self.engine, len(ids)
+        self.device.run([d for d in (op.at(t) for op in plan) if all(d.groups)],
+                        [(eng.step_buf, 0, ops.step_bytes(pos, t, eng.n_ctx)),
+                         (eng.ids, 0, struct.pack(f"<{t}I", *ids))])
+
+    async def inspect(self, ids: list[int], cached: int = 0, start: int | None = None, end: int | None = None, *,
+                      attention: bool = True, residual: bool = True, lens: int = 0) -> Inspection:
+        """Probe positions start .. end-1 of the conversation `ids` (default: the last WINDOW positions).
+
+        cached: how many leading ids the KV cache holds at their positions (the session's); their K/V are used as
+        they are. Positions from `cached` on up to `end` are computed and written first, whatever `start` is.
+        attention / residual: collect those over the window; lens: the logit lens of the last `lens` positions."""
+        eng, dev, cfg = self.engine, self.device, self.engine.cfg
+        n = len(ids)
+        end = n if end is None else end
+        start = max(0, end - self.window) if start is None else start
+        if not 0 <= start < end <= n <= eng.n_ctx:
+            raise ValueError(f"inspect: window {start} .. {end} of {n} positions (context {eng.n_ctx})")
+        if end - start > self.window:
+            raise ValueError(f"inspect: a window of {end - start} positions; at most {self.window}")
+        if not 0 <= lens <= min(self.lens_positions, end):
+            raise ValueError(f"inspect: {lens} lens positions; at most {min(self.lens_positions, end)}")
+        bad = [i for i in ids[:end] if not 0 <= i < cfg.n_vocab]
+        if bad:
+            raise ValueError(f"inspect: token id {bad[0]} is outside the vocabulary")
+        if self._pass is None:
+            self._build_pass()
+            await dev.flush_errors()
+        L, H, w = cfg.n_layer, cfg.n_head, end - start
+        cached = max(0, min(cached, end))
+        l0 = end - lens
+        first = min(start, cached, l0 if lens else start)
+        t0 = time.perf_counter()
+        dev.write(self.win, _WINDOW.pack(start, w, l0, lens))
+        # 1. the pass: chunks of at most max_batch that never straddle `cached` (K/V written only from there), each
+        #    through the variant of the plan the engine itself would run (decode for one token, else prefill)
+        bounds = sorted(set(range(first, cached, eng.max_batch)) | set(range(max(first, cached), end, eng.max_batch))
+                        | {end})
+        for a, b in zip(bounds, bounds[1:]):
+            plan = self._variant(b - a > 1, a >= cached, attention, bool(lens), residual)
+            self._run(plan, ids[a:b], a)
+        # (native submits return at once: the first read waits for the GPU, so it closes the pass's timing)
+        att = await dev.read(self.attn, 0, 4 * L * H * w * (w + 1)) if attention else await dev.read(self.win)
+        t1 = time.perf_counter()
+        # 2. the lens on the rows the pass kept
+        top = None
+        if lens:
+            dev.run([d for d in (op.at(lens) for op in self._lens) if all(d.groups)],
+                    [(self.lens_step, 0, ops.step_bytes(0, lens, eng.n_ctx))])
+            raw = await dev.read(self.lens_top, 0, L * self.lens_stride)
+            top = [[_pairs(raw, il * self.lens_stride + 8 * LENS_K * q, LENS_K) for q in range(lens)]
+                   for il in range(L)]
+        t2 = time.perf_counter()
+        res = await dev.read(self.resid, 0, 4 * (L + 1) * w) if residual else None
+        t3 = time.perf_counter()
+        return Inspection(start, end, l0, att if attention else None, res, top, {"pass": round((t1 - t0) * 1e3, 1),
+                                                          "lens": round((t2 - t1) * 1e3, 1),
+                                                          "total": round((t3 - t0) * 1e3, 1)})

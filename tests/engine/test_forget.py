@@ -1,0 +1,170 @@
+"""lab/forget.py natively: every conversation buffer is found through the registry, cleared, and read back.
+
+The tests do not trust the report: they read every CONVERSATION buffer back themselves, add a buffer the engine
+does not know about, and break `clear` to prove the check reads the GPU rather than believing the wipe."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+
+import pytest
+
+from lab import forget, gguf, gpu
+from lab.engine import Engine
+from lab.probes import Probes
+from lab.sampler import Settings
+from lab.session import Session
+from lab.tokenizer import from_metadata
+
+N_CTX = 128
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_path):
+    return from_metadata(gguf.read_file(smollm2_path).metadata)
+
+
+@pytest.fixture(scope="module")
+def made(device, smollm2_path):
+    """An engine and its probes, with every device._create_buffer call recorded while they were built."""
+    created = []
+    real = device._create_buffer
+
+    def spy(size, label, uniform):
+        handle = real(size, label, uniform)
+        created.append(handle)
+        return handle
+
+    device._create_buffer = spy
+    try:
+        eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX)
+        eng.upload_file(smollm2_path)
+        pr = Probes(eng)
+        pr._build_embedding()
+        pr._build_pass()
+    finally:
+        del device._create_buffer
+    yield eng, pr, created
+    pr.close()
+    eng.close()
+
+
+def converse(made, tok, panels: bool = False):
+    """A conversation: prefill, greedy and sampled decode; with `panels`, also the embedding inspector and an
+    inspection with every panel (the lens costs ~20 s on lavapipe), so that every kind of buffer holds data."""
+    eng, pr, _ = made
+    session = Session(eng, tok)
+    prompt = tok.encode("The king of France")
+    res = run(session.generate(prompt, Settings(greedy=True), 3))
+    run(session.generate(prompt + res.ids, Settings(greedy=False, seed=3), 2))
+    if panels:
+        run(pr.embedding(prompt[1]))
+        run(pr.inspect(prompt, len(prompt), lens=1))
+    return session
+
+
+def all_conversation_words(device) -> int:
+    return sum(forget.nonzero_words(device.read_sync(b)) for b in forget.conversation_buffers(device))
+
+
+def test_nonzero_words():
+    rng = random.Random(0)
+    words = [rng.choice([0, 0, 1, 0x100, 0x10000, 0x1000000, 0x80000000, rng.getrandbits(32)]) for _ in range(10_001)]
+    raw = struct.pack(f"<{len(words)}I", *words)
+    assert forget.nonzero_words(raw) == sum(1 for w in words if w)
+    assert forget.nonzero_words(b"") == 0
+    assert forget.nonzero_words(bytes(4096)) == 0
+
+
+def test_registry_covers_every_buffer(made, device):
+    """Every buffer the engine and the probes made is in the registry with a kind; the scratch, caches and step
+    uniform are CONVERSATION, the parameters CONSTANT and the weights WEIGHTS."""
+    eng, pr, created = made
+    registered = {id(b.handle): b for b in device.buffers}
+    assert created and all(id(h) in registered for h in created), "a buffer was made outside the registry"
+    assert all(registered[id(h)].kind in gpu.KINDS for h in created)
+    for b in eng.buffers + pr.buffers:
+        assert b in device.buffers and b.kind in gpu.KINDS
+    conv = set(map(id, forget.conversation_buffers(device)))
+    scratch = [eng.step_buf, eng.ids, eng.x, eng.xn, eng.qkv, eng.att, eng.gate_up, eng.h, eng.last, eng.logits,
+               eng.topk, *eng.k_cache, *eng.v_cache, pr.q_id, pr.q_row, pr.sims, pr.nb, pr.win, pr.lens_step,
+               pr.attn_probe, pr.attn, pr.resid, pr.lens_x, pr.lens_xn, pr.lens_logits, pr.lens_top]
+    assert all(id(b) in conv for b in scratch)
+    weights = [p.buffer for w in eng.w.values() for p in w.parts] + list(eng.v.values())
+    assert all(b.kind == gpu.WEIGHTS for b in weights)
+    # everything else the engine made is fixed at load (per-op parameters, the RoPE frequency table): CONSTANT
+    rest = [b for b in eng.buffers if id(b) not in conv and b.kind != gpu.WEIGHTS]
+    assert rest and all(b.kind == gpu.CONSTANT for b in rest)
+    assert {b.label for b in rest if not b.uniform} <= {"rope.freqs"}
+
+
+def test_forget_wipes_and_reads_back(made, device, tok):
+    eng, _, _ = made
+    session = converse(made, tok, panels=True)
+    assert all_conversation_words(device) > 0
+    assert all(forget.nonzero_words(device.read_sync(b)) for b in (made[1].lens_top, made[1].attn, made[1].nb))
+    report = run(forget.wipe(device))
+    session.reset()
+    assert report.before > 0 and report.after == 0 and report.wiped and report.status == "wiped"
+    assert len(report.buffers) == len(forget.conversation_buffers(device))
+    assert all_conversation_words(device) == 0                     # checked again here, not taken from the report
+    d = report.to_dict()
+    assert d["buffers"] == len(report.buffers) and d["before"] == report.before and d["after"] == 0
+    print(f"\nForget natively: {d['buffers']} buffers, {d['bytes'] / 1e6:.1f} MB, {d['before']} non-zero words "
+          f"before, {d['after']} after, {d['ms']:.0f} ms")
+
+
+def test_nothing_to_wipe_claims_nothing(made, device, tok):
+    converse(made, tok)
+    run(forget.wipe(device))
+    again = run(forget.wipe(device))
+    assert again.before == 0 and again.after == 0
+    assert not again.wiped and again.status == "nothing"
+
+
+def test_an_extra_conversation_buffer_is_wiped(made, device, tok):
+    """A conversation buffer nobody told Forget about (made after the engine) is found by its kind and wiped."""
+    converse(made, tok)
+    extra = device.buffer(4096, gpu.CONVERSATION, "test.extra")
+    try:
+        device.write(extra, struct.pack("<1024I", *range(1, 1025)))
+        report = run(forget.wipe(device))
+        row = [c for c in report.buffers if c.label == "test.extra"]
+        assert row and row[0].before == 1024 and row[0].after == 0
+        assert device.read_sync(extra) == bytes(4096)
+    finally:
+        device.destroy(extra)
+
+
+def test_a_wipe_that_does_not_clear_is_reported(made, device, tok, monkeypatch):
+    """With clear() broken, the read-back catches it: the report says failed and never claims a wipe."""
+    converse(made, tok)
+    monkeypatch.setattr(device, "clear", lambda buf: None)
+    report = run(forget.wipe(device))
+    monkeypatch.undo()
+    assert report.after > 0 and report.after == report.before
+    assert not report.wiped and report.status == "failed"
+    run(forget.wipe(device))
+
+
+def test_the_engine_works_after_forget(made, device, tok):
+    """Forget leaves weights and parameters alone: the same prompt gives the same greedy tokens afterwards."""
+    eng, _, _ = made
+    prompt = tok.encode("Water boils at")
+    first = run(Session(eng, tok).generate(prompt, Settings(greedy=True), 4)).ids
+    run(forget.wipe(device))
+    assert run(Session(eng, tok).generate(prompt, Settings(greedy=True), 4)).ids == first
+
+
+def test_text_caches_are_dropped(tok):
+    tok.encode("a secret word: xylophone")
+    assert any("xylophone" in k for k in tok._cache)
+    assert forget.drop_text_caches(tok) > 0
+    assert not tok._cache
+    assert forget.drop_text_caches(tok) == 0
