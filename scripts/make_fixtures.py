@@ -20,6 +20,16 @@ and tests/fixtures/pretokenizer_variants.json: the fixture text tokenized by lla
 smollm2 / qwen2.5 vocabularies under other pre-tokenizers (tokenizer.ggml.pre overridden) and
 the gemma3 vocabulary with add_space_prefix=true.
 
+    /root/refvenv/bin/python scripts/make_fixtures.py --f32 [smollm2 qwen2.5 gemma3]
+
+writes tests/fixtures/<model>.f32.json instead: llama.cpp on an F32 copy of the model (every tensor
+dequantized by gguf-py's gguf.quants and written as F32, metadata unchanged but general.file_type;
+made under /tmp and deleted after), run with an F32 KV cache and flash attention off. llama.cpp then
+rounds nothing of its own (f32 x f32 matmuls; only gemma3's GELU is a float16 lookup table), so it
+computes the same function as our engine. The prompts are <model>.json's, by id (prompt_ids are
+copied, not re-tokenized), with the same per-prompt fields (greedy ids, text, top2_gap, top5 at
+every prompt position, gen_top5).
+
 Chat prompts are rendered the way llama-cpp-python does (its Jinja2ChatFormatter over the GGUF's
 tokenizer.chat_template, then tokenize(add_bos=False, special=True)); a GGUF without a template
 (Gemma 3 here) goes through llama.cpp's own llama_chat_apply_template with its built-in format
@@ -222,6 +232,63 @@ def make(name: str, text: str) -> dict:
     }
 
 
+def f32_copy(src: str, dst: str) -> None:
+    """Rewrite the GGUF `src` as `dst` with every tensor dequantized to F32 (same metadata)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(k, 0 if k == "general.file_type" else f.contents(), vt,
+                        f.types[1] if vt == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w.add_tensor(t.name, a.reshape([int(n) for n in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def make_f32(name: str) -> dict:
+    quant = json.loads((FIXTURES / f"{name}.json").read_text())
+    eog = set(quant["vocab"]["eog_ids"])
+    dst = f"/tmp/llm-lab-{name}-f32.gguf"
+    t0 = time.time()
+    try:
+        f32_copy(str(models.path(name)), dst)
+        size = os.path.getsize(dst)
+        t1 = time.time()
+        # type_k / type_v 0 = GGML_TYPE_F32
+        llm = llama_cpp.Llama(dst, n_ctx=512, n_batch=512, logits_all=True, seed=0, verbose=False,
+                              n_threads=N_THREADS, n_threads_batch=N_THREADS, type_k=0, type_v=0,
+                              flash_attn=False)
+        prompts = []
+        for p in quant["prompts"]:
+            keep = {k: p[k] for k in ("prompt", "chat", "messages", "rendered_with") if k in p}
+            prompts.append({**keep, **run_prompt(llm, eog, p["prompt_ids"])})
+        del llm
+    finally:
+        if os.path.exists(dst):
+            os.remove(dst)
+    return {
+        "model": name,
+        "meta": {"llama_cpp_python": llama_cpp.__version__, "model_sha256": models.MODELS[name].sha256,
+                 "model_file": models.MODELS[name].filename,
+                 "f32_copy": "every tensor dequantized by gguf.quants.dequantize, written as F32; "
+                             "general.file_type=0; other metadata unchanged",
+                 "f32_bytes": size, "llama_cpp_args": "type_k=F32, type_v=F32, flash_attn=False, "
+                                                      f"n_threads={N_THREADS}, logits_all=True",
+                 "convert_s": round(t1 - t0, 1), "eval_s": round(time.time() - t1, 1),
+                 "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()},
+        "eog_ids": sorted(eog),
+        "prompts": prompts,
+    }
+
+
 def variants(text: str) -> dict:
     out = {"text_sha256": hashlib.sha256(text.encode()).hexdigest(), "variants": []}
     for name, overrides in VARIANTS:
@@ -233,6 +300,14 @@ def variants(text: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--f32":
+        for name in argv[1:] or ["smollm2", "qwen2.5", "gemma3"]:
+            t = time.time()
+            data = make_f32(name)
+            out = FIXTURES / f"{name}.f32.json"
+            out.write_text(json.dumps(data, ensure_ascii=True, separators=(",", ":")) + "\n", encoding="utf-8")
+            print(f"{out}: {out.stat().st_size:,} bytes, {time.time() - t:.1f}s", flush=True)
+        return
     text = (FIXTURES / "tokenizer_text.txt").read_bytes().decode("utf-8")
     names = [a for a in argv if a != "variants"] if argv else ["smollm2", "qwen2.5", "gemma3"]
     for name in names:

@@ -43,3 +43,21 @@ def device():
 
 def load_fixture(name: str):
     return json.loads((FIXTURES / name).read_text())
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (full fixture sets through the GPU engine on lavapipe)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long runs on the CPU Vulkan driver; skipped unless --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
