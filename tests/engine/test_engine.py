@@ -43,7 +43,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from tests.conftest import FIXTURES
 from lab import chat, cli, gguf
 from lab.engine import Engine, EngineError
 from lab.reference import Reference

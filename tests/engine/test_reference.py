@@ -34,7 +34,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FIXTURES
+from tests.conftest import FIXTURES
 from lab.reference import Hparams, Reference
 from lab.reference.bisect import bisect, rel_error
 from lab.reference.forward import rms_norm, rope, softmax
