@@ -16,7 +16,7 @@ import asyncio
 import time
 
 import js
-from pyodide.ffi import to_js
+from pyodide.ffi import create_once_callable, to_js
 
 from . import chat, forget, gguf, probes, selftest
 from .engine import Engine
@@ -68,12 +68,22 @@ async def handle(msg) -> None:
 async def _init() -> None:
     device = await open_browser()
     _state["device"] = device
+    device._device.lost.then(create_once_callable(_lost))
     post({"type": "gpu", "info": device.info.summary()})
     result = await selftest.run(device)
     await device.flush_errors()
     for b in device.staging(0):      # it holds the self-test's numbers, not conversation: start from zero
         device.clear(b)
     post({"type": "selftest", "result": result})
+
+
+def _lost(info) -> None:
+    """The GPU went away (driver reset, sleep, another tab's crash): everything on it is gone."""
+    _state.update(device=None, engine=None, session=None, header=None, tokenizer=None)
+    reason = getattr(info, "message", "") or getattr(info, "reason", "")
+    post({"type": "error", "where": "device",
+          "message": f"The GPU device was lost ({reason or 'no reason given'}): reload the page to start again; "
+                     f"nothing of the conversation was kept"})
 
 
 async def read_header(file) -> tuple[gguf.Header, int]:

@@ -286,6 +286,9 @@ worker.onmessage = (e) => {
         if (m.where === "inspect") store.model = null;
       } else if (m.where === "init") {
         store.error = m.message; store.boot = "no GPU: the lab cannot run here";
+      } else if (m.where === "device") {
+        store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
+        store.generating = false; store.gpu = null;
       } else if (m.where === "chat") {
         store.error = `chat: ${m.message}`; store.generating = false; store.dropTurn = false;
         if (store.messages.length && store.messages.at(-1).role === "assistant" && !store.messages.at(-1).content) store.messages.pop();

@@ -31,7 +31,9 @@ Three kinds of evidence, strictest first:
 
 Cost: lavapipe runs these models at 1-10 tokens/s on two cores, so by default the greedy and
 teacher-forced checks use QUICK's prompts and lengths (3 prompts x 48 tokens for SmolLM2, 2 x 24
-for the others); `pytest --slow` adds all six fixture prompts x 48 tokens for every model.
+for the others); `pytest --slow` adds all six fixture prompts x 48 tokens for every model and
+gemma3 past its real 512-token window (about 14 more minutes). The default file takes about 5
+minutes with the two cores nearly to itself (load average 2), 9 when other jobs share them (4).
 """
 
 from __future__ import annotations
@@ -366,10 +368,11 @@ def test_context_overflow_and_bad_token_are_clear_errors(m):
 
 
 def test_gemma3_sliding_window_matches_reference(m):
-    """The window at a size lavapipe can afford: the engine and the reference both built with gemma3's
-    sliding layers narrowed to SMALL_WINDOW keys (the real 512 is checked on the config here and
-    through the real engine by the --slow test below). A 40-token prefill traced at every position
-    (positions 20-39 see only the last 20 keys on five of every six layers), then a decode step."""
+    """The window at every position of a short prompt: the engine and the reference both built with
+    gemma3's sliding layers narrowed to SMALL_WINDOW keys (the real 512 is checked on the config here
+    and through the real engine by the --slow 600-token test below). A 40-token prefill traced at every
+    position (positions 20-39 see only the last 20 keys on five of every six layers), then a decode
+    step."""
     if m.name != "gemma3":
         pytest.skip("gemma3 only")
     cfg, ref = m.eng.cfg, m.ref
@@ -398,7 +401,8 @@ def test_gemma3_sliding_window_matches_reference(m):
 def test_gemma3_past_the_real_sliding_window_matches_reference(m):
     """600 tokens (the window is 512): the last three positions, traced through the real engine's
     plans after a 597-token prefill, against the reference and llama.cpp F32 (test_reference's
-    golden values). About 3-4 minutes of prefill on lavapipe."""
+    golden values). 75-95 s of prefill on lavapipe with the two cores (nearly) to itself, 3.5
+    minutes when other jobs share them: that would take the default file past 8 minutes."""
     if m.name != "gemma3":
         pytest.skip("gemma3 only")
     ids = [2] + (GEMMA_LONG_BODY * 40)[:599]
