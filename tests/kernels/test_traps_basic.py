@@ -69,7 +69,9 @@ def test_topk_unsorted_when_round_exclusion_dropped(env):  # noqa: F811
 def test_subgroup_partials_misplaced():
     sg = open_env("subgroups")       # the text is live only on the subgroup path
     bad = patched(sg, "norm", "red[li / sg_size] = s;", "red[li % sg_size] = s;")
-    with pytest.raises(AssertionError, match="exceeds"):
+    # The misplaced partials leave some slots unwritten: workgroup memory then holds whatever it held,
+    # which gives a wrong sum or a NaN depending on the run. Either way the check must fail.
+    with pytest.raises(AssertionError, match="non-finite|exceeds"):
         check_rms_norm(bad, t=5, pos=7, n=1000, eps=1e-5)
 
 
