@@ -3,19 +3,23 @@
     lab bench MODEL.gguf | --synthetic smollm2|qwen2.5|gemma3   load MB/s, prefill and decode tok/s, TTFT
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
 
-Decode is timed as the chat loop runs it: one step, then the 4-byte argmax read-back, per token.
+Decode is timed as the chat loop runs it (lab.session: greedy steps submitted AHEAD at a time, then
+one read-back of their ids), and also one step and one 4-byte read-back at a time.
 "Weight bytes per token" counts every matrix once (decode reads each weight once per token), so
 weight bytes x tok/s is the effective bandwidth.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import resource
 import time
 
 from . import gguf, gpu, ops
 from .engine import Engine
+from .sampler import Settings
+from .session import Session
 
 KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
     ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576),                  # SmolLM2
@@ -38,7 +42,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
                 disable=(), seed=0) -> dict:
     header = gguf.read_file(path)
     device = gpu.open_native(disable=tuple(disable))
-    n_ctx = max(max(contexts) + decode_tokens + 1, max(prompts) + 1)
+    n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
     t0 = _now()
     engine = Engine(device, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
@@ -66,26 +70,78 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
         s = prefill(n)
         out["prefill"][n] = {"tok_s": round(n / s, 1), "ttft_ms": round(s * 1e3, 1)}
     for c in contexts:
-        if c:
-            prefill(c)
-        else:
-            engine.step([rng.randrange(vocab)], 0)
-            _sync(engine)
-        pos = max(c, 1)
+        # as the chat runs it (lab.session: greedy steps AHEAD at a time, one read-back per block)
+        session = Session(engine, None)
+        prompt = [rng.randrange(vocab) for _ in range(max(c, 1))]
+        res = asyncio.run(session.generate(prompt, Settings(greedy=True), decode_tokens + 1))
+        s = res.decode_s / res.decode_steps
+        # and one step, one read-back at a time: what the blocks buy
+        pos = len(session.cached)
         t = _now()
         for i in range(decode_tokens):
             engine.step(None, pos + i)
             _sync(engine)
-        s = (_now() - t) / decode_tokens
+        s1 = (_now() - t) / decode_tokens
         out["decode"][c] = {"tok_s": round(1 / s, 1), "ms_per_token": round(s * 1e3, 3),
-                            "weight_gb_s": round(nbytes / s / 1e9, 1)}
+                            "weight_gb_s": round(nbytes / s / 1e9, 1), "one_by_one_tok_s": round(1 / s1, 1),
+                            **_decode_split(engine, pos + decode_tokens)}
     out["peak_host_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     engine.close()
     return out
 
 
+def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
+    """Where a decode step's time goes: the CPU's share (write the step, encode the pass, submit) and the
+    GPU's (one pass, by timestamp queries where the adapter has them). Steps at pos, pos+1, ..."""
+    t = _now()
+    for i in range(n):
+        engine.step(None, pos + i)
+    cpu = (_now() - t) / n
+    _sync(engine)
+    out = {"cpu_submit_ms": round(cpu * 1e3, 3)}
+    if "timestamp-query" in engine.device.info.features and hasattr(engine.device, "time_pass"):
+        plan = engine.plan(1)
+        gpu_s = sorted(engine.device.time_pass(plan, [(engine.step_buf, 0, ops.step_bytes(pos + n + i, 1, engine.n_ctx))])
+                       for i in range(n))
+        out["gpu_pass_ms"] = round(gpu_s[n // 2] * 1e3, 3)
+    return out
+
+
+def profile_decode(path, *, context: int = 0, disable=()) -> list[dict]:
+    """GPU time of one decode step by kernel family: for each family, one pass holding only its
+    dispatches (in plan order, so the barriers between them stay), timed by timestamp queries.
+    The families' sum exceeds the whole pass a little (each subset pays its own pass start)."""
+    header = gguf.read_file(path)
+    device = gpu.open_native(disable=tuple(disable))
+    engine = Engine(device, header, n_ctx=max(context, 1) + 16)
+    rng = random.Random(0)
+    engine.step([rng.randrange(engine.cfg.n_vocab)], 0)
+    writes = [(engine.step_buf, 0, ops.step_bytes(max(context, 1), 1, engine.n_ctx))]
+    plan = [d for d in (op.at(1) for op in engine.ops_for(1)) if all(d.groups)]
+
+    def family(d) -> str:    # pipeline label without the constants that only tune (WG, DQ, SG switches)
+        name, *consts = d.kernel.label.split(" ")
+        keep = [c for c in consts if c.split("=")[0] in ("IN", "BIAS", "ACT")]
+        return " ".join([name, *keep])
+
+    def timed(dispatches) -> float:
+        prepared = device.prepare(dispatches)
+        return sorted(device.time_pass(prepared, writes) for _ in range(7))[3]
+
+    out = [{"family": "whole step", "dispatches": len(plan), "gpu_us": round(timed(plan) * 1e6, 1)}]
+    for fam in dict.fromkeys(family(d) for d in plan):
+        sub = [d for d in plan if family(d) == fam]
+        us = timed(sub) * 1e6
+        out.append({"family": fam, "dispatches": len(sub), "gpu_us": round(us, 1),
+                    "us_per_dispatch": round(us / len(sub), 2)})
+    engine.close()
+    return out
+
+
 def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=()) -> list[dict]:
-    """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols)."""
+    """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols): `repeat`
+    dispatches of one kernel in one pass, timed by timestamp queries where the adapter has them (else
+    by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
     import numpy as np
 
     from .ggml import BY_NAME
@@ -94,6 +150,7 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
     from .shaders import KernelCache
     from .synthetic import random_blocks
     device = gpu.open_native(disable=tuple(disable))
+    timestamps = "timestamp-query" in device.info.features
     kc = KernelCache(device)
     step = ops.make_step(device)
     rng = np.random.default_rng(0)
@@ -119,10 +176,13 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
         for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
             device.run(plan)
             device.read_sync(y, 0, 4)
-            t0 = _now()
-            device.run(plan)
-            device.read_sync(y, 0, 4)
-            s = (_now() - t0) / reps
+            if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
+                s = sorted(device.time_pass(plan) for _ in range(5))[2] / reps
+            else:
+                t0 = _now()
+                device.run(plan)
+                device.read_sync(y, 0, 4)
+                s = (_now() - t0) / reps
             if name == "matvec":
                 res["matvec_us"] = round(s * 1e6, 1)
                 res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)

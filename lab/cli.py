@@ -99,13 +99,30 @@ def _bench(args) -> int:
                 print(f"{r['type']:6s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} {r['matvec_us']:10.1f} "
                       f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
         return 0
+    if args.backend == "browser":
+        from lab import bench_browser
+        if args.synthetic or not args.model:
+            raise ValueError("--backend browser runs the page's chat, which needs a tokenizer: give a real GGUF "
+                             "file (synthetic models have none; bench them with --backend native)")
+        try:
+            res = bench_browser.bench_browser(args.model, prompts=ints(args.prompts or "32"),
+                                              decode_tokens=args.decode or 8)
+        except bench_browser.BenchError as exc:
+            print(f"lab bench: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(res, indent=None if args.json else 2))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model
         if args.synthetic:
             from lab import synthetic
             path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf")
-        res = bench.bench_model(path, prompts=ints(args.prompts), contexts=ints(args.contexts),
-                                decode_tokens=args.decode, max_batch=args.batch, disable=args.disable)
+        if args.profile:
+            for row in bench.profile_decode(path, context=max(ints(args.contexts) or (0,)), disable=args.disable):
+                print(json.dumps(row))
+            return 0
+        res = bench.bench_model(path, prompts=ints(args.prompts or "128,512"), contexts=ints(args.contexts),
+                                decode_tokens=args.decode or 32, max_batch=args.batch, disable=args.disable)
     print(json.dumps(res, indent=None if args.json else 2))
     return 0
 
@@ -151,13 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=_tokenize)
 
-    s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively")
+    s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
+    s.add_argument("--profile", action="store_true",
+                   help="GPU time of one decode step by kernel family (timestamp queries), at the largest --contexts")
     s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
                    help="benchmark a random GGUF with this model's exact tensor shapes and types")
-    s.add_argument("--prompts", default="128,512", help="prefill lengths")
-    s.add_argument("--contexts", default="0,512,2048", help="decode positions")
-    s.add_argument("--decode", type=int, default=32, help="tokens timed at each context")
+    s.add_argument("--backend", choices=("native", "browser"), default="native",
+                   help="browser: headless Chromium (SwiftShader) driving the real page, see lab/bench_browser.py")
+    s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template included)")
+    s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
+    s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--json", action="store_true")

@@ -22,12 +22,13 @@ from .gguf import Header, TensorInfo
 from .model import Config, from_gguf
 from .ops import attention as attn_ops
 from .ops import elementwise, embed, glu, matmul, norm, rope, sample
-from .ops.weights import alloc_weight, placements
+from .ops.weights import alloc_weight, concat_placements, placements
 from .shaders import KernelCache
 
 DEFAULT_CTX = 2048      # tokens of KV cache made at load: 2 x 30 x 3 x 64 x 4 B x 2048 = 94 MB for SmolLM2
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
 TOP_K = sample.MAX_K    # candidates read back for a sampled token
+AHEAD = 8               # greedy decode steps submitted before one read-back (lab.session)
 
 
 class EngineError(RuntimeError):
@@ -93,8 +94,30 @@ class Engine:
         cfg = self.cfg
         self.w: dict[str, ops.Weight] = {}     # 2-D matrices, GGUF block layout
         self.v: dict[str, gpu.Buffer] = {}     # 1-D f32 vectors (norm weights, biases)
+        # Projections that read the same input run as one matvec/matmul over their rows stacked:
+        # proj["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...]
+        self.proj: dict[str, list[tuple[ops.Weight, int]]] = {}
         from .model import expected_tensors
-        for name, shape in expected_tensors(cfg).items():
+        shapes = expected_tensors(cfg)
+        fused = set()
+        for il in range(cfg.n_layer):
+            b = f"blk.{il}."
+            for key, names in (("qkv", ("attn_q", "attn_k", "attn_v")), ("gate_up", ("ffn_gate", "ffn_up"))):
+                self.proj[b + key] = self._stack([f"{b}{n}.weight" for n in names])
+                fused.update(f"{b}{n}.weight" for n in names)
+            if cfg.qkv_bias:      # the three biases side by side, as the fused row [q | k | v] needs them
+                names = [f"{b}attn_{n}.bias" for n in "qkv"]
+                buf = self.device.buffer(4 * self.cfg.q_dim + 8 * self.cfg.kv_dim, gpu.WEIGHTS, b + "attn_qkv.bias")
+                self.v[b + "attn_qkv.bias"] = buf
+                off = 0
+                for n in names:
+                    t = self.tensors[n]
+                    self.uploads.append(Upload(n, t.offset, t.nbytes, buf, off))
+                    off += t.nbytes
+                fused.update(names)
+        for name, shape in shapes.items():
+            if name in fused:
+                continue
             t = self.tensors[name]
             if len(shape) == 1:
                 buf = self.device.buffer(t.nbytes, gpu.WEIGHTS, name)
@@ -105,6 +128,29 @@ class Engine:
                 self.w[name] = w
                 for part, off, size in placements(w):
                     self.uploads.append(Upload(name, t.offset + off, size, part.buffer))
+
+    def _stack(self, names: list[str]) -> list[tuple[ops.Weight, int]]:
+        """Runs of consecutive tensors of one type, each run allocated as one weight of stacked rows.
+        A tensor joins a run only if its byte size is a multiple of 4, so every upload into the stacked
+        buffer starts at a 4-byte offset (writeBuffer's rule) and no padding spills into a neighbour."""
+        runs: list[list] = []
+        for n in names:
+            t = self.tensors[n]
+            if runs and runs[-1][0].type == t.type and t.nbytes % 4 == 0 and runs[-1][-1].nbytes % 4 == 0:
+                runs[-1].append(t)
+            else:
+                runs.append([t])
+        out, col = [], 0
+        for run in runs:
+            rows = sum(t.shape[1] for t in run)
+            name = "+".join(t.name for t in run)
+            w = alloc_weight(self.device, name, run[0].type, rows=rows, cols=run[0].shape[0])
+            self.w[name] = w
+            for tname, t_off, part, p_off, size in concat_placements(w, [(t.name, t.shape[1]) for t in run]):
+                self.uploads.append(Upload(tname, self.tensors[tname].offset + t_off, size, part.buffer, p_off))
+            out.append((w, col))
+            col += rows
+        return out
 
     @property
     def weight_bytes(self) -> int:
@@ -153,6 +199,7 @@ class Engine:
         rows = B if self.logits_all else 1
         self.logits = dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]")
         self.topk = dev.buffer(8 * TOP_K, conv, "top-k pairs [K] (u32, f32)")
+        self.kept = dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)")
         kv_bytes = attn_ops.kv_cache_bytes(self.n_ctx, cfg.n_head_kv, cfg.head_dim)
         self.k_cache = [dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)]
         self.v_cache = [dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)]
@@ -163,13 +210,30 @@ class Engine:
 
     # -- plans ------------------------------------------------------------------------------------------
     def _mm(self, name: str, x: gpu.Buffer, y: gpu.Buffer, batched: bool, *, y_offset: int = 0,
-            y_stride: int | None = None, accumulate: bool = False) -> list[ops.Op]:
+            y_stride: int | None = None, accumulate: bool = False, **fused) -> list[ops.Op]:
+        """Projection by weight `name`. Decode (matvec) takes the fused options of matmul.matvec."""
         w = self.w[name]
         if batched:
             return matmul.matmul(self.device, self.kernels, w, x, y, self.step_buf, max_tokens=self.max_batch,
                                  accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
         return matmul.matvec(self.device, self.kernels, w, x, y, self.step_buf, y_offset=y_offset,
-                             accumulate=accumulate)
+                             accumulate=accumulate, **fused)
+
+    def _normed_proj(self, key: str, norm_w: str, y: gpu.Buffer, width: int, batched: bool,
+                     bias: str | None = None) -> list[list[ops.Op]]:
+        """RMSNorm of x, then the stacked projections proj[key] into rows of `width` floats of y (plus a
+        bias over the whole row). Prefill: a norm op, matmuls, a bias op. Decode: the norm and the bias
+        run inside each matvec (the first one stores xn). Returns op lists; the first leaves xn written."""
+        cfg, dev, kc, step = self.cfg, self.device, self.kernels, self.step_buf
+        if batched:
+            out = [norm.rms_norm(dev, kc, self.x, self.v[norm_w], self.xn, step, cfg.n_embd, cfg.eps)]
+            out += [self._mm(w.name, self.xn, y, True, y_offset=col, y_stride=width) for w, col in self.proj[key]]
+            if bias:
+                out.append(elementwise.add_bias(dev, kc, y, self.v[bias], step, width, stride=width, offset=0))
+            return out
+        return [self._mm(w.name, self.x, y, False, y_offset=col, norm=(self.v[norm_w], cfg.eps), xn=self.xn,
+                         write_xn=i == 0, **({"bias": self.v[bias], "bias_offset": col} if bias else {}))
+                for i, (w, col) in enumerate(self.proj[key])]
 
     def _build(self, batched: bool) -> tuple[list[ops.Op], list[Traced]]:
         cfg, dev, kc, step = self.cfg, self.device, self.kernels, self.step_buf
@@ -182,21 +246,20 @@ class Engine:
             if name:
                 trace.append(Traced(name, len(plan) - 1, buf, width, stride or width, offset, rows))
 
+        def add_normed(op_lists, name):
+            add(op_lists[0], name, self.xn, E)
+            for o in op_lists[1:]:
+                add(o)
+
+        act = "geglu" if cfg.gelu else "swiglu"
         # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
         add(embed.get_rows(dev, kc, self.w["token_embd.weight"], self.ids, self.x, step, scale=cfg.embd_scale),
             "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", self.x, E)
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
-            # attention block: x -> norm -> q, k, v (fused row [q | k | v]) -> rope -> cache -> attention
-            add(norm.rms_norm(dev, kc, self.x, self.v[b + "attn_norm.weight"], self.xn, step, E, cfg.eps),
-                f"attn_norm-{il}", self.xn, E)
-            add(self._mm(b + "attn_q.weight", self.xn, self.qkv, batched, y_offset=0, y_stride=W))
-            add(self._mm(b + "attn_k.weight", self.xn, self.qkv, batched, y_offset=Q, y_stride=W))
-            add(self._mm(b + "attn_v.weight", self.xn, self.qkv, batched, y_offset=Q + KV, y_stride=W))
-            if cfg.qkv_bias:
-                for part, off, n in (("q", 0, Q), ("k", Q, KV), ("v", Q + KV, KV)):
-                    add(elementwise.add_bias(dev, kc, self.qkv, self.v[f"{b}attn_{part}.bias"], step, n,
-                                             stride=W, offset=off))
+            # attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache -> attention
+            add_normed(self._normed_proj(b + "qkv", b + "attn_norm.weight", self.qkv, W, batched,
+                                         b + "attn_qkv.bias" if cfg.qkv_bias else None), f"attn_norm-{il}")
             if cfg.qk_norm:
                 add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_q_norm.weight"], self.qkv, step, Q, cfg.eps,
                                   group=cfg.head_dim, in_stride=W, in_offset=0, out_stride=W, out_offset=0))
@@ -222,22 +285,25 @@ class Engine:
             else:
                 add(self._mm(b + "attn_output.weight", self.att, self.x, batched, accumulate=True),
                     f"ffn_inp-{il}", self.x, E)
-            # feed-forward: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down (+ residual)
-            add(norm.rms_norm(dev, kc, self.x, self.v[b + "ffn_norm.weight"], self.xn, step, E, cfg.eps),
-                f"ffn_norm-{il}", self.xn, E)
-            add(self._mm(b + "ffn_gate.weight", self.xn, self.gate_up, batched, y_offset=0, y_stride=2 * cfg.n_ff))
-            add(self._mm(b + "ffn_up.weight", self.xn, self.gate_up, batched, y_offset=cfg.n_ff,
-                         y_stride=2 * cfg.n_ff))
-            add(glu.glu(dev, kc, self.gate_up, None, self.h, step, cfg.n_ff, act="geglu" if cfg.gelu else "swiglu"))
+            # feed-forward: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down (+ residual);
+            # decode folds the GLU into the down projection's input
+            add_normed(self._normed_proj(b + "gate_up", b + "ffn_norm.weight", self.gate_up, 2 * cfg.n_ff, batched),
+                       f"ffn_norm-{il}")
+            down_in, down_opts = self.gate_up, {"glu": act}
+            if batched:
+                add(glu.glu(dev, kc, self.gate_up, None, self.h, step, cfg.n_ff, act=act))
+                down_in, down_opts = self.h, {}
             if cfg.post_norms:
-                add(self._mm(b + "ffn_down.weight", self.h, self.tmp, batched), f"ffn_out-{il}", self.tmp, E)
+                add(self._mm(b + "ffn_down.weight", down_in, self.tmp, batched, **down_opts),
+                    f"ffn_out-{il}", self.tmp, E)
                 add(norm.rms_norm(dev, kc, self.tmp, self.v[b + "post_ffw_norm.weight"], self.tmp, step, E,
                                   cfg.eps), f"ffn_post_norm-{il}", self.tmp, E)
                 add(elementwise.add(dev, kc, self.x, self.tmp, self.x, step, E), f"l_out-{il}", self.x, E)
             else:
-                add(self._mm(b + "ffn_down.weight", self.h, self.x, batched, accumulate=True),
+                add(self._mm(b + "ffn_down.weight", down_in, self.x, batched, accumulate=True, **down_opts),
                     f"l_out-{il}", self.x, E)
-        # output: final norm, then the head on the last row only (or every row for logits_all)
+        # output: final norm, then the head on the last row only (or every row for logits_all). The head
+        # keeps its own norm op: folded in, each of its n_vocab / 4 workgroups would re-read x.
         add(norm.rms_norm(dev, kc, self.x, self.v["output_norm.weight"], self.xn, step, E, cfg.eps),
             "result_norm", self.xn, E)
         head = self.w.get("output.weight", self.w["token_embd.weight"])
@@ -246,8 +312,11 @@ class Engine:
                 "result_output", self.logits, cfg.n_vocab)
             rows = "last"
         else:
-            add(elementwise.last_row(dev, kc, self.xn, self.last, step, E))
-            add(matmul.matvec(dev, kc, head, self.last, self.logits, step), "result_output", self.logits,
+            last = self.xn
+            if batched:     # decode's one row is already the last
+                add(elementwise.last_row(dev, kc, self.xn, self.last, step, E))
+                last = self.last
+            add(matmul.matvec(dev, kc, head, last, self.logits, step), "result_output", self.logits,
                 cfg.n_vocab, rows="one")
             rows = 1
         if cfg.final_softcap:
@@ -300,15 +369,26 @@ class Engine:
         if bad:
             raise EngineError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.n_vocab}")
 
-    def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False) -> None:
+    def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,
+             keep: int | None = None) -> None:
         """Submit one step of t tokens at `pos`. ids=None reuses ids[0] (the previous greedy argmax).
-        sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`)."""
+        sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`).
+        keep=i also copies the argmax to slot i of `kept`, so that several greedy steps can run before
+        one read-back (`kept_ids`): each overwrites ids[0]."""
         t = len(ids) if ids is not None else (t or 1)
         self._check(ids if ids is not None else [0] * t, pos)
         writes = [(self.step_buf, 0, ops.step_bytes(pos, t, self.n_ctx))]
         if ids is not None:
             writes.append((self.ids, 0, struct.pack(f"<{t}I", *ids)))
-        self.device.run(self.plan(t, sampled), writes)
+        copies = ()
+        if keep is not None:
+            if sampled or not 0 <= keep < AHEAD:
+                raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
+            copies = [(self.ids, 0, self.kept, 4 * keep, 4)]
+        self.device.run(self.plan(t, sampled), writes, copies)
+
+    async def kept_ids(self, n: int) -> list[int]:
+        return list(struct.unpack(f"<{n}I", await self.device.read(self.kept, 0, 4 * n)))
 
     async def argmax(self) -> int:
         return struct.unpack("<I", await self.device.read(self.ids, 0, 4))[0]

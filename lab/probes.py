@@ -18,9 +18,12 @@ attention needs. Positions the cache already holds run without the kv_write ops,
 used and leaves them as they were; only positions past the session's cache are written (the last generated token,
 never fed back), where the session's next turn writes anyway.
 
-Cost: the pass costs what a prefill of the window costs (positions before it are not recomputed); the lens adds
-one output-head matmul per layer over the lens rows (30 x 28 M multiply-adds per row for SmolLM2), the dominant
-term on a CPU device, hence the number of lens positions is a parameter. Measured numbers: docs/panels.md.
+Cost: the pass costs what a prefill of the window costs (positions before it are not recomputed; a request for the
+lens alone runs only its own positions and those the cache lacks); the lens adds one output-head projection per
+layer over the lens rows (30 x 28 M multiply-adds per row for SmolLM2, 24 x 136 M for Qwen2.5 0.5B, 18 x 168 M for
+Gemma 3 270M), the dominant term on a CPU device, hence the number of lens positions is a parameter. The work each
+request did comes back with its timings (`neighbours_work`, `lens_work`), for the page to show. Measured numbers:
+docs/panels.md.
 
 What it does not know: text, the page, sessions (the caller says how many leading ids the cache holds).
 """
@@ -52,6 +55,8 @@ class Embedding:
     norm: float                            # its L2 norm, from the per-model row norms
     neighbours: list[tuple[int, float]]    # (token id, cosine), best first, the token itself left out
     ms: float                              # GPU work and read-back
+    macs: int = 0                          # multiply-adds and weight bytes read: neighbours_work
+    weight_bytes: int = 0
 
 
 @dataclass
@@ -61,13 +66,29 @@ class Inspection:
     lens_start: int                 # logit lens positions lens_start .. end-1
     attention: bytes | None         # f32 [n_layer, n_head, w, w + 1], w = end - start; [il, h, q, 0]: mass on keys
                                     #   before the window; [il, h, q, 1 + k]: key start + k (0 past q)
-    residual: bytes | None          # f32 [n_layer + 1, w]: row 0 the embeddings (inp_embd), row il+1 after layer il
+    residual: bytes | None          # f32 [n_layer + 1, w]: row 0 the embeddings (inp_embd, or gemma3's
+                                    #   inp_scaled), row il+1 after layer il
     lens: list | None               # [n_layer][end - lens_start] -> [(id, p), ...] LENS_K best, p = softmax prob
     ms: dict                        # wall-clock milliseconds: "pass", "lens" (each up to its first read), "total"
+    lens_macs: int = 0              # the lens's multiply-adds and weight bytes read: lens_work
+    lens_bytes: int = 0
 
     @property
     def width(self) -> int:
         return self.end - self.start
+
+
+def neighbours_work(table) -> tuple[int, int]:
+    """(multiply-adds, weight bytes read) of one neighbours query: the matvec reads the whole quantized table once,
+    n_vocab x n_embd multiply-adds (the row norms, made on the first query only, cost about as much again)."""
+    return table.rows * table.cols, table.rows * table.row_bytes
+
+
+def lens_work(n_layer: int, head, rows: int) -> tuple[int, int]:
+    """(multiply-adds, weight bytes read) of the lens over `rows` positions: one head projection per layer,
+    n_layer x rows x n_vocab x n_embd multiply-adds, the head read once per layer whatever `rows` is. (The matmul
+    computes whole tiles of 16 rows; the useful work is counted.)"""
+    return n_layer * rows * head.rows * head.cols, n_layer * head.rows * head.row_bytes
 
 
 def _uniform(device: gpu.Device, size: int, label: str) -> gpu.Buffer:
@@ -154,7 +175,8 @@ class Probes:
         values = await dev.read(self.q_row)
         nb = _pairs(await dev.read(self.nb), 0, NEIGHBOURS)
         (norm_,) = struct.unpack("<f", await dev.read(self.norms, 4 * token_id, 4))
-        return Embedding(token_id, values[:4 * eng.cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3)
+        return Embedding(token_id, values[:4 * eng.cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3,
+                         *neighbours_work(eng.w["token_embd.weight"]))
 
     # -- the inspection pass ------------------------------------------------------------------------------
     def _build_pass(self) -> None:
@@ -188,22 +210,25 @@ class Probes:
                       for il in range(L)]
         self._norm = [small("row_norm", [eng.x, self.resid], (E, slot, 0, 0), lambda t: t, f"probe.row_norm {slot}")
                       for slot in range(L + 1)]
-        # The lens: per layer, the kept rows through the final norm, the head (one matmul: the head's weights are
-        # read once per layer, not once per row), softmax, top-k into the layer's slice of lens_top. Measured, 30
-        # layers: lavapipe 22 s for any count up to 16 (one tile), where a matvec per row would take 2.2 s per
-        # position; SwiftShader in Chromium: matvecs per row took minutes for 8 positions.
-        head = eng.w.get("output.weight", eng.w["token_embd.weight"])
-        self._lens = []
+        # The lens: per layer, the kept rows through the final norm, the head, softmax, top-k into the layer's slice
+        # of lens_top. The head is one matmul, so its weights are read once per layer, not once per row; but the
+        # matmul computes a whole tile of 16 rows, so one row goes through the decode path's matvec instead (the
+        # same single read, a sixteenth of the arithmetic). Measured, 30 layers: lavapipe 22 s for any count up to
+        # 16 (one tile), a matvec 2.2 s per position; SwiftShader in Chromium: matvecs for 8 positions took minutes.
+        self.head = eng.w.get("output.weight", eng.w["token_embd.weight"])
+        self._lens, self._lens_one = [], []
         for il in range(L):
             off = il * P * E
-            self._lens += norm.rms_norm(dev, kc, self.lens_x, eng.v["output_norm.weight"], self.lens_xn,
-                                        self.lens_step, E, cfg.eps, in_offset=off, out_offset=off)
-            self._lens += matmul.matmul(dev, kc, head, self.lens_xn, self.lens_logits, self.lens_step, max_tokens=P,
-                                        x_offset=off)
-            self._lens += softmax.softmax(dev, kc, self.lens_logits, self.lens_logits, self.lens_step, V)
-            self._lens += sample.top_k(dev, kc, self.lens_logits,
-                                       gpu.Slice(self.lens_top, il * self.lens_stride, self.lens_stride),
-                                       self.lens_step, V, LENS_K, rows=None, max_rows=P)
+            normed = norm.rms_norm(dev, kc, self.lens_x, eng.v["output_norm.weight"], self.lens_xn,
+                                   self.lens_step, E, cfg.eps, in_offset=off, out_offset=off)
+            top = (softmax.softmax(dev, kc, self.lens_logits, self.lens_logits, self.lens_step, V)
+                   + sample.top_k(dev, kc, self.lens_logits,
+                                  gpu.Slice(self.lens_top, il * self.lens_stride, self.lens_stride),
+                                  self.lens_step, V, LENS_K, rows=None, max_rows=P))
+            self._lens += normed + matmul.matmul(dev, kc, self.head, self.lens_xn, self.lens_logits, self.lens_step,
+                                                 max_tokens=P, x_offset=off) + top
+            self._lens_one += normed + matmul.matvec(dev, kc, self.head, self.lens_xn, self.lens_logits,
+                                                     x_offset=off) + top
         # Where the probe ops go in the engine's plans, found by the trace names the plans record. A layer's
         # attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its last one, and the
         # run of attention ops ending there is what the probe variant replaces.
@@ -220,7 +245,9 @@ class Probes:
                 while first > 0 and plan[first - 1].kernel.label.startswith("attention:"):
                     first -= 1
                 attn.update({i: (il, i == last) for i in range(first, last + 1)})
-            self._where[batched] = (at["inp_embd"], attn, {at[f"l_out-{il}"]: il for il in range(L)},
+            # the residual entering layer 0 is llama.cpp's inp_scaled where the model scales the embedding (gemma3)
+            embd = at["inp_scaled"] if "inp_scaled" in at else at["inp_embd"]
+            self._where[batched] = (embd, attn, {at[f"l_out-{il}"]: il for il in range(L)},
                                     [eng.attention_op(il, batched, self.attn_probe) for il in range(L)])
         self._pass = True
         self._made_since(before)
@@ -286,7 +313,8 @@ class Probes:
         L, H, w = cfg.n_layer, cfg.n_head, end - start
         cached = max(0, min(cached, end))
         l0 = end - lens
-        first = min(start, cached, l0 if lens else start)
+        # the window's positions are recomputed only for attention or residual norms; the lens needs its own rows
+        first = min(start if attention or residual else end, cached, l0 if lens else end)
         t0 = time.perf_counter()
         dev.write(self.win, _WINDOW.pack(start, w, l0, lens))
         # 1. the pass: chunks of at most max_batch that never straddle `cached` (K/V written only from there), each
@@ -302,7 +330,8 @@ class Probes:
         # 2. the lens on the rows the pass kept
         top = None
         if lens:
-            dev.run([d for d in (op.at(lens) for op in self._lens) if all(d.groups)],
+            plan = self._lens_one if lens == 1 else self._lens
+            dev.run([d for d in (op.at(lens) for op in plan) if all(d.groups)],
                     [(self.lens_step, 0, ops.step_bytes(0, lens, eng.n_ctx))])
             raw = await dev.read(self.lens_top, 0, L * self.lens_stride)
             top = [[_pairs(raw, il * self.lens_stride + 8 * LENS_K * q, LENS_K) for q in range(lens)]
@@ -312,4 +341,5 @@ class Probes:
         t3 = time.perf_counter()
         return Inspection(start, end, l0, att if attention else None, res, top, {"pass": round((t1 - t0) * 1e3, 1),
                                                           "lens": round((t2 - t1) * 1e3, 1),
-                                                          "total": round((t3 - t0) * 1e3, 1)})
+                                                          "total": round((t3 - t0) * 1e3, 1)},
+                          *(lens_work(L, self.head, lens) if lens else (0, 0)))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .engine import Engine
+from .engine import AHEAD, Engine
 from .sampler import Sampler, Settings
+
+FAST_STEP_S = 0.02      # greedy steps quicker than this run AHEAD at a time (below: one, for streaming)
 
 
 @dataclass
@@ -89,9 +91,15 @@ class Session:
         tok = await self._next(sampler, greedy)
         res.prefill_s = res.ttft_s = time.perf_counter() - t0
 
-        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request
+        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request.
+        # Greedy steps need nothing from the CPU (each argmax feeds the next step on the GPU), so once a
+        # step is known to be quick, AHEAD of them are submitted before one read-back: the CPU encodes
+        # while the GPU runs, and the read's round trip is paid once. Steps past an end-of-generation id
+        # are wasted work only: their K/V lie beyond `cached` and are overwritten later.
         t1 = time.perf_counter()
         eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
+        ahead: list[int] = []       # greedy ids read back, not yet emitted
+        block = 1
         while True:
             if tok in eog:
                 res.stop = "eog"
@@ -110,11 +118,20 @@ class Session:
             if should_stop is not None and should_stop():
                 res.stop = "stopped"
                 break
-            # greedy: the argmax already sits in the ids buffer, so nothing is written but the step
-            eng.step(None if greedy else [tok], len(self.cached), sampled=not greedy)
-            self.cached.append(tok)
+            if greedy and not ahead:
+                n = min(block, max_new - len(res.ids))
+                tb = time.perf_counter()
+                for i in range(n):
+                    eng.step(None, len(self.cached) + i, keep=i)
+                ahead = await eng.kept_ids(n)
+                block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
+            if greedy:
+                tok = ahead.pop(0)
+            else:
+                eng.step([tok], len(self.cached), sampled=True)
+                tok = sampler.pick(await eng.top_k())
+            self.cached.append(res.ids[-1])
             res.decode_steps += 1
-            tok = await self._next(sampler, greedy)
         if decoder is not None:
             res.text += decoder.flush()
         res.decode_s = time.perf_counter() - t1

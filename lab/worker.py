@@ -2,8 +2,12 @@
 
 Messages in:  init | inspect {file} | load {file} | chat {messages, settings, max_new} | reset
               probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget
+              kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
+              ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
 Messages out: gpu | selftest | model-info | loaded | prompt | token | done | reset | error {where, message}
               embedding | inspection | forget (panels' data: the page renders it and computes nothing)
+              kernel-check {id, results | error, adapter, buffers {before, after}}
+              ffi-cost {n, call_us, to_js_us, read_ms}
 (`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
 
 Python only ever sees the header prefix of a model file: the weights go from File.slice to
@@ -13,24 +17,27 @@ queue.writeBuffer in worker.js (`labUpload`), 32 MB at a time, from a plan Pytho
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import js
 from pyodide.ffi import create_once_callable, to_js
 
-from . import chat, forget, gguf, probes, selftest
+from . import chat, forget, gguf, kernelcheck, probes, selftest
 from .engine import Engine
 from .gpu.browser import open_browser
 from .model import from_gguf
 from .probes import Probes
 from .sampler import Settings
 from .session import Session
+from .shaders import KernelCache
 from .tokenizer import from_metadata
 
 _lock = asyncio.Lock()   # one message at a time: a second file picked mid-load waits its turn
 _state: dict = {"device": None, "engine": None, "session": None, "header": None, "tokenizer": None,
                 "probes": None,     # built on the first panel request, freed with the engine
-                "context": []}      # ids of the conversation the page shows: the last prompt and what followed
+                "context": [],      # ids of the conversation the page shows: the last prompt and what followed
+                "check_kernels": None}   # pipelines of kernel-check messages (tests); they hold no data
 PREFIX = 1 << 20         # first read of a header; grown when the metadata is larger
 CHUNK = 32 << 20         # bytes per File.slice during an upload
 
@@ -59,6 +66,10 @@ async def handle(msg) -> None:
                 await _probe_inspect(msg.to_py())
             elif kind == "forget":
                 await _forget()
+            elif kind == "kernel-check":
+                await _kernel_check(msg.to_py())
+            elif kind == "ffi-cost":
+                await _ffi_cost(int(getattr(msg, "n", 0) or 2000))
             else:
                 post({"type": "error", "where": kind, "message": f"unknown message type {kind!r}"})
         except Exception as exc:  # every failure reaches the page as a message, and the worker lives on
@@ -79,7 +90,7 @@ async def _init() -> None:
 
 def _lost(info) -> None:
     """The GPU went away (driver reset, sleep, another tab's crash): everything on it is gone."""
-    _state.update(device=None, engine=None, session=None, header=None, tokenizer=None)
+    _state.update(device=None, engine=None, session=None, header=None, tokenizer=None, check_kernels=None)
     reason = getattr(info, "message", "") or getattr(info, "reason", "")
     post({"type": "error", "where": "device",
           "message": f"The GPU device was lost ({reason or 'no reason given'}): reload the page to start again; "
@@ -218,7 +229,7 @@ async def _probe_embedding(token_id: int, index: int) -> None:
     pr, tok = _probes(), _state["tokenizer"]
     e = await pr.embedding(token_id)
     post({"type": "embedding", "index": index, "id": e.id, "piece": tok.piece(e.id), "values": _f32(e.values),
-          "norm": e.norm, "ms": round(e.ms, 1),
+          "norm": e.norm, "ms": round(e.ms, 1), "macs": e.macs, "weight_bytes": e.weight_bytes,
           "neighbours": [{"id": i, "piece": tok.piece(i), "cos": c} for i, c in e.neighbours]})
 
 
@@ -245,7 +256,8 @@ async def _probe_inspect(req: dict) -> None:
             for i, _ in cell:
                 pieces.setdefault(i, tok.piece(i))
     post({"type": "inspection", "n": len(ids), "start": r.start, "end": r.end, "lens_start": r.lens_start,
-          "n_layer": cfg.n_layer, "n_head": cfg.n_head, "ms": r.ms,
+          "n_layer": cfg.n_layer, "n_head": cfg.n_head, "ms": r.ms, "lens_macs": r.lens_macs,
+          "lens_bytes": r.lens_bytes,
           "attention": _f32(r.attention) if r.attention is not None else None,
           "residual": _f32(r.residual) if r.residual is not None else None,
           "lens": [[[[i, p] for i, p in cell] for cell in layer] for layer in r.lens] if r.lens else None,
@@ -264,3 +276,57 @@ async def _forget() -> None:
         raise RuntimeError("no GPU: nothing was ever computed here")
     report = await forget.wipe(device)
     post({"type": "forget", "report": report.to_dict()})
+
+
+# -- tests and benchmarks -------------------------------------------------------------------------------
+async def _ffi_cost(n: int) -> None:
+    """Microseconds of one Python->JS call (a JS function that returns a boolean) and of one small `to_js`
+    (the 16-byte step uniform a decode step writes): the per-call price that call counts multiply. With a
+    model loaded, also the milliseconds of a 4-byte read-back with the queue idle: a mapAsync round trip
+    to the GPU process with no work to wait for."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        js.labStopRequested()
+    t1 = time.perf_counter()
+    data = bytes(16)
+    for _ in range(n):
+        to_js(data)
+    t2 = time.perf_counter()
+    read_ms = None
+    engine = _state["engine"]
+    if engine is not None:
+        await engine.argmax()
+        t3 = time.perf_counter()
+        for _ in range(20):
+            await engine.argmax()
+        read_ms = round((time.perf_counter() - t3) / 20 * 1e3, 3)
+    post({"type": "ffi-cost", "n": n, "call_us": round((t1 - t0) / n * 1e6, 2),
+          "to_js_us": round((t2 - t1) / n * 1e6, 2), "read_ms": read_ms})
+
+
+async def _kernel_check(msg: dict) -> None:
+    """Run kernel cases (lab/kernelcheck.py) on the given inputs and post their outputs, base64 both ways (a test
+    builds the inputs in CPython). Every buffer it makes is its own and freed; the engine's are never touched."""
+    device = _state["device"]
+    reply = {"type": "kernel-check", "id": msg["id"]}
+    if device is None:
+        post({**reply, "error": "no GPU device"})
+        return
+    kernels = _state["check_kernels"]
+    if kernels is None or kernels.device is not device:
+        kernels = _state["check_kernels"] = KernelCache(device)
+    results, before = [], len(device.buffers)
+    try:
+        for case in msg["cases"]:
+            case["inputs"] = {k: base64.b64decode(v) for k, v in case["inputs"].items()}
+            r = await kernelcheck.run(device, kernels, case)
+            results.append({"outputs": {k: base64.b64encode(v).decode() for k, v in r["outputs"].items()},
+                            "kernels": r["kernels"]})
+    except Exception as exc:  # answered under the request's id, so the caller's promise settles
+        post({**reply, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    finally:
+        for b in device.staging(0):      # the check's numbers were read through it
+            device.clear(b)
+    post({**reply, "results": results, "adapter": device.info.summary(),
+          "buffers": {"before": before, "after": len(device.buffers)}})

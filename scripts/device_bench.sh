@@ -21,3 +21,13 @@ if [[ $what == *models* ]]; then
       | tee "$OUT/bench_$m.json"
   done
 fi
+if [[ $what == *torch* ]]; then
+  python3 scripts/torch_bench.py 2>&1 | grep -v Warning | tee "$OUT/torch.jsonl"
+fi
+if [[ $what == *profile* ]]; then
+  for m in ${PROFILE_MODELS:-smollm2 qwen2.5 gemma3}; do
+    for c in 0 2048; do
+      python3 -m lab.cli bench --synthetic "$m" --profile --contexts "$c" | sed "s/^/$m ctx$c /" | tee -a "$OUT/profile.txt"
+    done
+  done
+fi

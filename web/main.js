@@ -188,7 +188,10 @@ function requestInspect() {
 function onInspection(m) {
   const p = store.probe;
   if (m.attention) p.attention = { start: m.start, end: m.end, n: m.n, n_layer: m.n_layer, n_head: m.n_head, data: m.attention, ms: m.ms };
-  if (m.lens) p.lens = { lens_start: m.lens_start, end: m.end, lens: m.lens, pieces: m.pieces, ms: m.ms };
+  if (m.lens) {
+    p.lens = { lens_start: m.lens_start, end: m.end, lens: m.lens, pieces: m.pieces, ms: m.ms,
+               macs: m.lens_macs, bytes: m.lens_bytes };
+  }
   if (m.residual) {
     const w = m.end - m.start;
     for (let i = 0; i < w; i++) {
@@ -231,8 +234,26 @@ function forgetAll() {
   render();
 }
 
+// Test hook (tests/browser/test_kernels_in_worker.py): runs kernel cases in the worker through lab/kernelcheck.py on
+// inputs given in base64 and resolves with their outputs. The worker makes and frees its own buffers for them; the
+// store, the page and the conversation are not touched.
+const kernelChecks = new Map();   // id -> {resolve, reject}
+let kernelCheckId = 0;
+window.labKernelCheck = (cases) => new Promise((resolve, reject) => {
+  const id = ++kernelCheckId;
+  kernelChecks.set(id, { resolve, reject });
+  worker.postMessage({ type: "kernel-check", id, cases });
+});
+
+function settleKernelCheck(m) {
+  const p = kernelChecks.get(m.id);
+  kernelChecks.delete(m.id);
+  if (p) m.error ? p.reject(new Error(m.error)) : p.resolve(m);
+}
+
 worker.onmessage = (e) => {
   const m = e.data;
+  if (m.type === "kernel-check") { settleKernelCheck(m); return; }
   switch (m.type) {
     case "status": store.boot = m.text; break;
     case "booted": store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; break;

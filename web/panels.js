@@ -23,6 +23,22 @@ export function shown(piece) {
 
 const fmt = (x, d = 4) => (Number.isFinite(x) ? x.toFixed(d) : String(x));
 
+// A count with a decimal prefix: si(1.36e8, "B") is "136.0 MB".
+function si(n, unit) {
+  const prefixes = ["", "K", "M", "G", "T"];
+  let i = 0;
+  while (n >= 1000 && i < prefixes.length - 1) { n /= 1000; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${prefixes[i]}${unit}`;
+}
+
+// What a panel's last request cost: wall-clock time, and the work lab/probes.py says it did (on a CPU device the
+// multiply-adds set the time, on a GPU the weight bytes read).
+function cost(testid, ms, macs, bytes) {
+  const work = macs ? `: ${si(macs, "")}multiply-adds over ${si(bytes, "B")} of weights` : "";
+  return el("span", { class: "cost", testid, data: { ms, macs: macs || 0, bytes: bytes || 0 },
+                      textContent: `${ms} ms${work}` });
+}
+
 // ---- embedding inspector ---------------------------------------------------------------------------------
 // Diverging colour for an embedding value, scaled by the row's largest magnitude.
 function diverging(v, scale) {
@@ -53,7 +69,8 @@ export function renderEmbedding(store) {
     el("p", {}, [`position ${e.index} · id `, el("b", { testid: "embedding-id", textContent: String(e.id) }), " · ",
       el("code", { testid: "embedding-text", textContent: shown(e.piece) }),
       ` · L2 norm `, el("b", { testid: "embedding-norm", textContent: fmt(e.norm) }),
-      el("small", { class: "muted", textContent: ` · ${values.length} values, ${e.ms} ms on the GPU` })]),
+      el("small", { class: "muted" }, [` · ${values.length} values · neighbours `,
+        cost("embedding-cost", e.ms, e.macs, e.weight_bytes)])]),
     strip,
     el("p", { class: "scale muted", textContent: `blue negative, red positive, full colour at |v| = ${fmt(scale)}` }),
     el("h3", { textContent: "Nearest tokens by cosine over the whole embedding table" }),
@@ -160,7 +177,8 @@ export function renderAttention(store, act) {
   const thumbs = el("div", { class: "thumbs" },
     Array.from({ length: a.n_head }, (_, h) => headThumb(a, layer, h, h === head, act)));
   body.replaceChildren(
-    el("p", { class: "muted", textContent: `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; ${a.ms.pass} ms` }),
+    el("p", { class: "muted" }, [`layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
+      cost("attention-cost", a.ms.pass)]),
     grid, el("h3", { textContent: `All heads of layer ${layer} (click one)` }), thumbs);
 }
 
@@ -196,16 +214,12 @@ export function renderLens(store) {
       grid.append(cell);
     }
   }
-  body.replaceChildren(el("p", { class: "muted", textContent: `top-1 next token after each layer, shaded by its probability; top-5 on hover; ${lens.ms.lens} ms` }), grid);
+  body.replaceChildren(el("p", { class: "muted" }, ["top-1 next token after each layer, shaded by its probability; top-5 on hover; "
+    + `pass ${lens.ms.pass} ms, lens `, cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes)]), grid);
 }
 
 // ---- KV cache --------------------------------------------------------------------------------------------------
-function fmtBytes(n) {
-  const units = ["B", "KB", "MB", "GB"];
-  let i = 0;
-  while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
-}
+const fmtBytes = (n) => si(n, "B");
 
 export function renderKv(store) {
   const body = $("kv-body");

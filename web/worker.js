@@ -14,7 +14,8 @@ self.onmessage = (e) => {
   const m = e.data;
   if (m.type === "cancel-load") cancelLoad = true;
   else if (m.type === "stop") stopGeneration = true;
-  else if (m.type === "memory") postMessage({ type: "memory", wasm_heap: wasmHeap() });
+  else if (m.type === "memory") postMessage({ type: "memory", wasm_heap: wasmHeap(), calls: snapshotCalls() });
+  else if (m.type === "count-calls") countCalls();
   else if (handle) handle(m);
   else pending.push(m);
 };
@@ -62,7 +63,7 @@ globalThis.labUpload = async (device, file, plan, chunk) => {
 
 // Encodes a prepared step in one call from Python: plan = [pipeline, group, x, y, z, ...];
 // writes = [buffer, offset, Uint8Array, ...] applied first. One compute pass, one submit.
-globalThis.labEncode = (device, plan, writes) => {
+globalThis.labEncode = (device, plan, writes, copies) => {
   if (writes) {
     for (let i = 0; i < writes.length; i += 3) device.queue.writeBuffer(writes[i], writes[i + 1], writes[i + 2]);
   }
@@ -74,8 +75,62 @@ globalThis.labEncode = (device, plan, writes) => {
     pass.dispatchWorkgroups(plan[i + 2], plan[i + 3], plan[i + 4]);
   }
   pass.end();
+  if (copies) {
+    for (let i = 0; i < copies.length; i += 5) enc.copyBufferToBuffer(copies[i], copies[i + 1], copies[i + 2], copies[i + 3], copies[i + 4]);
+  }
   device.queue.submit([enc.finish()]);
 };
+
+// Call counters for `lab bench --backend browser` (lab/bench_browser.py); nothing is wrapped until the first
+// `count-calls` message, so the page pays nothing otherwise. Every call of a WebGPU method, of a lab* helper
+// and of postMessage is counted, under `python` when Python made it through pyodide.ffi, under `js` when a
+// helper's own JS did (labEncode's dispatches). Promise-returning methods also sum the milliseconds until
+// they settle (mapAsync: the wait for the GPU). A snapshot is kept at each `token` message, so a decode
+// step's calls are the difference between two consecutive snapshots.
+let calls = null;      // {python: {name: n}, js: {name: n}, wait_ms: {name: ms}, marks: [snapshot at each token]}
+let inHelper = 0;      // > 0 while a lab* helper runs: the GPU calls it makes are its own, not Python's
+let wrapped = false;
+
+const counts = () => ({ python: { ...calls.python }, js: { ...calls.js }, wait_ms: { ...calls.wait_ms },
+                        ms: performance.now() });
+const snapshotCalls = () => calls && { ...counts(), marks: calls.marks };
+
+function countCalls() {
+  calls = { python: {}, js: {}, wait_ms: {}, marks: [] };
+  if (wrapped) return;
+  wrapped = true;
+  const tally = (name) => { const side = inHelper ? calls.js : calls.python; side[name] = (side[name] || 0) + 1; };
+  const timed = (name, result) => {
+    if (!(result instanceof Promise)) return result;
+    const t0 = performance.now();
+    const add = () => { if (calls) calls.wait_ms[name] = (calls.wait_ms[name] || 0) + performance.now() - t0; };
+    result.then(add, add);
+    return result;
+  };
+  for (const cls of [GPUDevice, GPUQueue, GPUBuffer, GPUCommandEncoder, GPUComputePassEncoder]) {
+    for (const [key, d] of Object.entries(Object.getOwnPropertyDescriptors(cls.prototype))) {
+      if (typeof d.value !== "function" || key === "constructor") continue;
+      const f = d.value, name = `${cls.name}.${key}`;
+      cls.prototype[key] = function (...a) { if (calls) tally(name); return timed(name, f.apply(this, a)); };
+    }
+  }
+  for (const key of ["labEncode", "labStopRequested", "labStopClear"]) {
+    const f = globalThis[key];
+    globalThis[key] = (...a) => {
+      if (calls) tally(key);
+      inHelper++;
+      try { return f(...a); } finally { inHelper--; }
+    };
+  }
+  const post = globalThis.postMessage;
+  globalThis.postMessage = (m, ...rest) => {
+    if (calls && !inHelper) {
+      tally("postMessage");
+      if (m && m.type === "token") calls.marks.push(counts());
+    }
+    return post(m, ...rest);
+  };
+}
 
 async function fetchOk(url) {
   const r = await fetch(url);

@@ -21,17 +21,7 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<uniform> step: Step;
 
-fn silu(g: f32) -> f32 {
-    // exp(-g) overflows to +inf for g < -88: g / inf = -0, the right limit; no NaN.
-    return g / (1.0 + exp(-g));
-}
-
-fn gelu_tanh(g: f32) -> f32 {
-    // tanh's argument is clamped: tanh(+-10) is +-1 in f32 already, and some drivers' tanh returns NaN
-    // for large |z| (computed as a ratio of exponentials that both overflow).
-    let z = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -10.0, 10.0);
-    return 0.5 * g * (1.0 + tanh(z));
-}
+//!include act.wgsl
 
 fn at(gid: vec3<u32>) -> vec3<u32> {   // (gate index, up index, out index); x = 0xffffffff when outside
     let c = gid.x;

@@ -151,9 +151,10 @@ class Device:
         """A step's dispatch list in the backend's own form, built once and passed to `run` every step."""
         return list(dispatches)
 
-    def run(self, dispatches, writes=()) -> None:  # pragma: no cover - abstract
+    def run(self, dispatches, writes=(), copies=()) -> None:  # pragma: no cover - abstract
         """Apply `writes` [(buffer, offset, bytes)], then encode all dispatches (a list or a `prepare`d
-        plan) in one compute pass and submit once."""
+        plan) in one compute pass, then `copies` [(src, src_offset, dst, dst_offset, size)] (byte
+        counts and offsets multiples of 4), and submit once."""
         raise NotImplementedError
 
     def staging(self, size: int) -> list[Buffer]:

@@ -130,15 +130,16 @@ class BrowserDevice(Device):
             flat += [d.kernel.handle, d.bound.handle, *d.groups]
         return to_js(flat)
 
-    def run(self, dispatches, writes=()) -> None:
+    def run(self, dispatches, writes=(), copies=()) -> None:
         plan = dispatches if hasattr(dispatches, "length") else self.prepare(dispatches)
+        w = None
         if writes:
             w = []
             for buf, offset, data in writes:
                 w += [buf.handle, offset, to_js(bytes(data))]
-            js.labEncode(self._device, plan, to_js(w))
-        else:
-            js.labEncode(self._device, plan, None)
+            w = to_js(w)
+        c = to_js([x for src, so, dst, do, n in copies for x in (src.handle, so, dst.handle, do, n)]) if copies else None
+        js.labEncode(self._device, plan, w, c)
 
     def _staging_for(self, size: int) -> Buffer:
         if self._staging is None or self._staging.size < size:

@@ -2,7 +2,9 @@
 
 `matvec` is the decode path (one token), `matmul` the prefill path (t tokens from the step buffer).
 Both return one Op per weight part; each part writes its own row range of y. `accumulate=True` adds
-into y instead of overwriting it (residual adds folded into the projection).
+into y instead of overwriting it (residual adds folded into the projection). The matvec can also fold
+the op before it into its input (RMSNorm, or the GLU of a [gate | up] row) and a bias into its output:
+decode is bound by dispatches, not bytes, on a GPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -17,14 +19,19 @@ from .weights import dequant_consts
 MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the kernel)
 MATMUL_TR, MATMUL_TT = 32, 16   # rows x tokens per matmul workgroup (tile sizes fixed in the kernel)
 
-_MATVEC = struct.Struct("<8I")          # n_rows, cols, gpr, row_bytes, x_off, y_off, acc, pad
+_MATVEC = struct.Struct("<8If3I")      # n_rows, cols, gpr, row_bytes, x_off, y_off, acc, write_xn, eps, xn_off,
+                                        # bias_off, up_off
+GLU_ACTS = {"swiglu": "silu", "geglu": "gelu_tanh"}
 _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y_off, x_stride, y_stride, acc, pad*3
 
 
-def matvec_wg(cols: int) -> int:
-    """Threads per matvec workgroup: enough for one pass over a row's groups of 8, within 64..256."""
-    gpr = cols // 8
-    return 256 if gpr >= 512 else 128 if gpr >= 192 else 64
+def matvec_wg(cols: int, rows: int = 0) -> int:
+    """Threads per matvec workgroup, chosen on an H200 (docs/performance.md): 32 for a tall head (49,152+
+    rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups of 8,
+    else 128 (the RMSNorm prologue's reduction favours wider groups: 4.5 vs 5.3 us at 960x576)."""
+    if rows >= 16384:
+        return 32
+    return 256 if cols // 8 >= 192 else 128
 
 
 def subgroup_consts(device: gpu.Device) -> dict:
@@ -42,20 +49,48 @@ def _check(buf: gpu.Buffer, floats: int, what: str) -> None:
 
 def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,
            step: gpu.Buffer | None = None, *, x_offset: int = 0, y_offset: int = 0,
-           accumulate: bool = False) -> list[Op]:
-    """y[y_offset + r] (+)= sum_c W[r, c] * x[x_offset + c] for one token. `step` is accepted for a
-    uniform signature and not used (the grid never depends on the token count)."""
-    _check(x, x_offset + w.cols, f"{w.name} matvec x")
+           accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
+           xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
+           bias: gpu.Buffer | None = None, bias_offset: int = 0) -> list[Op]:
+    """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
+    accepted for a uniform signature and not used (the grid never depends on the token count).
+
+    in(c) = x[x_offset + c], or with norm=(weight, eps) the RMSNorm of those cols floats (the normed
+    vector is also stored at xn[xn_offset..], once, unless write_xn=False: several projections of one
+    normed input bind the same xn and only one writes it), or with glu="swiglu"|"geglu" the GLU of a
+    [gate | up] row of 2 * cols floats at x_offset."""
+    if norm is not None and glu is not None:
+        raise ValueError(f"{w.name} matvec: one input prologue at a time (norm or glu)")
+    if (xn is not None) != (norm is not None):
+        raise ValueError(f"{w.name} matvec: norm and xn (where the normed input goes) come together")
+    if glu is not None and glu not in GLU_ACTS:
+        raise ValueError(f"{w.name} matvec: unknown glu {glu!r} ({', '.join(GLU_ACTS)})")
+    _check(x, x_offset + (2 if glu else 1) * w.cols, f"{w.name} matvec x")
     _check(y, y_offset + w.rows, f"{w.name} matvec y")
-    wg = matvec_wg(w.cols)
-    k = kernels.get("matvec", WG=wg, **dequant_consts(w.type), **subgroup_consts(device))
+    extra = []
+    if norm is not None:
+        _check(norm[0], w.cols, f"{w.name} matvec norm weight")
+        _check(xn, xn_offset + w.cols, f"{w.name} matvec xn")
+        extra += [norm[0], xn]
+    if bias is not None:
+        _check(bias, bias_offset + w.rows, f"{w.name} matvec bias")
+        extra.append(bias)
+    n_extra = len(extra) - (bias is not None)
+    consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
+              "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
+              "BIAS": "" if bias is not None else "// ", "B_BIAS": 4 + n_extra}
+    wg = matvec_wg(w.cols, w.rows)
+    k = kernels.get("matvec", WG=wg, **consts, **dequant_consts(w.type), **subgroup_consts(device))
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    eps = float(norm[1]) if norm else 0.0
     ops = []
-    for part in w.parts:
+    for i, part in enumerate(w.parts):
         params = device.uniform(_MATVEC.pack(part.n_rows, w.cols, w.cols // 8, w.row_bytes, x_offset,
-                                             y_offset + part.first_row, int(accumulate), 0),
+                                             y_offset + part.first_row, int(accumulate),
+                                             int(norm is not None and write_xn and i == 0), eps, xn_offset,
+                                             bias_offset + part.first_row, w.cols),
                                 f"{part.buffer.label}.matvec")
-        bound = device.bind(k, [part.buffer, x, y, params], f"{part.buffer.label}.matvec")
+        bound = device.bind(k, [part.buffer, x, y, params] + extra, f"{part.buffer.label}.matvec")
         grid = groups_1d(part.n_rows, MATVEC_ROWS, max_dim)
         ops.append(Op(k, bound, lambda t, g=grid: g))
     return ops

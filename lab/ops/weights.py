@@ -68,6 +68,25 @@ def placements(weight: Weight) -> list[tuple[WeightPart, int, int]]:
     return [(part, part.first_row * rb, part.n_rows * rb) for part in weight.parts]
 
 
+def concat_placements(weight: Weight, sources: list[tuple[str, int]]) -> list[tuple[str, int, WeightPart, int, int]]:
+    """For a weight whose rows are several tensors' rows one after another (`sources`: (name, rows) in
+    order), the copies that fill it: (tensor, byte offset in that tensor, part, byte offset in the part,
+    byte count). A part may take rows from two tensors, a tensor may span two parts."""
+    rb = weight.row_bytes
+    if sum(n for _, n in sources) != weight.rows:
+        raise ValueError(f"{weight.name}: sources have {sum(n for _, n in sources)} rows, the weight {weight.rows}")
+    out = []
+    start = 0
+    for name, n in sources:
+        lo, hi = start * rb, (start + n) * rb
+        for part, p_off, p_size in placements(weight):
+            a, b = max(lo, p_off), min(hi, p_off + p_size)
+            if a < b:
+                out.append((name, a - lo, part, a - p_off, b - a))
+        start += n
+    return out
+
+
 def upload_weight(device: gpu.Device, weight: Weight, data) -> None:
     """Copy the tensor's bytes (rows * row_bytes, GGUF layout) into its parts."""
     view = memoryview(data).cast("B")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -67,15 +68,37 @@ class Lab:
         return [u for u in self.requests if not (u.startswith(self.url + "/") or u == self.url)
                 and not u.startswith("data:")]
 
+    def ids(self) -> list[int]:
+        """The token ids of the context strip: the prompt and what the model made of it."""
+        return self.page.evaluate("[...document.querySelectorAll('[data-testid=token]')].map(t => Number(t.dataset.id))")
 
-@pytest.fixture
-def lab(browser, server_url):
+    def cells(self, testid: str, keys: list[str]) -> list[dict]:
+        """The `data-*` attributes `keys` of every element with this test id, in page order (as strings)."""
+        return self.page.evaluate(
+            "([testid, keys]) => [...document.querySelectorAll(`[data-testid=${testid}]`)]"
+            ".map(e => Object.fromEntries(keys.map(k => [k, e.dataset[k]])))", [testid, keys])
+
+    def open_panel(self, name: str) -> None:
+        self.page.click(f"details[data-panel={name}] > summary")
+
+
+@contextmanager
+def open_lab(browser, url: str):
+    """A fresh browser context on the lab page, recording every request and console message from the start."""
     context = browser.new_context()
     page = context.new_page()
-    lab = Lab(page, server_url)
+    lab = Lab(page, url)
     context.on("request", lambda r: lab.requests.append(r.url))
     page.on("console", lambda m: lab.console.append((m.type, m.text)))
     page.on("pageerror", lambda e: lab.console.append(("error", str(e))))
-    page.goto(server_url + "/")
-    yield lab
-    context.close()
+    try:
+        page.goto(url + "/")
+        yield lab
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def lab(browser, server_url):
+    with open_lab(browser, server_url) as lab:
+        yield lab

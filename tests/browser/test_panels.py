@@ -18,6 +18,7 @@ import pytest
 from lab import gguf, probes
 from lab.reference.forward import Reference
 from lab.tokenizer import from_metadata
+from tests.browser.conftest import Lab, open_lab
 
 SYSTEM = "Answer the king briefly."
 PROMPT = "The capital of France is"
@@ -27,30 +28,6 @@ RESID_RTOL = 5e-4
 LENS_TOL = 2e-3
 COS_TOL = 1e-5
 SLOW = 600_000                    # ms: a probe pass or the lens on SwiftShader takes a minute or two here
-
-
-class Page:
-    def __init__(self, page, url):
-        self.page, self.url = page, url
-        self.requests: list[str] = []
-        self.console: list[tuple[str, str]] = []
-
-    def errors(self):
-        return [t for k, t in self.console if k == "error"]
-
-    def foreign(self):
-        return [u for u in self.requests if not (u == self.url or u.startswith(self.url + "/")) and not u.startswith("data:")]
-
-    def ids(self) -> list[int]:
-        return self.page.evaluate("[...document.querySelectorAll('[data-testid=token]')].map(t => Number(t.dataset.id))")
-
-    def cells(self, testid: str, keys: list[str]) -> list[dict]:
-        return self.page.evaluate(
-            "([testid, keys]) => [...document.querySelectorAll(`[data-testid=${testid}]`)]"
-            ".map(e => Object.fromEntries(keys.map(k => [k, e.dataset[k]])))", [testid, keys])
-
-    def open_panel(self, name: str) -> None:
-        self.page.click(f"details[data-panel={name}] > summary")
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +42,15 @@ def tok(smollm2_path):
 
 @pytest.fixture(scope="module")
 def lab_chat(browser, server_url, smollm2_path):
-    context = browser.new_context()
-    page = context.new_page()
-    lab = Page(page, server_url)
-    context.on("request", lambda r: lab.requests.append(r.url))
-    page.on("console", lambda m: lab.console.append((m.type, m.text)))
-    page.on("pageerror", lambda e: lab.console.append(("error", str(e))))
-    page.goto(server_url + "/")
-    page.wait_for_selector('[data-testid="gpu-selftest"]:not([data-state="pending"])', timeout=120_000)
-    page.set_input_files('[data-testid="model-file"]', str(smollm2_path))
-    page.wait_for_selector('[data-testid="model-info"] dd[data-key="status"]', timeout=120_000)
-    chat(lab, PROMPT, system=SYSTEM, max_tokens=2)
-    yield lab
-    context.close()
+    with open_lab(browser, server_url) as lab:
+        lab.wait_ready()
+        lab.page.set_input_files('[data-testid="model-file"]', str(smollm2_path))
+        lab.page.wait_for_selector('[data-testid="model-info"] dd[data-key="status"]', timeout=120_000)
+        chat(lab, PROMPT, system=SYSTEM, max_tokens=2)
+        yield lab
 
 
-def chat(lab: Page, prompt: str, system: str = "", max_tokens: int = 2) -> None:
+def chat(lab: Lab, prompt: str, system: str = "", max_tokens: int = 2) -> None:
     page = lab.page
     page.fill('[data-testid="system-prompt"]', system)
     page.fill('[data-testid="max-tokens"]', str(max_tokens))
@@ -232,4 +202,4 @@ def test_forget_wipes_and_checks(lab_chat):
     assert "reused 0" in page.inner_text("[data-testid=reuse]")
     assert page.locator("[data-testid=message]").count() == 2
     assert lab_chat.errors() == []
-    assert lab_chat.foreign() == []
+    assert lab_chat.foreign_requests() == []

@@ -161,6 +161,23 @@ def test_logit_lens_paris(engine, probe, ref, tok):
           f" in the top-5 from layer {first_top5}")
 
 
+def test_logit_lens_of_one_position_after_a_chat(engine, probe, ref, tok):
+    """The page's cheapest lens: one position, the last token of a chat, whose predecessors sit in the cache. Only
+    that position runs (no window is recomputed for a lens alone), and its head goes through the matvec rather than
+    a 16-row matmul tile; every layer's top-5 as the reference has it."""
+    ids = tok.encode("The capital of France is")
+    n = len(ids)
+    engine.step(ids[:n - 1], 0)
+    r = run(probe.inspect(ids, n - 1, lens=1, attention=False, residual=False))
+    top, p = ref.logit_lens(ids)
+    L = engine.cfg.n_layer
+    assert r.lens_start == n - 1 and [len(layer) for layer in r.lens] == [1] * L
+    np.testing.assert_array_equal([r.lens[il][0][0][0] for il in range(L)], top[:, n - 1])
+    np.testing.assert_allclose([r.lens[il][0][0][1] for il in range(L)], p[:, n - 1], atol=LENS_TOL)
+    head = engine.w.get("output.weight", engine.w["token_embd.weight"])
+    assert (r.lens_macs, r.lens_bytes) == (L * head.rows * head.cols, L * head.rows * head.row_bytes)
+
+
 def test_inspection_leaves_the_chat_alone(engine, probe, tok):
     """Two identical two-turn chats, one with an inspection between the turns: the KV rows the session holds are
     bit for bit the same after the inspection, the decode plan is the same object, and the second turn's greedy

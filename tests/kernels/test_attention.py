@@ -404,7 +404,7 @@ NOT_SELF = [("fn key_end(qpos: u32) -> u32 { return qpos + 1u; }", "fn key_end(q
 BROKEN = {"gqa_mod": GQA_MOD, "no_max": NO_MAX, "next_token": NEXT, "not_self": NOT_SELF}
 # split-K only: the combine adds the chunks' sums without rescaling them to the common max; it skips the last
 # (partly filled) chunk; a chunk keeps only its last tile's V sum (no online rescaling across tiles)
-NO_RESCALE = [("sum += r.y * exp(r.x - mx);", "sum += r.y;"),
+NO_RESCALE = [("l += r.y * exp(r.x - mx);", "l += r.y;"),
               ("v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);", "v += scratch[rc + 1u + d4];")]
 LAST_CHUNK = [("return (key_hi(qpos) + P.chunk - 1u) / P.chunk;", "return key_hi(qpos) / P.chunk;")]
 TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]

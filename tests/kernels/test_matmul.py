@@ -12,7 +12,7 @@ import pytest
 
 from lab import gpu
 from lab.ggml import BY_NAME
-from lab.ops.matmul import matmul
+from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
 from lab.shaders import KernelCache
 from tests.kernels import quant_oracle as qo
@@ -110,6 +110,17 @@ def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
     assert qo.dot_err(y, W, x) <= DOT_TOL
 
 
+@pytest.mark.parametrize("sg", [True, False])
+def test_matvec_tall(device, kernels, device_nosg, kernels_nosg, sg):
+    """A head-like shape (16,400 rows) runs the narrow 32-thread workgroups, on both reduction paths."""
+    raw, W = tensor("Q8_0", rows=16400)
+    x = rand(W.shape[1], seed=2)
+    with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
+        y = r.matvec(r.weight("Q8_0", raw), x)
+    assert qo.dot_err(y, W, x) <= DOT_TOL
+    assert any("WG=32" in k.label.split() for k in r.kernels._cache.values())
+
+
 def test_subgroup_path_is_used(device, kernels):
     if "subgroups" not in device.info.features:
         pytest.skip("this adapter has no subgroups")
@@ -185,6 +196,68 @@ def test_matmul_strides_into_fused_buffer(device, kernels):
         Y = r.read(yb, t * ys).reshape(t, ys)
     assert qo.dot_err(Y[:, :64], wq, X) <= DOT_TOL
     assert qo.dot_err(Y[:, 64:], wk, X) <= DOT_TOL
+
+
+# -- fused prologues and epilogue (decode) -------------------------------------------------------
+
+def _fused_rig(r, name, raw, cols, x, **kw):
+    xb = r.buffer(qo.f32(np.concatenate([np.full(3, 1e6), x])), "x")            # input at offset 3
+    yb = r.buffer(4 * raw.shape[0], "y")
+    extra = {}
+    if "norm" in kw:
+        nw = r.buffer(qo.f32(kw.pop("norm")), "norm w")
+        xnb = r.buffer(qo.f32(np.full(cols + 2, np.nan)), "xn")
+        extra = {"norm": (nw, 1e-5), "xn": xnb, "xn_offset": 2}
+    if "bias" in kw:
+        extra["bias"] = r.buffer(qo.f32(np.concatenate([np.zeros(4), kw.pop("bias")])), "bias")
+        extra["bias_offset"] = 4
+    r.run(matvec(r.device, r.kernels, r.weight(name, raw), xb, yb, x_offset=3, **extra, **kw), 1)
+    xn = r.read(extra["xn"], cols + 2) if "xn" in extra else None
+    return r.read(yb, raw.shape[0]), xn
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+@pytest.mark.parametrize("sg", [True, False])
+def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, sg):
+    """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself."""
+    raw, W = tensor(name)
+    cols = W.shape[1]
+    x = rand(cols, seed=11) * 3 + 0.5                  # mean not 0, rms not 1: a missing norm shows
+    nw = rand(cols, seed=12)
+    xn_ref = (x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)) * nw
+    with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
+        y, xn = _fused_rig(r, name, raw, cols, x, norm=nw)
+    assert qo.dot_err(y, W, xn_ref) <= DOT_TOL
+    # the stored normed input: a few f32 roundings of values of size |xn| (rel 1e-6), untouched around it
+    np.testing.assert_allclose(xn[2:], xn_ref, rtol=0, atol=1e-6 * np.max(np.abs(xn_ref)))
+    assert np.isnan(xn[:2]).all()
+
+
+@pytest.mark.parametrize("glu", ["swiglu", "geglu"])
+def test_matvec_glu_prologue(device, kernels, glu):
+    """act(gate) * up folded into the down projection's input, from a [gate | up] row."""
+    raw, W = tensor("Q5_0")
+    cols = W.shape[1]
+    gu = rand(2 * cols, seed=13) * 2
+    g, u = gu[:cols].astype(np.float64), gu[cols:].astype(np.float64)
+    act = g / (1 + np.exp(-g)) if glu == "swiglu" else \
+        0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+    with Rig(device, kernels) as r:
+        y, _ = _fused_rig(r, "Q5_0", raw, cols, gu, glu=glu)
+    assert qo.dot_err(y, W, act * u) <= DOT_TOL
+
+
+def test_matvec_bias_epilogue_and_accumulate(device, kernels):
+    raw, W = tensor("Q8_0")
+    rows, cols = W.shape
+    x, b = rand(cols, seed=14), rand(rows, seed=15) * 4
+    with Rig(device, kernels) as r:
+        y, _ = _fused_rig(r, "Q8_0", raw, cols, x, bias=b)
+    # the bias adds one rounding at its own magnitude (~4, against sum |W||x| ~ 50): twice the tolerance
+    assert qo.dot_err(y - b, W, x) <= DOT_TOL * 2
+    with pytest.raises(ValueError):                    # one input prologue at a time
+        with Rig(device, kernels) as r:
+            _fused_rig(r, "Q8_0", raw, cols, np.concatenate([x, x]), norm=x, glu="swiglu")
 
 
 # -- weights split over several bindings ---------------------------------------------------------

@@ -1,0 +1,241 @@
+"""`lab bench MODEL --backend browser`: the page's own speed, measured by driving the real page (CPython only).
+
+The lab's server runs in a thread (uvicorn, as in tests/browser), headless Chromium opens the page through
+Playwright, loads MODEL through the file input and chats through the prompt box, as a user would. What it
+reports is what the worker reports to the page: `loaded` (upload MB/s, the engine's dispatches per token),
+`done` (TTFT, prefill and decode tok/s), and the worker's call counters (web/worker.js, `count-calls`):
+
+- Python->JS calls per decode token: every call Python makes through pyodide.ffi to a WebGPU method, a lab*
+  helper (labEncode, labStopRequested) or postMessage, counted by wrappers in the worker and differenced
+  between consecutive `token` messages (one decode step each). Not counted: attribute reads on JS proxies,
+  `to_js` conversions and typed-array constructors (`Uint8Array.new`), which Pyodide does without calling
+  a JS function of ours; `ffi_cost` prices a call and a small `to_js` instead.
+- Dispatches and compute passes per decode token: the same counters, on the JS side of labEncode.
+- mapAsync wait per token: from the read-back's call until its promise settles, i.e. the GPU's work on
+  the step plus the round trip to Chromium's GPU process.
+- Peak wasm heap: wasm memory never shrinks, so its size at the end is its peak.
+
+What it does not know: the page's markup beyond its test ids, and anything about a synthetic model, which
+has no tokenizer and so no chat (`--synthetic` is refused here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from . import chat, gguf
+from .tokenizer import from_metadata
+
+# Debian's Chromium, WebGPU on SwiftShader: the flags tests/browser/conftest.py launches it with.
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--enable-unsafe-webgpu", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+        "--no-first-run", "--disable-sync", "--use-vulkan=swiftshader", "--use-webgpu-adapter=swiftshader"]
+BOOT_TIMEOUT_S = 180
+WARMUP = "Hi"
+
+# Words for prompts of a chosen length: plain prose, so the tokenizer sees ordinary text.
+PASSAGE = ("The river ran past the old mill and under the stone bridge, where children threw sticks into the "
+           "water and watched them race toward the sea. In spring the banks filled with yellow flowers, and "
+           "in autumn the leaves turned the current red and gold. ").split()
+
+# Records the worker's messages as the page receives them, before main.js runs; the page itself is untouched.
+_RECORDER = """(() => {
+  const seen = window.__labBench = { messages: [], tokens: 0, worker: null };
+  const Native = window.Worker;
+  window.Worker = class extends Native {
+    constructor(...args) {
+      super(...args);
+      seen.worker = this;
+      this.addEventListener("message", (e) => {
+        const m = e.data;
+        if (m.type === "token") seen.tokens++;
+        else if (m.type !== "load-progress") seen.messages.push(m);
+      });
+    }
+  };
+})();"""
+
+
+class BenchError(RuntimeError):
+    """The page reported an error, or never answered."""
+
+
+def _prompt_text(tok, md: dict, n: int) -> str:
+    """A user message whose chat-rendered prompt has about n tokens (at least the template's own)."""
+    words: list[str] = []
+    while True:
+        words.append(PASSAGE[len(words) % len(PASSAGE)])
+        text = " ".join(words)
+        if len(chat.render_chat(tok, md, [{"role": "user", "content": text}])) >= n:
+            return text
+
+
+def _serve(model: Path):
+    import uvicorn
+
+    from server.app import create_app
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(model), host="127.0.0.1", port=port, log_level="warning",
+                                        access_log=False))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise BenchError("the lab's server did not start")
+        time.sleep(0.05)
+    return srv, thread, f"http://127.0.0.1:{port}"
+
+
+class _Page:
+    """The lab page and the worker messages it has received."""
+
+    def __init__(self, page) -> None:
+        self.page = page
+
+    def count(self) -> int:
+        return self.page.evaluate("window.__labBench.messages.length")
+
+    def wait(self, kind: str, since: int, timeout_s: float) -> dict:
+        """The first `kind` message at index >= since; an `error` message raises."""
+        try:
+            self.page.wait_for_function(
+                "([kind, n]) => window.__labBench.messages.slice(n).some(m => m.type === kind || m.type === 'error')",
+                arg=[kind, since], timeout=timeout_s * 1e3, polling=200)
+        except Exception as exc:  # Playwright's TimeoutError: say what was awaited
+            raise BenchError(f"no `{kind}` message from the worker within {timeout_s:.0f} s") from exc
+        for m in self.page.evaluate("n => window.__labBench.messages.slice(n)", since):
+            if m["type"] == "error":
+                raise BenchError(f"the page reported an error ({m.get('where')}): {m.get('message')}")
+            if m["type"] == kind:
+                return m
+        raise AssertionError("unreachable")
+
+    def post(self, msg: dict) -> None:
+        """A message to the worker directly, not through a page control (the page has none for these)."""
+        self.page.evaluate("m => window.__labBench.worker.postMessage(m)", msg)
+
+    def ask(self, msg: dict, reply: str, timeout_s: float) -> dict:
+        n = self.count()
+        self.post(msg)
+        return self.wait(reply, n, timeout_s)
+
+    def send(self, text: str, max_new: int, timeout_s: float) -> dict:
+        """Type a prompt, press Enter, and wait for the turn's `done`; returns it with the page's readouts."""
+        p = self.page
+        n = self.count()
+        p.fill('[data-testid="max-tokens"]', str(max_new))
+        p.fill('[data-testid="prompt"]', text)
+        p.press('[data-testid="prompt"]', "Enter")
+        done = self.wait("done", n, timeout_s)
+        prompt = next(m for m in p.evaluate("n => window.__labBench.messages.slice(n)", n) if m["type"] == "prompt")
+        p.wait_for_function("!document.querySelector('[data-testid=send]').disabled", timeout=30_000)
+        shown = p.evaluate("document.querySelectorAll('[data-testid=token]').length")
+        return {"done": done["result"], "prompt_ids": len(prompt["ids"]),
+                "page_prompt_tokens": shown - len(done["result"]["ids"]),
+                "page_timings": p.locator('[data-testid="timings"]').inner_text()}
+
+    def new_chat(self) -> None:
+        """The page's New chat, then a worker `reset`: the page keeps the KV cache for prefix reuse, and a
+        measured prefill must start from an empty cache."""
+        self.page.click('[data-testid="new-chat"]')
+        self.ask({"type": "reset"}, "reset", 60)
+
+
+def _per_token(marks: list[dict]) -> dict:
+    """Calls and waits per decode step, from the counter snapshots taken at each generated token."""
+    steps = len(marks) - 1
+    if steps < 1:
+        return {}
+    a, b = marks[0], marks[-1]
+
+    def diff(side: str) -> dict:
+        names = set(a[side]) | set(b[side])
+        return {k: round((b[side].get(k, 0) - a[side].get(k, 0)) / steps, 2) for k in sorted(names)
+                if b[side].get(k, 0) != a[side].get(k, 0)}
+
+    py, js_, wait = diff("python"), diff("js"), diff("wait_ms")
+    return {"steps": steps, "ms_per_token": round((b["ms"] - a["ms"]) / steps, 1),
+            "python_js_calls_per_token": round(sum(py.values()), 2), "python_js_calls": py,
+            "dispatches_per_token": js_.get("GPUComputePassEncoder.dispatchWorkgroups", 0),
+            "compute_passes_per_token": js_.get("GPUCommandEncoder.beginComputePass", 0)
+            + py.get("GPUCommandEncoder.beginComputePass", 0),
+            "map_wait_ms_per_token": round(wait.get("GPUBuffer.mapAsync", 0), 1)}
+
+
+def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
+                  chromium: str = CHROMIUM, args: list[str] = ARGS, turn_timeout_s: float = 1800) -> dict:
+    """Load `path` through the page's file input, then for each prompt length one greedy turn of
+    decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
+    `args` are Chromium's flags (e.g. ARGS + ["--enable-dawn-features=..."] to try Dawn toggles)."""
+    from playwright.sync_api import sync_playwright
+    path = Path(path)
+    header = gguf.read_file(path)
+    if "tokenizer.ggml.model" not in header.metadata:
+        raise BenchError(f"{path.name} has no tokenizer: the browser backend runs the page's chat, so it needs a "
+                         f"real GGUF file (synthetic models have none; use the native backend for them)")
+    tok = from_metadata(header.metadata)
+    load_avg = [round(x, 2) for x in os.getloadavg()]
+    srv, thread, url = _serve(path)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
+            try:
+                page = browser.new_context().new_page()
+                page.add_init_script(_RECORDER)
+                page.goto(url + "/")
+                lab = _Page(page)
+                selftest = lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]
+                gpu_info = lab.wait("gpu", 0, 10)["info"]
+                if not selftest["ok"]:
+                    raise BenchError(f"the page's GPU self-test failed: {selftest}")
+                heap_boot = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+
+                n = lab.count()
+                t0 = time.perf_counter()
+                page.set_input_files('[data-testid="model-file"]', str(path))
+                stats = lab.wait("loaded", n, turn_timeout_s)["stats"]
+                load_wall = time.perf_counter() - t0
+                heap_load = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+                ffi = lab.ask({"type": "ffi-cost", "n": 2000}, "ffi-cost", 60)
+
+                if warmup:
+                    lab.send(WARMUP, 2, turn_timeout_s)
+                    lab.new_chat()
+                out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
+                       "browser": f"Chromium {browser.version}", "chromium_args": list(args), "adapter": gpu_info["name"],
+                       "features": gpu_info["features"], "weight_bytes": stats["weight_bytes"],
+                       "build_s": stats["build_s"], "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
+                       "load_wall_s": round(load_wall, 2), "dispatches_per_decode_token": stats["dispatches_per_token"],
+                       "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"], "idle_read_ms": ffi["read_ms"]},
+                       "warmup": warmup, "prefill": {}, "decode": {}}
+                for i, want in enumerate(prompts):
+                    if i:
+                        lab.new_chat()
+                    lab.post({"type": "count-calls"})       # counters from zero, wrappers on
+                    turn = lab.send(_prompt_text(tok, header.metadata, want), decode_tokens + 1, turn_timeout_s)
+                    calls = lab.ask({"type": "memory"}, "memory", 30)["calls"]
+                    r = turn["done"]
+                    ntok = turn["page_prompt_tokens"]
+                    out["prefill"][want] = {"prompt_tokens": ntok, "prefilled": r["prefilled"], "reused": r["reused"],
+                                            "tok_s": r["prefill_tok_s"], "ttft_ms": round(r["ttft_s"] * 1e3, 1)}
+                    out["decode"][ntok] = {"tok_s": r["decode_tok_s"], "generated": len(r["ids"]), "stop": r["stop"],
+                                           "weight_gb_s": round(stats["weight_bytes"] * r["decode_tok_s"] / 1e9, 3),
+                                           **_per_token(calls["marks"]), "page_timings": turn["page_timings"]}
+                    if turn["prompt_ids"] != ntok:
+                        raise BenchError(f"the page shows {ntok} prompt tokens, the worker sent {turn['prompt_ids']}")
+                out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1), "after_load": round(heap_load / 2**20, 1),
+                                       "peak": round(lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"] / 2**20, 1)}
+            finally:
+                browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+    out["load_avg"] = {"start": load_avg, "end": [round(x, 2) for x in os.getloadavg()]}
+    return out
