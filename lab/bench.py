@@ -107,17 +107,19 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
     return out
 
 
-def profile_decode(path, *, context: int = 0, disable=()) -> list[dict]:
-    """GPU time of one decode step by kernel family: for each family, one pass holding only its
-    dispatches (in plan order, so the barriers between them stay), timed by timestamp queries.
-    The families' sum exceeds the whole pass a little (each subset pays its own pass start)."""
+def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=()) -> list[dict]:
+    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family: for each family,
+    one pass holding only its dispatches (in plan order, so the barriers between them stay), timed by
+    timestamp queries. The families' sum falls short of the whole pass by what the switches between
+    kernels cost."""
     header = gguf.read_file(path)
     device = gpu.open_native(disable=tuple(disable))
-    engine = Engine(device, header, n_ctx=max(context, 1) + 16)
+    pos = max(context, 1) if t == 1 else context
+    engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
     rng = random.Random(0)
-    engine.step([rng.randrange(engine.cfg.n_vocab)], 0)
-    writes = [(engine.step_buf, 0, ops.step_bytes(max(context, 1), 1, engine.n_ctx))]
-    plan = [d for d in (op.at(1) for op in engine.ops_for(1)) if all(d.groups)]
+    engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
+    writes = [(engine.step_buf, 0, ops.step_bytes(pos, t, engine.n_ctx))]
+    plan = [d for d in (op.at(t) for op in engine.ops_for(t)) if all(d.groups)]
 
     def family(d) -> str:    # pipeline label without the constants that only tune (WG, DQ, SG switches)
         name, *consts = d.kernel.label.split(" ")

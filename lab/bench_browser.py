@@ -104,11 +104,12 @@ class _Page:
 
     def wait(self, kind: str, since: int, timeout_s: float) -> dict:
         """The first `kind` message at index >= since; an `error` message raises."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
         try:
             self.page.wait_for_function(
                 "([kind, n]) => window.__labBench.messages.slice(n).some(m => m.type === kind || m.type === 'error')",
                 arg=[kind, since], timeout=timeout_s * 1e3, polling=200)
-        except Exception as exc:  # Playwright's TimeoutError: say what was awaited
+        except PlaywrightTimeout as exc:
             raise BenchError(f"no `{kind}` message from the worker within {timeout_s:.0f} s") from exc
         for m in self.page.evaluate("n => window.__labBench.messages.slice(n)", since):
             if m["type"] == "error":
@@ -209,29 +210,32 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                     lab.send(WARMUP, 2, turn_timeout_s)
                     lab.new_chat()
                 out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
-                       "browser": f"Chromium {browser.version}", "chromium_args": list(args), "adapter": gpu_info["name"],
-                       "features": gpu_info["features"], "weight_bytes": stats["weight_bytes"],
-                       "build_s": stats["build_s"], "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
-                       "load_wall_s": round(load_wall, 2), "dispatches_per_decode_token": stats["dispatches_per_token"],
-                       "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"], "idle_read_ms": ffi["read_ms"]},
+                       "browser": f"Chromium {browser.version}", "chromium_args": list(args),
+                       "adapter": gpu_info["name"], "features": gpu_info["features"],
+                       "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
+                       "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
+                       "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload
+                       "dispatches_per_decode_token": stats["dispatches_per_token"],
+                       "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"],
+                                    "idle_read_ms": ffi["read_ms"]},
                        "warmup": warmup, "prefill": {}, "decode": {}}
                 for i, want in enumerate(prompts):
                     if i:
                         lab.new_chat()
                     lab.post({"type": "count-calls"})       # counters from zero, wrappers on
                     turn = lab.send(_prompt_text(tok, header.metadata, want), decode_tokens + 1, turn_timeout_s)
-                    calls = lab.ask({"type": "memory"}, "memory", 30)["calls"]
-                    r = turn["done"]
-                    ntok = turn["page_prompt_tokens"]
+                    marks = lab.ask({"type": "memory"}, "memory", 30)["calls"]["marks"]
+                    r, ntok = turn["done"], turn["page_prompt_tokens"]
+                    if turn["prompt_ids"] != ntok:
+                        raise BenchError(f"the page shows {ntok} prompt tokens, the worker sent {turn['prompt_ids']}")
                     out["prefill"][want] = {"prompt_tokens": ntok, "prefilled": r["prefilled"], "reused": r["reused"],
                                             "tok_s": r["prefill_tok_s"], "ttft_ms": round(r["ttft_s"] * 1e3, 1)}
                     out["decode"][ntok] = {"tok_s": r["decode_tok_s"], "generated": len(r["ids"]), "stop": r["stop"],
                                            "weight_gb_s": round(stats["weight_bytes"] * r["decode_tok_s"] / 1e9, 3),
-                                           **_per_token(calls["marks"]), "page_timings": turn["page_timings"]}
-                    if turn["prompt_ids"] != ntok:
-                        raise BenchError(f"the page shows {ntok} prompt tokens, the worker sent {turn['prompt_ids']}")
-                out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1), "after_load": round(heap_load / 2**20, 1),
-                                       "peak": round(lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"] / 2**20, 1)}
+                                           **_per_token(marks), "page_timings": turn["page_timings"]}
+                peak = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+                out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1),
+                                       "after_load": round(heap_load / 2**20, 1), "peak": round(peak / 2**20, 1)}
             finally:
                 browser.close()
     finally:

@@ -118,7 +118,8 @@ def _bench(args) -> int:
             from lab import synthetic
             path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf")
         if args.profile:
-            for row in bench.profile_decode(path, context=max(ints(args.contexts) or (0,)), disable=args.disable):
+            t = max(ints(args.prompts or "1"))
+            for row in bench.profile_step(path, t=t, context=max(ints(args.contexts) or (0,)), disable=args.disable):
                 print(json.dumps(row))
             return 0
         res = bench.bench_model(path, prompts=ints(args.prompts or "128,512"), contexts=ints(args.contexts),
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
     s.add_argument("--profile", action="store_true",
-                   help="GPU time of one decode step by kernel family (timestamp queries), at the largest --contexts")
+                   help="GPU time of one step by kernel family (timestamp queries): decode with --prompts 1, else a "
+                        "prefill of the largest --prompts, at the largest --contexts")
     s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
                    help="benchmark a random GGUF with this model's exact tensor shapes and types")
     s.add_argument("--backend", choices=("native", "browser"), default="native",

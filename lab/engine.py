@@ -260,11 +260,10 @@ class Engine:
             # attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache -> attention
             add_normed(self._normed_proj(b + "qkv", b + "attn_norm.weight", self.qkv, W, batched,
                                          b + "attn_qkv.bias" if cfg.qkv_bias else None), f"attn_norm-{il}")
-            if cfg.qk_norm:
-                add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_q_norm.weight"], self.qkv, step, Q, cfg.eps,
-                                  group=cfg.head_dim, in_stride=W, in_offset=0, out_stride=W, out_offset=0))
-                add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_k_norm.weight"], self.qkv, step, KV, cfg.eps,
-                                  group=cfg.head_dim, in_stride=W, in_offset=Q, out_stride=W, out_offset=Q))
+            if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
+                add(norm.rms_norm(dev, kc, self.qkv, self.v[b + "attn_q_norm.weight"], self.qkv, step, Q + KV, cfg.eps,
+                                  group=cfg.head_dim, in_stride=W, in_offset=0, w2=self.v[b + "attn_k_norm.weight"],
+                                  split=cfg.n_head))
             base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
             # Q heads then K heads are adjacent in the fused row: one rope op rotates both.
             add(rope.rope(dev, kc, self.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
@@ -280,8 +279,8 @@ class Engine:
             if cfg.post_norms:
                 add(self._mm(b + "attn_output.weight", self.att, self.tmp, batched))
                 add(norm.rms_norm(dev, kc, self.tmp, self.v[b + "post_attention_norm.weight"], self.tmp, step, E,
-                                  cfg.eps), f"attn_post_norm-{il}", self.tmp, E)
-                add(elementwise.add(dev, kc, self.x, self.tmp, self.x, step, E), f"ffn_inp-{il}", self.x, E)
+                                  cfg.eps, residual=self.x), f"attn_post_norm-{il}", self.tmp, E)
+                trace.append(Traced(f"ffn_inp-{il}", len(plan) - 1, self.x, E, E))
             else:
                 add(self._mm(b + "attn_output.weight", self.att, self.x, batched, accumulate=True),
                     f"ffn_inp-{il}", self.x, E)
@@ -297,8 +296,8 @@ class Engine:
                 add(self._mm(b + "ffn_down.weight", down_in, self.tmp, batched, **down_opts),
                     f"ffn_out-{il}", self.tmp, E)
                 add(norm.rms_norm(dev, kc, self.tmp, self.v[b + "post_ffw_norm.weight"], self.tmp, step, E,
-                                  cfg.eps), f"ffn_post_norm-{il}", self.tmp, E)
-                add(elementwise.add(dev, kc, self.x, self.tmp, self.x, step, E), f"l_out-{il}", self.x, E)
+                                  cfg.eps, residual=self.x), f"ffn_post_norm-{il}", self.tmp, E)
+                trace.append(Traced(f"l_out-{il}", len(plan) - 1, self.x, E, E))
             else:
                 add(self._mm(b + "ffn_down.weight", down_in, self.x, batched, accumulate=True, **down_opts),
                     f"l_out-{il}", self.x, E)
@@ -338,9 +337,11 @@ class Engine:
                                   q_stride=self.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
                                   probe=probe, mode="prefill" if batched else "decode",
-                                  # split-K decode feeds a GPU's many cores; a CPU adapter pays per
-                                  # workgroup, so there the keys stay in one chunk (measured on lavapipe)
-                                  chunk=self.n_ctx if self.device.info.software else None)
+                                  # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU
+                                  # adapter pays per workgroup, so there the keys stay in one chunk and the
+                                  # tiles wide (measured on lavapipe: narrow tiles made prefill attention 4x slower)
+                                  chunk=self.n_ctx if self.device.info.software else None,
+                                  narrow=not self.device.info.software)
 
     def ops_for(self, t: int, sampled: bool = False) -> list[ops.Op]:
         batched = t > 1

@@ -27,7 +27,7 @@ fi
 if [[ $what == *profile* ]]; then
   for m in ${PROFILE_MODELS:-smollm2 qwen2.5 gemma3}; do
     for c in 0 2048; do
-      python3 -m lab.cli bench --synthetic "$m" --profile --contexts "$c" | sed "s/^/$m ctx$c /" | tee -a "$OUT/profile.txt"
+      python3 -m lab.cli bench --synthetic "$m" --profile --prompts 1 --contexts "$c" | sed "s/^/$m ctx$c /" | tee -a "$OUT/profile.txt"
     done
   done
 fi

@@ -34,6 +34,9 @@ function fmtBytes(n) {
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
+// Tokens per second; slow devices (a CPU rasterizer) run under one, where a single decimal would read 0.0.
+const rate = (x) => x.toFixed(x < 1 ? 2 : 1);
+
 function renderFacts(el, rows) {
   el.replaceChildren(...rows.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;
@@ -120,7 +123,7 @@ function renderChat() {
   renderTokens();
   const t = store.timings;
   $("timings").textContent = t
-    ? `first token ${(t.ttft_s * 1000).toFixed(0)} ms · prefill ${t.prefill_tok_s.toFixed(1)} tok/s · decode ${t.decode_tok_s.toFixed(1)} tok/s · ${t.ids.length} tokens (${t.stop})`
+    ? `first token ${(t.ttft_s * 1000).toFixed(0)} ms · prefill ${rate(t.prefill_tok_s)} tok/s · decode ${rate(t.decode_tok_s)} tok/s · ${t.ids.length} tokens (${t.stop})`
     : "";
   $("reuse").textContent = t ? `prefilled ${t.prefilled}, reused ${t.reused}` : "";
 }

@@ -28,13 +28,13 @@ function si(n, unit) {
   const prefixes = ["", "K", "M", "G", "T"];
   let i = 0;
   while (n >= 1000 && i < prefixes.length - 1) { n /= 1000; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${prefixes[i]}${unit}`;
+  return `${n.toFixed(i ? 1 : 0)} ${prefixes[i]}${unit}`.trimEnd();
 }
 
 // What a panel's last request cost: wall-clock time, and the work lab/probes.py says it did (on a CPU device the
 // multiply-adds set the time, on a GPU the weight bytes read).
 function cost(testid, ms, macs, bytes) {
-  const work = macs ? `: ${si(macs, "")}multiply-adds over ${si(bytes, "B")} of weights` : "";
+  const work = macs ? `: ${si(macs, "")} multiply-adds over ${si(bytes, "B")} of weights` : "";
   return el("span", { class: "cost", testid, data: { ms, macs: macs || 0, bytes: bytes || 0 },
                       textContent: `${ms} ms${work}` });
 }
@@ -177,7 +177,8 @@ export function renderAttention(store, act) {
   const thumbs = el("div", { class: "thumbs" },
     Array.from({ length: a.n_head }, (_, h) => headThumb(a, layer, h, h === head, act)));
   body.replaceChildren(
-    el("p", { class: "muted" }, [`layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
+    el("p", { class: "muted" }, [
+      `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
       cost("attention-cost", a.ms.pass)]),
     grid, el("h3", { textContent: `All heads of layer ${layer} (click one)` }), thumbs);
 }
@@ -214,8 +215,9 @@ export function renderLens(store) {
       grid.append(cell);
     }
   }
-  body.replaceChildren(el("p", { class: "muted" }, ["top-1 next token after each layer, shaded by its probability; top-5 on hover; "
-    + `pass ${lens.ms.pass} ms, lens `, cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes)]), grid);
+  body.replaceChildren(el("p", { class: "muted" }, [
+    `top-1 next token after each layer, shaded by its probability; top-5 on hover; pass ${lens.ms.pass} ms, lens `,
+    cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes)]), grid);
 }
 
 // ---- KV cache --------------------------------------------------------------------------------------------------

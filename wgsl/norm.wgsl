@@ -3,15 +3,19 @@
 //           3 step (uniform Step)      4 x (storage, read; out-of-place only: {{SRC}} = x, in place {{SRC}} = y)
 // Math: y[g] = x[g] * inverseSqrt(mean(x[g]^2) + eps) * w     for each group g of `group` floats
 //       (Gemma's "1 + w" is already in the GGUF weights, so w is used as stored.)
-// Params { group, n_groups, in_stride, in_offset, out_stride, out_offset: u32, eps: f32, _p: u32 }
+// Params { group, n_groups, in_stride, in_offset, out_stride, out_offset: u32, eps: f32, split: u32 }
 //   element i of group g of token row j is read at  j*in_stride  + in_offset  + g*group + i
 //                                   and written at  j*out_stride + out_offset + g*group + i   (floats)
 // Grid: (t, n_groups, 1), one workgroup of {{WG}} per (token, group); rows >= step.n_tokens do nothing.
 // Reduction: subgroupAdd then one partial per subgroup ({{SG}} lines), or a shared-memory tree ({{NOSG}} lines).
+// Second weight ({{W2}} lines, binding {{B_W2}}): groups from p.split on use w2 (Gemma 3's q and k norms over the
+//   adjacent Q and K heads of a fused QKV row: one dispatch instead of two).
+// Residual ({{RES}} lines, binding {{B_RES}}): res[j*n + g*group + i] += the normed value as well (Gemma 3's norm
+//   after a branch, then the add into the residual stream: one dispatch instead of two).
 {{SG_ENABLE}}
 
 struct Params { group: u32, n_groups: u32, in_stride: u32, in_offset: u32,
-                out_stride: u32, out_offset: u32, eps: f32, _p: u32 };
+                out_stride: u32, out_offset: u32, eps: f32, split: u32 };
 struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 const WG: u32 = {{WG}}u;
@@ -21,6 +25,8 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<storage, read> x: array<f32>;
+{{RES}}@group(0) @binding({{B_RES}}) var<storage, read_write> res: array<f32>;
+{{W2}}@group(0) @binding({{B_W2}}) var<storage, read> w2: array<f32>;
 
 var<workgroup> red: array<f32, WG>;
 var<private> sg_lane: u32;
@@ -61,6 +67,11 @@ fn rms_norm(@builtin(local_invocation_index) li: u32,
     let ms = wg_sum(ss, li) / f32(p.group);
     let r = inverseSqrt(ms + p.eps);
     for (var i = li; i < p.group; i += WG) {
-        y[dst + i] = {{SRC}}[src + i] * r * w[i];
+        var wi = w[i];
+{{W2}}        if (wid.y >= p.split) { wi = w2[i]; }
+        let v = {{SRC}}[src + i] * r * wi;
+        y[dst + i] = v;
+{{RES}}        let o = row * p.n_groups * p.group + wid.y * p.group + i;
+{{RES}}        res[o] += v;
     }
 }

@@ -79,6 +79,9 @@ def test_king_embedding_and_neighbours(lab_chat, ref, tok):
                           ".map(e => Number(e.dataset.value))")
     np.testing.assert_array_equal(np.array(shown, np.float32), row)       # every value, exactly
     assert float(page.inner_text("[data-testid=embedding-norm]")) == pytest.approx(np.linalg.norm(row), abs=1e-4)
+    cost = lab_chat.cells("embedding-cost", ["ms", "macs", "bytes"])[0]        # the whole table, read once
+    assert float(cost["ms"]) > 0 and int(cost["macs"]) == 49152 * 576
+    assert int(cost["bytes"]) == int(ref.w.tensors["token_embd.weight"].n_bytes)
     print("\n' king' neighbours in Chromium:", page.locator("[data-testid=neighbour]").all_inner_texts())
     print("embedding panel:", page.inner_text("#embedding-body p"))
 
@@ -98,6 +101,7 @@ def test_attention_and_residual(lab_chat, ref):
         page.wait_for_function(f"document.querySelector('#attention-body p').textContent.startsWith('layer {layer}, head {head}')")
         if layer == 0:
             print("\nattention panel:", page.inner_text("#attention-body p"))
+            assert float(page.get_attribute("[data-testid=attention-cost]", "data-ms")) > 0
         cells = lab_chat.cells("attention-cell", ["q", "k", "value"])
         assert len(cells) == n * (n + 1)                 # the whole conversation fits the window: n x (n + earlier)
         p = ref.trace[f"kq_soft_max-{layer}"][head]      # [t, n_kv]
@@ -146,6 +150,11 @@ def test_logit_lens_paris(lab_chat, ref, tok):
     paris = [c for c in cells if int(c["layer"]) == 29 and int(c["pos"]) == at_is]
     assert paris and int(paris[0]["id"]) == PARIS
     first = min(int(c["layer"]) for c in cells if int(c["pos"]) == at_is and int(c["id"]) == PARIS)
+    # its cost on the page: the time, and the work (30 layers x 16 positions x the 49,152 x 576 head)
+    cost = lab_chat.cells("lens-cost", ["ms", "macs", "bytes"])[0]
+    head = ref.w.tensors["token_embd.weight"]
+    assert float(cost["ms"]) > 0 and int(cost["macs"]) == 30 * cols * 49152 * 576
+    assert int(cost["bytes"]) == 30 * int(head.n_bytes)
     print("\nlens panel:", page.inner_text("#lens-body p"))
     print(f"logit lens in Chromium: ' Paris' top-1 at the position of ' is' from layer {first}, "
           f"p = {float(paris[0]['p']):.3f} at layer 29")

@@ -53,7 +53,7 @@ class BrokenKernels(KernelCache):
 
 
 def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto", window=0, softcap=0.0,
-             scale=None, probe=False, big=0.0, seed=0, chunk=None):
+             scale=None, probe=False, big=0.0, seed=0, chunk=None, narrow=False):
     """Run kv_write + attention once; return the GPU results with the oracle's."""
     rng = np.random.default_rng(seed)
     width = (n_head + 2 * n_kv) * hd
@@ -95,7 +95,7 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
         ops += A.attention(device, kernels, b_src, b_k, b_v, b_out, step, n_head=n_head, n_kv_head=n_kv,
                            head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx, scale=scale, window=window,
                            softcap=softcap, probe=b_probe, mode=mode,
-                           max_tokens=t, chunk=chunk)
+                           max_tokens=t, chunk=chunk, narrow=narrow)
         device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
         got = np.frombuffer(device.read_sync(b_out), np.float32).reshape(t, n_head * hd)
         got_k = np.frombuffer(device.read_sync(b_k), np.float32).reshape(n_ctx, kvd)
@@ -172,6 +172,17 @@ def test_decode_long_context(device, kernels):
 @pytest.mark.parametrize("t,pos", [(7, 0), (5, 11)])
 def test_prefill(device, kernels, shape, t, pos):
     assert_ok(run_case(device, kernels, **shape, pos=pos, t=t, mode="prefill", seed=3 + pos))
+
+
+@pytest.mark.parametrize("shape", [SMOL, QWEN, GEMMA, MHA], ids=["smol", "qwen", "gemma", "mha"])
+@pytest.mark.parametrize("t,pos", [(7, 0), (5, 11)])
+def test_prefill_narrow_tiles(device, kernels, shape, t, pos):
+    """The GPU's prefill tiles (4 query rows a workgroup): t * group rows not a multiple of 4, a window, a probe."""
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=t, mode="prefill", seed=3 + pos, narrow=True))
+    r = run_case(device, kernels, **shape, pos=pos, t=t, mode="prefill", window=4, probe=True, seed=5, narrow=True)
+    assert_ok(r)
+    seen = np.minimum(4, pos + np.arange(t) + 1)             # keys in the window, fewer near the start
+    assert np.all((r["probs"] > 0).sum(axis=-1) == seen[:, None])
 
 
 def test_prefill_long_context(device, kernels):
