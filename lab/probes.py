@@ -212,9 +212,10 @@ class Probes:
                       for slot in range(L + 1)]
         # The lens: per layer, the kept rows through the final norm, the head, softmax, top-k into the layer's slice
         # of lens_top. The head is one matmul, so its weights are read once per layer, not once per row; but the
-        # matmul computes a whole tile of 16 rows, so one row goes through the decode path's matvec instead (the
-        # same single read, a sixteenth of the arithmetic). Measured, 30 layers: lavapipe 22 s for any count up to
-        # 16 (one tile), a matvec 2.2 s per position; SwiftShader in Chromium: matvecs for 8 positions took minutes.
+        # matmul computes a whole tile of 32 rows, so one row goes through the decode path's matvec instead (the
+        # same single read, 1/32 of the arithmetic). Measured with the earlier 16-token tiles, 30 layers: lavapipe
+        # 22 s for any count up to 16 (one tile), a matvec 2.2 s per position; SwiftShader in Chromium: matvecs for
+        # 8 positions took minutes.
         self.head = eng.w.get("output.weight", eng.w["token_embd.weight"])
         self._lens, self._lens_one = [], []
         for il in range(L):

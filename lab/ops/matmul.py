@@ -17,7 +17,7 @@ from . import Op, Weight, groups_1d
 from .weights import dequant_consts
 
 MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the kernel)
-MATMUL_TR, MATMUL_TT = 32, 16   # rows x tokens per matmul workgroup (tile sizes fixed in the kernel)
+MATMUL_TR, MATMUL_TT = 32, 32   # rows x tokens per matmul workgroup (tile sizes fixed in the kernel)
 
 _MATVEC = struct.Struct("<8If3I")      # n_rows, cols, gpr, row_bytes, x_off, y_off, acc, write_xn, eps, xn_off,
                                         # bias_off, up_off
