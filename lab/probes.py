@@ -87,7 +87,7 @@ def neighbours_work(table) -> tuple[int, int]:
 def lens_work(n_layer: int, head, rows: int) -> tuple[int, int]:
     """(multiply-adds, weight bytes read) of the lens over `rows` positions: one head projection per layer,
     n_layer x rows x n_vocab x n_embd multiply-adds, the head read once per layer whatever `rows` is. (The matmul
-    computes whole tiles of 16 rows; the useful work is counted.)"""
+    computes whole tiles of matmul.MATMUL_TT rows; the useful work is counted.)"""
     return n_layer * rows * head.rows * head.cols, n_layer * head.rows * head.row_bytes
 
 

@@ -48,10 +48,14 @@ struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_
 const WG: u32 = {{WG}}u;
 const HALF: u32 = {{HALF}}u;
 
-var<workgroup> red: array<vec4<f32>, WG>;
+// Reduction slots: WG for the shared tree; with subgroups one per subgroup, at most WG / 4 (WebGPU's smallest
+// subgroup is 4). Smaller matters on CPU adapters in Chromium: Dawn zero-fills workgroup memory for every
+// workgroup, and the output head alone is thousands of workgroups.
+const RED: u32 = {{RED}}u;
+var<workgroup> red: array<vec4<f32>, RED>;
+var<workgroup> red_ss: array<f32, RED>;
 var<private> sg_lane: u32;
 var<private> sg_size: u32;
-var<workgroup> red_ss: array<f32, WG>;
 var<private> ss: f32;        // in_norm: this invocation's share of sum(x^2)
 
 // Sums of v (and of ss) over the workgroup, returned to every invocation. Called in uniform control flow.

@@ -25,13 +25,18 @@ GLU_ACTS = {"swiglu": "silu", "geglu": "gelu_tanh"}
 _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y_off, x_stride, y_stride, acc, pad*3
 
 
-def matvec_wg(cols: int, rows: int = 0) -> int:
-    """Threads per matvec workgroup, chosen on an H200 (docs/performance.md): 32 for a tall head (49,152+
-    rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups of 8,
-    else 128 (the RMSNorm prologue's reduction favours wider groups: 4.5 vs 5.3 us at 960x576)."""
+def matvec_wg(cols: int, rows: int = 0, software: bool = False) -> int:
+    """Threads per matvec workgroup. GPU (chosen on an H200, docs/performance.md): 32 for a tall head
+    (16,384+ rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups
+    of 8, else 128 (the RMSNorm's reduction favours wider groups: 4.5 vs 5.3 us at 960x576). A CPU adapter
+    pays for every thread of a workgroup instead: just enough for one pass over a row's groups, 64..256
+    (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's)."""
+    gpr = cols // 8
+    if software:
+        return 256 if gpr >= 512 else 128 if gpr >= 192 else 64
     if rows >= 16384:
         return 32
-    return 256 if cols // 8 >= 192 else 128
+    return 256 if gpr >= 192 else 128
 
 
 def subgroup_consts(device: gpu.Device) -> dict:
@@ -51,14 +56,14 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            step: gpu.Buffer | None = None, *, x_offset: int = 0, y_offset: int = 0,
            accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
            xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
-           bias: gpu.Buffer | None = None, bias_offset: int = 0) -> list[Op]:
+           bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None) -> list[Op]:
     """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
     accepted for a uniform signature and not used (the grid never depends on the token count).
 
     in(c) = x[x_offset + c], or with norm=(weight, eps) the RMSNorm of those cols floats (the normed
     vector is also stored at xn[xn_offset..], once, unless write_xn=False: several projections of one
     normed input bind the same xn and only one writes it), or with glu="swiglu"|"geglu" the GLU of a
-    [gate | up] row of 2 * cols floats at x_offset."""
+    [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests)."""
     if norm is not None and glu is not None:
         raise ValueError(f"{w.name} matvec: one input prologue at a time (norm or glu)")
     if (xn is not None) != (norm is not None):
@@ -79,8 +84,10 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias is not None else "// ", "B_BIAS": 4 + n_extra}
-    wg = matvec_wg(w.cols, w.rows)
-    k = kernels.get("matvec", WG=wg, **consts, **dequant_consts(w.type), **subgroup_consts(device))
+    wg = wg or matvec_wg(w.cols, w.rows, device.info.software)
+    sg = subgroup_consts(device)
+    k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
+                    **dequant_consts(w.type), **sg)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
     eps = float(norm[1]) if norm else 0.0
     ops = []

@@ -111,14 +111,22 @@ def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-def test_matvec_tall(device, kernels, device_nosg, kernels_nosg, sg):
-    """A head-like shape (16,400 rows) runs the narrow 32-thread workgroups, on both reduction paths."""
-    raw, W = tensor("Q8_0", rows=16400)
+@pytest.mark.parametrize("wg", [32, 256])
+def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, wg):
+    """The GPU's workgroup sizes (32 threads for a tall head, 256 for long rows; this CPU adapter picks
+    64..256 by row length) on both reduction paths, with a norm prologue too."""
+    raw, W = tensor("Q4_K")
     x = rand(W.shape[1], seed=2)
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
-        y = r.matvec(r.weight("Q8_0", raw), x)
+        y = r.matvec(r.weight("Q4_K", raw), x, wg=wg)
     assert qo.dot_err(y, W, x) <= DOT_TOL
-    assert any("WG=32" in k.label.split() for k in r.kernels._cache.values())
+    assert any(f"WG={wg}" in k.label.split() for k in r.kernels._cache.values())
+
+
+def test_matvec_wg_rule():
+    from lab.ops.matmul import matvec_wg
+    assert matvec_wg(576, 49152) == 32 and matvec_wg(1536, 576) == 256 and matvec_wg(576, 960) == 128
+    assert matvec_wg(576, 49152, software=True) == 64 and matvec_wg(4864, 896, software=True) == 256
 
 
 def test_subgroup_path_is_used(device, kernels):
@@ -216,17 +224,18 @@ def _fused_rig(r, name, raw, cols, x, **kw):
     return r.read(yb, raw.shape[0]), xn
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
+@pytest.mark.parametrize("name,wg", [("Q4_1", None), ("Q6_K", None), ("Q4_1", 128), ("Q6_K", 256)])
 @pytest.mark.parametrize("sg", [True, False])
-def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, sg):
-    """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself."""
+def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, wg, sg):
+    """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself (at this CPU
+    adapter's workgroup size and at the GPU's)."""
     raw, W = tensor(name)
     cols = W.shape[1]
     x = rand(cols, seed=11) * 3 + 0.5                  # mean not 0, rms not 1: a missing norm shows
     nw = rand(cols, seed=12)
     xn_ref = (x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)) * nw
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
-        y, xn = _fused_rig(r, name, raw, cols, x, norm=nw)
+        y, xn = _fused_rig(r, name, raw, cols, x, norm=nw, wg=wg)
     assert qo.dot_err(y, W, xn_ref) <= DOT_TOL
     # the stored normed input: a few f32 roundings of values of size |xn| (rel 1e-6), untouched around it
     np.testing.assert_allclose(xn[2:], xn_ref, rtol=0, atol=1e-6 * np.max(np.abs(xn_ref)))
