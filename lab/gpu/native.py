@@ -81,11 +81,12 @@ class NativeDevice(Device):
     def prepare(self, dispatches: list[Dispatch]) -> "RawPlan | list[Dispatch]":
         return RawPlan(dispatches) if _lib is not None else list(dispatches)
 
-    def run(self, dispatches, writes=(), copies=()) -> None:
+    def _pass(self, dispatches, writes, **pass_args):
+        """Apply the writes, then a command encoder with one compute pass of `dispatches`, ended."""
         for buf, offset, data in writes:
             self._queue.write_buffer(buf.handle, offset, data)
         enc = self._device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
+        cpass = enc.begin_compute_pass(**pass_args)
         if isinstance(dispatches, RawPlan):
             dispatches.encode(cpass._internal)
         else:
@@ -94,6 +95,10 @@ class NativeDevice(Device):
                 cpass.set_bind_group(0, d.bound.handle)
                 cpass.dispatch_workgroups(*d.groups)
         cpass.end()         # through wgpu-py: an invalid pass raises here or at finish, with the message
+        return enc
+
+    def run(self, dispatches, writes=(), copies=()) -> None:
+        enc = self._pass(dispatches, writes)
         for src, src_off, dst, dst_off, size in copies:
             enc.copy_buffer_to_buffer(src.handle, src_off, dst.handle, dst_off, size)
         self._queue.submit([enc.finish()])
@@ -107,19 +112,8 @@ class NativeDevice(Device):
             out = self._device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
             self._timer = (qs, out)
         qs, out = self._timer
-        for buf, offset, data in writes:
-            self._queue.write_buffer(buf.handle, offset, data)
-        enc = self._device.create_command_encoder()
-        cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
-                                                         "end_of_pass_write_index": 1})
-        if isinstance(dispatches, RawPlan):
-            dispatches.encode(cpass._internal)
-        else:
-            for d in dispatches:
-                cpass.set_pipeline(d.kernel.handle)
-                cpass.set_bind_group(0, d.bound.handle)
-                cpass.dispatch_workgroups(*d.groups)
-        cpass.end()
+        enc = self._pass(dispatches, writes, timestamp_writes={
+            "query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
         enc.resolve_query_set(qs, 0, 2, out, 0)
         self._queue.submit([enc.finish()])
         t0, t1 = memoryview(self._queue.read_buffer(out, 0, 16)).cast("Q")
