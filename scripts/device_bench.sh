@@ -7,17 +7,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-python3 -m lab.cli selftest | tee "$OUT/selftest.json"
+python3 -m lab.host.cli selftest | tee "$OUT/selftest.json"
 what=${1:-tests,kernels,models}
 if [[ $what == *tests* ]]; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels -x -k "not real" 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt"
 fi
 if [[ $what == *kernels* ]]; then
-  python3 -m lab.cli bench kernels | tee "$OUT/kernels.txt"
+  python3 -m lab.host.cli bench kernels | tee "$OUT/kernels.txt"
 fi
 if [[ $what == *models* ]]; then
   for m in smollm2 qwen2.5 gemma3; do
-    python3 -m lab.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --json \
+    python3 -m lab.host.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --json \
       | tee "$OUT/bench_$m.json"
   done
 fi
@@ -27,7 +27,7 @@ fi
 if [[ $what == *profile* ]]; then
   for m in ${PROFILE_MODELS:-smollm2 qwen2.5 gemma3}; do
     for c in 0 2048; do
-      python3 -m lab.cli bench --synthetic "$m" --profile --prompts 1 --contexts "$c" | sed "s/^/$m ctx$c /" | tee -a "$OUT/profile.txt"
+      python3 -m lab.host.cli bench --synthetic "$m" --profile --prompts 1 --contexts "$c" | sed "s/^/$m ctx$c /" | tee -a "$OUT/profile.txt"
     done
   done
 fi

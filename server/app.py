@@ -15,7 +15,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from lab import __version__, models
+from lab import __version__
+from lab.host import models
 
 from . import wheel
 

@@ -23,14 +23,13 @@ def _record_line(path: str, data: bytes) -> str:
 
 
 def build(package_dir: Path | None = None) -> bytes:
-    """The wheel's bytes: every .py file of lab/ except the CPython-only parts (native backend,
-    numpy reference, CLI), plus dist-info."""
+    """The wheel's bytes: every .py file of lab/ except lab/host/ (the CPython-only tools: native backend,
+    numpy reference, CLI, benchmarks), plus dist-info. The package layout decides what ships, not a list."""
     root = Path(package_dir or Path(lab.__file__).parent)
-    skip = {"reference", "__pycache__"}
     files: list[tuple[str, bytes]] = []
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root.parent)
-        if skip & set(rel.parts) or rel.as_posix() in {"lab/gpu/native.py", "lab/cli.py"}:
+        if {"host", "__pycache__"} & set(rel.parts[1:-1]):
             continue
         files.append((rel.as_posix(), p.read_bytes()))
     dist = f"{NAME}-{VERSION}.dist-info"

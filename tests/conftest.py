@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import models
+from lab.host import models
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -37,8 +37,8 @@ def gemma_path() -> Path:
 
 @pytest.fixture(scope="session")
 def device():
-    from lab import gpu
-    return gpu.open_native()
+    from lab.host.native import open_native
+    return open_native()
 
 
 def load_fixture(name: str):

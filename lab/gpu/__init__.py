@@ -170,8 +170,3 @@ class Device:
     async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
-
-def open_native(disable: tuple[str, ...] = ()) -> Device:
-    """The wgpu-py device (CPython only). `disable` drops features, so fallbacks stay testable."""
-    from .native import NativeDevice
-    return NativeDevice(disable=disable)

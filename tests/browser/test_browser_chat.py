@@ -11,6 +11,7 @@ import pytest
 
 from lab import chat, gguf, gpu
 from lab.engine import Engine
+from lab.host.native import open_native
 from lab.sampler import Settings
 from lab.session import Session
 from lab.tokenizer import from_metadata
@@ -49,7 +50,7 @@ def _send(lab, text, max_tokens):
 @pytest.fixture(scope="module")
 def native(smollm2_path):
     header = gguf.read_file(smollm2_path)
-    engine = Engine(gpu.open_native(), header, n_ctx=512)
+    engine = Engine(open_native(), header, n_ctx=512)
     engine.upload_file(smollm2_path)
     return header, from_metadata(header.metadata), engine
 

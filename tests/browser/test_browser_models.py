@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from lab import gguf, probes
-from lab.reference.forward import Reference
+from lab.host.reference.forward import Reference
 from lab.tokenizer import from_metadata
 from tests.browser.conftest import open_lab
 from tests.conftest import load_fixture

@@ -46,10 +46,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import FIXTURES
-from lab import chat, cli, gguf
+from lab import chat, gguf
+from lab.host import cli
 from lab.engine import Engine, EngineError
-from lab.reference import Reference
-from lab.reference.bisect import bisect, rel_error
+from lab.host.reference import Reference
+from lab.host.reference.bisect import bisect, rel_error
 from lab.sampler import Settings
 from lab.session import Session
 from lab.tokenizer import from_metadata

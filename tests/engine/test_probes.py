@@ -19,7 +19,7 @@ import pytest
 from lab import gguf, probes
 from lab.engine import Engine
 from lab.probes import Probes
-from lab.reference.forward import Reference
+from lab.host.reference.forward import Reference
 from lab.session import Session
 from lab.sampler import Settings
 from lab.tokenizer import from_metadata

@@ -35,9 +35,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import FIXTURES
-from lab.reference import Hparams, Reference
-from lab.reference.bisect import bisect, rel_error
-from lab.reference.forward import rms_norm, rope, softmax
+from lab.host.reference import Hparams, Reference
+from lab.host.reference.bisect import bisect, rel_error
+from lab.host.reference.forward import rms_norm, rope, softmax
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}
 

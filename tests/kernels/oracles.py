@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from lab import gpu, shaders
+from lab.host.native import open_native
 from lab.ops import step_bytes
 from lab.ops import make_step
 from lab.shaders import KernelCache
@@ -35,7 +36,7 @@ _DEVICES: dict = {}
 def open_env(name: str) -> Env:
     """'subgroups': the device with every feature it has; 'fallback': the same GPU with subgroups disabled."""
     if name not in _DEVICES:
-        dev = gpu.open_native(disable=("subgroups",) if name == "fallback" else ())
+        dev = open_native(disable=("subgroups",) if name == "fallback" else ())
         if name == "subgroups" and "subgroups" not in dev.info.features:
             pytest.skip("this adapter has no subgroups")
         _DEVICES[name] = Env(dev, KernelCache(dev), name)

@@ -12,6 +12,7 @@ import pytest
 
 from lab import gpu
 from lab.ggml import BY_NAME
+from lab.host.native import open_native
 from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
 from lab.shaders import KernelCache
@@ -37,7 +38,7 @@ def kernels(device):
 
 @pytest.fixture(scope="module")
 def device_nosg():
-    return gpu.open_native(disable=("subgroups",))
+    return open_native(disable=("subgroups",))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ benchmark (docs/performance.md), not a test."""
 
 from __future__ import annotations
 
-from lab import bench_browser, chat, cli, gguf, models, synthetic
+from lab import chat, gguf
+from lab.host import bench_browser, cli, models, synthetic
 from lab.tokenizer import from_metadata
 
 

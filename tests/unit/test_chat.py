@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from lab import chat, gguf, models
+from lab import chat, gguf
+from lab.host import models
 from lab.tokenizer import UnsupportedTokenizer, from_metadata
 from tests.conftest import load_fixture
 

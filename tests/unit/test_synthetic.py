@@ -10,7 +10,8 @@ import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from lab import bench, gguf, model, models, synthetic
+from lab import gguf, model
+from lab.host import bench, models, synthetic
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

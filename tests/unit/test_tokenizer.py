@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from lab import gguf, models
+from lab import gguf
+from lab.host import models
 from lab.tokenizer import StreamDecoder, Tokenizer, UnsupportedTokenizer, from_metadata
 from tests.conftest import FIXTURES, load_fixture
 

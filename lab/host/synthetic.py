@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .ggml import BY_NAME
+from ..ggml import BY_NAME
 
 
 @dataclass(frozen=True)

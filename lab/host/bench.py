@@ -16,10 +16,11 @@ import random
 import resource
 import time
 
-from . import gguf, gpu, ops
-from .engine import Engine
-from .sampler import Settings
-from .session import Session
+from .. import gguf, gpu, ops
+from ..engine import Engine
+from ..sampler import Settings
+from ..session import Session
+from .native import open_native
 
 KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
     ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576),                  # SmolLM2
@@ -41,7 +42,7 @@ def _sync(engine: Engine) -> None:
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
                 disable=(), seed=0) -> dict:
     header = gguf.read_file(path)
-    device = gpu.open_native(disable=tuple(disable))
+    device = open_native(disable=tuple(disable))
     n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
     t0 = _now()
     engine = Engine(device, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
@@ -113,7 +114,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     timestamp queries. The families' sum falls short of the whole pass by what the switches between
     kernels cost."""
     header = gguf.read_file(path)
-    device = gpu.open_native(disable=tuple(disable))
+    device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
     engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
     rng = random.Random(0)
@@ -146,12 +147,12 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
     by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
     import numpy as np
 
-    from .ggml import BY_NAME
-    from .ops.matmul import matmul, matvec
-    from .ops.weights import alloc_weight, upload_weight
-    from .shaders import KernelCache
+    from ..ggml import BY_NAME
+    from ..ops.matmul import matmul, matvec
+    from ..ops.weights import alloc_weight, upload_weight
+    from ..shaders import KernelCache
     from .synthetic import random_blocks
-    device = gpu.open_native(disable=tuple(disable))
+    device = open_native(disable=tuple(disable))
     timestamps = "timestamp-query" in device.info.features
     kc = KernelCache(device)
     step = ops.make_step(device)

@@ -1,13 +1,13 @@
 """numpy reference forward pass (CPython only): the oracle the GPU engine is checked against.
 
-    from lab.reference import Reference
-    from lab.reference.bisect import bisect
+    from lab.host.reference import Reference
+    from lab.host.reference.bisect import bisect
     ref = Reference(models.path("smollm2"))
     logits = ref.forward(ids, trace=True)      # ref.trace: llama.cpp-named intermediate tensors
     bisect(ref.trace, gpu_trace, ref.trace_order, tol=1e-2)   # first tensor off by more than tol
 
 Imports numpy and gguf, so nothing on the Pyodide path may import this package. (bisect is not
-re-exported here so that `python -m lab.reference.bisect` runs without runpy's double-import
+re-exported here so that `python -m lab.host.reference.bisect` runs without runpy's double-import
 warning.)
 """
 

@@ -27,8 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from . import chat, gguf
-from .tokenizer import from_metadata
+from .. import chat, gguf
+from ..tokenizer import from_metadata
 
 # Debian's Chromium, WebGPU on SwiftShader: the flags tests/browser/conftest.py launches it with.
 CHROMIUM = "/usr/bin/chromium"

@@ -22,8 +22,9 @@ def _info(args) -> int:
 
 
 def _selftest(args) -> int:
-    from lab import gpu, selftest
-    device = gpu.open_native(disable=tuple(args.disable))
+    from lab import selftest
+    from lab.host.native import open_native
+    device = open_native(disable=tuple(args.disable))
     print(json.dumps({"gpu": device.info.summary(), "selftest": asyncio.run(selftest.run(device))}, indent=2))
     return 0
 
@@ -32,12 +33,13 @@ def _load(model_path: str, n_ctx: int, disable=()):
     """Header, config, tokenizer and a native engine with the weights uploaded (timed)."""
     import time
 
-    from lab import gguf, gpu
+    from lab import gguf
+    from lab.host.native import open_native
     from lab.engine import Engine
     from lab.tokenizer import from_metadata
     header = gguf.read_file(model_path)
     tok = from_metadata(header.metadata)
-    device = gpu.open_native(disable=tuple(disable))
+    device = open_native(disable=tuple(disable))
     t0 = time.perf_counter()
     engine = Engine(device, header, n_ctx=n_ctx)
     nbytes = engine.upload_file(model_path)
@@ -87,7 +89,7 @@ def _bench(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from lab import bench
+    from lab.host import bench
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)
     if args.model == "kernels":
         rows = bench.bench_kernels(repeat=args.repeat, disable=args.disable)
@@ -100,7 +102,7 @@ def _bench(args) -> int:
                       f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
         return 0
     if args.backend == "browser":
-        from lab import bench_browser
+        from lab.host import bench_browser
         if args.synthetic or not args.model:
             raise ValueError("--backend browser runs the page's chat, which needs a tokenizer: give a real GGUF "
                              "file (synthetic models have none; bench them with --backend native)")
@@ -115,7 +117,7 @@ def _bench(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model
         if args.synthetic:
-            from lab import synthetic
+            from lab.host import synthetic
             path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf")
         if args.profile:
             t = max(ints(args.prompts or "1"))
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
                    help="benchmark a random GGUF with this model's exact tensor shapes and types")
     s.add_argument("--backend", choices=("native", "browser"), default="native",
-                   help="browser: headless Chromium (SwiftShader) driving the real page, see lab/bench_browser.py")
+                   help="browser: headless Chromium (SwiftShader) driving the real page, see lab/host/bench_browser.py")
     s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template included)")
     s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
     s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")

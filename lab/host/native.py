@@ -10,7 +10,7 @@ try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us 
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
     _lib = _ffi = None
 
-from . import LIMITS, AdapterInfo, Bound, Buffer, Device, Dispatch, GpuError, Kernel, Slice
+from ..gpu import LIMITS, AdapterInfo, Bound, Buffer, Device, Dispatch, GpuError, Kernel, Slice
 
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}
@@ -161,3 +161,8 @@ class RawPlan:
                 set_pipeline(cpass, pipe)
             set_group(cpass, 0, group, 0, null)
             dispatch(cpass, x, y, z)
+
+
+def open_native(disable: tuple[str, ...] = ()) -> NativeDevice:
+    """The wgpu-py device (CPython only). `disable` drops features, so fallbacks stay testable."""
+    return NativeDevice(disable=disable)

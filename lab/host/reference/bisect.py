@@ -1,9 +1,9 @@
 """Find the first traced tensor where the GPU engine departs from the numpy reference.
 
-    from lab.reference import Reference
-    from lab.reference.bisect import bisect
+    from lab.host.reference import Reference
+    from lab.host.reference.bisect import bisect
     ref = Reference(path); ref.forward(ids, trace=True)
-    gpu_trace = ...                     # same names, same shapes (see lab/reference/forward.py)
+    gpu_trace = ...                     # same names, same shapes (see lab/host/reference/forward.py)
     hit = bisect(ref.trace, gpu_trace, ref.trace_order, tol=1e-2)
     if hit: print(hit)                  # ('attn_out-3', 0.04)
 
@@ -12,7 +12,7 @@ tolerance fits embeddings, probabilities and logits alike. Names missing from th
 skipped (an engine may record a subset); a shape mismatch counts as an infinite error.
 
 As a script it compares two saved traces (.npz, one array per name):
-    python -m lab.reference.bisect ref.npz gpu.npz [--tol 0.01] [--all]
+    python -m lab.host.reference.bisect ref.npz gpu.npz [--tol 0.01] [--all]
 order = the reference file's key order (np.savez keeps insertion order: save `ref.trace` as is).
 """
 
@@ -64,7 +64,7 @@ def bisect(ref_trace: dict, gpu_trace: dict, order: list[str], tol: float = 1e-2
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m lab.reference.bisect", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m lab.host.reference.bisect", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ref", help="reference trace .npz")
     ap.add_argument("gpu", help="GPU trace .npz")
