@@ -20,6 +20,10 @@ Templates:
 
 BOS: prepended when the vocabulary's add_bos_token says so, unless the template already put it
 there.
+
+A template is file data, so hostile until it rendered: anything it raises while rendering comes out
+as ChatTemplateError, and a rendering is bounded (range() items, `*` and `**` results, output size),
+so a template cannot hang or exhaust memory through them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import json
 import re
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_RENDER = 1 << 22       # characters one rendering of a template may produce
+MAX_ITEMS = 1 << 20        # range() items in one rendering, and the length of a `*` product
 
 
 class ChatTemplateError(ValueError):
@@ -38,7 +44,7 @@ def _sentinel(i: int) -> str:
     return f"\ue000chat-content-{i}\ue001"
 
 
-_SENTINEL_RE = re.compile("\ue000chat-content-(\\d+)\ue001")
+_SENTINEL_RE = re.compile("\ue000chat-content-([0-9]{1,9})\ue001")
 
 
 def _check_messages(messages) -> list[dict]:
@@ -46,6 +52,8 @@ def _check_messages(messages) -> list[dict]:
         raise ChatTemplateError("a conversation needs at least one message")
     out = []
     for m in messages:
+        if not isinstance(m, dict):
+            raise ChatTemplateError(f"a message must be a {{role, content}} object, not {type(m).__name__}")
         role = m.get("role")
         if role not in ROLES:
             raise ChatTemplateError(f"unsupported role {role!r}; use one of {', '.join(ROLES)}")
@@ -72,8 +80,31 @@ def _jinja_env():
             parser.stream.skip(1)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_IgnoreGeneration, jinja2.ext.loopcontrols])
+    class _Bounded(ImmutableSandboxedEnvironment):
+        """Sandboxed, and with the ways to make much work from little text capped."""
+        intercepted_binops = frozenset(("*", "**"))
+        items = 0
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+                _raise(f"exponent {right!r} is too large")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_ITEMS:
+                        _raise(f"a repetition of {len(seq)} x {n} items is too large")
+            return super().call_binop(context, operator, left, right)
+
+    env = _Bounded(trim_blocks=True, lstrip_blocks=True,
+                   extensions=[_IgnoreGeneration, jinja2.ext.loopcontrols])
+
+    def bounded_range(*args):
+        r = range(*args)
+        env.items += len(r)
+        if env.items > MAX_ITEMS:
+            _raise(f"range() gave more than {MAX_ITEMS} items in one rendering")
+        return r
+
+    env.globals["range"] = bounded_range
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
@@ -99,17 +130,39 @@ def _jinja_segments(tok, template: str, messages: list[dict], add_generation_pro
     import datetime
 
     env = _jinja_env()
-    tmpl = env.from_string(template)
     ctx = dict(
         bos_token=tok.tokens[tok.bos_id] if tok.bos_id is not None else "",
         eos_token=tok.tokens[tok.eos_id] if tok.eos_id is not None else "",
         raise_exception=_raise, add_generation_prompt=add_generation_prompt,
-        strftime_now=lambda f: datetime.datetime.now().strftime(f),
+        strftime_now=lambda f: datetime.datetime.now().strftime(str(f)),
     )
-    real = tmpl.render(messages=messages, **ctx)
+
+    compiled = []
+
+    def render(msgs) -> str:
+        env.items = 0
+        out, n = [], 0
+        try:
+            if not compiled:
+                compiled.append(env.from_string(template))
+            for piece in compiled[0].generate(messages=msgs, **ctx):
+                n += len(piece)
+                if n > MAX_RENDER:
+                    _raise(f"the rendering is longer than {MAX_RENDER} characters")
+                out.append(piece)
+        except ChatTemplateError:
+            raise
+        except Exception as exc:   # the template is file data: whatever it raises, the message says so
+            raise ChatTemplateError(f"chat template (tokenizer.chat_template): {type(exc).__name__}: {exc}") from None
+        return "".join(out)
+
+    real = render(messages)
     masked = [{**m, "content": _sentinel(i)} for i, m in enumerate(messages)]
-    rendered = tmpl.render(messages=masked, **ctx)
+    rendered = render(masked)
     parts = _SENTINEL_RE.split(rendered)      # template, index, template, index, ..., template
+    if any(int(p) >= len(messages) for p in parts[1::2]):   # sentinel text that did not come from a content
+        raise ChatTemplateError("the chat template's rendering contains the lab's content marker; "
+                                "use the built-in format")
     for transform in (lambda s: s, str.strip):
         segs = []
         for k, p in enumerate(parts):

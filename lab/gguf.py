@@ -370,10 +370,19 @@ def read_file(path: str | os.PathLike) -> Header:
 
 
 def summary(h: Header) -> dict:
-    """The model at a glance, for the page. A key the file lacks gives None."""
+    """The model at a glance, for the page. A key the file lacks, or holds with an unexpected type,
+    gives None (strings are cut to 200 characters): the page shows this before lab.validate runs."""
     md = h.metadata
-    arch = md.get("general.architecture")
-    arch_key = (lambda k: md.get(f"{arch}.{k}")) if isinstance(arch, str) else (lambda k: None)
+
+    def text(key: str) -> str | None:
+        v = md.get(key)
+        return v[:200] if isinstance(v, str) else None
+
+    arch = text("general.architecture")
+
+    def arch_key(k: str) -> int | None:
+        v = md.get(f"{arch}.{k}") if arch is not None else None
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     tokens = md.get("tokenizer.ggml.tokens")
     vocab = len(tokens) if isinstance(tokens, list) else arch_key("vocab_size")
@@ -387,14 +396,14 @@ def summary(h: Header) -> dict:
 
     return {
         "architecture": arch,
-        "name": md.get("general.name"),
+        "name": text("general.name"),
         "layers": arch_key("block_count"),
         "embedding_size": arch_key("embedding_length"),
         "heads": arch_key("attention.head_count"),
         "kv_heads": arch_key("attention.head_count_kv"),
         "vocab_size": vocab,
-        "tokenizer_model": md.get("tokenizer.ggml.model"),
-        "tokenizer_pre": md.get("tokenizer.ggml.pre"),
+        "tokenizer_model": text("tokenizer.ggml.model"),
+        "tokenizer_pre": text("tokenizer.ggml.pre"),
         "context_length": arch_key("context_length"),
         "tensor_count": len(h.tensors),
         "params": sum(t.n_elements for t in h.tensors),

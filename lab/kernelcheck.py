@@ -24,6 +24,7 @@ from .ops.glu import glu
 from .ops.matmul import matmul, matvec
 from .ops.norm import rms_norm
 from .ops.rope import rope
+from .ops.rows import Rows
 from .ops.sample import argmax, top_k
 from .ops.softmax import softmax
 from .ops.weights import alloc_weight, upload_weight
@@ -124,13 +125,13 @@ def _glu(dev, kernels, step, c: _Case):
 
 def _argmax(dev, kernels, step, c: _Case):
     """x [rows, n] -> out [rows] u32."""
-    return argmax(dev, kernels, c.input("x"), c.output("out", 4 * c["rows"]), step, c["n"], rows=c["rows"])
+    return argmax(dev, kernels, c.input("x"), c.output("out", 4 * c["rows"]), step, c["n"], rows=Rows.fixed(c["rows"]))
 
 
 def _top_k(dev, kernels, step, c: _Case):
     """x [rows, n] -> out [rows, k] (index u32, value f32) pairs."""
     return top_k(dev, kernels, c.input("x"), c.output("out", 8 * c["rows"] * c["k"]), step, c["n"], c["k"],
-                 rows=c["rows"])
+                 rows=Rows.fixed(c["rows"]))
 
 
 BUILDERS = {"matvec": _matvec, "matmul": _matmul, "get_rows": _get_rows, "rms_norm": _rms_norm, "rope": _rope,
@@ -143,18 +144,16 @@ async def run(device: gpu.Device, kernels, case: dict) -> dict:
     if case["op"] not in BUILDERS:
         raise ValueError(f"kernel check: unknown op {case['op']!r} ({', '.join(BUILDERS)})")
     t, pos, n_ctx = int(case.get("t", 1)), int(case.get("pos", 0)), int(case.get("n_ctx", 4096))
-    before = set(map(id, device.buffers))
+    owner = object()     # this case's buffers; the read-back staging buffer (browser) is the device's own: kept
     try:
-        c = _Case(device, case)
-        step = make_step(device, "check.step")
-        ops = BUILDERS[case["op"]](device, kernels, step, c)
+        with device.owning(owner):
+            c = _Case(device, case)
+            step = make_step(device, "check.step")
+            ops = BUILDERS[case["op"]](device, kernels, step, c)
         await device.flush_errors()          # a shader that does not compile is named here, not read as zeros
         device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
         outputs = {name: await device.read(buf, 0, n) for name, (buf, n) in c.outputs.items()}
         await device.flush_errors()
         return {"outputs": outputs, "kernels": sorted({op.kernel.label for op in ops})}
     finally:
-        # The read-back staging buffer (browser) belongs to the device and may have been made or grown here: kept.
-        keep = set(map(id, device.staging(0)))
-        for buf in [b for b in device.buffers if id(b) not in before and id(b) not in keep]:
-            device.destroy(buf)
+        device.free(owner)

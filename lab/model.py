@@ -1,6 +1,12 @@
 """Model configs, one frozen dataclass for every architecture, built from GGUF metadata by `from_gguf`;
 and the tensor table each config expects, checked against the file before a byte is uploaded.
 
+The values come from `lab.validate.check_config` (type and range of every key); what is checked here
+is their consistency with each other and with the tensors, and every message names the keys behind
+a number (`tensor blk.0.attn_k.weight has shape [64, 32], expected [64, 16] = [n_embd, n_head_kv *
+head_dim] from llama.embedding_length = 64, ...`). `lab.validate.validate` is the entry point that
+also checks the tokenizer.
+
 What it does not know: how tensors reach the GPU (lab.engine) or how tokens are made (lab.tokenizer).
 """
 
@@ -11,12 +17,9 @@ from dataclasses import dataclass
 
 from .ggml import SUPPORTED, type_name
 from .gguf import Header
+from .validate import ModelError, check_config, show
 
 ARCHITECTURES = ("llama", "qwen2", "gemma3")
-
-
-class ModelError(ValueError):
-    """The file is a valid GGUF but not a model this engine can run; the message names the key or tensor."""
 
 
 @dataclass(frozen=True)
@@ -61,52 +64,84 @@ class Config:
         return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_value
 
 
-def _get(md: dict, key: str, kind=int, default=None):
-    if key not in md:
-        if default is not None:
-            return default
-        raise ModelError(f"metadata key {key} is missing")
-    v = md[key]
-    if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ModelError(f"metadata key {key} should be an integer, not {v!r}")
-    if kind is float and not isinstance(v, (int, float)):
-        raise ModelError(f"metadata key {key} should be a number, not {v!r}")
-    return kind(v)
-
-
 def from_gguf(header: Header) -> Config:
     md = header.metadata
     arch = md.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ModelError(f"unsupported architecture {arch!r} (general.architecture); this lab runs "
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
                          f"{', '.join(ARCHITECTURES)}")
     a = arch + "."
+    kv = check_config(md, arch)
     tensors = {t.name: t for t in header.tensors}
-    if "token_embd.weight" not in tensors:
+    emb = tensors.get("token_embd.weight")
+    if emb is None:
         raise ModelError("tensor token_embd.weight is missing")
-    n_embd = _get(md, a + "embedding_length")
-    n_head = _get(md, a + "attention.head_count")
-    n_head_kv = _get(md, a + "attention.head_count_kv", default=n_head)
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise ModelError(f"{a}attention.head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    head_dim = _get(md, a + "attention.key_length", default=n_embd // n_head)
-    n_layer = _get(md, a + "block_count")
+    n_embd = kv["embedding_length"]
+    if len(emb.shape) != 2 or emb.shape[0] != n_embd:
+        raise ModelError(f"tensor token_embd.weight has shape {list(emb.shape)}, expected [{n_embd}, vocabulary] "
+                         f"from {a}embedding_length = {n_embd}")
+    n_vocab = emb.shape[1]
+    if kv.get("vocab_size", n_vocab) != n_vocab:
+        raise ModelError(f"{a}vocab_size = {kv['vocab_size']}, but token_embd.weight has {n_vocab} rows")
+    # Where each size comes from, for the messages of check_tensors.
+    why = {"n_embd": f"{a}embedding_length = {n_embd}", "n_vocab": f"token_embd.weight rows = {n_vocab}"}
+
+    n_head = kv["attention.head_count"]
+    why["n_head"] = f"{a}attention.head_count = {n_head}"
+    n_head_kv = kv.get("attention.head_count_kv", n_head)
+    why["n_head_kv"] = (f"{a}attention.head_count_kv = {n_head_kv}" if "attention.head_count_kv" in kv
+                        else f"{a}attention.head_count_kv absent, so {a}attention.head_count = {n_head}")
+    if n_head % n_head_kv:
+        raise ModelError(f"{a}attention.head_count = {n_head} is not a multiple of "
+                         f"{a}attention.head_count_kv = {n_head_kv}")
+    if "attention.key_length" in kv:
+        head_dim = kv["attention.key_length"]
+        why["head_dim"] = f"{a}attention.key_length = {head_dim}"
+    else:
+        if n_embd % n_head:
+            raise ModelError(f"{a}attention.head_count = {n_head} does not divide {a}embedding_length = {n_embd} "
+                             f"(and {a}attention.key_length, the head size, is absent)")
+        head_dim = n_embd // n_head
+        why["head_dim"] = f"head size {head_dim} = {a}embedding_length {n_embd} / {a}attention.head_count {n_head}"
+    if kv.get("attention.value_length", head_dim) != head_dim:
+        raise ModelError(f"{a}attention.value_length = {kv['attention.value_length']} differs from the key length "
+                         f"{head_dim}: this lab needs them equal")
+    n_layer = kv["block_count"]
+    why["n_layer"] = f"{a}block_count = {n_layer}"
+    if 9 * n_layer > len(tensors):        # checked before anything loops over the layers
+        raise ModelError(f"{a}block_count = {n_layer} needs at least {9 * n_layer} tensors (9 a block); the file "
+                         f"has {len(tensors)}")
+    n_ff = kv["feed_forward_length"]
+    why["n_ff"] = f"{a}feed_forward_length = {n_ff}"
+    n_rot = kv.get("rope.dimension_count", head_dim)
+    if n_rot % 2 or n_rot > head_dim:
+        raise ModelError(f"{a}rope.dimension_count = {n_rot}: must be even and at most the head size {head_dim} "
+                         f"({why['head_dim']})")
+    if arch == "llama" and n_rot != head_dim:   # llama.cpp: "invalid n_rot"
+        raise ModelError(f"{a}rope.dimension_count = {n_rot}: a llama model rotates the whole head of {head_dim} "
+                         f"({why['head_dim']})")
+
+    # RoPE scaling as llama.cpp reads it: type "linear" when absent; factor from rope.scaling.factor, else
+    # the older rope.scale_linear; 0 or absent means 1; type "none" never scales.
+    factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if k in kv), None)
+    factor = kv[factor_key] if factor_key else 0.0
+    rope_scale = 1.0 if kv.get("rope.scaling.type", "linear") == "none" or factor == 0 else 1.0 / factor
     gemma = arch == "gemma3"
-    window = _get(md, a + "attention.sliding_window", default=0) if gemma else 0
-    rope_scale = 1.0
-    if md.get(a + "rope.scaling.type") == "linear":
-        rope_scale = 1.0 / _get(md, a + "rope.scaling.factor", float)
+    if gemma and rope_scale != 1.0:
+        # llama.cpp scales gemma3's global layers only (rope_freq_scale_train_swa = 1); Config has one scale.
+        raise ModelError(f"{a}{factor_key} = {show(factor)}: linear RoPE scaling of gemma3's global layers only "
+                         f"is not supported by this lab yet")
+    window = kv.get("attention.sliding_window", 0) if gemma else 0
+    rope_base = float(kv.get("rope.freq_base", 10000.0))
     cfg = Config(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-        n_ff=_get(md, a + "feed_forward_length"),
-        n_vocab=tensors["token_embd.weight"].shape[1],
-        n_ctx_train=_get(md, a + "context_length"),
-        eps=_get(md, a + "attention.layer_norm_rms_epsilon", float),
-        rope_base=_get(md, a + "rope.freq_base", float, default=10000.0),
+        n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=kv["context_length"],
+        eps=float(kv["attention.layer_norm_rms_epsilon"]),
+        rope_base=rope_base,
         # llama.cpp hard-codes 10000 for gemma3's sliding layers (rope_freq_base_train_swa).
-        rope_base_local=10000.0 if gemma else _get(md, a + "rope.freq_base", float, default=10000.0),
+        rope_base_local=10000.0 if gemma else rope_base,
         rope_scale=rope_scale,
-        n_rot=_get(md, a + "rope.dimension_count", default=head_dim),
+        n_rot=n_rot,
         rope_neox=arch in ("qwen2", "gemma3"),
         qkv_bias=arch == "qwen2",
         tied_output="output.weight" not in tensors,
@@ -116,21 +151,19 @@ def from_gguf(header: Header) -> Config:
         sliding_window=window,
         # llama.cpp's gemma3 pattern: every 6th layer (il % 6 == 5) is global, the rest slide.
         sliding=tuple(gemma and window > 0 and il % 6 < 5 for il in range(n_layer)),
-        attn_softcap=_get(md, a + "attn_logit_softcapping", float, default=0.0) if gemma else 0.0,
-        final_softcap=_get(md, a + "final_logit_softcapping", float, default=0.0) if gemma else 0.0,
+        attn_softcap=float(kv.get("attn_logit_softcapping", 0.0)),
+        final_softcap=float(kv.get("final_logit_softcapping", 0.0)),
     )
-    if cfg.n_rot > head_dim or cfg.n_rot % 2:
-        raise ModelError(f"{a}rope.dimension_count {cfg.n_rot} does not fit a head of {head_dim}")
-    check_tensors(cfg, header)
+    check_tensors(cfg, header, why)
     return cfg
 
 
-def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor the forward pass reads, with its GGUF shape (ne0 first)."""
-    e, q, kv, ff = cfg.n_embd, cfg.q_dim, cfg.kv_dim, cfg.n_ff
-    shapes = {"token_embd.weight": (e, cfg.n_vocab), "output_norm.weight": (e,)}
+def _symbolic_tensors(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (ne0 first) in Config field names."""
+    e, q, kv, ff, v = "n_embd", "n_head * head_dim", "n_head_kv * head_dim", "n_ff", "n_vocab"
+    shapes = {"token_embd.weight": (e, v), "output_norm.weight": (e,)}
     if not cfg.tied_output:
-        shapes["output.weight"] = (e, cfg.n_vocab)
+        shapes["output.weight"] = (e, v)
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         shapes.update({
@@ -141,22 +174,50 @@ def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
         if cfg.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
         if cfg.qk_norm:
-            shapes.update({b + "attn_q_norm.weight": (cfg.head_dim,), b + "attn_k_norm.weight": (cfg.head_dim,)})
+            shapes.update({b + "attn_q_norm.weight": ("head_dim",), b + "attn_k_norm.weight": ("head_dim",)})
         if cfg.post_norms:
             shapes.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
     return shapes
 
 
-def check_tensors(cfg: Config, header: Header) -> None:
-    """Every expected tensor present with its shape and a type we can read; 1-D tensors in F32."""
+def _size(cfg: Config, dim: str) -> int:
+    n = 1
+    for f in dim.split(" * "):
+        n *= getattr(cfg, f)
+    return n
+
+
+def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (ne0 first)."""
+    return {name: tuple(_size(cfg, d) for d in dims) for name, dims in _symbolic_tensors(cfg).items()}
+
+
+def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None) -> None:
+    """Every expected tensor present with its shape and a type we can read; 1-D tensors in F32; no
+    other tensor (llama.cpp refuses a file with tensors it does not read, and so does this lab: an
+    unread rope_freqs or bias would change the output). why: Config field -> the keys it came from."""
+    why = why or {}
     have = {t.name: t for t in header.tensors}
-    for name, shape in expected_tensors(cfg).items():
+    layers = why.get("n_layer", f"{cfg.n_layer} blocks")
+    expected = _symbolic_tensors(cfg)
+    for name, dims in expected.items():
         t = have.get(name)
         if t is None:
-            raise ModelError(f"tensor {name} is missing (a {cfg.arch} model needs it)")
+            raise ModelError(f"tensor {name} is missing (a {cfg.arch} model needs it"
+                             f"{f'; {layers}' if name.startswith('blk.') else ''})")
+        shape = tuple(_size(cfg, d) for d in dims)
         if tuple(t.shape) != shape:
-            raise ModelError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} for this {cfg.arch} config")
+            fields = dict.fromkeys(f for d in dims for f in d.split(" * "))
+            src = "; ".join(why[f] for f in fields if f in why)
+            raise ModelError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} = "
+                             f"[{', '.join(dims)}]{f' from {src}' if src else ''}")
         if t.type_id not in SUPPORTED:
             raise ModelError(f"tensor {name} has type {type_name(t.type_id)}, which this lab cannot read yet")
         if len(shape) == 1 and t.type.name != "F32":
             raise ModelError(f"tensor {name} is {t.type.name}; 1-D tensors must be F32")
+    for t in header.tensors:
+        if t.name not in expected:
+            block = t.name.split(".")[1] if t.name.startswith("blk.") else ""
+            extra = f" ({layers})" if block.isdigit() and int(block) >= cfg.n_layer else ""
+            raise ModelError(f"tensor {t.name} is not one a {cfg.arch} model reads here{extra}: refused rather "
+                             f"than ignored")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from . import gpu, ops
 from .ops import attention as attn_ops
 from .ops import embed, matmul, norm, sample, softmax
+from .ops.rows import Rows
 from .ops.weights import dequant_consts
 
 NEIGHBOURS = 10        # nearest tokens listed by the embedding inspector
@@ -91,14 +92,6 @@ def lens_work(n_layer: int, head, rows: int) -> tuple[int, int]:
     return n_layer * rows * head.rows * head.cols, n_layer * head.rows * head.row_bytes
 
 
-def _uniform(device: gpu.Device, size: int, label: str) -> gpu.Buffer:
-    """A uniform of kind CONVERSATION (it holds positions), written per request; made as ops.make_step makes the
-    step uniform, since Device.uniform makes CONSTANT ones."""
-    buf = gpu.Buffer(device._create_buffer(size, label, uniform=True), size, gpu.CONVERSATION, label, uniform=True)
-    device.buffers.append(buf)
-    return buf
-
-
 def _pairs(raw: bytes, offset: int, count: int) -> list[tuple[int, float]]:
     out = [sample.PAIR.unpack_from(raw, offset + 8 * i) for i in range(count)]
     return [(i, v) for i, v in out if i != sample.NONE]
@@ -115,27 +108,28 @@ class Probes:
         self.device = engine.device
         self.window = window
         self.lens_positions = lens_positions
-        self.buffers: list[gpu.Buffer] = []
         self._emb = None
         self._pass = None
         self._variants: dict[tuple, list[ops.Op]] = {}
 
     def close(self) -> None:
-        for b in self.buffers:
-            if b in self.device.buffers:
-                self.device.destroy(b)
-        self.buffers = []
+        self.device.free(self)
         self._emb = self._pass = None
         self._variants.clear()
 
-    def _made_since(self, before: set) -> None:
-        self.buffers += [b for b in self.device.buffers if id(b) not in before]
+    @property
+    def buffers(self) -> list[gpu.Buffer]:
+        return self.device.owned_by(self)
 
     # -- embedding inspector -----------------------------------------------------------------------------
     def _build_embedding(self) -> None:
+        with self.device.owning(self):
+            self._emb = self._embedding_ops()
+
+    def _embedding_ops(self) -> list[ops.Op]:
         eng, dev, kc, cfg = self.engine, self.device, self.engine.kernels, self.engine.cfg
-        before = set(map(id, dev.buffers))
-        table = eng.w["token_embd.weight"]
+        table = eng.weights.embedding
+        step = eng.scratch.step
         V, E, conv = cfg.n_vocab, cfg.n_embd, gpu.CONVERSATION
         self.q_id = dev.buffer(4, conv, "probe.query id [1] u32")
         self.q_row = dev.buffer(4 * E, conv, "probe.query row [n_embd]")
@@ -156,11 +150,10 @@ class Probes:
         params = dev.uniform(_PARAMS.pack(V, 0xFF800000, 0, 0), "probe.cosine.params")   # V, -inf as bits
         cos = ops.Op(kcos, dev.bind(kcos, [self.sims, self.norms, self.q_id, params], "probe.cosine"),
                      lambda t, g=ops.groups_1d(V, WG, max_dim): g)
-        self._emb = (embed.get_rows(dev, kc, table, self.q_id, self.q_row, eng.step_buf)
-                     + matmul.matvec(dev, kc, table, self.q_row, self.sims)
-                     + [cos]
-                     + sample.top_k(dev, kc, self.sims, self.nb, eng.step_buf, V, NEIGHBOURS, rows=1))
-        self._made_since(before)
+        return (embed.get_rows(dev, kc, table, self.q_id, self.q_row, step)
+                + matmul.matvec(dev, kc, table, self.q_row, self.sims)
+                + [cos]
+                + sample.top_k(dev, kc, self.sims, self.nb, step, V, NEIGHBOURS, rows=Rows.fixed(1)))
 
     async def embedding(self, token_id: int) -> Embedding:
         eng, dev = self.engine, self.device
@@ -170,24 +163,29 @@ class Probes:
             self._build_embedding()
             await dev.flush_errors()         # the browser reports shader problems late: name them now
         t0 = time.perf_counter()
-        dev.run([op.at(1) for op in self._emb], [(eng.step_buf, 0, ops.step_bytes(0, 1, eng.n_ctx)),
-                                                 (self.q_id, 0, struct.pack("<I", token_id))])
+        dev.run(ops.dispatches(self._emb, 1), eng.step_writes(None, 0, 1) + [(self.q_id, 0, struct.pack("<I", token_id))])
         values = await dev.read(self.q_row)
         nb = _pairs(await dev.read(self.nb), 0, NEIGHBOURS)
         (norm_,) = struct.unpack("<f", await dev.read(self.norms, 4 * token_id, 4))
         return Embedding(token_id, values[:4 * eng.cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3,
-                         *neighbours_work(eng.w["token_embd.weight"]))
+                         *neighbours_work(eng.weights.embedding))
 
     # -- the inspection pass ------------------------------------------------------------------------------
     def _build_pass(self) -> None:
+        with self.device.owning(self):
+            self._build_pass_owned()
+        self._pass = True
+
+    def _build_pass_owned(self) -> None:
         eng, dev, kc, cfg = self.engine, self.device, self.engine.kernels, self.engine.cfg
-        before = set(map(id, dev.buffers))
+        step, x = eng.scratch.step, eng.scratch.x
         L, H, E, V, B, P = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_vocab, eng.max_batch, self.lens_positions
         conv = gpu.CONVERSATION
         max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
         cols = self.window + 1
-        self.win = _uniform(dev, 16, "probe.window {w0, wn, l0, ln}")
-        self.lens_step = _uniform(dev, 16, "probe.lens step")
+        # uniforms rewritten per request with positions: conversation data
+        self.win = dev.uniform(bytes(_WINDOW.size), "probe.window {w0, wn, l0, ln}", kind=conv)
+        self.lens_step = ops.make_step(dev, "probe.lens step")
         self.attn_probe = dev.buffer(attn_ops.probe_bytes(B, H, eng.n_ctx), conv, "probe.attention [B, n_head, n_ctx]")
         self.attn = dev.buffer(4 * L * H * self.window * cols, conv, "probe.attention window [n_layer, n_head, w, w+1]")
         self.resid = dev.buffer(4 * (L + 1) * self.window, conv, "probe.residual norms [n_layer + 1, w]")
@@ -201,14 +199,14 @@ class Probes:
         def small(entry: str, resources: list, params: tuple, n_threads, label: str) -> ops.Op:
             k = kc.get("probes", entry, WG=WG)
             u = dev.uniform(_PARAMS.pack(*params), f"{label}.params")
-            return ops.Op(k, dev.bind(k, resources + [eng.step_buf, self.win, u], label),
+            return ops.Op(k, dev.bind(k, resources + [step, self.win, u], label),
                           lambda t: ops.groups_1d(max(1, n_threads(t)), WG, max_dim))
 
         self._gather = [small("attn_gather", [self.attn_probe, self.attn], (H, eng.n_ctx, il, cols),
                               lambda t: t * H * cols, f"probe.attn_gather {il}") for il in range(L)]
-        self._copy = [small("lens_copy", [eng.x, self.lens_x], (E, il, P, 0), lambda t: t * E, f"probe.lens_copy {il}")
+        self._copy = [small("lens_copy", [x, self.lens_x], (E, il, P, 0), lambda t: t * E, f"probe.lens_copy {il}")
                       for il in range(L)]
-        self._norm = [small("row_norm", [eng.x, self.resid], (E, slot, 0, 0), lambda t: t, f"probe.row_norm {slot}")
+        self._norm = [small("row_norm", [x, self.resid], (E, slot, 0, 0), lambda t: t, f"probe.row_norm {slot}")
                       for slot in range(L + 1)]
         # The lens: per layer, the kept rows through the final norm, the head, softmax, top-k into the layer's slice
         # of lens_top. The head is one matmul, so its weights are read once per layer, not once per row; but the
@@ -216,54 +214,51 @@ class Probes:
         # same single read, 1/32 of the arithmetic). Measured with the earlier 16-token tiles, 30 layers: lavapipe
         # 22 s for any count up to 16 (one tile), a matvec 2.2 s per position; SwiftShader in Chromium: matvecs for
         # 8 positions took minutes.
-        self.head = eng.w.get("output.weight", eng.w["token_embd.weight"])
+        self.head = eng.weights.head
         self._lens, self._lens_one = [], []
         for il in range(L):
             off = il * P * E
-            normed = norm.rms_norm(dev, kc, self.lens_x, eng.v["output_norm.weight"], self.lens_xn,
+            normed = norm.rms_norm(dev, kc, self.lens_x, eng.weights.vectors["output_norm.weight"], self.lens_xn,
                                    self.lens_step, E, cfg.eps, in_offset=off, out_offset=off)
             top = (softmax.softmax(dev, kc, self.lens_logits, self.lens_logits, self.lens_step, V)
                    + sample.top_k(dev, kc, self.lens_logits,
                                   gpu.Slice(self.lens_top, il * self.lens_stride, self.lens_stride),
-                                  self.lens_step, V, LENS_K, rows=None, max_rows=P))
+                                  self.lens_step, V, LENS_K, rows=Rows.per_token(P)))
             self._lens += normed + matmul.matmul(dev, kc, self.head, self.lens_xn, self.lens_logits, self.lens_step,
                                                  max_tokens=P, x_offset=off) + top
             self._lens_one += normed + matmul.matvec(dev, kc, self.head, self.lens_xn, self.lens_logits,
                                                      x_offset=off) + top
-        # Where the probe ops go in the engine's plans, found by the trace names the plans record. A layer's
-        # attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its last one, and the
-        # run of attention ops ending there is what the probe variant replaces.
+        # Where the probe ops go in the engine's plans, found by the trace names the plans record and the ops'
+        # roles. A layer's attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its
+        # last one, and the run of ATTENTION ops ending there is what the probe variant replaces.
         self._where = {}
-        for batched, plan, trace in ((True, eng.prefill_ops, eng.prefill_trace),
-                                     (False, eng.decode_ops, eng.decode_trace)):
-            at = {tr.name: tr.after for tr in trace}
+        for batched in (True, False):
+            plan = eng.plan_for(batched)
             attn = {}
             for il in range(L):
-                last = first = at[f"kqv_out-{il}"]
-                if not plan[last].kernel.label.startswith("attention:"):
-                    raise RuntimeError(f"probes: op {last} of the engine's plan is {plan[last].kernel.label}, "
+                last = first = plan.at(f"kqv_out-{il}")
+                if plan.ops[last].role != ops.ATTENTION:
+                    raise RuntimeError(f"probes: op {last} of the engine's plan is {plan.ops[last].kernel.label}, "
                                        f"not the attention its trace names")
-                while first > 0 and plan[first - 1].kernel.label.startswith("attention:"):
+                while first > 0 and plan.ops[first - 1].role == ops.ATTENTION:
                     first -= 1
                 attn.update({i: (il, i == last) for i in range(first, last + 1)})
             # the residual entering layer 0 is llama.cpp's inp_scaled where the model scales the embedding (gemma3)
-            embd = at["inp_scaled"] if "inp_scaled" in at else at["inp_embd"]
-            self._where[batched] = (embd, attn, {at[f"l_out-{il}"]: il for il in range(L)},
+            embd = plan.at("inp_scaled" if cfg.embd_scale != 1.0 else "inp_embd")
+            self._where[batched] = (embd, attn, {plan.at(f"l_out-{il}"): il for il in range(L)},
                                     [eng.attention_op(il, batched, self.attn_probe) for il in range(L)])
-        self._pass = True
-        self._made_since(before)
 
     def _variant(self, batched: bool, write_kv: bool, attention: bool, lens: bool, residual: bool) -> list[ops.Op]:
         key = (batched, write_kv, attention, lens, residual)
         plan = self._variants.get(key)
         if plan is not None:
             return plan
-        base = self.engine.prefill_ops if batched else self.engine.decode_ops
+        base = self.engine.plan_for(batched).ops
         at_embd, at_attn, at_lout, probed = self._where[batched]
         end = max(at_lout) + 1        # the residual after the last layer; the output head is not needed
         plan = []
         for i, op in enumerate(base[:end]):
-            if not write_kv and op.kernel.label.startswith("kv:kv_write"):
+            if not write_kv and op.role == ops.KV_WRITE:
                 continue
             if attention and i in at_attn:
                 il, last = at_attn[i]
@@ -283,10 +278,8 @@ class Probes:
         return plan
 
     def _run(self, plan: list[ops.Op], ids: list[int], pos: int) -> None:
-        eng, t = self.engine, len(ids)
-        self.device.run([d for d in (op.at(t) for op in plan) if all(d.groups)],
-                        [(eng.step_buf, 0, ops.step_bytes(pos, t, eng.n_ctx)),
-                         (eng.ids, 0, struct.pack(f"<{t}I", *ids))])
+        t = len(ids)
+        self.device.run(ops.dispatches(plan, t), self.engine.step_writes(ids, pos, t))
 
     async def inspect(self, ids: list[int], cached: int = 0, start: int | None = None, end: int | None = None, *,
                       attention: bool = True, residual: bool = True, lens: int = 0) -> Inspection:
@@ -332,8 +325,7 @@ class Probes:
         top = None
         if lens:
             plan = self._lens_one if lens == 1 else self._lens
-            dev.run([d for d in (op.at(lens) for op in plan) if all(d.groups)],
-                    [(self.lens_step, 0, ops.step_bytes(0, lens, eng.n_ctx))])
+            dev.run(ops.dispatches(plan, lens), [(self.lens_step, 0, ops.step_bytes(0, lens, eng.n_ctx))])
             raw = await dev.read(self.lens_top, 0, L * self.lens_stride)
             top = [[_pairs(raw, il * self.lens_stride + 8 * LENS_K * q, LENS_K) for q in range(lens)]
                    for il in range(L)]

@@ -11,7 +11,9 @@ the `MAX_CANDIDATES` most likely tokens; their tail mass is what it leaves out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from .ops.sample import NONE     # "no token", the kernels' empty slot
 
 MAX_CANDIDATES = 64
 _MASK64 = (1 << 64) - 1
@@ -36,6 +38,19 @@ class Settings:
         if self.top_k < 0:
             raise ValueError(f"top-k must be >= 0, not {self.top_k}")
         return self
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Settings":
+        """Settings from a message or form: missing fields take the defaults above (their only home), each value is
+        converted to its field's type, and the whole is checked."""
+        kw = {}
+        for f in fields(cls):
+            if d.get(f.name) is not None:
+                try:
+                    kw[f.name] = {"bool": bool, "int": int, "float": float}[f.type](d[f.name])
+                except (TypeError, ValueError):
+                    raise ValueError(f"{f.name} must be a {f.type}, not {d[f.name]!r}") from None
+        return cls(**kw).check()
 
     @property
     def candidates(self) -> int:
@@ -71,8 +86,12 @@ class Sampler:
         self.rng = Pcg32(settings.seed)
 
     def pick(self, candidates: list[tuple[int, float]]) -> int:
-        """candidates: (token id, logit), sorted by logit descending (ties by lower id)."""
+        """candidates: (token id, logit), sorted by logit descending (ties by lower id). Returns NONE (the kernels'
+        empty slot, 0xFFFFFFFF) when no candidate has a finite logit: a NaN or infinity never becomes a token."""
         s = self.settings
+        candidates = [(i, v) for i, v in candidates if math.isfinite(v)]
+        if not candidates:
+            return NONE
         if s.greedy or s.temperature == 0:
             return candidates[0][0]
         cands = candidates[: s.candidates]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .engine import AHEAD, Engine
+from .engine import AHEAD, Engine, EngineError
+from .ops.sample import NONE
 from .sampler import Sampler, Settings
 
 FAST_STEP_S = 0.02      # greedy steps quicker than this run AHEAD at a time (below: one, for streaming)
@@ -50,7 +51,7 @@ class Session:
         self.cached: list[int] = []      # ids whose K/V sit in the cache at positions 0..len-1
 
     def reset(self) -> None:
-        self.cached = []
+        self.cached.clear()      # in place: whoever else holds the list sees it empty too (Forget)
 
     def _reuse(self, prompt: list[int]) -> int:
         n = 0
@@ -89,6 +90,8 @@ class Session:
             self.cached += chunk
         res.prefilled = len(prompt) - res.reused
         tok = await self._next(sampler, greedy)
+        if tok == NONE:
+            await self._nonfinite(chunk, pos - len(chunk))
         res.prefill_s = res.ttft_s = time.perf_counter() - t0
 
         # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request.
@@ -130,12 +133,24 @@ class Session:
             else:
                 eng.step([tok], len(self.cached), sampled=True)
                 tok = sampler.pick(await eng.top_k())
+            if tok == NONE:
+                await self._nonfinite([res.ids[-1]], len(self.cached))
             self.cached.append(res.ids[-1])
             res.decode_steps += 1
         if decoder is not None:
             res.text += decoder.flush()
         res.decode_s = time.perf_counter() - t1
         return res
+
+    async def _nonfinite(self, ids: list[int], pos: int) -> None:
+        """No logit was finite: the GPU's argmax and top-k skip NaN and infinities, so no token id comes of them.
+        Stop with the first tensor where the values broke, found by replaying the step (ids at pos) traced."""
+        self.cached = []             # the cache holds the broken values: the next turn starts afresh
+        where = await self.engine.first_nonfinite(ids, pos)
+        raise EngineError(f"the model's logits at position {pos + len(ids) - 1} are all NaN or infinite, so no token "
+                          f"can be chosen"
+                          + (f"; the first non-finite values appear in {where}" if where else "")
+                          + ": the file's weights or its metadata (norm epsilon, RoPE base) are broken")
 
     async def _next(self, sampler: Sampler, greedy: bool) -> int:
         if greedy:

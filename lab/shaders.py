@@ -5,6 +5,9 @@ Two directives, nothing more:
   `{{KEY}}`               is replaced by the value given for KEY; a key left unfilled is an error,
                           so the dispatch grid and the kernel can never disagree silently.
 
+Shared includes: common.wgsl (the Step uniform every per-step kernel reads), reduce.wgsl (workgroup
+sum / max), rows.wgsl (row selection of softmax and sampling), quant.wgsl (GGUF dequantization), act.wgsl.
+
 Natively the files are read from the repository's wgsl/ folder; in the browser the worker copies
 the served /wgsl/ files into Pyodide's file system and calls `set_dir`.
 """
@@ -18,6 +21,23 @@ from pathlib import Path
 _dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parent.parent / "wgsl"))
 _KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.M)
+
+
+def subgroup_consts(device) -> dict:
+    """The line switches of a kernel with a workgroup reduction: its subgroup path or its shared-memory fallback.
+
+    Lines prefixed `{{SG}}` are live only with the device's `subgroups` feature, lines prefixed `{{NOSG}}` only
+    without it (the other prefix becomes `// `, a comment: a device without the feature rejects any subgroup
+    builtin even in dead code). `{{SG_ENABLE}}` is the `enable subgroups;` directive the browser's WGSL requires
+    (wgpu-native's naga refuses the directive and enables the builtins through the device feature).
+
+    It lives here, beside the two directives, because the switches are a convention of the WGSL text shared by
+    every family with a reduction (matvec, norm, softmax, sample, reduce.wgsl), not a fact of one op family.
+    """
+    if "subgroups" in device.info.features:
+        enable = "enable subgroups;" if device.info.backend == "browser" else ""
+        return {"SG_ENABLE": enable, "SG": "", "NOSG": "// "}
+    return {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}
 
 
 def set_dir(path) -> None:

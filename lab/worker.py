@@ -1,6 +1,6 @@
 """The worker's Python side (Pyodide only): answers the page's messages, relayed by web/worker.js.
 
-Messages in:  init | inspect {file} | load {file} | chat {messages, settings, max_new} | reset
+Messages in:  init | read-header {file} | load {file} | chat {messages, settings, max_new} | reset
               probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from dataclasses import dataclass, field
 
 import js
-from pyodide.ffi import create_once_callable, to_js
+from pyodide.ffi import to_js
 
 from . import chat, forget, gguf, kernelcheck, probes, selftest
 from .engine import Engine
@@ -31,13 +32,40 @@ from .probes import Probes
 from .sampler import Settings
 from .session import Session
 from .shaders import KernelCache
-from .tokenizer import from_metadata
+from .tokenizer import Tokenizer, from_metadata
 
 _lock = asyncio.Lock()   # one message at a time: a second file picked mid-load waits its turn
-_state: dict = {"device": None, "engine": None, "session": None, "header": None, "tokenizer": None,
-                "probes": None,     # built on the first panel request, freed with the engine
-                "context": [],      # ids of the conversation the page shows: the last prompt and what followed
-                "check_kernels": None}   # pipelines of kernel-check messages (tests); they hold no data
+
+
+@dataclass
+class Loaded:
+    """A loaded model and its conversation. Replaced whole, never edited field by field: on load, unload, Forget,
+    new chat and device loss, so that no handler can keep a piece of an old conversation by forgetting a key."""
+    engine: Engine
+    header: gguf.Header
+    tokenizer: Tokenizer
+    session: Session
+    probes: Probes | None = None                        # built on the first panel request, freed with the engine
+    context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
+
+    def fresh(self) -> "Loaded":
+        """The same model with no conversation; this one's token lists are emptied in place (they may be shared)."""
+        self.drop_conversation()
+        return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes)
+
+    def drop_conversation(self) -> None:
+        self.session.reset()
+        self.context.clear()
+
+
+@dataclass
+class State:
+    device: object = None                # BrowserDevice, None before init and after a lost device
+    loaded: Loaded | None = None
+    check_kernels: KernelCache | None = None   # pipelines of kernel-check messages (tests); they hold no data
+
+
+_state = State()
 PREFIX = 1 << 20         # first read of a header; grown when the metadata is larger
 CHUNK = 32 << 20         # bytes per File.slice during an upload
 
@@ -52,8 +80,8 @@ async def handle(msg) -> None:
         try:
             if kind == "init":
                 await _init()
-            elif kind == "inspect":
-                await _inspect(msg.file)
+            elif kind == "read-header":
+                await _read_header(msg.file)
             elif kind == "load":
                 await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None)
             elif kind == "chat":
@@ -78,8 +106,8 @@ async def handle(msg) -> None:
 
 async def _init() -> None:
     device = await open_browser()
-    _state["device"] = device
-    device._device.lost.then(create_once_callable(_lost))
+    _state.device = device
+    device.on_lost(_lost)
     post({"type": "gpu", "info": device.info.summary()})
     result = await selftest.run(device)
     await device.flush_errors()
@@ -88,12 +116,16 @@ async def _init() -> None:
     post({"type": "selftest", "result": result})
 
 
-def _lost(info) -> None:
-    """The GPU went away (driver reset, sleep, another tab's crash): everything on it is gone."""
-    _state.update(device=None, engine=None, session=None, header=None, tokenizer=None, check_kernels=None)
-    reason = getattr(info, "message", "") or getattr(info, "reason", "")
+def _lost(reason: str) -> None:
+    """The GPU went away (driver reset, sleep, another tab's crash): everything on it is gone, and so is everything
+    of the conversation on this side."""
+    global _state
+    if _state.loaded is not None:
+        _state.loaded.drop_conversation()
+        forget.drop_text_caches(_state.loaded.tokenizer)
+    _state = State()
     post({"type": "error", "where": "device",
-          "message": f"The GPU device was lost ({reason or 'no reason given'}): reload the page to start again; "
+          "message": f"The GPU device was lost ({reason}): reload the page to start again; "
                      f"nothing of the conversation was kept"})
 
 
@@ -111,32 +143,34 @@ async def read_header(file) -> tuple[gguf.Header, int]:
             want = min(size, max(more.needed, want * 2))
 
 
-async def _inspect(file) -> dict:
+async def _read_header(file) -> gguf.Header:
+    """Read and summarize a file's header for the page's model card (nothing is uploaded)."""
     t0 = time.perf_counter()
     header, nread = await read_header(file)
     summary = gguf.summary(header)
     summary.update(file_name=str(getattr(file, "name", "")), prefix_bytes=nread,
                    parse_ms=round((time.perf_counter() - t0) * 1e3, 1))
     post({"type": "model-info", "summary": summary})
-    return {"header": header, "summary": summary}
+    return header
 
 
 def _unload() -> None:
-    if _state["probes"] is not None:
-        _state["probes"].close()
-    engine = _state.get("engine")
-    if engine is not None:
-        engine.close()
-    _state.update(engine=None, session=None, header=None, tokenizer=None, probes=None, context=[])
+    global _state
+    old = _state.loaded
+    _state = State(_state.device, None, _state.check_kernels)
+    if old is not None:
+        old.drop_conversation()
+        if old.probes is not None:
+            old.probes.close()
+        old.engine.close()
 
 
 async def _load(file, n_ctx: int | None) -> None:
-    device = _state["device"]
+    device = _state.device
     if device is None:
         raise RuntimeError("no GPU: the lab cannot load a model without WebGPU")
     _unload()
-    info = await _inspect(file)
-    header = info["header"]
+    header = await _read_header(file)
     cfg = from_gguf(header)                      # names an unsupported architecture or tensor before any upload
     tok = from_metadata(header.metadata)
     t0 = time.perf_counter()
@@ -144,10 +178,10 @@ async def _load(file, n_ctx: int | None) -> None:
     try:
         await device.flush_errors()              # shader problems surface before a byte of weights moves
         plan = []
-        for u in engine.upload_pieces(CHUNK):
+        for u in engine.weights.pieces(CHUNK):
             plan += [u.file_offset, u.size, u.buffer.handle, u.buffer_offset]
         t1 = time.perf_counter()
-        moved = await js.labUpload(device._device, file, to_js(plan), CHUNK)
+        moved = await js.labUpload(device.handle, file, to_js(plan), CHUNK)
         if moved < 0:
             raise RuntimeError("loading was cancelled")
         await device.flush_errors()
@@ -155,10 +189,11 @@ async def _load(file, n_ctx: int | None) -> None:
         engine.close()
         raise
     t2 = time.perf_counter()
-    _state.update(engine=engine, session=Session(engine, tok), header=header, tokenizer=tok)
+    _state.loaded = Loaded(engine, header, tok, Session(engine, tok))
+    nbytes = engine.weights.nbytes
     post({"type": "loaded", "stats": {
-        "weight_bytes": engine.weight_bytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
-        "upload_mb_s": round(engine.weight_bytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
+        "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
+        "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
         "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
                "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx,
@@ -168,28 +203,25 @@ async def _load(file, n_ctx: int | None) -> None:
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 
 
-def _settings(d: dict) -> Settings:
-    return Settings(greedy=bool(d.get("greedy", True)), temperature=float(d.get("temperature", 0.8)),
-                    top_k=int(d.get("top_k", 40)), top_p=float(d.get("top_p", 0.95)),
-                    min_p=float(d.get("min_p", 0.05)), seed=int(d.get("seed", 0))).check()
+def _loaded() -> Loaded:
+    if _state.loaded is None:
+        raise RuntimeError("load a model first")
+    return _state.loaded
 
 
 async def _chat(msg: dict) -> None:
-    session: Session | None = _state["session"]
-    if session is None:
-        raise RuntimeError("load a model first")
-    tok, header = _state["tokenizer"], _state["header"]
-    messages = msg["messages"]
-    settings = _settings(msg.get("settings", {}))
-    prompt = chat.render_chat(tok, header.metadata, messages)
+    lo = _loaded()
+    tok, session = lo.tokenizer, lo.session
+    settings = Settings.from_dict(msg.get("settings", {}))
+    prompt = chat.render_chat(tok, lo.header.metadata, msg["messages"])
     post({"type": "prompt", "ids": prompt, "pieces": [tok.piece(i) for i in prompt]})
-    _state["context"] = list(prompt)
+    context = lo.context
+    context[:] = prompt
 
     def on_token(tid: int, piece: str) -> None:
-        index = len(_state["context"])
-        _state["context"].append(tid)
-        post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": index,
+        post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": len(context),
               "kv_used": len(session.cached)})
+        context.append(tid)
 
     js.labStopClear()
     result = await session.generate(prompt, settings, int(msg.get("max_new", 256)), on_token=on_token,
@@ -201,20 +233,17 @@ async def _chat(msg: dict) -> None:
 
 
 def _reset() -> None:
-    session = _state["session"]
-    if session is not None:
-        session.reset()
-    _state["context"] = []
+    if _state.loaded is not None:
+        _state.loaded = _state.loaded.fresh()
     post({"type": "reset"})
 
 
 # -- panels ---------------------------------------------------------------------------------------------
 def _probes() -> Probes:
-    if _state["engine"] is None:
-        raise RuntimeError("load a model first")
-    if _state["probes"] is None:
-        _state["probes"] = Probes(_state["engine"])
-    return _state["probes"]
+    lo = _loaded()
+    if lo.probes is None:
+        lo.probes = Probes(lo.engine)
+    return lo.probes
 
 
 def _f32(raw: bytes):
@@ -226,7 +255,7 @@ def _f32(raw: bytes):
 
 
 async def _probe_embedding(token_id: int, index: int) -> None:
-    pr, tok = _probes(), _state["tokenizer"]
+    pr, tok = _probes(), _loaded().tokenizer
     e = await pr.embedding(token_id)
     post({"type": "embedding", "index": index, "id": e.id, "piece": tok.piece(e.id), "values": _f32(e.values),
           "norm": e.norm, "ms": round(e.ms, 1), "macs": e.macs, "weight_bytes": e.weight_bytes,
@@ -234,8 +263,8 @@ async def _probe_embedding(token_id: int, index: int) -> None:
 
 
 async def _probe_inspect(req: dict) -> None:
-    pr, tok, session = _probes(), _state["tokenizer"], _state["session"]
-    ids = _state["context"]
+    pr, lo = _probes(), _loaded()
+    tok, session, ids = lo.tokenizer, lo.session, lo.context
     if not ids:
         raise RuntimeError("no conversation to inspect")
     cached = 0
@@ -266,12 +295,10 @@ async def _probe_inspect(req: dict) -> None:
 
 async def _forget() -> None:
     """Drop the Python-side conversation, then wipe and check every conversation buffer on the GPU."""
-    if _state["session"] is not None:
-        _state["session"].reset()
-    _state["context"] = []
-    if _state["tokenizer"] is not None:
-        forget.drop_text_caches(_state["tokenizer"])
-    device = _state["device"]
+    if _state.loaded is not None:
+        forget.drop_text_caches(_state.loaded.tokenizer)
+        _state.loaded = _state.loaded.fresh()
+    device = _state.device
     if device is None:
         raise RuntimeError("no GPU: nothing was ever computed here")
     report = await forget.wipe(device)
@@ -293,8 +320,8 @@ async def _ffi_cost(n: int) -> None:
         to_js(data)
     t2 = time.perf_counter()
     read_ms = None
-    engine = _state["engine"]
-    if engine is not None:
+    if _state.loaded is not None:
+        engine = _state.loaded.engine
         await engine.argmax()
         t3 = time.perf_counter()
         for _ in range(20):
@@ -307,14 +334,14 @@ async def _ffi_cost(n: int) -> None:
 async def _kernel_check(msg: dict) -> None:
     """Run kernel cases (lab/kernelcheck.py) on the given inputs and post their outputs, base64 both ways (a test
     builds the inputs in CPython). Every buffer it makes is its own and freed; the engine's are never touched."""
-    device = _state["device"]
+    device = _state.device
     reply = {"type": "kernel-check", "id": msg["id"]}
     if device is None:
         post({**reply, "error": "no GPU device"})
         return
-    kernels = _state["check_kernels"]
+    kernels = _state.check_kernels
     if kernels is None or kernels.device is not device:
-        kernels = _state["check_kernels"] = KernelCache(device)
+        kernels = _state.check_kernels = KernelCache(device)
     results, before = [], len(device.buffers)
     try:
         for case in msg["cases"]:

@@ -1,13 +1,17 @@
 """Starlette app for the lab's assets. Every response carries the security headers; only GET and HEAD
-are answered; paths are resolved and must stay inside their folder."""
+are answered; paths are resolved and must stay inside their folder.
+
+`server_config` is how it is served (`serve`, and the tests in tests/server/test_load.py and
+test_misuse.py): uvicorn's h11 protocol, with a deadline on request heads (slow-loris connections are
+closed) and the security headers on uvicorn's own 400."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import stat
 from pathlib import Path
-from urllib.parse import unquote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -17,6 +21,7 @@ from starlette.routing import Route
 
 from lab import __version__
 from lab.host import models
+from lab.sampler import MAX_CANDIDATES, Settings
 
 from . import wheel
 
@@ -43,33 +48,53 @@ MIME = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/jav
         ".html": "text/html; charset=utf-8", ".map": "application/json", ".svg": "image/svg+xml"}
 
 log = logging.getLogger("lab.server")
+HEADER_TIMEOUT_S = 10.0     # a request head must arrive in full within this of the connection opening
+MAX_PATH = 1024             # longer relative paths, or a name over 255 bytes, are refused before any lookup
+_HEADER_NAMES = {h.lower().encode() for h in HEADERS}
+_RAW_HEADERS = [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]
 
 
-def _safe(base: Path, rel: str) -> Path | None:
-    """The file at base/rel, or None when rel escapes base (plain or percent-encoded `..`, absolute
-    paths, backslashes) or names no regular file."""
-    rel = unquote(rel)   # a second round catches %252e%252e style double encoding
-    if "\\" in rel or "\x00" in rel or rel.startswith("/"):
+def _safe(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> tuple[Path, os.stat_result] | None:
+    """The regular file at base/rel (base already resolved) and its stat, or None when rel escapes base
+    (`..` in any encoding, absolute paths, backslashes), names a dot-file or a folder in `hidden`, or
+    names no regular file. rel is the path as uvicorn decoded it, once: a `%` left in it means a second
+    layer of encoding (%252e), refused rather than decoded again. Symlinks are followed, and the file
+    they lead to must itself be inside base and not hidden. Never raises: a name too long, a symlink
+    loop or a path the OS refuses is a plain miss."""
+    if not rel or len(rel) > MAX_PATH or rel.startswith("/"):
         return None
-    if any(part in ("..", ".") or part.startswith(".") for part in rel.split("/")):
+    if any(c in "\\%" or ord(c) < 0x20 or ord(c) == 0x7f for c in rel):
         return None
-    target = (base / rel).resolve()
+    parts = rel.split("/")
+    if any(not part or part.startswith(".") or len(part.encode("utf-8", "replace")) > 255 for part in parts):
+        return None
     try:
-        target.relative_to(base.resolve())
-    except ValueError:
+        target = (base / rel).resolve(strict=True)
+        inside = target.relative_to(base).parts
+        if not inside or inside[0] in hidden or any(part.startswith(".") for part in inside):
+            return None
+        st = target.stat()
+    except (OSError, RuntimeError, ValueError):     # missing, too long, a loop, outside base
         return None
-    return target if target.is_file() else None
+    return (target, st) if stat.S_ISREG(st.st_mode) else None
 
 
-def _file(base: Path, rel: str) -> Response:
-    target = _safe(base, rel)
-    if target is None:
+def _file(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> Response:
+    found = _safe(base, rel, hidden)
+    if found is None:
         return PlainTextResponse("not found", status_code=404)
-    return FileResponse(target, media_type=MIME.get(target.suffix, "application/octet-stream"))
+    target, st = found
+    return FileResponse(target, media_type=MIME.get(target.suffix, "application/octet-stream"), stat_result=st)
 
 
-def create_app(model_path: Path | None = None) -> Starlette:
+def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, wgsl_dir: Path | None = None,
+               pyodide_dir: Path | None = None) -> Starlette:
+    """The app. The served folders default to the repository's web/, wgsl/ and web/node_modules/pyodide
+    (tests point them at a scratch tree); web/node_modules itself is never served under /web."""
     model = Path(model_path) if model_path else models.path(models.DEFAULT)
+    web_root = Path(web_dir or WEB).resolve()
+    wgsl_root = Path(wgsl_dir or WGSL).resolve()
+    pyodide_root = Path(pyodide_dir or web_root / "node_modules" / "pyodide").resolve()
     templates = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
                             autoescape=select_autoescape(["html"]))
     wheel_bytes = wheel.build()
@@ -77,23 +102,21 @@ def create_app(model_path: Path | None = None) -> Starlette:
     async def index(request: Request) -> Response:
         html = templates.get_template("index.html").render(
             version=__version__, wheel=f"/wheel/{wheel.FILENAME}",
-            default_model=model.name if model.exists() else None)
+            default_model=model.name if model.exists() else None,
+            sampler=Settings(), max_candidates=MAX_CANDIDATES)    # the sampling inputs' defaults and top-k bound
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:
-        rel = request.path_params["path"]
-        if rel.split("/")[0] == "node_modules":
-            return PlainTextResponse("not found", status_code=404)
-        return _file(WEB, rel)
+        return _file(web_root, request.path_params["path"], hidden=("node_modules",))
 
     async def pyodide(request: Request) -> Response:
-        return _file(PYODIDE, request.path_params["path"])
+        return _file(pyodide_root, request.path_params["path"])
 
     async def wgsl_index(request: Request) -> Response:
-        return JSONResponse(sorted(p.name for p in WGSL.glob("*.wgsl")))
+        return JSONResponse(sorted(p.name for p in wgsl_root.glob("*.wgsl") if _safe(wgsl_root, p.name)))
 
     async def wgsl(request: Request) -> Response:
-        return _file(WGSL, request.path_params["path"])
+        return _file(wgsl_root, request.path_params["path"])
 
     async def lab_wheel(request: Request) -> Response:
         if request.path_params["name"] != wheel.FILENAME:
@@ -101,9 +124,15 @@ def create_app(model_path: Path | None = None) -> Starlette:
         return Response(wheel_bytes, media_type="application/zip")
 
     async def default_model(request: Request) -> Response:
-        if not model.exists():
-            return PlainTextResponse(f"the default model is not installed: run `make setup`", status_code=404)
-        return FileResponse(model, media_type="application/octet-stream",
+        # Ranges (206, 416 with `bytes */size`, multipart) and HEAD without opening the file come from
+        # Starlette's FileResponse; offsets are Python ints, so files past 4 GiB are fine.
+        try:
+            st = model.stat()
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return PlainTextResponse("the default model is not installed: run `make setup`", status_code=404)
+        return FileResponse(model, media_type="application/octet-stream", stat_result=st,
                             headers={"X-Model-Name": model.name})
 
     async def version(request: Request) -> Response:
@@ -140,20 +169,84 @@ class _Guard:
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if k.decode().lower() not in {h.lower() for h in HEADERS}]
-                headers += [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]
-                message = {**message, "headers": headers}
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _HEADER_NAMES]
+                message = {**message, "headers": headers + _RAW_HEADERS}
             await send(message)
 
         if scope["method"] not in ("GET", "HEAD"):
             resp = PlainTextResponse("method not allowed: this server only serves assets", status_code=405,
                                      headers={"Allow": "GET, HEAD"})
             await resp(scope, receive, send_with_headers)
+        elif any(ord(c) < 0x20 or ord(c) == 0x7f for c in scope.get("path", "")):
+            # %00-%1f, %7f: no served name has them, and Starlette's route patterns end in `$`, which
+            # matches before a final newline: /web/main.js%0a would otherwise be answered as /web/main.js.
+            await PlainTextResponse("bad request: control character in the path", status_code=400)(
+                scope, receive, send_with_headers)
         else:
             await self.app(scope, receive, send_with_headers)
-        # The query string and any body are never logged.
-        log.info("%s %s %s", scope["method"], scope.get("path", ""), status.get("code"))
+        # The query string and any body are never logged; control and non-ASCII characters in the path
+        # (%0a, %1b...) are escaped, so a request cannot forge or recolour a log line.
+        path = scope.get("path", "").encode("unicode_escape").decode("ascii")
+        log.info("%s %s %s", scope["method"], path, status.get("code"))
+
+
+def _protocol(header_timeout: float) -> type:
+    """uvicorn's h11 protocol, changed in two ways:
+
+    - a request head must arrive in full within `header_timeout` seconds of the connection opening or
+      of the previous response ending, or the connection is closed: a slow-loris client, trickling a
+      header byte at a time (which also stops uvicorn's keep-alive timer), cannot hold it forever;
+    - uvicorn's own 400 (malformed request line or header, bytes outside ASCII or controls in the
+      target, an incomplete head over h11's 16 KiB) carries the security headers like every other answer."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
+
+    class Protocol(H11Protocol):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_timer = None
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(header_timeout, self._head_timeout)
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()      # no complete request head in time: no response is owed
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def send_400_response(self, msg: str) -> None:
+            headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")] + _RAW_HEADERS
+            for event in (h11.Response(status_code=400, headers=headers, reason=STATUS_PHRASES[400]),
+                          h11.Data(data=msg.encode("ascii")), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return Protocol
+
+
+def server_config(app, host: str = "127.0.0.1", port: int = 8000, header_timeout: float = HEADER_TIMEOUT_S,
+                  **kwargs):
+    """The uvicorn.Config the lab is served with (h11, the protocol above, no access log)."""
+    import uvicorn
+    kwargs = {"log_level": "warning", "access_log": False, **kwargs}
+    return uvicorn.Config(app, host=host, port=port, http=_protocol(header_timeout), **kwargs)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model_path: Path | None = None) -> None:
@@ -161,4 +254,4 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model_path: Path | None = N
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     app = create_app(model_path)
     print(f"llm-lab {__version__}: open http://{host}:{port}/ in a browser with WebGPU", flush=True)
-    uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+    uvicorn.Server(server_config(app, host, port)).run()

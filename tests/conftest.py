@@ -61,3 +61,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# f16 bit patterns written over a block's scale to poison a weight (GGUF quant blocks open with an f16 scale d)
+F16_NAN, F16_INF = b"\x00\x7e", b"\x00\x7c"
+
+
+def poisoned_copy(src: Path, dst: Path, tensor: str, value: bytes = F16_NAN, blocks: int = 64) -> Path:
+    """A copy of the GGUF `src` whose tensor `tensor` has the f16 scale of its first `blocks` blocks set to `value`
+    (NaN or infinity): a file whose metadata is fine and whose weights are not."""
+    from lab import gguf
+    header = gguf.read_file(src)
+    t = next(t for t in header.tensors if t.name == tensor)
+    if t.type.block == 1:
+        raise ValueError(f"{tensor} is {t.type.name}: poison a block-quantized tensor")
+    data = bytearray(src.read_bytes())
+    for b in range(min(blocks, t.nbytes // t.type.nbytes)):
+        at = t.offset + b * t.type.nbytes
+        data[at:at + 2] = value
+    dst.write_bytes(bytes(data))
+    return dst

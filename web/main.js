@@ -1,10 +1,14 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
-import { renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos } from "/web/panels.js";
+import {
+  fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
+} from "/web/panels.js";
 
 const store = {
   boot: "starting", gpu: null, selftest: null, error: null,
-  model: null, loading: null, loaded: null,             // header summary, progress, load stats
+  model: null,                                           // the file's header summary ("model-info")
+  loading: null,                                         // while loading: the last "load-progress"
+  loaded: null,                                          // the "loaded" stats, with the upload's wasm_heap_growth
   messages: [],                                          // [{role, content}] of the conversation
   context: [],                                           // [{id, piece}] tokens the model has seen or made
   generating: false, timings: null,
@@ -14,7 +18,8 @@ const store = {
   selected: null,                                        // context position clicked
   embedding: null,                                       // the worker's "embedding" message
   probe: freshProbe(),                                   // the worker's inspections of this conversation
-  attn: { layer: 0, head: 0 }, lensPositions: 16,
+  attn: { layer: 0, head: 0 },                           // the attention panel's choice
+  lens: { positions: null },                             // logit-lens positions chosen; null: all (panels.js lensPositions)
   kv: { used: 0 },                                       // KV-cache rows the session holds
   forget: null,                                          // the last Forget report
   busy: { embedding: false, inspect: 0, forget: false },
@@ -25,14 +30,6 @@ function freshProbe() {
 }
 const worker = new Worker("/web/worker.js", { type: "module" });
 const $ = (id) => document.getElementById(id);
-
-function fmtBytes(n) {
-  if (n == null) return "—";
-  const units = ["B", "KB", "MB", "GB"];
-  let i = 0;
-  while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
-}
 
 // Tokens per second; slow devices (a CPU rasterizer) run under one, where a single decimal would read 0.0.
 const rate = (x) => x.toFixed(x < 1 ? 2 : 1);
@@ -140,10 +137,15 @@ function tokenEl(tok, index) {
   return s;
 }
 
+// The strip follows store.context: a token's element depends only on its id and index, so the leading elements that
+// still match are kept and the rest rebuilt (a new prompt replaces the context, a generated token extends it).
 function renderTokens() {
   const strip = $("tokens");
-  while (strip.children.length > store.context.length) strip.lastChild.remove();
-  for (let i = strip.children.length; i < store.context.length; i++) strip.appendChild(tokenEl(store.context[i], i));
+  const ctx = store.context;
+  let keep = 0;
+  while (keep < strip.children.length && keep < ctx.length && Number(strip.children[keep].dataset.id) === ctx[keep].id) keep++;
+  while (strip.children.length > keep) strip.lastChild.remove();
+  for (let i = keep; i < ctx.length; i++) strip.appendChild(tokenEl(ctx[i], i));
   for (const s of strip.querySelectorAll(".tok.selected")) s.classList.remove("selected");
   if (store.selected != null && strip.children[store.selected]) strip.children[store.selected].classList.add("selected");
   $("context-count").textContent = store.context.length ? `(${store.context.length} tokens)` : "";
@@ -170,7 +172,7 @@ function requestInspect() {
   const n = store.context.length;
   if (!store.loaded || store.generating || !n || store.busy.inspect || store.dropTurn) return;
   const p = store.probe;
-  const lens = Math.min(store.lensPositions, store.loaded.probe.lens_positions, n);
+  const lens = Math.min(lensPositions(store), n);
   const wantAttention = store.panels.attention && !p.attention;
   const wantLens = store.panels.lens && !(p.lens && p.lens.end - p.lens.lens_start >= lens);
   const pos = selectedPos(store);
@@ -224,7 +226,6 @@ function clearConversation() {
   if (store.generating) { worker.postMessage({ type: "stop" }); store.dropTurn = true; }
   store.messages = []; store.context = []; store.timings = null;
   store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv.used = 0;
-  $("tokens").replaceChildren();
 }
 
 function forgetAll() {
@@ -254,79 +255,82 @@ function settleKernelCheck(m) {
   if (p) m.error ? p.reject(new Error(m.error)) : p.resolve(m);
 }
 
+// ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------
+// Keyed by the message types lab/worker.py (and web/worker.js) post.
+const onWorker = {
+  status: (m) => { store.boot = m.text; },
+  booted: (m) => { store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; },
+  gpu: (m) => { store.gpu = m.info; },
+  selftest: (m) => { store.selftest = m.result; },
+  "model-info": (m) => { store.model = m.summary; store.error = null; },
+  "load-progress": (m) => { store.loading = m; },
+  loaded: (m) => {
+    store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
+    store.loading = null; store.kv.used = 0;
+  },
+  prompt: (m) => {
+    if (store.dropTurn) return;
+    store.context = m.ids.map((id, i) => ({ id, piece: m.pieces[i] }));
+    store.probe = freshProbe();
+    store.messages.push({ role: "assistant", content: "" });
+  },
+  token: (m) => {
+    if (store.dropTurn) return;
+    store.context.push({ id: m.id, piece: m.piece });
+    store.messages.at(-1).content += m.text;
+    store.kv.used = m.kv_used;
+  },
+  done: (m) => {
+    store.generating = false;
+    if (store.dropTurn) { store.dropTurn = false; return; }
+    store.timings = m.result;
+    store.messages.at(-1).content = m.result.text;
+    store.kv.used = m.result.kv_used;
+    requestInspect();
+  },
+  embedding: (m) => {
+    store.busy.embedding = false;
+    if (m.index === store.selected) store.embedding = m;
+  },
+  inspection: (m) => {
+    store.busy.inspect = Math.max(0, store.busy.inspect - 1);
+    if (m.n === store.context.length) onInspection(m);
+    if (!store.busy.inspect) requestInspect();
+  },
+  forget: (m) => { store.busy.forget = false; store.forget = m.report; },
+  error: (m) => {
+    if (onError[m.where]) onError[m.where](m);
+    else store.error = `${m.where}: ${m.message}`;
+  },
+};
+
+function loadFailed(m) {
+  store.error = m.message; store.loading = null; store.loaded = null;
+}
+
+// Keyed by `where`: the type of the message whose handling failed, or "device" when the GPU was lost.
+const onError = {
+  "read-header": (m) => { loadFailed(m); store.model = null; },
+  load: loadFailed,
+  init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
+  device: (m) => {
+    store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
+    store.generating = false; store.gpu = null;
+  },
+  chat: (m) => {
+    store.error = `chat: ${m.message}`; store.generating = false; store.dropTurn = false;
+    const last = store.messages.at(-1);
+    if (last && last.role === "assistant" && !last.content) store.messages.pop();
+  },
+  "probe-inspect": (m) => { store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1); },
+  "probe-embedding": (m) => { store.error = `embedding: ${m.message}`; store.busy.embedding = false; },
+  forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
+};
+
 worker.onmessage = (e) => {
   const m = e.data;
   if (m.type === "kernel-check") { settleKernelCheck(m); return; }
-  switch (m.type) {
-    case "status": store.boot = m.text; break;
-    case "booted": store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; break;
-    case "gpu": store.gpu = m.info; break;
-    case "selftest": store.selftest = m.result; break;
-    case "model-info": store.model = m.summary; store.error = null; break;
-    case "load-progress": store.loading = m; store.lastProgress = m; break;
-    case "loaded":
-      store.loaded = m.stats; store.loading = null; store.kv.used = 0;
-      if (store.lastProgress) store.loaded.wasm_heap_growth = store.lastProgress.wasm_heap_growth;
-      break;
-    case "prompt":
-      if (store.dropTurn) break;
-      store.context = m.ids.map((id, i) => ({ id, piece: m.pieces[i] }));
-      $("tokens").replaceChildren();
-      store.probe = freshProbe();
-      store.messages.push({ role: "assistant", content: "" });
-      break;
-    case "token": {
-      if (store.dropTurn) break;
-      store.context.push({ id: m.id, piece: m.piece });
-      store.messages[store.messages.length - 1].content += m.text;
-      store.kv.used = m.kv_used;
-      break;
-    }
-    case "done":
-      if (store.dropTurn) { store.dropTurn = false; store.generating = false; break; }
-      store.generating = false;
-      store.timings = m.result;
-      store.messages[store.messages.length - 1].content = m.result.text;
-      store.kv.used = m.result.kv_used;
-      requestInspect();
-      break;
-    case "reset": break;
-    case "embedding":
-      store.busy.embedding = false;
-      if (m.index === store.selected) store.embedding = m;
-      break;
-    case "inspection":
-      store.busy.inspect = Math.max(0, store.busy.inspect - 1);
-      if (m.n === store.context.length) onInspection(m);
-      if (!store.busy.inspect) requestInspect();
-      break;
-    case "forget":
-      store.busy.forget = false;
-      store.forget = m.report;
-      break;
-    case "error":
-      if (m.where === "inspect" || m.where === "load") {
-        store.error = m.message; store.loading = null; store.loaded = null;
-        if (m.where === "inspect") store.model = null;
-      } else if (m.where === "init") {
-        store.error = m.message; store.boot = "no GPU: the lab cannot run here";
-      } else if (m.where === "device") {
-        store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
-        store.generating = false; store.gpu = null;
-      } else if (m.where === "chat") {
-        store.error = `chat: ${m.message}`; store.generating = false; store.dropTurn = false;
-        if (store.messages.length && store.messages.at(-1).role === "assistant" && !store.messages.at(-1).content) store.messages.pop();
-      } else if (m.where === "probe-inspect") {
-        store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1);
-      } else if (m.where === "probe-embedding") {
-        store.error = `embedding: ${m.message}`; store.busy.embedding = false;
-      } else if (m.where === "forget") {
-        store.error = `forget: ${m.message}`; store.busy.forget = false;
-      } else {
-        store.error = `${m.where}: ${m.message}`;
-      }
-      break;
-  }
+  if (onWorker[m.type]) onWorker[m.type](m);
   render();
 };
 worker.onerror = (e) => { store.error = `worker: ${e.message}`; render(); };
@@ -404,7 +408,7 @@ for (const d of document.querySelectorAll("details[data-panel]")) {
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });
 $("lens-positions").addEventListener("change", (e) => {
-  store.lensPositions = Number(e.target.value);
+  store.lens.positions = Number(e.target.value);
   requestInspect();
   render();
 });

@@ -31,6 +31,31 @@ function si(n, unit) {
   return `${n.toFixed(i ? 1 : 0)} ${prefixes[i]}${unit}`.trimEnd();
 }
 
+export const fmtBytes = (n) => (n == null ? "—" : si(n, "B"));
+
+// What an empty panel says: "computing…" while its request is out, else why it has nothing to show.
+function placeholder(body, busy, why) {
+  body.replaceChildren(el("p", { class: "muted", textContent: busy ? "computing…" : why }));
+}
+
+// The placeholder of a panel fed by the probes' inspection of the conversation.
+function probePlaceholder(body, store) {
+  const n = store.context.length;
+  placeholder(body, n > 0 && store.busy.inspect > 0, n ? "waiting for the model" : "No conversation yet.");
+}
+
+// A <select> holding `values` (rebuilt only when they change), showing `value`.
+function fillSelect(select, values, label, value) {
+  const key = values.join(" ");
+  if (select.dataset.values !== key) {
+    select.dataset.values = key;
+    select.replaceChildren(...values.map((v) => el("option", { value: v, textContent: label(v) })));
+  }
+  select.value = String(value);
+}
+
+const range = (n) => Array.from({ length: n }, (_, i) => i);
+
 // What a panel's last request cost: wall-clock time, and the work lab/probes.py says it did (on a CPU device the
 // multiply-adds set the time, on a GPU the weight bytes read).
 function cost(testid, ms, macs, bytes) {
@@ -39,20 +64,62 @@ function cost(testid, ms, macs, bytes) {
                       textContent: `${ms} ms${work}` });
 }
 
+// ---- colours and the heatmap primitive ----------------------------------------------------------------------
+// Shades are one colour at an opacity in [0, 1] over the white card.
+const RED = [201, 42, 42];          // positive embedding values
+const BLUE = [59, 91, 219];         // negative embedding values; attention (the page's --accent)
+const GREEN = [43, 138, 62];        // logit-lens probability (the page's --good)
+const WHITE = 255;
+const DARK_TEXT_ABOVE = 0.6;        // a cell's text turns white on shades more opaque than this
+
+const rgba = ([r, g, b], a) => `rgba(${r}, ${g}, ${b}, ${a})`;
+
+// The grid of the attention and logit-lens panels: a corner, a label per column, then per row a label and a
+// cell per column. cols, rows: [{textContent, title}]; cell(r, c) -> the cell's element props and `alpha`, its
+// shade of `colour` (null: no value there, drawn as masked). `variant` names the panel's look in style.css.
+function heatmap({ variant, colour, corner, cols, rows, cell }) {
+  const grid = el("div", { class: `heatmap ${variant}` });
+  grid.style.gridTemplateColumns = `max-content repeat(${cols.length}, var(--column))`;
+  grid.append(el("div", { class: "corner", textContent: corner }), ...cols.map((c) => el("div", { class: "klabel", ...c })));
+  rows.forEach((row, r) => {
+    grid.append(el("div", { class: "qlabel", ...row }));
+    for (let c = 0; c < cols.length; c++) {
+      const { alpha, ...props } = cell(r, c);
+      const shaded = alpha != null;
+      const e = el("div", { class: !shaded ? "cell masked" : alpha > DARK_TEXT_ABOVE ? "cell dark" : "cell", ...props });
+      if (shaded) e.style.background = rgba(colour, alpha);
+      grid.append(e);
+    }
+  });
+  return grid;
+}
+
+// The same shading as a canvas of one pixel per cell (rows x cols), for thumbnails.
+function heatmapPixels(rows, cols, colour, alpha, props) {
+  const canvas = el("canvas", { width: cols, height: rows, ...props });
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(cols, rows);
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      const a = alpha(r, c), o = 4 * (r * cols + c);
+      for (let ch = 0; ch < 3; ch++) img.data[o + ch] = WHITE - (WHITE - colour[ch]) * a;
+      img.data[o + 3] = WHITE;
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
 // ---- embedding inspector ---------------------------------------------------------------------------------
 // Diverging colour for an embedding value, scaled by the row's largest magnitude.
 function diverging(v, scale) {
-  const a = Math.min(1, Math.abs(v) / (scale || 1));
-  return v >= 0 ? `rgba(201, 42, 42, ${a})` : `rgba(59, 91, 219, ${a})`;
+  return rgba(v >= 0 ? RED : BLUE, Math.min(1, Math.abs(v) / (scale || 1)));
 }
 
 export function renderEmbedding(store) {
   const body = $("embedding-body");
   const e = store.embedding;
-  if (!e) {
-    body.replaceChildren(el("p", { class: "muted", textContent: store.busy.embedding ? "computing…" : "Click a token in the context to inspect it." }));
-    return;
-  }
+  if (!e) { placeholder(body, store.busy.embedding, "Click a token in the context to inspect it."); return; }
   const values = e.values;
   let scale = 0;
   for (const v of values) scale = Math.max(scale, Math.abs(v));
@@ -88,11 +155,7 @@ export function renderResidual(store) {
   const body = $("residual-body");
   const pos = selectedPos(store);
   const norms = pos == null ? null : store.probe.residual.get(pos);
-  if (!norms) {
-    const why = store.context.length ? (store.busy.inspect ? "computing…" : "waiting for the model") : "No conversation yet.";
-    body.replaceChildren(el("p", { class: "muted", textContent: why }));
-    return;
-  }
+  if (!norms) { probePlaceholder(body, store); return; }
   let max = 0;
   for (const v of norms) max = Math.max(max, v);
   const rows = Array.from(norms, (v, slot) => {
@@ -110,32 +173,19 @@ export function renderResidual(store) {
 }
 
 // ---- attention ---------------------------------------------------------------------------------------------
+// p of query start + qi on column c: c = 0 is its mass on keys before the window, c = 1 + k the key start + k.
 function attnValue(a, layer, head, qi, c) {
   const w = a.end - a.start;
   return a.data[((layer * a.n_head + head) * w + qi) * (w + 1) + c];
 }
 
-function fillSelect(select, n, prefix, value) {
-  if (select.options.length !== n) {
-    select.replaceChildren(...Array.from({ length: n }, (_, i) => el("option", { value: i, textContent: `${prefix} ${i}` })));
-  }
-  select.value = String(value);
-}
+// Attention is shaded by √p, so that small weights stay visible.
+const attnShade = (p) => Math.sqrt(p);
 
 function headThumb(a, layer, head, selected, act) {
   const w = a.end - a.start;
-  const c = el("canvas", { class: `thumb${selected ? " selected" : ""}`, width: w, height: w, title: `head ${head}`,
-                           testid: "attention-thumb", data: { head } });
-  const ctx = c.getContext("2d");
-  const img = ctx.createImageData(w, w);
-  for (let qi = 0; qi < w; qi++) {
-    for (let k = 0; k < w; k++) {
-      const v = Math.sqrt(attnValue(a, layer, head, qi, k + 1));
-      const o = 4 * (qi * w + k);
-      img.data[o] = 255 - 196 * v; img.data[o + 1] = 255 - 164 * v; img.data[o + 2] = 255 - 36 * v; img.data[o + 3] = 255;
-    }
-  }
-  ctx.putImageData(img, 0, 0);
+  const c = heatmapPixels(w, w, BLUE, (qi, k) => attnShade(attnValue(a, layer, head, qi, k + 1)),
+    { class: `thumb${selected ? " selected" : ""}`, title: `head ${head}`, testid: "attention-thumb", data: { head } });
   c.addEventListener("click", () => act.selectHead(head));
   return el("figure", {}, [c, el("figcaption", { textContent: `h${head}` })]);
 }
@@ -143,39 +193,28 @@ function headThumb(a, layer, head, selected, act) {
 export function renderAttention(store, act) {
   const body = $("attention-body");
   const a = store.probe.attention;
-  if (!a) {
-    const why = store.context.length ? (store.busy.inspect ? "computing…" : "waiting for the model") : "No conversation yet.";
-    body.replaceChildren(el("p", { class: "muted", textContent: why }));
-    return;
-  }
+  if (!a) { probePlaceholder(body, store); return; }
   const layer = Math.min(store.attn.layer, a.n_layer - 1);
   const head = Math.min(store.attn.head, a.n_head - 1);
-  fillSelect($("attention-layer"), a.n_layer, "layer", layer);
-  fillSelect($("attention-head"), a.n_head, "head", head);
+  fillSelect($("attention-layer"), range(a.n_layer), (i) => `layer ${i}`, layer);
+  fillSelect($("attention-head"), range(a.n_head), (i) => `head ${i}`, head);
   const w = a.end - a.start;
   const label = (p) => shown(store.context[p] ? store.context[p].piece : "?");
-  const grid = el("div", { class: "heatmap" });
-  grid.style.gridTemplateColumns = `max-content repeat(${w + 1}, 1fr)`;
-  grid.append(el("div", { class: "corner", textContent: "query ↓ key →" }),
-    el("div", { class: "klabel", textContent: a.start ? `< ${a.start}` : "" , title: "attention on keys before the window" }));
-  for (let k = 0; k < w; k++) grid.append(el("div", { class: "klabel", textContent: label(a.start + k), title: `key ${a.start + k}` }));
-  for (let qi = 0; qi < w; qi++) {
-    const q = a.start + qi;
-    grid.append(el("div", { class: "qlabel", textContent: `${q} ${label(q)}` }));
-    for (let c = 0; c <= w; c++) {
+  const grid = heatmap({
+    variant: "attention", colour: BLUE, corner: "query ↓ key →",
+    cols: [{ textContent: a.start ? `< ${a.start}` : "", title: "attention on keys before the window" },
+           ...range(w).map((k) => ({ textContent: label(a.start + k), title: `key ${a.start + k}` }))],
+    rows: range(w).map((qi) => ({ textContent: `${a.start + qi} ${label(a.start + qi)}` })),
+    cell: (qi, c) => {
+      const q = a.start + qi;
       const v = attnValue(a, layer, head, qi, c);
       const k = c === 0 ? "earlier" : a.start + c - 1;
       const masked = c > 0 && k > q;
-      const cell = el("div", {
-        class: `cell${masked ? " masked" : ""}`, testid: "attention-cell", data: { q, k, value: v },
-        title: c === 0 ? `${q} ${label(q)} → keys before ${a.start}: ${fmt(v)}` : `${q} ${label(q)} → ${k} ${label(k)}: ${fmt(v)}`,
-      });
-      if (!masked) cell.style.background = `rgba(59, 91, 219, ${Math.sqrt(v)})`;
-      grid.append(cell);
-    }
-  }
-  const thumbs = el("div", { class: "thumbs" },
-    Array.from({ length: a.n_head }, (_, h) => headThumb(a, layer, h, h === head, act)));
+      return { testid: "attention-cell", data: { q, k, value: v }, alpha: masked ? null : attnShade(v),
+               title: c === 0 ? `${q} ${label(q)} → keys before ${a.start}: ${fmt(v)}` : `${q} ${label(q)} → ${k} ${label(k)}: ${fmt(v)}` };
+    },
+  });
+  const thumbs = el("div", { class: "thumbs" }, range(a.n_head).map((h) => headThumb(a, layer, h, h === head, act)));
   body.replaceChildren(
     el("p", { class: "muted" }, [
       `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
@@ -184,49 +223,54 @@ export function renderAttention(store, act) {
 }
 
 // ---- logit lens ------------------------------------------------------------------------------------------------
+// The position counts offered: powers of two below `max`, then `max`, the most one inspection covers.
+function lensChoices(max) {
+  const choices = [];
+  for (let n = 1; n < max; n *= 2) choices.push(n);
+  return choices.concat(max);
+}
+
+// The logit-lens positions to ask for: the chosen count, at most what the loaded model's probes cover
+// (the worker's `loaded` stats, from lab/probes.py); no choice yet means all of them.
+export function lensPositions(store) {
+  const max = store.loaded.probe.lens_positions;
+  return Math.min(store.lens.positions ?? max, max);
+}
+
 export function renderLens(store) {
+  if (store.loaded) fillSelect($("lens-positions"), lensChoices(store.loaded.probe.lens_positions), String, lensPositions(store));
   const body = $("lens-body");
   const lens = store.probe.lens;
-  if (!lens) {
-    const why = store.context.length ? (store.busy.inspect ? "computing…" : "waiting for the model") : "No conversation yet.";
-    body.replaceChildren(el("p", { class: "muted", textContent: why }));
-    return;
-  }
+  if (!lens) { probePlaceholder(body, store); return; }
   const cols = lens.end - lens.lens_start;
   const piece = (id) => shown(lens.pieces[String(id)]);
-  const grid = el("div", { class: "lens" });
-  grid.style.gridTemplateColumns = `max-content repeat(${cols}, minmax(4.5em, 1fr))`;
-  grid.append(el("div", { class: "corner", textContent: "layer ↓ input →" }));
-  for (let c = 0; c < cols; c++) {
-    const p = lens.lens_start + c;
-    grid.append(el("div", { class: "klabel", textContent: shown(store.context[p] ? store.context[p].piece : "?"), title: `position ${p}` }));
-  }
-  for (let layer = lens.lens.length - 1; layer >= 0; layer--) {
-    grid.append(el("div", { class: "qlabel", textContent: `L${layer}` }));
-    for (let c = 0; c < cols; c++) {
+  const layers = range(lens.lens.length).reverse();        // the last layer on top
+  const grid = heatmap({
+    variant: "lens", colour: GREEN, corner: "layer ↓ input →",
+    cols: range(cols).map((c) => {
+      const p = lens.lens_start + c;
+      return { textContent: shown(store.context[p] ? store.context[p].piece : "?"), title: `position ${p}` };
+    }),
+    rows: layers.map((layer) => ({ textContent: `L${layer}` })),
+    cell: (r, c) => {
+      const layer = layers[r];
       const top = lens.lens[layer][c];
       const [id, p] = top[0];
-      const cell = el("div", {
-        class: "lcell", testid: "logit-lens-cell", data: { layer, pos: lens.lens_start + c, id, p },
-        textContent: piece(id), title: top.map(([i, q]) => `${piece(i)}  ${fmt(q, 3)}`).join("\n"),
-      });
-      cell.style.background = `rgba(43, 138, 62, ${p})`;
-      if (p > 0.6) cell.classList.add("dark");
-      grid.append(cell);
-    }
-  }
+      return { testid: "logit-lens-cell", data: { layer, pos: lens.lens_start + c, id, p }, alpha: p,
+               textContent: piece(id), title: top.map(([i, q]) => `${piece(i)}  ${fmt(q, 3)}`).join("\n") };
+    },
+  });
+  const k = lens.lens[0][0].length;                        // candidates per cell (lab/probes.py LENS_K)
   body.replaceChildren(el("p", { class: "muted" }, [
-    `top-1 next token after each layer, shaded by its probability; top-5 on hover; pass ${lens.ms.pass} ms, lens `,
+    `top-1 next token after each layer, shaded by its probability; top-${k} on hover; pass ${lens.ms.pass} ms, lens `,
     cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes)]), grid);
 }
 
 // ---- KV cache --------------------------------------------------------------------------------------------------
-const fmtBytes = (n) => si(n, "B");
-
 export function renderKv(store) {
   const body = $("kv-body");
   const kv = store.loaded && store.loaded.kv;
-  if (!kv) { body.replaceChildren(el("p", { class: "muted", textContent: "load a model first" })); return; }
+  if (!kv) { placeholder(body, false, "load a model first"); return; }
   const used = store.kv.used;
   const layers = kv.window.map((win, il) => {
     const held = win ? Math.min(used, win) : used;

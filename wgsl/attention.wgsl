@@ -30,7 +30,8 @@
 // Both are correct for any t and pos (decode for t up to the token count its scratch was sized for); neither keeps
 // more than one tile of keys in workgroup memory.
 
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+//!include common.wgsl
+
 struct Params {
     q_stride: u32, q_offset: u32, n_head: u32, n_ctx: u32,
     window: u32, scale: f32, softcap: f32, chunk: u32,

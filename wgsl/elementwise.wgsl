@@ -1,11 +1,12 @@
-// Elementwise ops over f32 vectors (and a u32 wipe). Three binding layouts; each entry uses exactly one,
+// Elementwise ops over f32 vectors (and a u32 wipe). Four binding layouts; each entry uses exactly one,
 // so its auto layout is bindings 0..k-1 (variables of different entries share binding numbers on purpose:
 // WGSL only forbids two variables at one (group, binding) within the SAME entry point).
 //
+// Callers: bias_to and last_row_to are the forward pass's (lab.ops.elementwise), scale_add is lab.selftest's;
+// add_rows, mul_rows, add_to, mul_to, scale_to and fill_zero are built only by tests/kernels/elementwise_ops.py.
+//
 // Layout A, fixed n (lab.selftest relies on scale_add with exactly these bindings):
 //   0 a (storage, read)   1 b (storage, read)   2 out (storage, read_write)   3 p (uniform Params)
-//   add:        out[i] = a[i] + b[i]            i < p.n
-//   mul:        out[i] = a[i] * b[i]            i < p.n
 //   scale_add:  out[i] = a[i] + p.scale * b[i]  i < p.n
 // Layout B, per step (p.n = features per token, i < p.n * step.n_tokens):
 //   0 a (read)   1 b (read)   2 out (read_write)   3 p (uniform Params)   4 step (uniform Step)
@@ -24,8 +25,9 @@
 // Grid: 1-D over elements, folded into y past 65535 groups: element = gid.x + gid.y * (num_workgroups.x * WG).
 // Workgroup size {{WG}} is owned by Python (lab.ops.elementwise), which sizes the grid to match.
 
+//!include common.wgsl
+
 struct Params { n: u32, scale: f32, _p0: u32, _p1: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 const WG: u32 = {{WG}}u;
 
@@ -45,18 +47,6 @@ const WG: u32 = {{WG}}u;
 
 fn flat(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * (nwg.x * WG);
-}
-
-@compute @workgroup_size(WG)
-fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < p.n) { out[i] = a[i] + b[i]; }
-}
-
-@compute @workgroup_size(WG)
-fn mul(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i < p.n) { out[i] = a[i] * b[i]; }
 }
 
 @compute @workgroup_size(WG)

@@ -11,8 +11,9 @@
 //   wid.y = token. Constants: WG, DQ (dequant function), HALF.
 // Grid: (ceil(gpr / WG), t, 1).
 
+//!include common.wgsl
+
 struct Params { first_row: u32, n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, out_off: u32, scale: f32, _p: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;

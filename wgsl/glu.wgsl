@@ -9,9 +9,10 @@
 //   (two read-only bindings of one buffer are allowed), strides 2n, up_offset n. Separate: strides n, offsets 0.
 // Grid: (ceil(n / {{WG}}), t, 1).
 
+//!include common.wgsl
+
 struct Params { n: u32, gate_stride: u32, gate_offset: u32, up_stride: u32,
                 up_offset: u32, out_stride: u32, _p0: u32, _p1: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 const WG: u32 = {{WG}}u;
 

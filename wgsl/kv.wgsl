@@ -8,7 +8,8 @@
 //       for j < n_tokens, c < kvd; a row at or past n_ctx is dropped (the engine never asks for one).
 // One invocation per (j, c); the grid is lab.ops.groups_1d(t * kvd, {{WG}}), folded into y past the per-dimension limit.
 
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+//!include common.wgsl
+
 struct KvParams { kvd: u32, src_stride: u32, k_offset: u32, v_offset: u32, n_ctx: u32, _p0: u32, _p1: u32, _p2: u32 };
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;

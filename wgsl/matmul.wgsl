@@ -19,9 +19,10 @@
 // Constants: DQ (dequant function, e.g. dq_q4_k), HALF (its group shape).
 // Grid: (ceil(n_rows / 32), ceil(t / 32), 1).
 
+//!include common.wgsl
+
 struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32,
                 x_stride: u32, y_stride: u32, acc: u32, _p0: u32, _p1: u32, _p2: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

@@ -7,7 +7,7 @@
 //   element i of group g of token row j is read at  j*in_stride  + in_offset  + g*group + i
 //                                   and written at  j*out_stride + out_offset + g*group + i   (floats)
 // Grid: (t, n_groups, 1), one workgroup of {{WG}} per (token, group); rows >= step.n_tokens do nothing.
-// Reduction: subgroupAdd then one partial per subgroup ({{SG}} lines), or a shared-memory tree ({{NOSG}} lines).
+// Reduction: wg_sum of reduce.wgsl (subgroups, or a shared-memory tree without them).
 // Second weight ({{W2}} lines, binding {{B_W2}}): groups from p.split on use w2 (Gemma 3's q and k norms over the
 //   adjacent Q and K heads of a fused QKV row: one dispatch instead of two).
 // Residual ({{RES}} lines, binding {{B_RES}}): res[j*n + g*group + i] += the normed value as well (Gemma 3's norm
@@ -16,7 +16,9 @@
 
 struct Params { group: u32, n_groups: u32, in_stride: u32, in_offset: u32,
                 out_stride: u32, out_offset: u32, eps: f32, split: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+
+//!include common.wgsl
+//!include reduce.wgsl
 
 const WG: u32 = {{WG}}u;
 
@@ -27,28 +29,6 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(4) var<storage, read> x: array<f32>;
 {{RES}}@group(0) @binding({{B_RES}}) var<storage, read_write> res: array<f32>;
 {{W2}}@group(0) @binding({{B_W2}}) var<storage, read> w2: array<f32>;
-
-var<workgroup> red: array<f32, WG>;
-var<private> sg_lane: u32;
-var<private> sg_size: u32;
-
-// Sum of v over the workgroup, returned to every invocation. Called in uniform control flow.
-fn wg_sum(v: f32, li: u32) -> f32 {
-{{SG}}    let s = subgroupAdd(v);
-{{SG}}    if (sg_lane == 0u) { red[li / sg_size] = s; }
-{{SG}}    workgroupBarrier();
-{{SG}}    var total = 0.0;
-{{SG}}    for (var j = 0u; j < (WG + sg_size - 1u) / sg_size; j++) { total += red[j]; }
-{{NOSG}}    red[li] = v;
-{{NOSG}}    workgroupBarrier();
-{{NOSG}}    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-{{NOSG}}        if (li < s) { red[li] += red[li + s]; }
-{{NOSG}}        workgroupBarrier();
-{{NOSG}}    }
-{{NOSG}}    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
 
 @compute @workgroup_size(WG)
 fn rms_norm(@builtin(local_invocation_index) li: u32,

@@ -27,7 +27,8 @@
 //   Grid: groups_1d(V, WG).
 // Constant: WG (threads per workgroup). Flat index = (wid.x + wid.y * num_workgroups.x) * WG + lid.
 
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+//!include common.wgsl
+
 struct Window { w0: u32, wn: u32, l0: u32, ln: u32 };
 struct Params { a: u32, b: u32, c: u32, d: u32 };
 

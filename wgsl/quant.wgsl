@@ -8,7 +8,9 @@
 //   F32 F16 BF16 Q8_0: 4 (8 consecutive values); Q4_0 Q4_1 Q5_0 Q5_1: 16 (low/high nibbles of 4 qs
 //   bytes); Q4_K Q5_K Q6_K: 32. A span of 2*HALF consecutive elements is always whole groups, and
 //   divides the block, so any range starting at a multiple of 64 holds whole groups.
-// Uniforms: none. Constants: none (the type is picked by the including file through the function name).
+// Uniforms: none. Constants: none filled by Python (the type is picked by the including file through the
+//   function name). Each block layout is spelled as named byte offsets beside its comment (Q4_K_SCALES = byte
+//   of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words (offset / 4).
 // Blocks of 18, 22, 34 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/ld_u32,
 // which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed).
 
@@ -91,49 +93,66 @@ fn dq_bf16(rb: u32, g: u32) -> Dq {
 
 // ---- 32-element blocks (4 groups per block) ----------------------------------------------------
 
-// Q8_0, 34 bytes: d f16, qs[32] i8.  x = d * q
+// Q8_0, 34 bytes: d f16, qs[32] i8.  x = d * q.  Group gi: lo = qs[8gi..8gi+3], hi = qs[8gi+4..8gi+7].
+const Q8_0_BYTES: u32 = 34u;
+const Q8_0_D: u32 = 0u;
+const Q8_0_QS: u32 = 2u;
 fn dq_q8_0(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 2u) * 34u;
+    let blk = rb + (g >> 2u) * Q8_0_BYTES;
     let gi = g & 3u;
-    let d = ld_f16(blk);
-    return Dq(d * i8x4(ld_u32(blk + 2u + 8u * gi)), d * i8x4(ld_u32(blk + 6u + 8u * gi)));
+    let d = ld_f16(blk + Q8_0_D);
+    return Dq(d * i8x4(ld_u32(blk + Q8_0_QS + 8u * gi)), d * i8x4(ld_u32(blk + Q8_0_QS + 4u + 8u * gi)));
 }
 
 // Q4_0, 18 bytes: d f16, qs[16]; element j = low nibble of qs[j], element j+16 = high nibble.  x = d * (q - 8)
+const Q4_0_BYTES: u32 = 18u;
+const Q4_0_D: u32 = 0u;
+const Q4_0_QS: u32 = 2u;
 fn dq_q4_0(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 2u) * 18u;
-    let d = ld_f16(blk);
-    let q = ld_u32(blk + 2u + 4u * (g & 3u));
+    let blk = rb + (g >> 2u) * Q4_0_BYTES;
+    let d = ld_f16(blk + Q4_0_D);
+    let q = ld_u32(blk + Q4_0_QS + 4u * (g & 3u));
     return Dq(d * (nib_lo(q) - 8.0), d * (nib_hi(q) - 8.0));
 }
 
 // Q4_1, 20 bytes: d f16, m f16, qs[16] (nibbles as Q4_0).  x = d * q + m
+const Q4_1_BYTES: u32 = 20u;
+const Q4_1_DM: u32 = 0u;
+const Q4_1_QS: u32 = 4u;
 fn dq_q4_1(rb: u32, g: u32) -> Dq {
-    let w = (rb >> 2u) + (g >> 2u) * 5u;
-    let dm = unpack2x16float(W[w]);
-    let q = W[w + 1u + (g & 3u)];
+    let w = (rb >> 2u) + (g >> 2u) * (Q4_1_BYTES / 4u);
+    let dm = unpack2x16float(W[w + Q4_1_DM / 4u]);
+    let q = W[w + Q4_1_QS / 4u + (g & 3u)];
     return Dq(dm.x * nib_lo(q) + dm.y, dm.x * nib_hi(q) + dm.y);
 }
 
 // Q5_0, 22 bytes: d f16, qh u32, qs[16]; 5th bit of element j is bit j of qh (j = 0..31).  x = d * (q - 16)
+const Q5_0_BYTES: u32 = 22u;
+const Q5_0_D: u32 = 0u;
+const Q5_0_QH: u32 = 2u;
+const Q5_0_QS: u32 = 6u;
 fn dq_q5_0(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 2u) * 22u;
+    let blk = rb + (g >> 2u) * Q5_0_BYTES;
     let j = 4u * (g & 3u);
-    let d = ld_f16(blk);
-    let qh = ld_u32(blk + 2u);
-    let q = ld_u32(blk + 6u + j);
+    let d = ld_f16(blk + Q5_0_D);
+    let qh = ld_u32(blk + Q5_0_QH);
+    let q = ld_u32(blk + Q5_0_QS + j);
     let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
     let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
     return Dq(d * (nib_lo(q) + 16.0 * vec4<f32>(h) - 16.0), d * (nib_hi(q) + 16.0 * vec4<f32>(h2) - 16.0));
 }
 
 // Q5_1, 24 bytes: d f16, m f16, qh u32, qs[16] (bits as Q5_0).  x = d * q + m
+const Q5_1_BYTES: u32 = 24u;
+const Q5_1_DM: u32 = 0u;
+const Q5_1_QH: u32 = 4u;
+const Q5_1_QS: u32 = 8u;
 fn dq_q5_1(rb: u32, g: u32) -> Dq {
-    let w = (rb >> 2u) + (g >> 2u) * 6u;
+    let w = (rb >> 2u) + (g >> 2u) * (Q5_1_BYTES / 4u);
     let j = 4u * (g & 3u);
-    let dm = unpack2x16float(W[w]);
-    let qh = W[w + 1u];
-    let q = W[w + 2u + (g & 3u)];
+    let dm = unpack2x16float(W[w + Q5_1_DM / 4u]);
+    let qh = W[w + Q5_1_QH / 4u];
+    let q = W[w + Q5_1_QS / 4u + (g & 3u)];
     let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
     let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
     return Dq(dm.x * (nib_lo(q) + 16.0 * vec4<f32>(h)) + dm.y, dm.x * (nib_hi(q) + 16.0 * vec4<f32>(h2)) + dm.y);
@@ -157,29 +176,38 @@ fn k_scale_min(sb: u32, s: u32) -> vec2<f32> {
 }
 
 // Q4_K, 144 bytes: d f16, dmin f16, scales[12], qs[128].  x = d * sc * q - dmin * m
+const Q4_K_BYTES: u32 = 144u;
+const Q4_K_DM: u32 = 0u;
+const Q4_K_SCALES: u32 = 4u;
+const Q4_K_QS: u32 = 16u;
 fn dq_q4_k(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 5u) * 144u;
+    let blk = rb + (g >> 5u) * Q4_K_BYTES;
     let gi = g & 31u;
     let j = gi >> 3u;
-    let dm = unpack2x16float(W[blk >> 2u]);
-    let s0 = k_scale_min(blk + 4u, 2u * j);
-    let s1 = k_scale_min(blk + 4u, 2u * j + 1u);
-    let q = W[(blk >> 2u) + 4u + gi];
+    let dm = unpack2x16float(W[(blk >> 2u) + Q4_K_DM / 4u]);
+    let s0 = k_scale_min(blk + Q4_K_SCALES, 2u * j);
+    let s1 = k_scale_min(blk + Q4_K_SCALES, 2u * j + 1u);
+    let q = W[(blk >> 2u) + Q4_K_QS / 4u + gi];
     return Dq(dm.x * s0.x * nib_lo(q) - dm.y * s0.y, dm.x * s1.x * nib_hi(q) - dm.y * s1.y);
 }
 
 // Q5_K, 176 bytes: d f16, dmin f16, scales[12], qh[32], qs[128]; 5th bit of element 64j+l (+32) is
 // bit 2j (2j+1) of qh[l].  x = d * sc * q - dmin * m
+const Q5_K_BYTES: u32 = 176u;
+const Q5_K_DM: u32 = 0u;
+const Q5_K_SCALES: u32 = 4u;
+const Q5_K_QH: u32 = 16u;
+const Q5_K_QS: u32 = 48u;
 fn dq_q5_k(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 5u) * 176u;
+    let blk = rb + (g >> 5u) * Q5_K_BYTES;
     let gi = g & 31u;
     let j = gi >> 3u;
     let w = blk >> 2u;
-    let dm = unpack2x16float(W[w]);
-    let s0 = k_scale_min(blk + 4u, 2u * j);
-    let s1 = k_scale_min(blk + 4u, 2u * j + 1u);
-    let qh = W[w + 4u + (gi & 7u)];
-    let q = W[w + 12u + gi];
+    let dm = unpack2x16float(W[w + Q5_K_DM / 4u]);
+    let s0 = k_scale_min(blk + Q5_K_SCALES, 2u * j);
+    let s1 = k_scale_min(blk + Q5_K_SCALES, 2u * j + 1u);
+    let qh = W[w + Q5_K_QH / 4u + (gi & 7u)];
+    let q = W[w + Q5_K_QS / 4u + gi];
     return Dq(dm.x * s0.x * (nib_lo(q) + 16.0 * bit_of_bytes(qh, 2u * j)) - dm.y * s0.y,
               dm.x * s1.x * (nib_hi(q) + 16.0 * bit_of_bytes(qh, 2u * j + 1u)) - dm.y * s1.y);
 }
@@ -188,17 +216,22 @@ fn dq_q5_k(rb: u32, g: u32) -> Dq {
 // scales[8h..]; its element 32k + l (k = 0..3, l = 0..31) is
 //   q = (nibble k/2 of ql[64h + 32(k%2) + l]) | ((qh[32h + l] >> 2k) & 3) << 4,  x = d * scales[8h + l/16 + 2k] * (q - 32).
 // Here group gi: h = gi/16, k = 2s (lo) and 2s+1 (hi) with s = (gi/8)%2, l = 4*(gi%8).
+const Q6_K_BYTES: u32 = 210u;
+const Q6_K_QL: u32 = 0u;
+const Q6_K_QH: u32 = 128u;
+const Q6_K_SCALES: u32 = 192u;
+const Q6_K_D: u32 = 208u;
 fn dq_q6_k(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 5u) * 210u;
+    let blk = rb + (g >> 5u) * Q6_K_BYTES;
     let gi = g & 31u;
     let h = gi >> 4u;
     let s = (gi >> 3u) & 1u;
     let l = 4u * (gi & 7u);
-    let d = ld_f16(blk + 208u);
-    let qa = ld_u32(blk + 64u * h + l);
-    let qb = ld_u32(blk + 64u * h + 32u + l);
-    let qh = ld_u32(blk + 128u + 32u * h + l);
-    let sc = blk + 192u + 8u * h + l / 16u + 4u * s;
+    let d = ld_f16(blk + Q6_K_D);
+    let qa = ld_u32(blk + Q6_K_QL + 64u * h + l);
+    let qb = ld_u32(blk + Q6_K_QL + 64u * h + 32u + l);
+    let qh = ld_u32(blk + Q6_K_QH + 32u * h + l);
+    let sc = blk + Q6_K_SCALES + 8u * h + l / 16u + 4u * s;
     let sca = f32(bitcast<i32>(ld_u8(sc) << 24u) >> 24u);
     let scb = f32(bitcast<i32>(ld_u8(sc + 2u) << 24u) >> 24u);
     let na = select(nib_lo(qa), nib_hi(qa), s == 1u);

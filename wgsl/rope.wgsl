@@ -9,9 +9,10 @@
 //   head h of token j starts at float  j*row_stride + col_offset + h*head_dim.
 // Grid: (ceil(n_head*half / {{WG}}), t, 1), one invocation per (token, head, pair).
 
+//!include common.wgsl
+
 struct Params { n_head: u32, head_dim: u32, half: u32, row_stride: u32,
                 col_offset: u32, _p0: u32, _p1: u32, _p2: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
 
 const WG: u32 = {{WG}}u;
 

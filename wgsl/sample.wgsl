@@ -6,18 +6,24 @@
 // Math: order pairs by value descending, ties by lower index first (llama.cpp greedy keeps the first max):
 //   argmax: out[r] = index of the best element of row r;
 //   top-k:  out[r*k + q], q < k, = the q-th best (index, value), sorted.
-//   NaN and -inf elements are never chosen; missing places are (0xffffffff, -3.4028235e38).
+//   NaN and +-inf elements are never chosen (a broken forward pass must not become a token id); missing places
+//   are (0xffffffff, -3.4028235e38), so a row with no finite element gives argmax 0xffffffff.
 //   argmax_part / topk_part: workgroup (c, r) takes chunk c ({{EPT}} * {{WG}} elements) of row r and writes its
 //   best 1 / k pairs to part[(r*n_chunks + c)*m + q] (m = 1 / k); argmax_final / topk_final (one workgroup per row)
 //   merge row r's n_chunks*m pairs. top-k picks k times the best pair still below the previous pick.
-// Params { n, n_chunks, k, rows, mode, _p0, _p1, _p2: u32 }; rows as in softmax: mode 0 fixed p.rows rows,
-//   1 min(step.n_tokens, p.rows), 2 the last token's row (read row n_tokens-1, written as row 0).
-// Reduction: subgroupMax/Min then one partial per subgroup ({{SG}} lines), or a shared-memory tree ({{NOSG}}).
+// Params { n, n_chunks, k, rows, mode, _p0, _p1, _p2: u32 }; rows / mode: the row selection of rows.wgsl
+//   (ROWS_FIXED p.rows rows, ROWS_TOKENS min(step.n_tokens, p.rows), ROWS_LAST the last token's row, read from
+//   row n_tokens-1 and written as row 0).
+// Reduction: wg_best, the best pair: subgroupMax/Min then one partial per subgroup ({{SG}} lines), or a
+//   shared-memory tree ({{NOSG}}), on reduce.wgsl's `red` (values) and red_i (indices).
 {{SG_ENABLE}}
 
 struct Pair { index: u32, value: f32 };
 struct Params { n: u32, n_chunks: u32, k: u32, rows: u32, mode: u32, _p0: u32, _p1: u32, _p2: u32 };
-struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 };
+
+//!include common.wgsl
+//!include reduce.wgsl
+//!include rows.wgsl
 
 const WG: u32 = {{WG}}u;
 const EPT: u32 = {{EPT}}u;
@@ -32,10 +38,7 @@ const NONE: u32 = 0xffffffffu;
 @group(0) @binding(3) var<storage, read_write> out_index: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out_pairs: array<Pair>;
 
-var<workgroup> red_v: array<f32, WG>;
-var<workgroup> red_i: array<u32, WG>;
-var<private> sg_lane: u32;
-var<private> sg_size: u32;
+var<workgroup> red_i: array<u32, WG>;     // indices beside reduce.wgsl's `red`, which holds the values
 
 fn better(a: Pair, b: Pair) -> bool {
     return a.value > b.value || (a.value == b.value && a.index < b.index);
@@ -45,44 +48,42 @@ fn better(a: Pair, b: Pair) -> bool {
 fn wg_best(c: Pair, li: u32) -> Pair {
 {{SG}}    let m = subgroupMax(c.value);
 {{SG}}    let mi = subgroupMin(select(NONE, c.index, c.value == m));
-{{SG}}    if (sg_lane == 0u) { red_v[li / sg_size] = m; red_i[li / sg_size] = mi; }
+{{SG}}    if (sg_lane == 0u) { red[li / sg_size] = m; red_i[li / sg_size] = mi; }
 {{SG}}    workgroupBarrier();
-{{SG}}    var b = Pair(red_i[0], red_v[0]);
+{{SG}}    var b = Pair(red_i[0], red[0]);
 {{SG}}    for (var j = 1u; j < (WG + sg_size - 1u) / sg_size; j++) {
-{{SG}}        let q = Pair(red_i[j], red_v[j]);
+{{SG}}        let q = Pair(red_i[j], red[j]);
 {{SG}}        if (better(q, b)) { b = q; }
 {{SG}}    }
-{{NOSG}}    red_v[li] = c.value;
+{{NOSG}}    red[li] = c.value;
 {{NOSG}}    red_i[li] = c.index;
 {{NOSG}}    workgroupBarrier();
 {{NOSG}}    for (var s = WG / 2u; s > 0u; s >>= 1u) {
 {{NOSG}}        if (li < s) {
-{{NOSG}}            let q = Pair(red_i[li + s], red_v[li + s]);
-{{NOSG}}            if (better(q, Pair(red_i[li], red_v[li]))) { red_v[li] = q.value; red_i[li] = q.index; }
+{{NOSG}}            let q = Pair(red_i[li + s], red[li + s]);
+{{NOSG}}            if (better(q, Pair(red_i[li], red[li]))) { red[li] = q.value; red_i[li] = q.index; }
 {{NOSG}}        }
 {{NOSG}}        workgroupBarrier();
 {{NOSG}}    }
-{{NOSG}}    let b = Pair(red_i[0], red_v[0]);
+{{NOSG}}    let b = Pair(red_i[0], red[0]);
     workgroupBarrier();
     return b;
 }
 
 fn n_rows() -> u32 {
-    if (p.mode == 1u) { return min(step.n_tokens, p.rows); }
-    if (p.mode == 2u) { return min(step.n_tokens, 1u); }
-    return p.rows;
+    return rows_in_step(p.mode, p.rows, step.n_tokens);
 }
 
 fn row_base(r: u32) -> u32 {
-    if (p.mode == 2u) { return (step.n_tokens - 1u) * p.n; }
-    return r * p.n;
+    return row_read(p.mode, r, step.n_tokens) * p.n;
 }
 
-// Element idx of the row as a pair, or the empty pair when outside the row, NaN or -inf.
+// Element idx of the row as a pair, or the empty pair when outside the row or not finite. Finiteness is read off
+// the exponent bits: a compiler may assume float compares never see NaN and fold `v != v` away.
 fn element(base: u32, idx: u32) -> Pair {
     if (idx >= p.n) { return Pair(NONE, LOWEST); }
     let v = logits[base + idx];
-    if (!(v >= LOWEST)) { return Pair(NONE, LOWEST); }
+    if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) { return Pair(NONE, LOWEST); }
     return Pair(idx, v);
 }
 

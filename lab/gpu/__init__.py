@@ -11,6 +11,7 @@ can find every buffer holding conversation-derived data without a hand-made list
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 # Buffer kinds. Every buffer the engine creates carries one.
@@ -47,6 +48,7 @@ class Buffer:
     kind: str               # one of KINDS
     label: str
     uniform: bool = False   # a uniform buffer (read-only parameters) rather than storage
+    owner: object = None    # who made it (an Engine, its Probes, a kernel check): `Device.free(owner)` frees it
 
 
 @dataclass(frozen=True)
@@ -91,33 +93,60 @@ class AdapterInfo:
 
 
 class Device:
-    """Backend-neutral base: the registry of buffers and the checks every backend shares."""
+    """Backend-neutral base: the registry of buffers (each with a kind and an owner) and what every backend
+    shares. Backends implement the hooks below; engine code never reaches past this surface."""
 
     info: AdapterInfo
 
     def __init__(self) -> None:
         self.buffers: list[Buffer] = []   # every live buffer, in creation order (Forget walks this)
+        self._owner: object = None
+
+    @property
+    def handle(self):
+        """The backend's own device object (GPUDevice in the browser), for JS helpers that take it."""
+        return self._device
 
     # -- buffers ---------------------------------------------------------------------------
-    def buffer(self, size: int, kind: str, label: str) -> Buffer:
-        """A storage buffer of at least `size` bytes (rounded up to 4), zero-filled by WebGPU."""
+    @contextmanager
+    def owning(self, owner: object):
+        """Buffers made inside the block belong to `owner`, so that `free(owner)` releases exactly them."""
+        outer, self._owner = self._owner, owner
+        try:
+            yield
+        finally:
+            self._owner = outer
+
+    def _register(self, size: int, kind: str, label: str, uniform: bool) -> Buffer:
         if kind not in KINDS:
             raise ValueError(f"unknown buffer kind {kind!r} for {label}")
+        buf = Buffer(self._create_buffer(size, label, uniform=uniform), size, kind, label, uniform, self._owner)
+        self.buffers.append(buf)
+        return buf
+
+    def buffer(self, size: int, kind: str, label: str) -> Buffer:
+        """A storage buffer of at least `size` bytes (rounded up to 4), zero-filled by WebGPU."""
         size = max(4, (size + 3) & ~3)
         if size > self.info.limits["max_buffer_size"]:
             raise GpuError(f"{label}: {size:,} bytes exceed this GPU's max buffer size "
                            f"({self.info.limits['max_buffer_size']:,} bytes)")
-        buf = Buffer(self._create_buffer(size, label, uniform=False), size, kind, label)
-        self.buffers.append(buf)
-        return buf
+        return self._register(size, kind, label, uniform=False)
 
-    def uniform(self, data: bytes, label: str) -> Buffer:
-        """A uniform buffer holding `data` (padded to 16 bytes), for per-dispatch parameters."""
+    def uniform(self, data: bytes, label: str, kind: str = CONSTANT) -> Buffer:
+        """A uniform buffer holding `data` (padded to 16 bytes): per-dispatch parameters fixed at load (CONSTANT),
+        or values rewritten per step or request, such as positions (CONVERSATION, so Forget wipes them)."""
         size = max(16, (len(data) + 15) & ~15)
-        buf = Buffer(self._create_buffer(size, label, uniform=True), size, CONSTANT, label, uniform=True)
-        self.buffers.append(buf)
+        buf = self._register(size, kind, label, uniform=True)
         self.write(buf, bytes(data) + bytes(size - len(data)))
         return buf
+
+    def owned_by(self, owner: object) -> list[Buffer]:
+        return [b for b in self.buffers if b.owner is owner]
+
+    def free(self, owner: object) -> None:
+        """Destroy every buffer `owner` made (conversation buffers are zeroed first, see `destroy`)."""
+        for b in self.owned_by(owner):
+            self.destroy(b)
 
     def destroy(self, buf: Buffer) -> None:
         if buf.kind == CONVERSATION:
@@ -130,6 +159,23 @@ class Device:
         if size > limit:
             raise GpuError(f"{label}: a binding of {size:,} bytes exceeds this GPU's storage binding limit "
                            f"({limit:,} bytes); bind it in row ranges")
+
+    # -- bind groups ---------------------------------------------------------------------------
+    def bind(self, kernel: "Kernel", resources: list, label: str = "") -> "Bound":
+        """A bind group of `resources` (Buffers or Slices) at bindings 0, 1, ...; every storage binding is checked
+        against the adapter's limit first, so an oversize one is named instead of failing validation later."""
+        label = label or kernel.label
+        entries = []     # (binding, buffer handle, offset, size)
+        for i, res in enumerate(resources):
+            buf = res.buffer if isinstance(res, Slice) else res
+            if not buf.uniform:
+                self.check_binding(res.size, f"{label} binding {i} ({buf.label})")
+            entries.append((i, buf.handle, res.offset if isinstance(res, Slice) else 0, res.size))
+        return Bound(self._bind_group(kernel, entries, label), label)
+
+    def on_lost(self, callback) -> None:
+        """Call `callback(reason: str)` once if the device is lost (driver reset, sleep, a crash elsewhere).
+        Natively a lost device raises on the next call instead; only the browser reports it as an event."""
 
     # -- backend hooks -----------------------------------------------------------------------
     def _create_buffer(self, size: int, label: str, uniform: bool):  # pragma: no cover - abstract
@@ -144,8 +190,8 @@ class Device:
     def kernel(self, source: str, label: str, entry: str = "main") -> Kernel:  # pragma: no cover
         raise NotImplementedError
 
-    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:  # pragma: no cover
-        raise NotImplementedError
+    def _bind_group(self, kernel: Kernel, entries: list[tuple[int, object, int, int]], label: str):
+        raise NotImplementedError  # pragma: no cover - abstract
 
     def prepare(self, dispatches: list[Dispatch]):
         """A step's dispatch list in the backend's own form, built once and passed to `run` every step."""

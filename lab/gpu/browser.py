@@ -14,9 +14,9 @@ Traps measured here:
 from __future__ import annotations
 
 import js
-from pyodide.ffi import to_js
+from pyodide.ffi import create_once_callable, to_js
 
-from . import FEATURES, LIMITS, AdapterInfo, Bound, Buffer, CONVERSATION, Device, Dispatch, GpuError, Kernel, Slice
+from . import FEATURES, LIMITS, AdapterInfo, Buffer, CONVERSATION, Device, Dispatch, GpuError, Kernel
 
 _STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
 _UNIFORM = 0x0040 | 0x0004 | 0x0008      # UNIFORM | COPY_SRC | COPY_DST (Forget reads the step uniform back)
@@ -70,7 +70,6 @@ class BrowserDevice(Device):
         self.info = info
         self._pending: list[tuple[str, object]] = []   # (label, shader module) not yet checked
         self._staging: Buffer | None = None
-        self.lost = None
         device.pushErrorScope("validation")
 
     def _create_buffer(self, size: int, label: str, uniform: bool):
@@ -108,20 +107,16 @@ class BrowserDevice(Device):
         if not _null(err):
             raise GpuError(f"WebGPU validation error: {err.message}")
 
-    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:
-        entries = []
-        for i, res in enumerate(resources):
-            if isinstance(res, Slice):
-                self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.buffer.label})")
-                entries.append({"binding": i, "resource": {"buffer": res.buffer.handle, "offset": res.offset,
-                                                            "size": res.size}})
-            else:
-                if not res.uniform:
-                    self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.label})")
-                entries.append({"binding": i, "resource": {"buffer": res.handle}})
-        group = self._device.createBindGroup(_obj({
-            "layout": kernel.handle.getBindGroupLayout(0), "entries": entries, "label": label or kernel.label}))
-        return Bound(group, label or kernel.label)
+    def _bind_group(self, kernel: Kernel, entries, label: str):
+        return self._device.createBindGroup(_obj({
+            "layout": kernel.handle.getBindGroupLayout(0), "label": label,
+            "entries": [{"binding": i, "resource": {"buffer": h, "offset": off, "size": size}}
+                        for i, h, off, size in entries]}))
+
+    def on_lost(self, callback) -> None:
+        def lost(info):
+            callback(str(getattr(info, "message", "") or getattr(info, "reason", "") or "no reason given"))
+        self._device.lost.then(create_once_callable(lost))
 
     def prepare(self, dispatches: list[Dispatch]):
         """A JS array [pipeline, group, x, y, z, ...] built once, encoded later by one JS call."""
@@ -147,7 +142,7 @@ class BrowserDevice(Device):
                 self.destroy(self._staging)
             size = max(size, 1 << 16)
             handle = self._device.createBuffer(_obj({"size": size, "usage": _STAGING, "label": "readback"}))
-            self._staging = Buffer(handle, size, CONVERSATION, "readback")
+            self._staging = Buffer(handle, size, CONVERSATION, "readback")     # the device's own: no owner
             self.buffers.append(self._staging)
         return self._staging
 

@@ -36,7 +36,7 @@ def _now() -> float:
 
 
 def _sync(engine: Engine) -> None:
-    engine.device.read_sync(engine.ids, 0, 4)
+    engine.device.read_sync(engine.scratch.ids, 0, 4)
 
 
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
@@ -47,7 +47,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
     t0 = _now()
     engine = Engine(device, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
-    nbytes = engine.upload_file(path)
+    nbytes = engine.weights.upload_file(path)
     _sync(engine)
     t2 = _now()
     rng = random.Random(seed)
@@ -101,8 +101,8 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
     _sync(engine)
     out = {"cpu_submit_ms": round(cpu * 1e3, 3)}
     if "timestamp-query" in engine.device.info.features and hasattr(engine.device, "time_pass"):
-        plan = engine.plan(1)
-        gpu_s = sorted(engine.device.time_pass(plan, [(engine.step_buf, 0, ops.step_bytes(pos + n + i, 1, engine.n_ctx))])
+        plan = engine.prepared(1)
+        gpu_s = sorted(engine.device.time_pass(plan, engine.step_writes(None, pos + n + i, 1))
                        for i in range(n))
         out["gpu_pass_ms"] = round(gpu_s[n // 2] * 1e3, 3)
     return out
@@ -119,8 +119,8 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
     rng = random.Random(0)
     engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
-    writes = [(engine.step_buf, 0, ops.step_bytes(pos, t, engine.n_ctx))]
-    plan = [d for d in (op.at(t) for op in engine.ops_for(t)) if all(d.groups)]
+    writes = engine.step_writes(None, pos, t)
+    plan = ops.dispatches(engine.ops_for(t), t)
 
     def family(d) -> str:    # pipeline label without the constants that only tune (WG, DQ, SG switches)
         name, *consts = d.kernel.label.split(" ")

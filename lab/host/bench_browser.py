@@ -42,22 +42,8 @@ PASSAGE = ("The river ran past the old mill and under the stone bridge, where ch
            "water and watched them race toward the sea. In spring the banks filled with yellow flowers, and "
            "in autumn the leaves turned the current red and gold. ").split()
 
-# Records the worker's messages as the page receives them, before main.js runs; the page itself is untouched.
-_RECORDER = """(() => {
-  const seen = window.__labBench = { messages: [], tokens: 0, worker: null };
-  const Native = window.Worker;
-  window.Worker = class extends Native {
-    constructor(...args) {
-      super(...args);
-      seen.worker = this;
-      this.addEventListener("message", (e) => {
-        const m = e.data;
-        if (m.type === "token") seen.tokens++;
-        else if (m.type !== "load-progress") seen.messages.push(m);
-      });
-    }
-  };
-})();"""
+# Records the worker's messages as the page receives them, before main.js runs (`window.__labBench`).
+RECORDER = Path(__file__).resolve().parents[2] / "web" / "bench.js"
 
 
 class BenchError(RuntimeError):
@@ -100,27 +86,29 @@ class _Page:
         self.page = page
 
     def count(self) -> int:
-        return self.page.evaluate("window.__labBench.messages.length")
+        return self.page.evaluate("__labBench.messages.length")
 
     def wait(self, kind: str, since: int, timeout_s: float) -> dict:
         """The first `kind` message at index >= since; an `error` message raises."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
         try:
-            self.page.wait_for_function(
-                "([kind, n]) => window.__labBench.messages.slice(n).some(m => m.type === kind || m.type === 'error')",
-                arg=[kind, since], timeout=timeout_s * 1e3, polling=200)
+            self.page.wait_for_function("([kind, n]) => __labBench.arrived(kind, n)", arg=[kind, since],
+                                        timeout=timeout_s * 1e3, polling=200)
         except PlaywrightTimeout as exc:
             raise BenchError(f"no `{kind}` message from the worker within {timeout_s:.0f} s") from exc
-        for m in self.page.evaluate("n => window.__labBench.messages.slice(n)", since):
+        for m in self.since(since):
             if m["type"] == "error":
                 raise BenchError(f"the page reported an error ({m.get('where')}): {m.get('message')}")
             if m["type"] == kind:
                 return m
         raise AssertionError("unreachable")
 
+    def since(self, n: int) -> list[dict]:
+        return self.page.evaluate("n => __labBench.since(n)", n)
+
     def post(self, msg: dict) -> None:
         """A message to the worker directly, not through a page control (the page has none for these)."""
-        self.page.evaluate("m => window.__labBench.worker.postMessage(m)", msg)
+        self.page.evaluate("m => __labBench.post(m)", msg)
 
     def ask(self, msg: dict, reply: str, timeout_s: float) -> dict:
         n = self.count()
@@ -135,7 +123,7 @@ class _Page:
         p.fill('[data-testid="prompt"]', text)
         p.press('[data-testid="prompt"]', "Enter")
         done = self.wait("done", n, timeout_s)
-        prompt = next(m for m in p.evaluate("n => window.__labBench.messages.slice(n)", n) if m["type"] == "prompt")
+        prompt = next(m for m in self.since(n) if m["type"] == "prompt")
         p.wait_for_function("!document.querySelector('[data-testid=send]').disabled", timeout=30_000)
         shown = p.evaluate("document.querySelectorAll('[data-testid=token]').length")
         return {"done": done["result"], "prompt_ids": len(prompt["ids"]),
@@ -189,7 +177,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
             browser = pw.chromium.launch(executable_path=chromium, args=list(args))
             try:
                 page = browser.new_context().new_page()
-                page.add_init_script(_RECORDER)
+                page.add_init_script(path=RECORDER)
                 page.goto(url + "/")
                 lab = _Page(page)
                 selftest = lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]

@@ -42,7 +42,7 @@ def _load(model_path: str, n_ctx: int, disable=()):
     device = open_native(disable=tuple(disable))
     t0 = time.perf_counter()
     engine = Engine(device, header, n_ctx=n_ctx)
-    nbytes = engine.upload_file(model_path)
+    nbytes = engine.weights.upload_file(model_path)
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 
 
@@ -131,6 +131,9 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab.engine import DEFAULT_CTX
+    from lab.sampler import Settings
+    sampling = Settings()        # the defaults' one home
     p = argparse.ArgumentParser(prog="lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -154,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
     s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
     s.add_argument("--greedy", action="store_true")
-    s.add_argument("--temperature", type=float, default=0.8)
-    s.add_argument("--top-p", type=float, default=0.95)
-    s.add_argument("--top-k", type=int, default=40)
-    s.add_argument("--min-p", type=float, default=0.05)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--temperature", type=float, default=sampling.temperature)
+    s.add_argument("--top-p", type=float, default=sampling.top_p)
+    s.add_argument("--top-k", type=int, default=sampling.top_k)
+    s.add_argument("--min-p", type=float, default=sampling.min_p)
+    s.add_argument("--seed", type=int, default=sampling.seed)
     s.add_argument("-n", type=int, default=128, help="maximum new tokens")
-    s.add_argument("--ctx", type=int, default=2048, help="KV cache length in tokens")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_generate)

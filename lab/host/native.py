@@ -10,7 +10,7 @@ try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us 
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
     _lib = _ffi = None
 
-from ..gpu import LIMITS, AdapterInfo, Bound, Buffer, Device, Dispatch, GpuError, Kernel, Slice
+from ..gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
 
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}
@@ -26,8 +26,7 @@ class NativeDevice(Device):
         if adapter is None:
             raise GpuError("no WebGPU adapter: install a Vulkan driver (Debian: mesa-vulkan-drivers)")
         have = set(adapter.features)
-        features = [f for f in ("shader-f16", "subgroups", "timestamp-query")
-                    if _NATIVE_NAME.get(f, f) in have and f not in disable]
+        features = [f for f in FEATURES if _NATIVE_NAME.get(f, f) in have and f not in disable]
         # Ask for the adapter's own limits: the defaults (128 MiB bindings) would refuse real embeddings.
         wanted = {k.replace("_", "-"): adapter.limits[k.replace("_", "-")] for k in LIMITS
                   if k.replace("_", "-") in adapter.limits}
@@ -63,20 +62,11 @@ class NativeDevice(Device):
             raise GpuError(f"kernel {label} does not compile: {exc}") from None
         return Kernel(pipeline, label)
 
-    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:
-        entries = []
-        for i, res in enumerate(resources):
-            if isinstance(res, Slice):
-                self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.buffer.label})")
-                entries.append({"binding": i, "resource": {"buffer": res.buffer.handle,
-                                                            "offset": res.offset, "size": res.size}})
-            else:
-                if not res.uniform:
-                    self.check_binding(res.size, f"{label or kernel.label} binding {i} ({res.label})")
-                entries.append({"binding": i, "resource": {"buffer": res.handle, "offset": 0, "size": res.size}})
-        group = self._device.create_bind_group(
-            layout=kernel.handle.get_bind_group_layout(0), entries=entries, label=label or kernel.label)
-        return Bound(group, label or kernel.label)
+    def _bind_group(self, kernel: Kernel, entries, label: str):
+        return self._device.create_bind_group(
+            layout=kernel.handle.get_bind_group_layout(0), label=label,
+            entries=[{"binding": i, "resource": {"buffer": h, "offset": off, "size": size}}
+                     for i, h, off, size in entries])
 
     def prepare(self, dispatches: list[Dispatch]) -> "RawPlan | list[Dispatch]":
         return RawPlan(dispatches) if _lib is not None else list(dispatches)

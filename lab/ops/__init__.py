@@ -29,10 +29,13 @@ def step_bytes(pos: int, n_tokens: int, n_ctx: int) -> bytes:
 
 def make_step(device: gpu.Device, label: str = "step") -> gpu.Buffer:
     """The shared per-step uniform buffer. Conversation-derived (it holds the position)."""
-    size = 16
-    buf = gpu.Buffer(device._create_buffer(size, label, uniform=True), size, gpu.CONVERSATION, label, uniform=True)
-    device.buffers.append(buf)
-    return buf
+    return device.uniform(bytes(STEP.size), label, kind=gpu.CONVERSATION)
+
+
+# Roles: what an op is for, where a caller must find it in a plan (the probes swap the attention ops for their
+# probe variant and drop the KV writes when replaying cached positions). Labels are for people and profiles.
+ATTENTION = "attention"
+KV_WRITE = "kv_write"
 
 
 @dataclass(frozen=True)
@@ -40,9 +43,15 @@ class Op:
     kernel: gpu.Kernel
     bound: gpu.Bound
     grid: Callable[[int], tuple[int, int, int]]   # workgroups for a step of t tokens
+    role: str = ""                                # ATTENTION, KV_WRITE, or "" for any other op
 
     def at(self, t: int) -> gpu.Dispatch:
         return gpu.Dispatch(self.kernel, self.bound, self.grid(t))
+
+
+def dispatches(op_list: list[Op], t: int) -> list[gpu.Dispatch]:
+    """The ops' dispatches for a step of t tokens, leaving out those with no work at t (an empty grid)."""
+    return [d for d in (op.at(t) for op in op_list) if all(d.groups)]
 
 
 @dataclass(frozen=True)

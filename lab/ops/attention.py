@@ -32,7 +32,7 @@ import math
 import struct
 
 from .. import gpu
-from . import Op, groups_1d
+from . import ATTENTION, KV_WRITE, Op, groups_1d
 
 KV_WG = 64
 WG = 64            # threads per attention workgroup (a power of two)
@@ -87,7 +87,7 @@ def kv_write(device: gpu.Device, kernels, src, k_cache, v_cache, step, *, n_kv_h
     params = device.uniform(_KV_PARAMS.pack(kvd, src_stride, k_offset, v_offset, n_ctx, 0, 0, 0), f"{label}.params")
     bound = device.bind(kernel, [src, k_cache, v_cache, step, params], label)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    return [Op(kernel, bound, lambda t: groups_1d(t * kvd, KV_WG, max_dim))]
+    return [Op(kernel, bound, lambda t: groups_1d(t * kvd, KV_WG, max_dim), KV_WRITE)]
 
 
 def decode_chunk(n_ctx: int) -> int:
@@ -210,5 +210,5 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
         grid = grids[entry]
         if mode == "auto":
             grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, entry != "prefill")
-        ops.append(Op(kernel, bound, grid))
+        ops.append(Op(kernel, bound, grid, ATTENTION))
     return ops

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from .. import gpu
-from ..shaders import KernelCache
+from ..shaders import KernelCache, subgroup_consts
 from . import Op, Weight, groups_1d
 from .weights import dequant_consts
 
@@ -37,14 +37,6 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False) -> int:
     if rows >= 16384:
         return 32
     return 256 if gpr >= 192 else 128
-
-
-def subgroup_consts(device: gpu.Device) -> dict:
-    """SG / NOSG line switches and the `enable` directive naga refuses but browsers require."""
-    if "subgroups" in device.info.features:
-        return {"SG": "", "NOSG": "// ",
-                "SG_ENABLE": "enable subgroups;" if device.info.backend == "browser" else ""}
-    return {"SG": "// ", "NOSG": "", "SG_ENABLE": ""}
 
 
 def _check(buf: gpu.Buffer, floats: int, what: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 from .. import gpu
+from ..shaders import subgroup_consts
 from . import Op
-from .elementwise import subgroup_consts
 
 PARAMS = struct.Struct("<6IfI")   # group, n_groups, in_stride, in_offset, out_stride, out_offset, eps, split
 

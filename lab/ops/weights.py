@@ -6,13 +6,20 @@ is as full as the limit allows), one buffer per part, each padded to a multiple 
 `placements` is the pure byte-range mapping loaders use (native file reads, browser File.slice).
 
 `KERNEL_TYPES` is the table the WGSL kernels share (wgsl/quant.wgsl): for each supported type, the
-dequant function and the HALF of its 8-value groups.
+dequant function and the HALF of its 8-value groups. It is the one list of the types the lab reads.
+
+`ModelWeights` places a whole model: every tensor the config expects, projections that share an input
+stacked into one weight, and the list of file byte ranges (`Upload`) that fill them. It never holds
+weight bytes: the native loader (`upload_file`) and the browser's `labUpload` (web/worker.js) move them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import gpu
-from ..ggml import GgmlType
+from ..ggml import BY_NAME, GgmlType
+from ..gguf import GGUFError
 from . import Weight, WeightPart
 
 # type name -> (dequant function in quant.wgsl, HALF: a group is 4 values at e0 and 4 at e0 + HALF)
@@ -21,6 +28,9 @@ KERNEL_TYPES: dict[str, tuple[str, int]] = {
     "Q4_0": ("dq_q4_0", 16), "Q4_1": ("dq_q4_1", 16), "Q5_0": ("dq_q5_0", 16), "Q5_1": ("dq_q5_1", 16),
     "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32), "Q6_K": ("dq_q6_k", 32),
 }
+
+
+SUPPORTED = frozenset(BY_NAME[n].id for n in KERNEL_TYPES)     # type ids the kernels read
 
 
 def dequant_consts(type: GgmlType) -> dict:
@@ -97,3 +107,123 @@ def upload_weight(device: gpu.Device, weight: Weight, data) -> None:
         if nbytes % 4:
             chunk = bytes(chunk) + bytes(4 - nbytes % 4)
         device.write(part.buffer, chunk)
+
+
+# -- a model's weights --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Upload:
+    """One contiguous byte range of the model file and where it goes on the GPU."""
+    tensor: str
+    file_offset: int
+    size: int
+    buffer: gpu.Buffer
+    buffer_offset: int = 0
+
+
+class ModelWeights:
+    """Every tensor of the model on the GPU, in GGUF block layout, and the uploads that fill them.
+
+    matrices: 2-D weights by name ("blk.3.attn_output.weight"), each split into binding-sized row ranges.
+    vectors:  1-D f32 tensors (norm weights, biases) by name.
+    stacked:  projections that read the same input, run as one matvec/matmul over their rows stacked:
+              stacked["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...]; with qkv biases,
+              vectors["blk.N.attn_qkv.bias"] holds the three side by side, as the fused row [q | k | v] needs.
+    The stacked rows are the only copy of those tensors (never a second one)."""
+
+    def __init__(self, device: gpu.Device, cfg, tensors: dict) -> None:
+        from ..model import expected_tensors
+        self.device = device
+        self.tensors = tensors              # name -> gguf.TensorInfo
+        self.matrices: dict[str, Weight] = {}
+        self.vectors: dict[str, gpu.Buffer] = {}
+        self.stacked: dict[str, list[tuple[Weight, int]]] = {}
+        self.uploads: list[Upload] = []
+        fused = set()
+        for il in range(cfg.n_layer):
+            b = f"blk.{il}."
+            for key, names in (("qkv", ("attn_q", "attn_k", "attn_v")), ("gate_up", ("ffn_gate", "ffn_up"))):
+                self.stacked[b + key] = self._stack([f"{b}{n}.weight" for n in names])
+                fused.update(f"{b}{n}.weight" for n in names)
+            if cfg.qkv_bias:
+                names = [f"{b}attn_{n}.bias" for n in "qkv"]
+                buf = device.buffer(4 * cfg.q_dim + 8 * cfg.kv_dim, gpu.WEIGHTS, b + "attn_qkv.bias")
+                self.vectors[b + "attn_qkv.bias"] = buf
+                off = 0
+                for n in names:
+                    t = tensors[n]
+                    self.uploads.append(Upload(n, t.offset, t.nbytes, buf, off))
+                    off += t.nbytes
+                fused.update(names)
+        for name, shape in expected_tensors(cfg).items():
+            if name in fused:
+                continue
+            t = tensors[name]
+            if len(shape) == 1:
+                buf = device.buffer(t.nbytes, gpu.WEIGHTS, name)
+                self.vectors[name] = buf
+                self.uploads.append(Upload(name, t.offset, t.nbytes, buf))
+            else:
+                w = alloc_weight(device, name, t.type, rows=shape[1], cols=shape[0])
+                self.matrices[name] = w
+                for part, off, size in placements(w):
+                    self.uploads.append(Upload(name, t.offset + off, size, part.buffer))
+
+    def _stack(self, names: list[str]) -> list[tuple[Weight, int]]:
+        """Runs of consecutive tensors of one type, each run allocated as one weight of stacked rows.
+        A tensor joins a run only if its byte size is a multiple of 4, so every upload into the stacked
+        buffer starts at a 4-byte offset (writeBuffer's rule) and no padding spills into a neighbour."""
+        runs: list[list] = []
+        for n in names:
+            t = self.tensors[n]
+            if runs and runs[-1][0].type == t.type and t.nbytes % 4 == 0 and runs[-1][-1].nbytes % 4 == 0:
+                runs[-1].append(t)
+            else:
+                runs.append([t])
+        out, col = [], 0
+        for run in runs:
+            rows = sum(t.shape[1] for t in run)
+            name = "+".join(t.name for t in run)
+            w = alloc_weight(self.device, name, run[0].type, rows=rows, cols=run[0].shape[0])
+            self.matrices[name] = w
+            for tname, t_off, part, p_off, size in concat_placements(w, [(t.name, t.shape[1]) for t in run]):
+                self.uploads.append(Upload(tname, self.tensors[tname].offset + t_off, size, part.buffer, p_off))
+            out.append((w, col))
+            col += rows
+        return out
+
+    @property
+    def embedding(self) -> Weight:
+        return self.matrices["token_embd.weight"]
+
+    @property
+    def head(self) -> Weight:
+        """The output projection: its own tensor, or the embedding table when the model ties them."""
+        return self.matrices.get("output.weight", self.embedding)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(u.size for u in self.uploads)
+
+    def pieces(self, chunk: int = 32 << 20) -> list[Upload]:
+        """The uploads cut into pieces of at most `chunk` bytes, in file order (so a loader reads the file
+        front to back). A piece starts at a multiple of `chunk` within its range, so every buffer offset
+        stays a multiple of 4 (writeBuffer's rule); only a range's last piece can have a size that is
+        not, and the loaders pad it."""
+        pieces = [Upload(u.tensor, u.file_offset + s, min(chunk, u.size - s), u.buffer, u.buffer_offset + s)
+                  for u in self.uploads for s in range(0, u.size, chunk)]
+        return sorted(pieces, key=lambda u: u.file_offset)
+
+    def upload_file(self, path, chunk: int = 32 << 20) -> int:
+        """Native loader: copy every piece from the file (the browser's is labUpload in web/worker.js)."""
+        done = 0
+        with open(path, "rb") as f:
+            for u in self.pieces(chunk):
+                f.seek(u.file_offset)
+                data = f.read(u.size)
+                if len(data) != u.size:
+                    raise GGUFError(f"{path}: the file ends inside tensor {u.tensor}: it is truncated")
+                if u.size % 4:
+                    data += bytes(4 - u.size % 4)
+                self.device.write(u.buffer, data, u.buffer_offset)
+                done += u.size
+        return done

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import codecs
 
+from ..validate import TokenizerError, check_tokenizer, show
+
 # GGUF token types (llama_token_type) and llama.cpp attribute bits (llama_token_attr).
 TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
 ATTR_UNDEFINED = 0
@@ -58,7 +60,7 @@ _EOG_TEXTS = (
 )
 
 
-class UnsupportedTokenizer(ValueError):
+class UnsupportedTokenizer(TokenizerError):
     """The GGUF's tokenizer model (or pre-tokenizer) is one this package does not implement."""
 
 
@@ -110,11 +112,10 @@ class Tokenizer:
             if t == "":
                 t = self.tokens[i] = f"[EMPTY_{i}]"
             if t in self.token_to_id:
-                raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {self.token_to_id[t]} and {i}")
+                raise TokenizerError(f"tokenizer.ggml.tokens has {show(t)} twice: ids {self.token_to_id[t]} and {i}")
             self.token_to_id[t] = i
         types = md.get("tokenizer.ggml.token_type")
-        self.attrs = [_TYPE_ATTR.get(int(t), ATTR_UNDEFINED) for t in types] if types is not None \
-            else [ATTR_NORMAL] * n
+        self.attrs = [_TYPE_ATTR[t] for t in types] if types is not None else [ATTR_NORMAL] * n
         self.bos_id = _md_id(md, "tokenizer.ggml.bos_token_id", bos, n)
         self.eos_id = _md_id(md, "tokenizer.ggml.eos_token_id", eos, n)
         self.unk_id = _md_id(md, "tokenizer.ggml.unknown_token_id", unk, n)
@@ -290,8 +291,11 @@ class StreamDecoder:
         return out
 
 
-def from_metadata(md: dict) -> Tokenizer:
-    """Build the tokenizer a GGUF's metadata describes (plain Python data: strings and lists)."""
+def from_metadata(md: dict, *, n_vocab: int | None = None) -> Tokenizer:
+    """Build the tokenizer a GGUF's metadata describes (plain Python data: strings and lists), after
+    `lab.validate.check_tokenizer` (n_vocab: the embedding rows the vocabulary must match, when known).
+    Every refusal is a TokenizerError naming the key."""
+    check_tokenizer(md, n_vocab)
     model = md.get("tokenizer.ggml.model")
     if model == "gpt2":
         from .bpe import BPETokenizer
@@ -299,7 +303,7 @@ def from_metadata(md: dict) -> Tokenizer:
     if model == "llama":
         from .spm import SPMTokenizer
         return SPMTokenizer(md)
-    raise UnsupportedTokenizer(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model)")
+    raise UnsupportedTokenizer(f"unsupported tokenizer model {show(model)} (tokenizer.ggml.model)")
 
 
-__all__ = ["Tokenizer", "StreamDecoder", "UnsupportedTokenizer", "from_metadata"]
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "UnsupportedTokenizer", "from_metadata"]

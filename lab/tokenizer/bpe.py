@@ -53,16 +53,13 @@ class BPETokenizer(Tokenizer):
     model = "gpt2"
 
     def __init__(self, md: dict):
-        merges = md.get("tokenizer.ggml.merges")
-        if merges is None:
-            raise ValueError("BPE vocabulary without tokenizer.ggml.merges")
+        merges = md["tokenizer.ggml.merges"]     # present and well formed: lab.validate.check_tokenizer
         self.pre = PreTokenizer(md.get("tokenizer.ggml.pre") or "default")
         self._init_vocab(md, bos=11, eos=11, unk=None, add_bos=self.pre.add_bos_default)
         ranks: dict[tuple[str, str], int] = {}
         for i, m in enumerate(merges):
             p = m.find(" ", 1)
-            key = (m[:p], m[p + 1:]) if p != -1 else ("", "")
-            ranks.setdefault(key, i)
+            ranks.setdefault((m[:p], m[p + 1:]), i)
         self.ranks = ranks
         self._cache: dict[str, tuple[int, ...]] = {}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 
-from . import Tokenizer, raw_bytes
+from . import Tokenizer, TokenizerError, raw_bytes
 
 
 class SPMTokenizer(Tokenizer):
@@ -40,6 +40,10 @@ class SPMTokenizer(Tokenizer):
             tid = self.token_to_id.get(f"<0x{b:02X}>")
             if tid is None:
                 tid = self.token_to_id.get(chr(b)) if b < 0x80 else None
+            if tid is None:    # llama.cpp's byte_to_token would throw while encoding: refused at load
+                raise TokenizerError(f"tokenizer.ggml.model = 'llama' (SentencePiece) needs the byte tokens "
+                                     f"<0x00>..<0xFF> in tokenizer.ggml.tokens for characters it has no token "
+                                     f"for; <0x{b:02X}> is missing")
             self._byte_ids.append(tid)
 
     # --- encoding ----------------------------------------------------------------------------
@@ -103,11 +107,7 @@ class SPMTokenizer(Tokenizer):
             if tid is not None:
                 out.append(tid)
                 continue
-            for b in s.encode("utf-8"):
-                tid = byte_ids[b]
-                if tid is None:
-                    raise ValueError(f"SPM vocabulary has no byte token for 0x{b:02X}")
-                out.append(tid)
+            out.extend([byte_ids[b] for b in s.encode("utf-8")])
 
     # --- decoding ----------------------------------------------------------------------------
 

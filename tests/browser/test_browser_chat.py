@@ -51,7 +51,7 @@ def _send(lab, text, max_tokens):
 def native(smollm2_path):
     header = gguf.read_file(smollm2_path)
     engine = Engine(open_native(), header, n_ctx=512)
-    engine.upload_file(smollm2_path)
+    engine.weights.upload_file(smollm2_path)
     return header, from_metadata(header.metadata), engine
 
 

@@ -90,7 +90,7 @@ class Model:
 
     def _engine(self, **kw) -> Engine:
         e = Engine(self.device, self.header, **kw)
-        e.upload_file(self.path)
+        e.weights.upload_file(self.path)
         return e
 
     @property
@@ -144,7 +144,7 @@ def m(request, device) -> Model:
 
 def gpu_trace(eng: Engine, ids: list[int], pos: int) -> dict[str, np.ndarray]:
     raw = run(eng.traced(ids, pos))
-    width = {t.name: t.width for t in (eng.decode_trace if len(ids) == 1 else eng.prefill_trace)}
+    width = {t.name: t.width for t in eng.plan_for(len(ids) > 1).trace}
     return {n: np.frombuffer(b, np.float32).reshape(-1, width[n]) for n, b in raw.items()}
 
 
@@ -259,7 +259,7 @@ def test_teacher_forced_top1_matches_llama_cpp_quantized(m, full):
         for start in range(0, len(seq), eng.max_batch):
             chunk = seq[start:start + eng.max_batch]
             eng.step(chunk, start)
-            raw = run(eng.device.read(eng.logits, 0, 4 * len(chunk) * V))
+            raw = run(eng.device.read(eng.scratch.logits, 0, 4 * len(chunk) * V))
             logits = np.frombuffer(raw, np.float32).reshape(len(chunk), V)
             for r, row in enumerate(logits):
                 t5 = want[start + r]
@@ -410,7 +410,7 @@ def test_gemma3_sliding_window_matches_reference(m):
     assert sum(cfg.sliding) == 15 and cfg.rope_base_local == ref.hp.rope_base_swa
     ids = ([2] + GEMMA_LONG_BODY * 3)[:41]
     eng = Engine(m.device, m.header, dataclasses.replace(cfg, sliding_window=SMALL_WINDOW), n_ctx=64)
-    eng.upload_file(m.path)
+    eng.weights.upload_file(m.path)
     try:
         ref.hp.n_swa = SMALL_WINDOW
         ref.forward(ids[:40], trace=True)

@@ -44,7 +44,7 @@ def made(device, smollm2_path):
     device._create_buffer = spy
     try:
         eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX)
-        eng.upload_file(smollm2_path)
+        eng.weights.upload_file(smollm2_path)
         pr = Probes(eng)
         pr._build_embedding()
         pr._build_pass()
@@ -89,17 +89,18 @@ def test_registry_covers_every_buffer(made, device):
     registered = {id(b.handle): b for b in device.buffers}
     assert created and all(id(h) in registered for h in created), "a buffer was made outside the registry"
     assert all(registered[id(h)].kind in gpu.KINDS for h in created)
-    for b in eng.buffers + pr.buffers:
+    for b in device.owned_by(eng) + pr.buffers:
         assert b in device.buffers and b.kind in gpu.KINDS
     conv = set(map(id, forget.conversation_buffers(device)))
-    scratch = [eng.step_buf, eng.ids, eng.x, eng.xn, eng.qkv, eng.att, eng.gate_up, eng.h, eng.last, eng.logits,
-               eng.topk, *eng.k_cache, *eng.v_cache, pr.q_id, pr.q_row, pr.sims, pr.nb, pr.win, pr.lens_step,
+    s = eng.scratch
+    scratch = [s.step, s.ids, s.x, s.xn, s.qkv, s.att, s.gate_up, s.h, s.last, s.logits,
+               s.topk, s.kept, *s.k_cache, *s.v_cache, pr.q_id, pr.q_row, pr.sims, pr.nb, pr.win, pr.lens_step,
                pr.attn_probe, pr.attn, pr.resid, pr.lens_x, pr.lens_xn, pr.lens_logits, pr.lens_top]
     assert all(id(b) in conv for b in scratch)
-    weights = [p.buffer for w in eng.w.values() for p in w.parts] + list(eng.v.values())
+    weights = [p.buffer for w in eng.weights.matrices.values() for p in w.parts] + list(eng.weights.vectors.values())
     assert all(b.kind == gpu.WEIGHTS for b in weights)
     # everything else the engine made is fixed at load (per-op parameters, the RoPE frequency table): CONSTANT
-    rest = [b for b in eng.buffers if id(b) not in conv and b.kind != gpu.WEIGHTS]
+    rest = [b for b in device.owned_by(eng) if id(b) not in conv and b.kind != gpu.WEIGHTS]
     assert rest and all(b.kind == gpu.CONSTANT for b in rest)
     assert {b.label for b in rest if not b.uniform} <= {"rope.freqs"}
 

@@ -39,7 +39,7 @@ def tok(smollm2_path):
 @pytest.fixture(scope="module")
 def engine(device, smollm2_path):
     eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX)
-    eng.upload_file(smollm2_path)
+    eng.weights.upload_file(smollm2_path)
     yield eng
     eng.close()
 
@@ -174,7 +174,7 @@ def test_logit_lens_of_one_position_after_a_chat(engine, probe, ref, tok):
     assert r.lens_start == n - 1 and [len(layer) for layer in r.lens] == [1] * L
     np.testing.assert_array_equal([r.lens[il][0][0][0] for il in range(L)], top[:, n - 1])
     np.testing.assert_allclose([r.lens[il][0][0][1] for il in range(L)], p[:, n - 1], atol=LENS_TOL)
-    head = engine.w.get("output.weight", engine.w["token_embd.weight"])
+    head = engine.weights.head
     assert (r.lens_macs, r.lens_bytes) == (L * head.rows * head.cols, L * head.rows * head.row_bytes)
 
 
@@ -191,11 +191,11 @@ def test_inspection_leaves_the_chat_alone(engine, probe, tok):
         if inspect:
             held = len(session.cached)
             rows = 4 * held * engine.cfg.kv_dim
-            kv = [engine.device.read_sync(b, 0, rows) for b in engine.k_cache + engine.v_cache]
-            plan = engine.plan(1)
+            kv = [engine.device.read_sync(b, 0, rows) for b in engine.scratch.k_cache + engine.scratch.v_cache]
+            plan = engine.prepared(1)
             run(probe.inspect(context, held, lens=2))
-            assert [engine.device.read_sync(b, 0, rows) for b in engine.k_cache + engine.v_cache] == kv
-            assert engine.plan(1) is plan
+            assert [engine.device.read_sync(b, 0, rows) for b in engine.scratch.k_cache + engine.scratch.v_cache] == kv
+            assert engine.prepared(1) is plan
         return run(session.generate(context + tok.encode(" there"), Settings(greedy=True), 6)).ids
 
     assert chat(inspect=True) == chat(inspect=False)
@@ -210,14 +210,14 @@ def test_decode_is_untouched_by_panels(engine, probe, tok):
         session = Session(engine, tok)
         return run(session.generate(prompt, Settings(greedy=True), 12)).decode_tok_s
 
-    plan, dispatches = engine.plan(1), engine.dispatches_per_step(1)
+    plan, dispatches = engine.prepared(1), engine.dispatches_per_step(1)
     closed = decode_tok_s()
     t0 = time.perf_counter()
     run(probe.inspect(prompt, 0))
     inspect_s = time.perf_counter() - t0
     opened = decode_tok_s()
-    assert engine.plan(1) is plan and engine.dispatches_per_step(1) == dispatches
-    assert not any(op in engine.decode_ops for op in probe._gather + probe._copy + probe._norm)
+    assert engine.prepared(1) is plan and engine.dispatches_per_step(1) == dispatches
+    assert not any(op in engine.decode.ops for op in probe._gather + probe._copy + probe._norm)
     print(f"\ndecode tok/s: panels closed {closed:.2f}, after an inspection (probe plans built) {opened:.2f}; "
           f"attention + residual inspection of {len(prompt)} positions {inspect_s:.2f} s")
 
@@ -227,7 +227,7 @@ def test_probe_variant_is_the_engine_plan_plus_probes(engine, probe, tok, batche
     """The probe variant is the engine's own op list up to the last layer, with each layer's attention (one op or a
     split-K run) replaced whole by its probe twin, and only the probe ops added."""
     run(probe.inspect(tok.encode("a b"), 0, lens=0))         # builds the pass
-    base = engine.prefill_ops if batched else engine.decode_ops
+    base = engine.plan_for(batched).ops
     plan = probe._variant(batched, True, True, True, True)
     probed = probe._where[batched][3]
     extra = set(map(id, probe._gather + probe._copy + probe._norm + [op for p in probed for op in p]))

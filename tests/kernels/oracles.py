@@ -18,6 +18,7 @@ from lab import gpu, shaders
 from lab.host.native import open_native
 from lab.ops import step_bytes
 from lab.ops import make_step
+from lab.ops.rows import ROWS_LAST, ROWS_TOKENS, Rows
 from lab.shaders import KernelCache
 
 # ---------------------------------------------------------------------------------------------- devices
@@ -187,18 +188,19 @@ def gelu_tanh(g):
 
 
 def argmax_ref(row) -> int:
-    """Index of the largest non-NaN, non--inf element, lowest index among ties (llama.cpp greedy)."""
+    """Index of the largest finite element, lowest index among ties (llama.cpp greedy); NaN and +-inf never win,
+    and a row with no finite element gives 0xFFFFFFFF."""
     v = np.asarray(row, np.float64)
-    ok = np.isfinite(v) | (v == np.inf)
+    ok = np.isfinite(v)
     if not ok.any():
         return 0xFFFFFFFF
     return int(np.flatnonzero(ok & (v == v[ok].max()))[0])
 
 
 def topk_ref(row, k):
-    """[(index, value)] of the k best, value descending then index ascending; NaN / -inf never chosen."""
+    """[(index, value)] of the k best, value descending then index ascending; NaN / +-inf never chosen."""
     v = np.asarray(row, np.float32)
-    idx = np.flatnonzero(~np.isnan(v) & (v != -np.inf))
+    idx = np.flatnonzero(np.isfinite(v))
     order = idx[np.lexsort((idx, -v[idx].astype(np.float64)))][:k]
     pairs = [(int(i), float(v[i])) for i in order]
     return pairs + [(0xFFFFFFFF, float(np.float32(-3.4028234663852886e38)))] * (k - len(pairs))
@@ -316,7 +318,7 @@ def softmax_tol(max_abs: float) -> float:
     return 3e-6 + 2e-7 * max_abs
 
 
-def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows=None, inplace=False,
+def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows=Rows.per_token(), inplace=False,
                   n_rows=8, seed=2) -> None:
     from lab.ops.softmax import softmax
     rng = np.random.default_rng(seed)
@@ -327,12 +329,12 @@ def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows
     ops = softmax(dev, env.kernels, xb, yb, ops_step(env), n, rows=rows, scale=scale)
     run(env, ops, pos, t)
     y = read(dev, yb).reshape(n_rows, n)
-    if rows is None:
-        src, dst = list(range(t)), list(range(t))
-    elif rows == "last":
+    if rows.mode == ROWS_TOKENS:
+        src, dst = list(range(min(t, rows.count))), list(range(min(t, rows.count)))
+    elif rows.mode == ROWS_LAST:
         src, dst = [t - 1], [t - 1] if inplace else [0]
     else:
-        src, dst = list(range(rows)), list(range(rows))
+        src, dst = list(range(rows.count)), list(range(rows.count))
     want = softmax_ref(x[src], scale)
     assert_close(y[dst], want, softmax_tol(float(np.max(np.abs(x[src] * scale)))),
                  f"softmax n={n} rows={rows} scale={scale} range=({lo},{hi})", axis=1)
@@ -372,7 +374,7 @@ def check_glu(env: Env, act="swiglu", fused=False, t=5, pos=7, n=300, amp=4.0, n
 
 
 # Argmax / top-k select and copy: indices and values must match the reference exactly (no arithmetic).
-def check_argmax(env: Env, n=262_144, rows=1, max_rows=None, t=1, pos=7, ties=True, special=False, seed=4) -> None:
+def check_argmax(env: Env, n=262_144, rows=Rows.fixed(1), t=1, pos=7, ties=True, special=False, seed=4) -> None:
     from lab.ops.sample import argmax
     rng = np.random.default_rng(seed)
     dev = env.device
@@ -385,19 +387,20 @@ def check_argmax(env: Env, n=262_144, rows=1, max_rows=None, t=1, pos=7, ties=Tr
         if special:
             x[r, rng.choice(n, n // 10, replace=False)] = np.nan
             x[r, rng.choice(n, n // 10, replace=False)] = -np.inf
+            x[r, rng.choice(n, 3, replace=False)] = np.inf     # above every finite value: must still lose
     xb = upload(dev, x)
     ob = upload(dev, np.full(n_rows, 12345, np.uint32))
-    ops = argmax(dev, env.kernels, xb, ob, ops_step(env), n, rows=rows, max_rows=max_rows)
+    ops = argmax(dev, env.kernels, xb, ob, ops_step(env), n, rows=rows)
     run(env, ops, pos, t)
     got = read(dev, ob, np.uint32)
-    if rows == "last":
+    if rows.mode == ROWS_LAST:
         want, m = [argmax_ref(x[t - 1])], 1
-    elif rows is None:
-        m = min(t, max_rows)
+    elif rows.mode == ROWS_TOKENS:
+        m = min(t, rows.count)
         want = [argmax_ref(x[r]) for r in range(m)]
     else:
-        m = rows
-        want = [argmax_ref(x[r]) for r in range(rows)]
+        m = rows.count
+        want = [argmax_ref(x[r]) for r in range(m)]
     if list(got[:m]) != want:
         raise AssertionError(f"argmax n={n} rows={rows}: got {list(got[:m])}, want {want}")
     if not np.all(got[m:] == 12345):
@@ -405,7 +408,7 @@ def check_argmax(env: Env, n=262_144, rows=1, max_rows=None, t=1, pos=7, ties=Tr
     free(dev, xb, ob)
 
 
-def check_topk(env: Env, n=262_144, k=40, rows=1, max_rows=None, t=1, pos=7, quantize=None, special=False,
+def check_topk(env: Env, n=262_144, k=40, rows=Rows.fixed(1), t=1, pos=7, quantize=None, special=False,
                seed=5) -> None:
     """quantize=q rounds logits to multiples of q so many values tie (order by index must hold)."""
     from lab.ops.sample import top_k
@@ -419,17 +422,18 @@ def check_topk(env: Env, n=262_144, k=40, rows=1, max_rows=None, t=1, pos=7, qua
     if special:
         x[:, rng.choice(n, n // 3, replace=False)] = np.nan
         x[:, rng.choice(n, n // 3, replace=False)] = -np.inf
+        x[:, rng.choice(n, 2, replace=False)] = np.inf
     xb = upload(dev, x)
     ob = device_pairs(dev, n_rows * k)
-    ops = top_k(dev, env.kernels, xb, ob, ops_step(env), n, k, rows=rows, max_rows=max_rows)
+    ops = top_k(dev, env.kernels, xb, ob, ops_step(env), n, k, rows=rows)
     run(env, ops, pos, t)
     raw = read(dev, ob, np.uint32).reshape(n_rows, k, 2)
-    if rows == "last":
+    if rows.mode == ROWS_LAST:
         src = [t - 1]
-    elif rows is None:
-        src = list(range(min(t, max_rows)))
+    elif rows.mode == ROWS_TOKENS:
+        src = list(range(min(t, rows.count)))
     else:
-        src = list(range(rows))
+        src = list(range(rows.count))
     for r, s in enumerate(src):
         got = [(int(a), float(np.uint32(b).view(np.float32))) for a, b in raw[r]]
         want = topk_ref(x[s], k)
@@ -448,7 +452,7 @@ def device_pairs(dev, count):
 # Elementwise add / mul / scale: one IEEE f32 operation per element, correctly rounded on Vulkan as in numpy:
 # results must equal numpy's float32 results bit for bit.
 def check_elementwise(env: Env, op="add", where="out", t=5, pos=7, n=1000, n_rows=8, seed=6) -> None:
-    from lab.ops import elementwise as ew
+    import elementwise_ops as ew
     rng = np.random.default_rng(seed)
     dev = env.device
     a = f32(rng.standard_normal((n_rows, n)) * 3.0)
@@ -475,7 +479,7 @@ def check_elementwise(env: Env, op="add", where="out", t=5, pos=7, n=1000, n_row
 
 def check_fill_zero(env: Env, n_words: int, extra: int = 37, wg: int = 256) -> list:
     """Fill n_words of a buffer holding n_words + extra non-zero words; returns the ops' grids."""
-    from lab.ops.elementwise import fill_zero
+    from elementwise_ops import fill_zero
     dev = env.device
     buf = upload(dev, np.full(n_words + extra, 0xA5A5A5A5, np.uint32))
     ops = fill_zero(dev, env.kernels, buf, n_words, wg=wg)

@@ -1,4 +1,5 @@
-"""Elementwise add / mul / scale / fill_zero (wgsl/elementwise.wgsl via lab.ops.elementwise) against numpy."""
+"""Elementwise ops (wgsl/elementwise.wgsl) against numpy: add / mul / scale / fill_zero through the tests' own
+builders (elementwise_ops.py), the bias add and last-row copy through lab.ops.elementwise."""
 
 import asyncio
 

@@ -2,6 +2,8 @@
 
 from oracles import check_softmax, env  # noqa: F401
 
+from lab.ops.rows import Rows
+
 
 def test_rows_per_token(env):  # noqa: F811
     check_softmax(env, t=5, pos=7, n=1000)
@@ -24,9 +26,9 @@ def test_short_rows(env):  # noqa: F811
 
 
 def test_last_row(env):  # noqa: F811
-    check_softmax(env, t=5, pos=7, n=1000, rows="last")
-    check_softmax(env, t=5, pos=7, n=1000, rows="last", inplace=True)
+    check_softmax(env, t=5, pos=7, n=1000, rows=Rows.last())
+    check_softmax(env, t=5, pos=7, n=1000, rows=Rows.last(), inplace=True)
 
 
 def test_fixed_rows(env):  # noqa: F811
-    check_softmax(env, t=5, pos=7, n=500, rows=2)
+    check_softmax(env, t=5, pos=7, n=500, rows=Rows.fixed(2))

@@ -6,6 +6,8 @@ import pytest
 from oracles import (check_argmax, check_fill_zero, check_glu, check_rms_norm, check_rope, check_softmax,
                      check_topk, env, env1, open_env, patched)  # noqa: F401
 
+from lab.ops.rows import Rows
+
 
 def test_softmax_without_max_subtraction(env):  # noqa: F811
     bad = patched(env, "softmax", " - mx)", ")")
@@ -57,7 +59,7 @@ def test_geglu_tanh_clamped_too_tightly(env1):  # noqa: F811
 def test_argmax_ties_to_highest_index(env):  # noqa: F811
     bad = patched(env, "sample", "a.index < b.index", "a.index > b.index")
     with pytest.raises(AssertionError, match="argmax"):
-        check_argmax(bad, n=262_144, rows=1, ties=True)
+        check_argmax(bad, n=262_144, rows=Rows.fixed(1), ties=True)
 
 
 def test_topk_unsorted_when_round_exclusion_dropped(env):  # noqa: F811
@@ -77,8 +79,8 @@ def test_subgroup_partials_misplaced():
 
 def test_paths_compile_differently(env):  # noqa: F811
     from lab import shaders
-    from lab.ops.elementwise import subgroup_consts
-    src = shaders.source("sample", WG=256, EPT=4, **subgroup_consts(env.device))
+    from lab.ops.rows import WGSL as ROWS_WGSL
+    src = shaders.source("sample", WG=256, EPT=4, **ROWS_WGSL, **shaders.subgroup_consts(env.device))
     live = [ln for ln in src.splitlines() if "subgroupMax(" in ln and not ln.lstrip().startswith("//")]
     assert bool(live) == (env.name == "subgroups")
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import zipfile
 
 import pytest
 from starlette.testclient import TestClient
 
+from lab.sampler import Settings
 from server import wheel
 from server.app import CSP, create_app
 
@@ -44,6 +46,7 @@ def test_csp_names_no_other_host():
     ("/web/main.js", "text/javascript"),
     ("/web/worker.js", "text/javascript"),
     ("/web/style.css", "text/css"),
+    ("/web/bench.js", "text/javascript"),
     ("/pyodide/pyodide.mjs", "text/javascript"),
     ("/pyodide/pyodide.asm.wasm", "application/wasm"),
     ("/pyodide/pyodide-lock.json", "application/json"),
@@ -66,6 +69,14 @@ def test_page_is_a_module_and_names_the_test_ids(client):
     for tid in ("model-file", "model-info", "gpu-info", "gpu-selftest", "load-error"):
         assert f'data-testid="{tid}"' in html
     assert "http://" not in html and "https://" not in html
+
+
+def test_sampling_inputs_default_to_the_sampler_settings(client):
+    html = client.get("/").text
+    s = Settings()
+    for tid, value in (("temperature", s.temperature), ("top-p", s.top_p), ("top-k", s.top_k), ("seed", s.seed)):
+        assert re.search(rf'data-testid="{tid}"[^>]* value="{value}"', html), tid
+    assert bool(re.search(r'data-testid="greedy"[^>]*checked', html)) == s.greedy
 
 
 def test_default_model_served_with_range(client, smollm2_path):

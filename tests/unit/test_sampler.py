@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from lab.sampler import Pcg32, Sampler, Settings
+from lab.sampler import NONE, Pcg32, Sampler, Settings
 
 CANDS = [(10, 5.0), (11, 4.5), (12, 4.0), (13, 2.0), (14, 1.0), (15, -3.0)]
 
@@ -64,3 +64,21 @@ def test_bad_settings():
     for bad in (Settings(temperature=-1), Settings(top_p=0), Settings(min_p=1.0), Settings(top_k=-2)):
         with pytest.raises(ValueError):
             bad.check()
+
+
+def test_a_nan_or_infinite_logit_never_becomes_a_token():
+    nan, inf = float("nan"), float("inf")
+    for greedy in (True, False):
+        s = Sampler(Settings(greedy=greedy, seed=3))
+        assert s.pick([(7, nan), (8, inf), (9, -inf), (4, 0.5), (5, 0.25)]) in (4, 5)
+        assert s.pick([(7, nan), (8, inf), (9, -inf)]) == NONE
+
+
+def test_settings_from_a_message_take_the_defaults_and_types():
+    assert Settings.from_dict({}) == Settings()
+    assert Settings.from_dict({"temperature": "0.5", "top_k": 7.0, "greedy": 0}) == Settings(
+        greedy=False, temperature=0.5, top_k=7)
+    with pytest.raises(ValueError, match="top_p"):
+        Settings.from_dict({"top_p": "many"})
+    with pytest.raises(ValueError, match="top-p"):
+        Settings.from_dict({"top_p": 2})

@@ -160,6 +160,16 @@ class Reference:
         b = self._lw(il, f"{name}.bias")
         return y + b if b is not None else y
 
+    def _residual(self, il: int, cur: np.ndarray, inp: np.ndarray, post_norm: str, norm_name: str,
+                  out_name: str) -> np.ndarray:
+        """inp + cur, with cur through the layer's post-norm first where the model has one (gemma3)."""
+        if self.hp.post_norms:
+            cur = rms_norm(cur, self._lw(il, post_norm), self.hp.eps)
+            self._cb(f"{norm_name}-{il}", cur)
+        out = cur + inp
+        self._cb(f"{out_name}-{il}", out)
+        return out
+
     def _mask(self, il: int, pos_q: np.ndarray, n_kv: int) -> np.ndarray:
         """True where query (row) may attend key (col): causal, plus the sliding window on SWA layers
         (llama_hparams::is_masked_swa, STANDARD: masked when p_q - p_k >= n_swa)."""
@@ -248,11 +258,7 @@ class Reference:
             self._cb(f"kqv_out-{il}", o)
             cur = self._linear(o, il, "attn_output")
             self._cb(f"attn_out-{il}", cur)
-            if hp.post_norms:
-                cur = rms_norm(cur, self._lw(il, "post_attention_norm.weight"), hp.eps)
-                self._cb(f"attn_post_norm-{il}", cur)
-            ffn_inp = cur + inp
-            self._cb(f"ffn_inp-{il}", ffn_inp)
+            ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
 
             cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
             self._cb(f"ffn_norm-{il}", cur)
@@ -261,11 +267,7 @@ class Reference:
             act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
             cur = self._linear(act * up, il, "ffn_down")
             self._cb(f"ffn_out-{il}", cur)
-            if hp.post_norms:
-                cur = rms_norm(cur, self._lw(il, "post_ffw_norm.weight"), hp.eps)
-                self._cb(f"ffn_post_norm-{il}", cur)
-            x = cur + ffn_inp
-            self._cb(f"l_out-{il}", x)
+            x = self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", "l_out")
 
         self.n_past = n_kv
         if not all_logits:

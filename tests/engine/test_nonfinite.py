@@ -1,0 +1,53 @@
+"""The forward pass defends itself: weights holding NaN or infinity never turn into a token id, and generation
+stops with a message that names the first tensor where the values broke (found by replaying the step traced).
+
+The files are the real SmolLM2 with the f16 scales of a few blocks of one tensor overwritten
+(tests/conftest.py: poisoned_copy): the header is fine, the weights are not, as with a bad conversion."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lab import chat, gguf
+from lab.engine import Engine, EngineError
+from lab.sampler import Settings
+from lab.session import Session
+from lab.tokenizer import from_metadata
+from tests.conftest import F16_INF, F16_NAN, poisoned_copy
+
+N_CTX = 128
+
+
+def _generate(device, path, settings):
+    header = gguf.read_file(path)
+    tok = from_metadata(header.metadata)
+    eng = Engine(device, header, n_ctx=N_CTX)
+    try:
+        eng.weights.upload_file(path)
+        session = Session(eng, tok)
+        prompt = chat.render_chat(tok, header.metadata, [{"role": "user", "content": "Hi"}])
+        return asyncio.run(session.generate(prompt, settings, 4)), session
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_nan_weights_stop_generation_naming_the_layer(device, smollm2_path, tmp_path, greedy):
+    bad = poisoned_copy(smollm2_path, tmp_path / "nan.gguf", "blk.5.ffn_down.weight", F16_NAN)
+    with pytest.raises(EngineError, match=r"all NaN or infinite.*first non-finite values appear in l_out-5\b"):
+        _generate(device, bad, Settings(greedy=greedy, seed=1))
+
+
+def test_infinite_embeddings_are_named_at_the_input(device, smollm2_path, tmp_path):
+    # the first blocks of token_embd are the rows of ids 0-3; the chat template opens with <|im_start|> (id 1)
+    bad = poisoned_copy(smollm2_path, tmp_path / "inf.gguf", "token_embd.weight", F16_INF)
+    with pytest.raises(EngineError, match=r"first non-finite values appear in (inp_embd|attn_norm-0)\b"):
+        _generate(device, bad, Settings(greedy=True))
+
+
+def test_the_same_file_unpoisoned_generates(device, smollm2_path, tmp_path):
+    ok = poisoned_copy(smollm2_path, tmp_path / "ok.gguf", "blk.5.ffn_down.weight", blocks=0)
+    result, _ = _generate(device, ok, Settings(greedy=True))
+    assert result.ids and all(0 <= i < 49152 for i in result.ids)

@@ -1,0 +1,26 @@
+// Page-side recorder for `lab bench --backend browser` (lab/host/bench_browser.py), which injects this file as an
+// init script, so it runs before main.js. It records the worker's messages as the page receives them and gives
+// the benchmark a way to post to the worker directly; the page itself is untouched. The page never loads it.
+(() => {
+  const seen = window.__labBench = {
+    messages: [],          // every worker message but `token` (counted) and `load-progress` (too many)
+    tokens: 0,
+    worker: null,
+    since: (n) => seen.messages.slice(n),
+    // whether a message of this type, or an error, arrived at index n or later
+    arrived: (kind, n) => seen.since(n).some((m) => m.type === kind || m.type === "error"),
+    post: (m) => seen.worker.postMessage(m),
+  };
+  const Native = window.Worker;
+  window.Worker = class extends Native {
+    constructor(...args) {
+      super(...args);
+      seen.worker = this;
+      this.addEventListener("message", (e) => {
+        const m = e.data;
+        if (m.type === "token") seen.tokens++;
+        else if (m.type !== "load-progress") seen.messages.push(m);
+      });
+    }
+  };
+})();
