@@ -102,10 +102,11 @@ def from_gguf(header: Header) -> Config:
             raise ModelError(f"{a}attention.head_count = {n_head} does not divide {a}embedding_length = {n_embd} "
                              f"(and {a}attention.key_length, the head size, is absent)")
         head_dim = n_embd // n_head
-        why["head_dim"] = f"head size {head_dim} = {a}embedding_length {n_embd} / {a}attention.head_count {n_head}"
+        why["head_dim"] = (f"{a}attention.key_length absent, so head size {head_dim} = {a}embedding_length {n_embd} "
+                           f"/ {a}attention.head_count {n_head}")
     if kv.get("attention.value_length", head_dim) != head_dim:
         raise ModelError(f"{a}attention.value_length = {kv['attention.value_length']} differs from the key length "
-                         f"{head_dim}: this lab needs them equal")
+                         f"{head_dim} ({why['head_dim']}): this lab needs them equal")
     n_layer = kv["block_count"]
     why["n_layer"] = f"{a}block_count = {n_layer}"
     if 9 * n_layer > len(tensors):        # checked before anything loops over the layers

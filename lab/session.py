@@ -13,6 +13,7 @@ from .engine import AHEAD, Engine, EngineError
 from .ops.sample import NONE
 from .sampler import Sampler, Settings
 
+MAX_NEW = 256           # tokens a turn may generate when the caller does not say (the page's default)
 FAST_STEP_S = 0.02      # greedy steps quicker than this run AHEAD at a time (below: one, for streaming)
 
 

@@ -30,7 +30,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
+
+if TYPE_CHECKING:
+    from .model import Config
+    from .tokenizer import Tokenizer
 
 U32_MAX = (1 << 32) - 1
 F32_MAX = 3.4028234663852886e38
@@ -140,7 +144,9 @@ def _no_experts(v: int) -> str | None:
 
 
 def _softcap(v: float) -> str | None:
-    return None if 0 <= v <= F32_MAX else "must be >= 0 (0: no soft-capping) and fit an f32"
+    # c * tanh(s / c): a subnormal c flushes to 0 on a GPU, and 0 / 0 is NaN.
+    return None if v == 0 or F32_MIN_NORMAL <= v <= F32_MAX else \
+        "must be 0 (no soft-capping) or a positive normal f32"
 
 
 def _nonempty(v: list) -> str | None:
@@ -269,8 +275,8 @@ def check_tokenizer(md: dict, n_vocab: int | None = None) -> None:
     for _ in range(types.count(TYPE_BYTE) if types is not None else 0):   # list.index: the scan runs in C
         i = types.index(TYPE_BYTE, i + 1)
         if not _BYTE_TOKEN.fullmatch(tokens[i]):
-            raise TokenizerError(f"tokenizer.ggml.token_type[{i}] = {TYPE_BYTE} (byte) but token {i} is "
-                                 f"{show(tokens[i])}, not spelled <0xNN>")
+            raise TokenizerError(f"tokenizer.ggml.token_type[{i}] = {TYPE_BYTE} (byte), but tokenizer.ggml.tokens[{i}] "
+                                 f"= {show(tokens[i])} is not spelled <0xNN>")
     if md["tokenizer.ggml.model"] == "gpt2" and "tokenizer.ggml.merges" not in md:
         raise TokenizerError("metadata key tokenizer.ggml.merges is missing: tokenizer.ggml.model = 'gpt2' "
                              "(byte-level BPE) needs it")
@@ -279,8 +285,8 @@ def check_tokenizer(md: dict, n_vocab: int | None = None) -> None:
 # --- all of it -------------------------------------------------------------------------------------
 
 class Checked(NamedTuple):
-    config: object        # lab.model.Config
-    tokenizer: object     # lab.tokenizer.Tokenizer
+    config: Config
+    tokenizer: Tokenizer
 
 
 def validate(header) -> Checked:

@@ -27,12 +27,12 @@ from pyodide.ffi import to_js
 from . import chat, forget, gguf, kernelcheck, probes, selftest
 from .engine import Engine
 from .gpu.browser import open_browser
-from .model import from_gguf
 from .probes import Probes
 from .sampler import Settings
-from .session import Session
+from .session import MAX_NEW, Session
 from .shaders import KernelCache
-from .tokenizer import Tokenizer, from_metadata
+from .tokenizer import Tokenizer
+from .validate import validate
 
 _lock = asyncio.Lock()   # one message at a time: a second file picked mid-load waits its turn
 
@@ -83,7 +83,7 @@ async def handle(msg) -> None:
             elif kind == "read-header":
                 await _read_header(msg.file)
             elif kind == "load":
-                await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None)
+                await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None, int(msg.seq))
             elif kind == "chat":
                 await _chat(msg.to_py())
             elif kind == "reset":
@@ -101,7 +101,8 @@ async def handle(msg) -> None:
             else:
                 post({"type": "error", "where": kind, "message": f"unknown message type {kind!r}"})
         except Exception as exc:  # every failure reaches the page as a message, and the worker lives on
-            post({"type": "error", "where": kind, "message": str(exc) or type(exc).__name__})
+            post({"type": "error", "where": kind, "message": str(exc) or type(exc).__name__,
+                  "seq": getattr(msg, "seq", None)})
 
 
 async def _init() -> None:
@@ -117,16 +118,26 @@ async def _init() -> None:
 
 
 def _lost(reason: str) -> None:
-    """The GPU went away (driver reset, sleep, another tab's crash): everything on it is gone, and so is everything
-    of the conversation on this side."""
+    """The GPU went away (driver reset, sleep, another tab's crash, a destroyed device): everything on it is gone, and
+    so is everything of the conversation on this side. A new device is asked for at once, so the page can load a
+    model again without a reload."""
     global _state
     if _state.loaded is not None:
         _state.loaded.drop_conversation()
         forget.drop_text_caches(_state.loaded.tokenizer)
     _state = State()
     post({"type": "error", "where": "device",
-          "message": f"The GPU device was lost ({reason}): reload the page to start again; "
-                     f"nothing of the conversation was kept"})
+          "message": f"The GPU device was lost ({reason}); nothing of the conversation was kept. Asking for a new "
+                     f"one: load the model again when the GPU line says ready."})
+    asyncio.ensure_future(_again())
+
+
+async def _again() -> None:
+    async with _lock:
+        try:
+            await _init()
+        except Exception as exc:  # no adapter any more: the page says so, and a reload is the way back
+            post({"type": "error", "where": "init", "message": str(exc) or type(exc).__name__})
 
 
 async def read_header(file) -> tuple[gguf.Header, int]:
@@ -143,14 +154,14 @@ async def read_header(file) -> tuple[gguf.Header, int]:
             want = min(size, max(more.needed, want * 2))
 
 
-async def _read_header(file) -> gguf.Header:
+async def _read_header(file, seq: int | None = None) -> gguf.Header:
     """Read and summarize a file's header for the page's model card (nothing is uploaded)."""
     t0 = time.perf_counter()
     header, nread = await read_header(file)
     summary = gguf.summary(header)
     summary.update(file_name=str(getattr(file, "name", "")), prefix_bytes=nread,
                    parse_ms=round((time.perf_counter() - t0) * 1e3, 1))
-    post({"type": "model-info", "summary": summary})
+    post({"type": "model-info", "summary": summary, "seq": seq})
     return header
 
 
@@ -165,14 +176,15 @@ def _unload() -> None:
         old.engine.close()
 
 
-async def _load(file, n_ctx: int | None) -> None:
+async def _load(file, n_ctx: int | None, seq: int) -> None:
+    """Load a model file; `seq` numbers the page's requests, so a load the page gave up on (another file picked, or
+    cancel) is stopped at its next chunk and its messages are told apart."""
     device = _state.device
     if device is None:
         raise RuntimeError("no GPU: the lab cannot load a model without WebGPU")
     _unload()
-    header = await _read_header(file)
-    cfg = from_gguf(header)                      # names an unsupported architecture or tensor before any upload
-    tok = from_metadata(header.metadata)
+    header = await _read_header(file, seq)
+    cfg, tok = validate(header)                  # every key and tensor checked, named if wrong, before any upload
     t0 = time.perf_counter()
     engine = Engine(device, header, cfg, **({"n_ctx": n_ctx} if n_ctx else {}))
     try:
@@ -181,7 +193,7 @@ async def _load(file, n_ctx: int | None) -> None:
         for u in engine.weights.pieces(CHUNK):
             plan += [u.file_offset, u.size, u.buffer.handle, u.buffer_offset]
         t1 = time.perf_counter()
-        moved = await js.labUpload(device.handle, file, to_js(plan), CHUNK)
+        moved = await js.labUpload(device.handle, file, to_js(plan), CHUNK, seq)
         if moved < 0:
             raise RuntimeError("loading was cancelled")
         await device.flush_errors()
@@ -191,7 +203,7 @@ async def _load(file, n_ctx: int | None) -> None:
     t2 = time.perf_counter()
     _state.loaded = Loaded(engine, header, tok, Session(engine, tok))
     nbytes = engine.weights.nbytes
-    post({"type": "loaded", "stats": {
+    post({"type": "loaded", "seq": seq, "stats": {
         "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
         "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
@@ -224,7 +236,7 @@ async def _chat(msg: dict) -> None:
         context.append(tid)
 
     js.labStopClear()
-    result = await session.generate(prompt, settings, int(msg.get("max_new", 256)), on_token=on_token,
+    result = await session.generate(prompt, settings, int(msg.get("max_new") or MAX_NEW), on_token=on_token,
                                     should_stop=lambda: bool(js.labStopRequested()))
     done = result.to_dict()
     del done["prompt_ids"]                       # the page has them from the "prompt" message

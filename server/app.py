@@ -22,6 +22,7 @@ from starlette.routing import Route
 from lab import __version__
 from lab.host import models
 from lab.sampler import MAX_CANDIDATES, Settings
+from lab.session import MAX_NEW
 
 from . import wheel
 
@@ -103,7 +104,8 @@ def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, w
         html = templates.get_template("index.html").render(
             version=__version__, wheel=f"/wheel/{wheel.FILENAME}",
             default_model=model.name if model.exists() else None,
-            sampler=Settings(), max_candidates=MAX_CANDIDATES)    # the sampling inputs' defaults and top-k bound
+            sampler=Settings(), max_candidates=MAX_CANDIDATES,    # the sampling inputs' defaults and top-k bound
+            max_new=MAX_NEW)
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:

@@ -8,6 +8,7 @@ const store = {
   boot: "starting", gpu: null, selftest: null, error: null,
   model: null,                                           // the file's header summary ("model-info")
   loading: null,                                         // while loading: the last "load-progress"
+  loadSeq: 0,                                            // the newest load asked of the worker (its messages carry it)
   loaded: null,                                          // the "loaded" stats, with the upload's wasm_heap_growth
   messages: [],                                          // [{role, content}] of the conversation
   context: [],                                           // [{id, piece}] tokens the model has seen or made
@@ -49,7 +50,7 @@ function renderModel() {
   err.textContent = store.error || "";
   const busy = !!store.loading;
   $("progress").hidden = !busy;
-  $("model-file").disabled = busy || !store.gpu;
+  $("model-file").disabled = !store.gpu;      // a pick during a load cancels it: the newest pick wins (load())
   $("load-default").disabled = busy || !store.gpu || $("load-default").textContent.startsWith("No default");
   if (busy) {
     const p = store.loading;
@@ -96,6 +97,9 @@ function renderGpu() {
     st.dataset.state = r.ok ? "pass" : "fail";
     st.textContent = `${r.ok ? "pass" : "FAIL"}: ${r.kernel} on ${r.n} values, max relative error ${r.max_rel_err.toExponential(2)}`
       + ` (got ${r.sample.got.toFixed(6)}, expected ${r.sample.expected.toFixed(6)})`;
+  } else {   // before the first self-test, and again while a lost GPU is replaced
+    st.dataset.state = "pending";
+    st.textContent = "self-test pending";
   }
 }
 
@@ -260,11 +264,12 @@ function settleKernelCheck(m) {
 const onWorker = {
   status: (m) => { store.boot = m.text; },
   booted: (m) => { store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; },
-  gpu: (m) => { store.gpu = m.info; },
+  gpu: (m) => { if (store.boot === "GPU lost") store.boot = "ready: a new GPU device"; store.gpu = m.info; },
   selftest: (m) => { store.selftest = m.result; },
-  "model-info": (m) => { store.model = m.summary; store.error = null; },
-  "load-progress": (m) => { store.loading = m; },
+  "model-info": (m) => { if (current(m)) { store.model = m.summary; store.error = null; } },
+  "load-progress": (m) => { if (current(m)) store.loading = m; },
   loaded: (m) => {
+    if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
     store.loading = null; store.kv.used = 0;
   },
@@ -304,18 +309,23 @@ const onWorker = {
   },
 };
 
+// A load's messages carry the seq the page gave it; those of a load given up on (another file picked) are dropped.
+const current = (m) => m.seq == null || m.seq === store.loadSeq;
+
 function loadFailed(m) {
+  if (!current(m)) return;
   store.error = m.message; store.loading = null; store.loaded = null;
 }
 
 // Keyed by `where`: the type of the message whose handling failed, or "device" when the GPU was lost.
 const onError = {
-  "read-header": (m) => { loadFailed(m); store.model = null; },
+  "read-header": (m) => { if (current(m)) { loadFailed(m); store.model = null; } },
   load: loadFailed,
   init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
-  device: (m) => {
+  device: (m) => {   // the worker asks for a new device at once: its "gpu" message makes loading possible again
+    clearConversation(); store.dropTurn = false;
     store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
-    store.generating = false; store.gpu = null;
+    store.generating = false; store.gpu = null; store.selftest = null;
   },
   chat: (m) => {
     store.error = `chat: ${m.message}`; store.generating = false; store.dropTurn = false;
@@ -337,10 +347,11 @@ worker.onerror = (e) => { store.error = `worker: ${e.message}`; render(); };
 
 function load(file) {
   if (!file) return;
+  if (store.loading) worker.postMessage({ type: "cancel-load" });   // the newest pick wins
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
   newChat();
-  worker.postMessage({ type: "load", file });
+  worker.postMessage({ type: "load", file, seq: ++store.loadSeq });
   render();
 }
 
@@ -382,7 +393,10 @@ function newChat() {
   render();
 }
 
-$("model-file").addEventListener("change", (e) => load(e.target.files[0]));
+$("model-file").addEventListener("change", (e) => {
+  load(e.target.files[0]);
+  e.target.value = "";     // the same file picked again (after a lost GPU, a cancel) must fire `change` again
+});
 $("load-default").addEventListener("click", loadDefault);
 $("load-cancel").addEventListener("click", () => worker.postMessage({ type: "cancel-load" }));
 $("send").addEventListener("click", send);

@@ -6,16 +6,18 @@ import { loadPyodide } from "/pyodide/pyodide.mjs";
 const pending = [];
 let handle = null;
 let pyodide = null;
-let cancelLoad = false;
+let lastLoad = 0;         // seq of the newest "load" message received
+let cancelledUpTo = 0;    // loads with a seq up to this one stop at their next chunk
 let stopGeneration = false;
 
 // Messages Python cannot take while it is busy (a load or a generation in flight) are handled here.
 self.onmessage = (e) => {
   const m = e.data;
-  if (m.type === "cancel-load") cancelLoad = true;
+  if (m.type === "cancel-load") cancelledUpTo = lastLoad;   // every load asked for so far, not one asked later
   else if (m.type === "stop") stopGeneration = true;
   else if (m.type === "memory") postMessage({ type: "memory", wasm_heap: wasmHeap(), calls: snapshotCalls() });
   else if (m.type === "count-calls") countCalls();
+  else if (m.type === "load") { lastLoad = m.seq; handle ? handle(m) : pending.push(m); }
   else if (handle) handle(m);
   else pending.push(m);
 };
@@ -27,15 +29,14 @@ const wasmHeap = () => (pyodide ? pyodide._module.HEAPU8.byteLength : 0);
 // in file order, each piece at most `chunk` bytes. Consecutive pieces are read together, one
 // File.slice of at most `chunk` bytes at a time, so host memory holds about one chunk whatever the
 // model size, and nothing passes through wasm memory. Offsets stay JS numbers (exact past 2 GB).
-// Returns the bytes moved, or -1 when cancelled.
-globalThis.labUpload = async (device, file, plan, chunk) => {
-  cancelLoad = false;
+// Returns the bytes moved, or -1 when cancelled (the cancel button, or another file picked: `seq` is the load's).
+globalThis.labUpload = async (device, file, plan, chunk, seq) => {
   const total = plan.reduce((acc, v, i) => (i % 4 === 1 ? acc + v : acc), 0);
   const heap0 = wasmHeap();
   let heapPeak = heap0, done = 0, i = 0;
   const t0 = performance.now();
   while (i < plan.length) {
-    if (cancelLoad) return -1;
+    if (seq <= cancelledUpTo) return -1;
     const start = plan[i];
     let j = i, end = start;
     while (j < plan.length && plan[j] + plan[j + 1] - start <= chunk) { end = plan[j] + plan[j + 1]; j += 4; }
@@ -55,7 +56,7 @@ globalThis.labUpload = async (device, file, plan, chunk) => {
     await device.queue.onSubmittedWorkDone();   // the queue's staging copies stay bounded by one chunk
     heapPeak = Math.max(heapPeak, wasmHeap());
     const s = (performance.now() - t0) / 1000;
-    postMessage({ type: "load-progress", done, total, seconds: s, mb_s: done / 1e6 / Math.max(s, 1e-6),
+    postMessage({ type: "load-progress", seq, done, total, seconds: s, mb_s: done / 1e6 / Math.max(s, 1e-6),
                   eta_s: done ? (s * (total - done)) / done : null, wasm_heap_growth: heapPeak - heap0 });
   }
   return done;

@@ -36,12 +36,12 @@ def _load(model_path: str, n_ctx: int, disable=()):
     from lab import gguf
     from lab.host.native import open_native
     from lab.engine import Engine
-    from lab.tokenizer import from_metadata
+    from lab.validate import validate
     header = gguf.read_file(model_path)
-    tok = from_metadata(header.metadata)
+    cfg, tok = validate(header)
     device = open_native(disable=tuple(disable))
     t0 = time.perf_counter()
-    engine = Engine(device, header, n_ctx=n_ctx)
+    engine = Engine(device, header, cfg, n_ctx=n_ctx)
     nbytes = engine.weights.upload_file(model_path)
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 

@@ -35,32 +35,28 @@ def argmax(device: gpu.Device, kernels, logits: gpu.Buffer, out: gpu.Buffer, ste
     or Rows.per_token(max_rows) (one row per token, at most max_rows: the scratch is sized for them). Two ops:
     per-chunk bests into a scratch buffer (made here, kind CONVERSATION), then the merge. 0xffffffff when a
     row holds nothing finite."""
-    check_rows(rows)
-    consts = dict(WG=WG, EPT=ARGMAX_EPT, **ROWS_WGSL, **subgroup_consts(device))
-    n_chunks, part = _plan(device, n, rows, ARGMAX_EPT, 1, "argmax")
-    params = device.uniform(PARAMS.pack(n, n_chunks, 1, rows.count, rows.mode, 0, 0, 0), "argmax.params")
-    k1 = kernels.get("sample", "argmax_part", **consts)
-    k2 = kernels.get("sample", "argmax_final", **consts)
-    b1 = device.bind(k1, [part, params, step, logits], "argmax_part")
-    b2 = device.bind(k2, [part, params, step, out], "argmax_final")
-    nr = lambda t: max(1, rows.at(t))  # noqa: E731
-    return [Op(k1, b1, lambda t: (n_chunks, nr(t), 1)), Op(k2, b2, lambda t: (nr(t), 1, 1))]
+    return _two_pass(device, kernels, "argmax", logits, out, step, n, 1, rows, ARGMAX_EPT)
 
 
 def top_k(device: gpu.Device, kernels, logits: gpu.Buffer, out: gpu.Buffer, step: gpu.Buffer, n: int, k: int,
           rows: Rows = Rows.fixed(1)) -> list[Op]:
     """out[r*k + q] = the q-th largest (index u32, value f32) pair of row r, q < k <= 64, sorted by value
-    descending, ties by lower index (8 bytes a pair, `PAIR`). NaN and -inf are never chosen; places beyond
+    descending, ties by lower index (8 bytes a pair, `PAIR`). NaN and +-inf are never chosen; places beyond
     the row's other elements are (0xffffffff, -3.4028235e38). rows as in `argmax`."""
     if not 1 <= k <= MAX_K or k > n:
         raise ValueError(f"top_k: k={k} must be in 1..{min(MAX_K, n)}")
+    return _two_pass(device, kernels, "topk", logits, out, step, n, k, rows, TOPK_EPT)
+
+
+def _two_pass(device, kernels, name: str, logits, out, step, n: int, k: int, rows: Rows, ept: int) -> list[Op]:
+    """`{name}_part` (per-chunk best k pairs of each row into a scratch) then `{name}_final` (the merge)."""
     check_rows(rows)
-    consts = dict(WG=WG, EPT=TOPK_EPT, **ROWS_WGSL, **subgroup_consts(device))
-    n_chunks, part = _plan(device, n, rows, TOPK_EPT, k, "top_k")
-    params = device.uniform(PARAMS.pack(n, n_chunks, k, rows.count, rows.mode, 0, 0, 0), "top_k.params")
-    k1 = kernels.get("sample", "topk_part", **consts)
-    k2 = kernels.get("sample", "topk_final", **consts)
-    b1 = device.bind(k1, [part, params, step, logits], "topk_part")
-    b2 = device.bind(k2, [part, params, step, out], "topk_final")
+    consts = dict(WG=WG, EPT=ept, **ROWS_WGSL, **subgroup_consts(device))
+    n_chunks, part = _plan(device, n, rows, ept, k, name)
+    params = device.uniform(PARAMS.pack(n, n_chunks, k, rows.count, rows.mode, 0, 0, 0), f"{name}.params")
+    k1 = kernels.get("sample", f"{name}_part", **consts)
+    k2 = kernels.get("sample", f"{name}_final", **consts)
+    b1 = device.bind(k1, [part, params, step, logits], f"{name}_part")
+    b2 = device.bind(k2, [part, params, step, out], f"{name}_final")
     nr = lambda t: max(1, rows.at(t))  # noqa: E731
     return [Op(k1, b1, lambda t: (n_chunks, nr(t), 1)), Op(k2, b2, lambda t: (nr(t), 1, 1))]

@@ -1,0 +1,156 @@
+"""Every way a session can go wrong in the page, each ending with the page usable: the real model loads and chats.
+
+Bad metadata, NaN weights, a second file picked while one loads, a cancelled load, Forget while a reply streams, and
+a lost GPU device (destroyed from inside the worker, as a driver reset would take it). Screenshots of the failure
+states go to $LAB_SHOTS (default /tmp/llm-lab-shots)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from tests.conftest import F16_NAN, poisoned_copy
+
+LOAD_MS = 300_000
+REPLY_MS = 600_000
+SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
+EPS_KEY = b"llama.attention.layer_norm_rms_epsilon"
+
+
+def _shot(lab, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    lab.page.screenshot(path=str(SHOTS / f"failure-{name}.png"), full_page=True)
+
+
+def _negative_eps_copy(src: Path, dst: Path) -> Path:
+    """The file with its RMSNorm epsilon (a float32 key) set to -1: fine bytes, hostile value."""
+    data = bytearray(src.read_bytes())
+    at = data.index(EPS_KEY) + len(EPS_KEY)
+    assert struct.unpack_from("<I", data, at)[0] == 6          # GGUF type 6: float32
+    struct.pack_into("<f", data, at + 4, -1.0)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+def _pick(lab, path: Path) -> None:
+    lab.page.set_input_files('[data-testid="model-file"]', str(path))
+
+
+def _wait_loaded(lab, name: str) -> None:
+    try:
+        lab.page.wait_for_function(
+            "name => !document.querySelector('[data-testid=prompt]').disabled"
+            " && document.querySelector('[data-testid=model-info]').textContent.includes(name)", arg=name,
+            timeout=LOAD_MS)
+    except Exception:
+        _shot(lab, "not-loaded")
+        raise AssertionError(f"{name} did not load; the page says: {lab.page.inner_text('[data-testid=load-error]')!r}"
+                             f"; console: {lab.console[-5:]}") from None
+
+
+def _wait_error(lab, text: str) -> str:
+    lab.page.wait_for_function(
+        "t => document.querySelector('[data-testid=load-error]').textContent.includes(t)", arg=text, timeout=LOAD_MS)
+    return lab.page.inner_text('[data-testid="load-error"]')
+
+
+def _chat(lab, text: str, max_tokens: int = 2) -> None:
+    page = lab.page
+    page.fill('[data-testid="max-tokens"]', str(max_tokens))
+    page.fill('[data-testid="prompt"]', text)
+    before = page.locator('[data-testid="message"]').count()
+    page.press('[data-testid="prompt"]', "Enter")
+    page.wait_for_function(
+        "n => document.querySelectorAll('[data-testid=message]').length >= n + 2"
+        " && document.querySelector('[data-testid=stop]').disabled", arg=before, timeout=REPLY_MS)
+
+
+def _chats_after(lab, model: Path) -> None:
+    """The good model loads and answers: the page survived whatever came before."""
+    _pick(lab, model)
+    _wait_loaded(lab, model.name)
+    _chat(lab, "Hi")
+    assert lab.page.locator('[data-testid="message"]').last.inner_text().strip()
+    assert lab.foreign_requests() == []
+
+
+def test_hostile_files_cancel_and_a_second_pick(lab, smollm2_path, tmp_path):
+    lab.wait_ready()
+    page = lab.page
+    # metadata: refused before any upload, naming the key and the value
+    bad = _negative_eps_copy(smollm2_path, tmp_path / "negative-eps.gguf")
+    _pick(lab, bad)
+    msg = _wait_error(lab, "layer_norm_rms_epsilon")
+    assert "-1" in msg and page.locator('[data-testid="prompt"]').is_disabled()
+    _shot(lab, "metadata")
+
+    # a load cancelled half way: said so, nothing loaded
+    _pick(lab, smollm2_path)
+    page.wait_for_selector('[data-testid="load-cancel"]:not([disabled])', timeout=LOAD_MS)
+    page.click('[data-testid="load-cancel"]')
+    _wait_error(lab, "cancelled")
+    assert page.locator('[data-testid="prompt"]').is_disabled()
+
+    # NaN weights load (the header is fine) and stop the reply with the layer where the values broke
+    nan = poisoned_copy(smollm2_path, tmp_path / "nan-weights.gguf", "blk.5.ffn_down.weight", F16_NAN)
+    _pick(lab, nan)
+    _wait_loaded(lab, nan.name)
+    page.fill('[data-testid="max-tokens"]', "4")
+    page.fill('[data-testid="prompt"]', "Hi")
+    page.press('[data-testid="prompt"]', "Enter")
+    page.wait_for_function("document.querySelector('[data-testid=load-error]').textContent.includes('l_out-5')",
+                           timeout=REPLY_MS)
+    assert "NaN or infinite" in page.inner_text('[data-testid="load-error"]')
+    assert page.locator('[data-testid="send"]').is_enabled()          # the turn ended; the page takes the next
+    _shot(lab, "nan-weights")
+
+    # a second file picked while the first loads: the second one is what ends up loaded
+    _pick(lab, nan)
+    page.wait_for_selector('[data-testid="load-progress"]:not([hidden])', timeout=LOAD_MS)
+    _chats_after(lab, smollm2_path)
+    assert smollm2_path.name in page.inner_text('[data-testid="model-info"]')
+    assert lab.errors() == []
+
+
+def test_forget_while_a_reply_streams(lab, smollm2_path):
+    lab.wait_ready()
+    page = lab.page
+    _pick(lab, smollm2_path)
+    _wait_loaded(lab, smollm2_path.name)
+    page.fill('[data-testid="max-tokens"]', "48")
+    page.fill('[data-testid="prompt"]', "Tell me a long story about a lighthouse keeper.")
+    page.press('[data-testid="prompt"]', "Enter")
+    page.wait_for_function("document.querySelectorAll('[data-testid=token]').length > 0", timeout=REPLY_MS)
+    prompt_tokens = page.locator('[data-testid="token"]').count()
+    page.wait_for_function("n => document.querySelectorAll('[data-testid=token]').length > n", arg=prompt_tokens,
+                           timeout=REPLY_MS)                           # a generated token is on the page
+    page.click('[data-testid="forget"]')
+    page.wait_for_function("document.querySelector('[data-testid=forget-status]').dataset.state === 'wiped'",
+                           timeout=REPLY_MS)
+    assert int(page.inner_text('[data-testid="forget-after"]')) == 0
+    assert int(page.inner_text('[data-testid="forget-before"]')) > 0
+    assert page.locator('[data-testid="message"]').count() == 0 and page.locator('[data-testid="token"]').count() == 0
+    _chat(lab, "Hi")
+    assert "reused 0" in page.inner_text('[data-testid="reuse"]')
+    assert lab.errors() == []
+
+
+def test_lost_device_then_a_new_one(lab, smollm2_path):
+    lab.wait_ready()
+    page = lab.page
+    worker = next(w for w in page.workers if w.url.endswith("/web/worker.js"))
+    # The worker's GPUDevice lives in Python; labUpload is handed it, so wrapping it catches the handle.
+    worker.evaluate("() => { const up = globalThis.labUpload;"
+                    " globalThis.labUpload = (device, ...rest) => { globalThis.caught = device; return up(device, ...rest); }; }")
+    _pick(lab, smollm2_path)
+    _wait_loaded(lab, smollm2_path.name)
+    _chat(lab, "Hi")
+    worker.evaluate("() => globalThis.caught.destroy()")
+    page.wait_for_function("document.querySelector('[data-testid=load-error]').textContent.includes('GPU device was lost')",
+                           timeout=LOAD_MS)
+    assert page.locator('[data-testid="message"]').count() == 0 and page.locator('[data-testid="token"]').count() == 0
+    _shot(lab, "device-lost")
+    page.wait_for_selector('[data-testid="gpu-selftest"][data-state="pass"]', timeout=LOAD_MS)   # a new device
+    _chats_after(lab, smollm2_path)
+    assert [e for e in lab.errors() if "lost" not in e.lower()] == []
