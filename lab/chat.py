@@ -21,7 +21,7 @@ Templates:
 BOS: prepended when the vocabulary's add_bos_token says so, unless the template already put it
 there.
 
-A template is file data, so hostile until it rendered: anything it raises while rendering comes out
+A template is file data, so hostile: anything it raises while rendering comes out
 as ChatTemplateError, and a rendering is bounded (range() items, `*` and `**` results, output size),
 so a template cannot hang or exhaust memory through them.
 """

@@ -1,7 +1,7 @@
 """ggml's tensor types: block size (elements) and bytes per block, for every type llama.cpp defines.
 
 Sizes are computed from this table, so a file of any type can be planned and an unsupported one
-named. `SUPPORTED` is what our WGSL kernels can read; the rest are known but refused.
+named. Which of them the kernels read is lab.ops.weights.KERNEL_TYPES; the rest are known but refused.
 """
 
 from __future__ import annotations
@@ -35,11 +35,6 @@ _TABLE = [
 ]
 TYPES: dict[int, GgmlType] = {i: GgmlType(i, n, b, s) for i, n, b, s in _TABLE}
 BY_NAME: dict[str, GgmlType] = {t.name: t for t in TYPES.values()}
-
-# Types our kernels read (matvec, matmul, get_rows). Everything else is refused with its name.
-SUPPORTED = frozenset(BY_NAME[n].id for n in
-                      ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"))
-
 
 def type_name(type_id: int) -> str:
     t = TYPES.get(type_id)

@@ -25,7 +25,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from .ggml import SUPPORTED, TYPES, GgmlType, type_name
+from .ggml import TYPES, GgmlType, type_name
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -369,6 +369,11 @@ def read_file(path: str | os.PathLike) -> Header:
                 data += f.read(n - len(data))
 
 
+def _kernel_types() -> frozenset[int]:
+    from .ops.weights import SUPPORTED     # here, not at the top: lab.ops.weights imports this module
+    return SUPPORTED
+
+
 def summary(h: Header) -> dict:
     """The model at a glance, for the page. A key the file lacks, or holds with an unexpected type,
     gives None (strings are cut to 200 characters): the page shows this before lab.validate runs."""
@@ -411,7 +416,7 @@ def summary(h: Header) -> dict:
         "type_counts": type_counts,
         "unsupported_types": sorted(n for n, t in
                                     {type_name(t.type_id): t.type_id for t in h.tensors}.items()
-                                    if t not in SUPPORTED),
+                                    if t not in _kernel_types()),
         "tensor_bytes": sum(type_bytes.values()),
         "version": h.version,
         "file_size": h.file_size,

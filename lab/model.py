@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ggml import SUPPORTED, type_name
+from .ggml import type_name
 from .gguf import Header
+from .ops.weights import KERNEL_TYPES, SUPPORTED
 from .validate import ModelError, check_config, show
 
 ARCHITECTURES = ("llama", "qwen2", "gemma3")
@@ -213,7 +214,8 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
             raise ModelError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} = "
                              f"[{', '.join(dims)}]{f' from {src}' if src else ''}")
         if t.type_id not in SUPPORTED:
-            raise ModelError(f"tensor {name} has type {type_name(t.type_id)}, which this lab cannot read yet")
+            raise ModelError(f"tensor {name} has type {type_name(t.type_id)}, which this lab cannot read yet "
+                             f"(it reads {', '.join(KERNEL_TYPES)})")
         if len(shape) == 1 and t.type.name != "F32":
             raise ModelError(f"tensor {name} is {t.type.name}; 1-D tensors must be F32")
     for t in header.tensors:

@@ -47,6 +47,19 @@ _LATIN1_TO_ALPHABET = {b: BYTE_TO_CHAR[b] for b in range(256)}
 CACHE_LIMIT = 200_000
 
 
+
+def join(syms: list[str], nxt: list[int], prv: list[int], left: int, right: int, text: str) -> int:
+    """Merge symbol `right` into its left neighbour `left` (the merged text is `text`) in the linked list of
+    symbols (nxt / prv indices, -1 at the ends; a merged-away symbol is left as ""). Returns left's previous
+    symbol, the one pair that can newly form on the left (the caller checks the right one)."""
+    syms[left] = text
+    syms[right] = ""
+    nr = nxt[right]
+    nxt[left] = nr
+    if nr >= 0:
+        prv[nr] = left
+    return prv[left]
+
 class BPETokenizer(Tokenizer):
     """Byte-level BPE tokenizer built from GGUF metadata (see module docstring)."""
 
@@ -91,13 +104,8 @@ class BPETokenizer(Tokenizer):
                 ls, rs = syms[left], syms[right]
                 if not ls or not rs or ls + rs != text:
                     continue                  # stale: one side was merged since
-                syms[left] = text
-                syms[right] = ""
-                nr = nxt[right]
-                nxt[left] = nr
-                if nr >= 0:
-                    prv[nr] = left
-                p = prv[left]
+                p = join(syms, nxt, prv, left, right, text)
+                nr = nxt[left]
                 if p >= 0:
                     r2 = ranks.get((syms[p], text))
                     if r2 is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 
 from . import Tokenizer, TokenizerError, raw_bytes
+from .bpe import join
 
 
 class SPMTokenizer(Tokenizer):
@@ -82,13 +83,8 @@ class SPMTokenizer(Tokenizer):
                 if not ls or not rs or len(ls) + len(rs) != size:
                     continue                     # stale: one side was merged since
                 text2 = ls + rs
-                syms[left] = text2
-                syms[right] = ""
-                nr = nxt[right]
-                nxt[left] = nr
-                if nr >= 0:
-                    prv[nr] = left
-                p = prv[left]
+                p = join(syms, nxt, prv, left, right, text2)
+                nr = nxt[left]
                 if p >= 0:
                     t = syms[p] + text2
                     tid = vocab.get(t)
