@@ -7,7 +7,6 @@ closed) and the security headers on uvicorn's own 400."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat

@@ -9,7 +9,7 @@ import concurrent.futures
 
 import pytest
 
-from lab import chat, gguf, gpu
+from lab import chat, gguf
 from lab.engine import Engine
 from lab.host.native import open_native
 from lab.sampler import Settings

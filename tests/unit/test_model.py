@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from lab import gguf, model
-from lab.gguf import TensorInfo
 
 
 def test_smollm2_config(smollm2_path):
