@@ -55,9 +55,12 @@ def _converse(w):
     return tok, eng, session, w._state.loaded.context
 
 
-def test_a_lost_device_keeps_nothing_of_the_conversation(worker):
+def test_a_lost_device_keeps_nothing_of_the_conversation(worker, monkeypatch):
     tok, eng, session, context = _converse(worker)
+    asked = []     # the new device the worker asks for: recorded, not run (there is no browser here)
+    monkeypatch.setattr(worker.asyncio, "ensure_future", lambda coro: asked.append(coro.__name__) or coro.close())
     worker._lost("destroyed")
+    assert asked == ["_again"]
     assert worker._state.device is None and worker._state.loaded is None
     assert session.cached == [] and context == [] and tok._cache == {}     # emptied where a handler may hold them
     (msg,) = worker.posted
