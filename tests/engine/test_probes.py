@@ -191,10 +191,10 @@ def test_inspection_leaves_the_chat_alone(engine, probe, tok):
         if inspect:
             held = len(session.cached)
             rows = 4 * held * engine.cfg.kv_dim
-            kv = [engine.device.read_sync(b, 0, rows) for b in engine.scratch.k_cache + engine.scratch.v_cache]
+            kv = [engine.device.read_sync(b, 0, rows) for kv_pair in engine.kv_buffers for b in kv_pair]
             plan = engine.prepared(1)
             run(probe.inspect(context, held, lens=2))
-            assert [engine.device.read_sync(b, 0, rows) for b in engine.scratch.k_cache + engine.scratch.v_cache] == kv
+            assert [engine.device.read_sync(b, 0, rows) for kv_pair in engine.kv_buffers for b in kv_pair] == kv
             assert engine.prepared(1) is plan
         return run(session.generate(context + tok.encode(" there"), Settings(greedy=True), 6)).ids
 
