@@ -9,4 +9,4 @@ serve: setup
 
 test:
 	LAB_MODELS="smollm2 qwen2.5 gemma3" ./scripts/setup.sh
-	OPENBLAS_NUM_THREADS=1 .venv/bin/pytest -q
+	OPENBLAS_NUM_THREADS=1 .venv/bin/pytest -q --durations=25

@@ -20,9 +20,9 @@ import struct
 from array import array
 from dataclasses import dataclass
 
-from . import gpu, ops
+from . import gpu, memplan, ops
 from .gguf import Header
-from .model import Config, from_gguf
+from .model import Config, from_gguf, host_tensors, tensor_views
 from .ops import attention as attn_ops
 from .ops import sample
 from .ops.weights import ModelWeights
@@ -61,7 +61,7 @@ class Scratch:
     qkv_width: int              # floats per fused qkv row
 
     @classmethod
-    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool) -> "Scratch":
+    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool) -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
         W = cfg.q_dim + 2 * cfg.kv_dim
         rows = B if logits_all else 1
@@ -85,26 +85,48 @@ class Scratch:
             qkv_width=W)
 
 
+def read_host_values(path, header: Header, cfg: Config) -> dict[str, bytes]:
+    """Native hosts: the bytes of the few tensors the engine needs as values (lab.model.HOST_TENSORS)."""
+    out = {}
+    with open(path, "rb") as f:
+        for t in host_tensors(cfg, header):
+            f.seek(t.offset)
+            out[t.name] = f.read(t.nbytes)
+    return out
+
+
 class Engine:
     """weights (GGUF blocks on the GPU) -> scratch (activations, KV cache) -> plans (prefill, decode) -> step."""
 
     def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
-                 n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False) -> None:
+                 n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
+                 host_values: dict[str, bytes] | None = None) -> None:
+        """host_values: the raw bytes of the tensors lab.model.host_tensors names (llama 3's rope_freqs), read by
+        the caller from the file (`read_host_values` natively; one File.slice in the browser worker)."""
         self.device = device
         self.header = header
         self.cfg = cfg = cfg or from_gguf(header)
         if n_ctx < 2 or max_batch < 1:
             raise EngineError(f"context {n_ctx} and batch {max_batch} must be positive")
-        if cfg.final_softcap:
-            raise EngineError("final logit soft-capping is not implemented")
+        self.rope_freqs = None      # [n_rot/2] llama 3 frequency factors: theta_i / factor_i, every layer
+        for t in host_tensors(cfg, header):
+            raw = (host_values or {}).get(t.name)
+            if raw is None or len(raw) != t.nbytes:
+                raise EngineError(f"tensor {t.name}: its {t.nbytes} bytes were not read from the file (the engine "
+                                  f"needs its values before it builds the plans)")
+            self.rope_freqs = array("f", bytes(raw)).tolist()
         self.n_ctx = n_ctx
         self.max_batch = max_batch
         self.logits_all = logits_all
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
+        # every buffer's size against the adapter's limits before the first is made (lab/memplan.py):
+        # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
+        self.plan = memplan.check(device.info.limits, header, cfg, n_ctx, bounded=False, max_batch=max_batch,
+                                  logits_all=logits_all)
         with device.owning(self):
             try:
-                self.weights = ModelWeights(device, cfg, {t.name: t for t in header.tensors})
+                self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
                 self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()

@@ -95,7 +95,10 @@ def conversation_buffers(device: gpu.Device) -> list[gpu.Buffer]:
     return [b for b in device.buffers if b.kind == gpu.CONVERSATION]
 
 
-async def wipe(device: gpu.Device) -> Report:
+async def wipe(device: gpu.Device, *, on_after=None, skip: str | None = None) -> Report:
+    """`on_after(buffer, raw, before, after)` sees each non-staging buffer's bytes as read back after the wipe (the KV
+    panel redraws its picture from them, lab/kvview.py). `skip` is a test hook: the buffer with that label is left
+    uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed."""
     t0 = time.perf_counter()
     found = conversation_buffers(device)
     staging = device.staging(max((b.size for b in found), default=0)) if found else []
@@ -107,9 +110,13 @@ async def wipe(device: gpu.Device) -> Report:
         before[id(b)] = nonzero_words(await device.read(b))
     after = {}
     for b in rest:
-        device.clear(b)
+        if b.label != skip:
+            device.clear(b)
     for b in rest:
-        after[id(b)] = nonzero_words(await device.read(b))
+        raw = await device.read(b)
+        after[id(b)] = nonzero_words(raw)
+        if on_after is not None:
+            on_after(b, raw, before[id(b)], after[id(b)])
     for b in direct:
         device.clear(b)
         after[id(b)] = nonzero_words(await device.read(b))

@@ -370,7 +370,9 @@ def read_file(path: str | os.PathLike) -> Header:
 
 
 def _kernel_types() -> frozenset[int]:
-    from .ops.weights import SUPPORTED     # here, not at the top: lab.ops.weights imports this module
+    from .ops.weights import (
+        SUPPORTED,  # here, not at the top: lab.ops.weights imports this module
+    )
     return SUPPORTED
 
 

@@ -7,20 +7,31 @@ a number (`tensor blk.0.attn_k.weight has shape [64, 32], expected [64, 16] = [n
 head_dim] from llama.embedding_length = 64, ...`). `lab.validate.validate` is the entry point that
 also checks the tokenizer.
 
+Two tables: `stored_tensors` is what the FILE holds (phi3's fused `attn_qkv` and `ffn_up`, llama 3's
+`rope_freqs`), checked by `check_tensors`; `expected_tensors` is what the ENGINE reads, where a fused tensor
+appears as its row ranges (`tensor_views`: phi3's attn_qkv as attn_q/attn_k/attn_v, its ffn_up as ffn_gate
+(the first n_ff rows, as ggml_swiglu splits a fused row) and ffn_up): views of the same file bytes, so the
+GPU still holds one copy. `HOST_TENSORS` are the only tensors whose values Python reads (rope_freqs: n_rot/2
+floats, read before the plans are built, natively from the path, in the browser with one File.slice).
+
 What it does not know: how tensors reach the GPU (lab.engine) or how tokens are made (lab.tokenizer).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .ggml import type_name
-from .gguf import Header
+from .gguf import Header, TensorInfo
 from .ops.weights import KERNEL_TYPES, SUPPORTED
 from .validate import ModelError, check_config, show
 
-ARCHITECTURES = ("llama", "qwen2", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
+GEMMA = ("gemma2", "gemma3")
+# Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
+HOST_TENSORS = ("rope_freqs.weight",)
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,15 @@ class Config:
     attn_scale: float       # multiplier of q.k
     sliding_window: int     # keys a sliding layer sees (0: none)
     sliding: tuple[bool, ...]  # per layer: True when the layer uses the sliding window
-    attn_softcap: float     # 0: none
-    final_softcap: float    # 0: none
+    attn_softcap: float     # 0: none; else scores become c * tanh(s / c) (gemma2)
+    final_softcap: float    # 0: none; else logits become c * tanh(l / c) (gemma2)
+    rope_freqs: bool = False        # rope_freqs.weight [n_rot/2] f32 (llama 3): theta_i / factor_i on every layer
+    fused_qkv: bool = False         # attn_qkv.weight [n_embd, q + 2 kv] instead of attn_q/k/v (phi3)
+    fused_gate_up: bool = False     # ffn_up.weight [n_embd, 2 n_ff] = [gate | up] rows, no ffn_gate (phi3)
+
+    @property
+    def rope_pairs(self) -> int:
+        return self.n_rot // 2
 
     @property
     def q_dim(self) -> int:
@@ -110,9 +128,10 @@ def from_gguf(header: Header) -> Config:
                          f"{head_dim} ({why['head_dim']}): this lab needs them equal")
     n_layer = kv["block_count"]
     why["n_layer"] = f"{a}block_count = {n_layer}"
-    if 9 * n_layer > len(tensors):        # checked before anything loops over the layers
-        raise ModelError(f"{a}block_count = {n_layer} needs at least {9 * n_layer} tensors (9 a block); the file "
-                         f"has {len(tensors)}")
+    per_block = 6 if arch == "phi3" else 9      # phi3 fuses q/k/v into one tensor and gate/up into another
+    if per_block * n_layer > len(tensors):        # checked before anything loops over the layers
+        raise ModelError(f"{a}block_count = {n_layer} needs at least {per_block * n_layer} tensors ({per_block} a "
+                         f"block); the file has {len(tensors)}")
     n_ff = kv["feed_forward_length"]
     why["n_ff"] = f"{a}feed_forward_length = {n_ff}"
     n_rot = kv.get("rope.dimension_count", head_dim)
@@ -124,55 +143,104 @@ def from_gguf(header: Header) -> Config:
                          f"({why['head_dim']})")
 
     # RoPE scaling as llama.cpp reads it: type "linear" when absent; factor from rope.scaling.factor, else
-    # the older rope.scale_linear; 0 or absent means 1; type "none" never scales.
+    # the older rope.scale_linear; 0 or absent means 1; type "none" never scales. yarn and longrope are
+    # refused by name in lab.validate.
     factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if k in kv), None)
     factor = kv[factor_key] if factor_key else 0.0
     rope_scale = 1.0 if kv.get("rope.scaling.type", "linear") == "none" or factor == 0 else 1.0 / factor
-    gemma = arch == "gemma3"
-    if gemma and rope_scale != 1.0:
+    gemma = arch in GEMMA
+    if arch == "gemma3" and rope_scale != 1.0:
         # llama.cpp scales gemma3's global layers only (rope_freq_scale_train_swa = 1); Config has one scale.
         raise ModelError(f"{a}{factor_key} = {show(factor)}: linear RoPE scaling of gemma3's global layers only "
                          f"is not supported by this lab yet")
-    window = kv.get("attention.sliding_window", 0) if gemma else 0
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in tensors:
+            # llama.cpp picks long or short by the context asked for, with YaRN-like attention scaling (LongRoPE).
+            raise ModelError(f"tensor {name}: long-context RoPE factors (LongRoPE, Phi-3 128k) are not supported "
+                             f"by this lab")
     rope_base = float(kv.get("rope.freq_base", 10000.0))
+    # Sliding windows, as each llama.cpp loader sets them. llama: the key is never read (full causal attention:
+    # llama.cpp runs Mistral-style files without a window, and so does this lab). phi3: read, then switched off
+    # ("Phi SWA is currently disabled"). gemma2: always on, 4096 unless the key says otherwise, every other
+    # layer (pattern 2: even layers slide). gemma3: only when the key is present and > 0, pattern 6.
+    if arch == "gemma2":
+        window = kv.get("attention.sliding_window", 4096)
+        period = kv.get("attention.sliding_window_pattern", 2)
+    elif arch == "gemma3":
+        window = kv.get("attention.sliding_window", 0)
+        period = kv.get("attention.sliding_window_pattern", 6)
+    else:
+        window, period = 0, 1
+    # llama_hparams::set_swa_pattern(n, dense_first=false): layer il slides iff n == 0 or il % n < n - 1.
+    sliding = tuple(window > 0 and (period == 0 or il % period < period - 1) for il in range(n_layer))
+    # Sliding layers' RoPE base: gemma2 defaults to the global base, gemma3 to 10000 (rope_freq_base_train_swa).
+    base_local = float(kv.get("rope.freq_base_swa", rope_base if arch == "gemma2" else 10000.0)) if gemma \
+        else rope_base
+    # Query scale (f_attention_scale): 1/sqrt(head size), except the 27B gemmas (46 / 62 layers), which
+    # use 1/sqrt(n_embd / n_head); llama.cpp decides by layer count and ignores query_pre_attn_scalar.
+    big_gemma = (arch, n_layer) in (("gemma2", 46), ("gemma3", 62))
+    attn_scale = 1.0 / math.sqrt(n_embd // n_head if big_gemma else head_dim)
+    # Soft-capping: gemma2 always caps (llama_hparams defaults 50 / 30 when the keys are absent); gemma3's
+    # final cap only where the key is present and the model has no sliding window (its non-SWA graph).
+    if arch == "gemma2":
+        attn_cap = float(kv.get("attn_logit_softcapping", 50.0))
+        final_cap = float(kv.get("final_logit_softcapping", 30.0))
+    elif arch == "gemma3":
+        attn_cap, final_cap = 0.0, 0.0 if window > 0 else float(kv.get("final_logit_softcapping", 0.0))
+    else:
+        attn_cap, final_cap = 0.0, 0.0
+    phi3 = arch == "phi3"
     cfg = Config(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
         n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=kv["context_length"],
         eps=float(kv["attention.layer_norm_rms_epsilon"]),
         rope_base=rope_base,
-        # llama.cpp hard-codes 10000 for gemma3's sliding layers (rope_freq_base_train_swa).
-        rope_base_local=10000.0 if gemma else rope_base,
+        rope_base_local=base_local,
         rope_scale=rope_scale,
         n_rot=n_rot,
-        rope_neox=arch in ("qwen2", "gemma3"),
+        rope_neox=arch in NEOX,
         qkv_bias=arch == "qwen2",
-        tied_output="output.weight" not in tensors,
-        qk_norm=gemma, post_norms=gemma, gelu=gemma,
+        # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
+        tied_output=arch == "gemma2" or "output.weight" not in tensors,
+        qk_norm=arch in ("gemma3", "qwen3"), post_norms=gemma, gelu=gemma,
         embd_scale=math.sqrt(n_embd) if gemma else 1.0,
-        attn_scale=1.0 / math.sqrt(head_dim),
-        sliding_window=window,
-        # llama.cpp's gemma3 pattern: every 6th layer (il % 6 == 5) is global, the rest slide.
-        sliding=tuple(gemma and window > 0 and il % 6 < 5 for il in range(n_layer)),
-        attn_softcap=float(kv.get("attn_logit_softcapping", 0.0)),
-        final_softcap=float(kv.get("final_logit_softcapping", 0.0)),
+        attn_scale=attn_scale,
+        sliding_window=window if any(sliding) else 0,
+        sliding=sliding,
+        attn_softcap=attn_cap,
+        final_softcap=final_cap,
+        # llama.cpp loads rope_freqs for llama (and applies it to every layer); any other arch's file with one is
+        # refused by check_tensors as a tensor it does not read.
+        rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
+        fused_qkv=phi3, fused_gate_up=phi3,
     )
     check_tensors(cfg, header, why)
     return cfg
 
 
-def _symbolic_tensors(cfg: Config) -> dict[str, tuple[str, ...]]:
-    """Every tensor the forward pass reads, with its GGUF shape (ne0 first) in Config field names."""
+def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (ne0 first) in Config field names.
+    stored=True: as the file holds them (fused tensors whole, rope_freqs included); else as the engine reads
+    them (fused tensors as their row views, see tensor_views; rope_freqs read by the host, not uploaded)."""
     e, q, kv, ff, v = "n_embd", "n_head * head_dim", "n_head_kv * head_dim", "n_ff", "n_vocab"
     shapes = {"token_embd.weight": (e, v), "output_norm.weight": (e,)}
     if not cfg.tied_output:
         shapes["output.weight"] = (e, v)
+    if stored and cfg.rope_freqs:
+        shapes["rope_freqs.weight"] = ("rope_pairs",)
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
-        shapes.update({
-            b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
-            b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,),
-            b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff), b + "ffn_down.weight": (ff, e),
-        })
+        shapes[b + "attn_norm.weight"] = (e,)
+        if stored and cfg.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (e, "qkv_rows")
+        else:
+            shapes.update({b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv)})
+        shapes.update({b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,)})
+        if stored and cfg.fused_gate_up:
+            shapes[b + "ffn_up.weight"] = (e, "gate_up_rows")
+        else:
+            shapes.update({b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff)})
+        shapes[b + "ffn_down.weight"] = (ff, e)
         if cfg.qkv_bias:
             shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
         if cfg.qk_norm:
@@ -182,7 +250,47 @@ def _symbolic_tensors(cfg: Config) -> dict[str, tuple[str, ...]]:
     return shapes
 
 
+def stored_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the file must hold, with its GGUF shape (ne0 first)."""
+    return {name: tuple(_size(cfg, d) for d in dims) for name, dims in _symbolic_tensors(cfg, True).items()}
+
+
+def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """The file's tensors as the engine reads them: phi3's fused attn_qkv as three row ranges (attn_q, attn_k,
+    attn_v) and its ffn_up [gate | up] as ffn_gate (rows 0..n_ff-1, the half ggml_swiglu puts through SiLU) and
+    ffn_up (rows n_ff..2 n_ff-1). A view is the same file bytes (rows are contiguous), so the engine stacks
+    them back into one weight without a second copy."""
+    out = dict(tensors)
+
+    def split(name: str, parts: list[tuple[str, int]]) -> None:
+        t = out.pop(name)
+        row_bytes = t.type.row_bytes(t.shape[0])
+        first = 0
+        for part, rows in parts:
+            out[part] = replace(t, name=part, shape=(t.shape[0], rows), offset=t.offset + first * row_bytes,
+                                nbytes=rows * row_bytes)
+            first += rows
+
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        if cfg.fused_qkv:
+            split(b + "attn_qkv.weight", [(b + "attn_q.weight", cfg.q_dim), (b + "attn_k.weight", cfg.kv_dim),
+                                          (b + "attn_v.weight", cfg.kv_dim)])
+        if cfg.fused_gate_up:
+            split(b + "ffn_up.weight", [(b + "ffn_gate.weight", cfg.n_ff), (b + "ffn_up.weight", cfg.n_ff)])
+    return out
+
+
+def host_tensors(cfg: Config, header: Header) -> list[TensorInfo]:
+    """The tensors whose values the host must read and hand to the engine (HOST_TENSORS the model uses)."""
+    return [t for t in header.tensors if t.name in HOST_TENSORS and cfg.rope_freqs]
+
+
 def _size(cfg: Config, dim: str) -> int:
+    if dim == "qkv_rows":
+        return cfg.q_dim + 2 * cfg.kv_dim
+    if dim == "gate_up_rows":
+        return 2 * cfg.n_ff
     n = 1
     for f in dim.split(" * "):
         n *= getattr(cfg, f)
@@ -201,7 +309,7 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
     why = why or {}
     have = {t.name: t for t in header.tensors}
     layers = why.get("n_layer", f"{cfg.n_layer} blocks")
-    expected = _symbolic_tensors(cfg)
+    expected = _symbolic_tensors(cfg, stored=True)
     for name, dims in expected.items():
         t = have.get(name)
         if t is None:

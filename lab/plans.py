@@ -13,6 +13,7 @@ What it does not know: files, tokens, sessions. It reads the engine's weights an
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from . import gpu, ops
@@ -107,7 +108,7 @@ class PlanBuilder:
             # Q heads then K heads are adjacent in the fused row: one rope op rotates both.
             self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
                                cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
-                               col_offset=0), f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+                               col_offset=0, freq_factors=self.eng.rope_freqs), f"Qcur_rope-{il}", s.qkv, Q, W, 0)
             self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
             self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
             self.add(self.eng.kv_write_op(il))
@@ -137,6 +138,11 @@ class PlanBuilder:
         self.add(norm.rms_norm(dev, kc, s.x, w.vectors["output_norm.weight"], s.xn, step, E, cfg.eps),
                  "result_norm", s.xn, E)
         rows = self.head()
+        if cfg.final_softcap:   # gemma2: logits = c * tanh(logits / c), before the tail picks a token
+            self.add(elementwise.softcap(dev, kc, s.logits, step, cfg.n_vocab, cfg.final_softcap,
+                                         rows=0 if rows == Rows.last() else 1))
+            head = self.plan.trace.pop(next(i for i, tr in enumerate(self.plan.trace) if tr.name == "result_output"))
+            self.plan.trace.append(dataclasses.replace(head, after=len(self.plan.ops) - 1))
         # The tail picks the next token: greedy's argmax lands in ids[0], ready to be the next decode step's
         # input; sampling reads back the top-k candidates instead (the top-k pass costs 13% of a decode
         # step on lavapipe, so greedy plans leave it out).

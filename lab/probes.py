@@ -9,6 +9,11 @@
   in that window (every layer and head, plus each query's mass on keys before the window), the residual norm after
   every layer at each of those positions, and the logit lens (each layer's residual through the final norm and the
   output head; the top tokens at the last `lens` positions).
+- `rope_inputs(ids, cached, pos, layer)`: a layer's queries at `pos` and keys at 0 .. pos, every head, as its rope op
+  reads them (after the bias and the q/k norms, before the rotation), with the engine's own attention probabilities
+  of that query, for the page's RoPE demo to rotate both ways (web/rope.js). Positions 0 .. pos run through the
+  engine's plans cut right before that layer's rope op; the fused QKV rows are read there; the chunk holding `pos`
+  then runs on through the rope, the KV write and the probe variant of that layer's attention.
 
 Decode pays nothing: the probe variants are separate op lists, built the first time a panel asks, and run only
 between turns; the decode plan is never touched.
@@ -30,6 +35,7 @@ What it does not know: text, the page, sessions (the caller says how many leadin
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from dataclasses import dataclass
@@ -79,6 +85,28 @@ class Inspection:
         return self.end - self.start
 
 
+@dataclass
+class RopeInputs:
+    """What the RoPE demo needs to redo one layer's attention scores for one query, and the engine's own answer."""
+    pos: int                # the query position; keys are positions 0 .. pos
+    layer: int
+    n_head: int
+    n_head_kv: int          # K head of query head h: h // (n_head / n_head_kv) (GQA)
+    q: bytes                # f32 [n_head, head_dim]: the query at pos before RoPE, every head
+    k: bytes                # f32 [pos + 1, n_head_kv, head_dim]: the keys at 0 .. pos before RoPE
+    probs: bytes            # f32 [n_head, pos + 1]: the engine's attention probabilities of that query
+    head_dim: int
+    n_rot: int              # rotated dims of each head (the rest pass through)
+    freq_base: float        # the layer's RoPE base (gemma3's sliding layers: 10000)
+    freq_scale: float       # position multiplier (1 / linear scaling factor)
+    factors: list | None    # llama 3's rope_freqs: pair i turns by theta_i / factors[i]; None: no factors
+    neox: bool              # pairs (i, i + n_rot/2); else adjacent (2i, 2i + 1)
+    scale: float            # score = scale * q.k (then soft-capped when softcap > 0)
+    window: int             # keys visible to the query: pos - key < window (0: all)
+    softcap: float
+    ms: float
+
+
 def neighbours_work(table) -> tuple[int, int]:
     """(multiply-adds, weight bytes read) of one neighbours query: the matvec reads the whole quantized table once,
     n_vocab x n_embd multiply-adds (the row norms, made on the first query only, cost about as much again)."""
@@ -111,11 +139,13 @@ class Probes:
         self._emb = None
         self._pass = None
         self._variants: dict[tuple, list[ops.Op]] = {}
+        self._rope_cuts: dict[tuple, tuple[list[ops.Op], list[ops.Op]]] = {}
 
     def close(self) -> None:
         self.device.free(self)
         self._emb = self._pass = None
         self._variants.clear()
+        self._rope_cuts.clear()
 
     @property
     def buffers(self) -> list[gpu.Buffer]:
@@ -276,6 +306,67 @@ class Probes:
                     plan.append(self._copy[il])
         self._variants[key] = plan
         return plan
+
+    def _rope_variant(self, batched: bool, write_kv: bool, layer: int) -> tuple[list[ops.Op], list[ops.Op]]:
+        """The engine's plan up to layer `layer`'s attention, split right before its rope op: (the ops that leave
+        the un-rotated q, k in the fused QKV rows, the rope + KV write + probed attention of that layer)."""
+        key = (batched, write_kv, layer)
+        cut = self._rope_cuts.get(key)
+        if cut is not None:
+            return cut
+        plan = self.engine.plan_for(batched)
+        at_rope = plan.at(f"Qcur_rope-{layer}")      # the one op that rotates the layer's Q and K heads
+        _, at_attn, _, probed = self._where[batched]
+        first_attn = min(i for i, (il, _) in at_attn.items() if il == layer)
+        def keep(part: list[ops.Op]) -> list[ops.Op]:
+            return [op for op in part if write_kv or op.role != ops.KV_WRITE]
+
+        cut = (keep(plan.ops[:at_rope]), keep(plan.ops[at_rope:first_attn]) + probed[layer])
+        self._rope_cuts[key] = cut
+        return cut
+
+    async def rope_inputs(self, ids: list[int], cached: int, pos: int, layer: int) -> RopeInputs:
+        """Layer `layer`: every head's query at `pos` and keys at 0 .. pos before RoPE, and the engine's attention
+        probabilities of that query. cached: as for `inspect` (positions the cache lacks are written).
+
+        Cost: a prefill of positions 0 .. pos through layers 0 .. layer (the cache holds rotated keys only, and the
+        pre-RoPE ones are recomputed, not derived from them by rotating back: that would assume the pairing the
+        demo is there to show)."""
+        eng, dev, cfg = self.engine, self.device, self.engine.cfg
+        if not 0 <= pos < len(ids) <= eng.n_ctx:
+            raise ValueError(f"rope: position {pos} of {len(ids)} (context {eng.n_ctx})")
+        if not 0 <= layer < cfg.n_layer:
+            raise ValueError(f"rope: layer {layer} of {cfg.n_layer}")
+        bad = [i for i in ids[:pos + 1] if not 0 <= i < cfg.n_vocab]
+        if bad:
+            raise ValueError(f"rope: token id {bad[0]} is outside the vocabulary")
+        if self._pass is None:
+            self._build_pass()
+            await dev.flush_errors()
+        W, Q, KV, H = eng.scratch.qkv_width, cfg.q_dim, cfg.kv_dim, cfg.n_head
+        end, cached = pos + 1, max(0, min(cached, pos + 1))
+        t0 = time.perf_counter()
+        keys, q, probs = [], b"", b""
+        # chunks as in `inspect`: at most max_batch, never straddling `cached` (K/V written only from there on)
+        bounds = sorted(set(range(0, cached, eng.max_batch)) | set(range(cached, end, eng.max_batch)) | {end})
+        for a, b in itertools.pairwise(bounds):
+            t, last = b - a, b == end
+            before, after = self._rope_variant(t > 1, a >= cached, layer)
+            dev.run(ops.dispatches(before, t), eng.step_writes(ids[a:b], a, t))
+            rows = await dev.read(eng.scratch.qkv, 0, 4 * t * W)          # fused [q | k | v] rows, not yet rotated
+            keys += [rows[4 * (r * W + Q): 4 * (r * W + Q + KV)] for r in range(t)]
+            if last:
+                q = rows[4 * (t - 1) * W: 4 * ((t - 1) * W + Q)]
+            if last or a >= cached:       # later chunks attend to this one's K: write them to the cache first
+                dev.run(ops.dispatches(after, t))
+            if last:                      # the probe holds P(token j, head h, key k) at (j * n_head + h) * n_ctx + k
+                raw = await dev.read(self.attn_probe, 4 * (t - 1) * H * eng.n_ctx, 4 * H * eng.n_ctx)
+                probs = b"".join(raw[4 * h * eng.n_ctx: 4 * (h * eng.n_ctx + end)] for h in range(H))
+        sliding = cfg.sliding[layer]
+        return RopeInputs(pos, layer, H, cfg.n_head_kv, q, b"".join(keys), probs, cfg.head_dim, cfg.n_rot,
+                          cfg.rope_base_local if sliding else cfg.rope_base, cfg.rope_scale, eng.rope_freqs,
+                          cfg.rope_neox, cfg.attn_scale, cfg.sliding_window if sliding else 0, cfg.attn_softcap,
+                          round((time.perf_counter() - t0) * 1e3, 1))
 
     def _run(self, plan: list[ops.Op], ids: list[int], pos: int) -> None:
         t = len(ids)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from .ops.sample import NONE     # "no token", the kernels' empty slot
+from .ops.sample import NONE  # "no token", the kernels' empty slot
 
 MAX_CANDIDATES = 64
 _MASK64 = (1 << 64) - 1
@@ -28,7 +28,7 @@ class Settings:
     min_p: float = 0.05     # 0: off
     seed: int = 0
 
-    def check(self) -> "Settings":
+    def check(self) -> Settings:
         if self.temperature < 0 or not math.isfinite(self.temperature):
             raise ValueError(f"temperature must be >= 0, not {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -40,7 +40,7 @@ class Settings:
         return self
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Settings":
+    def from_dict(cls, d: dict) -> Settings:
         """Settings from a message or form: missing fields take the defaults above (their only home), each value is
         converted to its field's type, and the whole is checked."""
         kw = {}

@@ -66,7 +66,8 @@ class Session:
     async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
                        should_stop=None) -> Result:
         """Run the prompt (reusing the cached prefix) and generate up to max_new tokens.
-        on_token(id, text_piece) is called for every generated token; should_stop() is polled between steps."""
+        on_token(id, text_piece) is called for every generated token (an awaitable it returns is awaited before the
+        next step); should_stop() is polled between steps."""
         if not prompt:
             raise ValueError("an empty prompt: nothing to continue from")
         eng = self.engine
@@ -114,8 +115,8 @@ class Session:
                 res.text += piece
             else:
                 piece = ""
-            if on_token is not None:
-                on_token(tok, piece)
+            if on_token is not None and (more := on_token(tok, piece)) is not None:
+                await more           # an awaitable: reads between steps (the worker's KV panel reads the cache)
             if len(res.ids) >= max_new:
                 res.stop = "length"
                 break

@@ -20,7 +20,7 @@ from pathlib import Path
 
 _dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parent.parent / "wgsl"))
 _KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
-_INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.M)
+_INCLUDE = re.compile(r"^//!include\s+(\S+)\s*$", re.MULTILINE)
 
 
 def subgroup_consts(device) -> dict:

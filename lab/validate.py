@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from .model import Config
@@ -129,9 +130,11 @@ def _scale_factor(v: float) -> str | None:
 
 
 def _scaling_type(v: str) -> str | None:
+    # Llama 3's scaling is no type here: its files carry rope_freqs.weight, which lab.model applies.
     if v in ("none", "linear"):
         return None
-    return ("RoPE scaling of this type is not supported by this lab (it runs none and linear)"
+    return (f"RoPE scaling type {v!r} is not supported by this lab (it runs none, linear, and llama 3's "
+            f"rope_freqs factors)"
             if v in ("yarn", "longrope") else "is not a RoPE scaling type llama.cpp knows (none, linear, yarn, longrope)")
 
 
@@ -195,9 +198,14 @@ CONFIG_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "rope.scaling.attn_factor": Rule("float", check=_attn_factor),
     "expert_count": Rule("uint", check=_no_experts),
     "vocab_size": Rule("count"),                       # when present: the embedding rows
-    "attention.sliding_window": Rule("uint", archs=("gemma3",)),  # 0: none
-    "attn_logit_softcapping": Rule("float", check=_softcap, archs=("gemma3",)),
-    "final_logit_softcapping": Rule("float", check=_softcap, archs=("gemma3",)),
+    # 0: none. Read where llama.cpp's loader reads it: llama never does (Mistral-style files run with full causal
+    # attention there, and here); phi3 reads it and switches SWA off; gemma2 / gemma3 slide (lab.model).
+    "attention.sliding_window": Rule("uint", archs=("phi3", "gemma2", "gemma3")),
+    # llama.cpp also takes a per-layer bool array here; this lab only the period (an array is refused by type)
+    "attention.sliding_window_pattern": Rule("uint", archs=("gemma2", "gemma3")),
+    "rope.freq_base_swa": Rule("float", check=_freq_base, archs=("gemma2", "gemma3")),
+    "attn_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
+    "final_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
 }
 
 TOKENIZER_KEYS: dict[str, Rule] = {
@@ -293,7 +301,9 @@ def validate(header) -> Checked:
     """The config and the tokenizer of a parsed GGUF header, every key checked: what the worker and
     the CLI call between `gguf.read` and the first upload. ModelError (TokenizerError for the
     vocabulary) names the key and value; the header itself was checked by lab.gguf (GGUFError)."""
-    from .model import from_gguf        # they import this module: imported here, not at the top
+    from .model import (
+        from_gguf,  # they import this module: imported here, not at the top
+    )
     from .tokenizer import from_metadata
     cfg = from_gguf(header)
     return Checked(cfg, from_metadata(header.metadata, n_vocab=cfg.n_vocab))

@@ -1,17 +1,23 @@
 """The worker's Python side (Pyodide only): answers the page's messages, relayed by web/worker.js.
 
-Messages in:  init | read-header {file} | load {file} | chat {messages, settings, max_new} | reset
-              probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget
+Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?} | chat {messages, settings, max_new} | reset
+              probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget {skip?}
+              kv-rows {id, positions} (tests: raw K/V rows in base64, read without lab/kvview.py's kernel)
+              probe-rope {pos, layer, seq} (the RoPE demo: lab/rope_worker.py, answered by "rope")
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
+              verify {file, seq} | verify-kernels {seq} (the verification card: lab/verify_worker.py)
+              perplexity {text, n_ctx, seq} (the perplexity card: lab/perplexity_worker.py, answered by
+              perplexity-progress and perplexity; its cancel is "stop")
 Messages out: gpu | selftest | model-info | loaded | prompt | token | done | reset | error {where, message}
-              embedding | inspection | forget (panels' data: the page renders it and computes nothing)
+              embedding | inspection | forget | kv-view | rope (panels' data: the page renders it and computes nothing)
               kernel-check {id, results | error, adapter, buffers {before, after}}
               ffi-cost {n, call_us, to_js_us, read_ms}
 (`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
 
-Python only ever sees the header prefix of a model file: the weights go from File.slice to
-queue.writeBuffer in worker.js (`labUpload`), 32 MB at a time, from a plan Python made.
+Python only ever sees the header prefix of a model file (and the values of lab.model.HOST_TENSORS: llama 3's
+rope_freqs, a few hundred bytes): the weights go from File.slice to queue.writeBuffer in worker.js
+(`labUpload`), 32 MB at a time, from a plan Python made.
 """
 
 from __future__ import annotations
@@ -24,9 +30,23 @@ from dataclasses import dataclass, field
 import js
 from pyodide.ffi import to_js
 
-from . import chat, forget, gguf, kernelcheck, probes, selftest
+from . import (
+    chat,
+    forget,
+    gguf,
+    kernelcheck,
+    kvview,
+    memplan,
+    perplexity_worker,
+    probes,
+    rope_worker,
+    selftest,
+    verify_worker,
+    weightread,
+)
 from .engine import Engine
 from .gpu.browser import open_browser
+from .model import host_tensors
 from .probes import Probes
 from .sampler import Settings
 from .session import MAX_NEW, Session
@@ -46,12 +66,14 @@ class Loaded:
     tokenizer: Tokenizer
     session: Session
     probes: Probes | None = None                        # built on the first panel request, freed with the engine
+    kv_view: kvview.KvView | None = None                # the KV panel's norms pass, built on the first chat
     context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
 
-    def fresh(self) -> "Loaded":
+    def fresh(self) -> Loaded:
         """The same model with no conversation; this one's token lists are emptied in place (they may be shared)."""
         self.drop_conversation()
-        return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes)
+        return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes,
+                      kv_view=self.kv_view)
 
     def drop_conversation(self) -> None:
         self.session.reset()
@@ -81,7 +103,7 @@ async def handle(msg) -> None:
             if kind == "init":
                 await _init()
             elif kind == "read-header":
-                await _read_header(msg.file)
+                await _read_header(msg.file, n_ctx=int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None)
             elif kind == "load":
                 await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None, int(msg.seq))
             elif kind == "chat":
@@ -93,9 +115,21 @@ async def handle(msg) -> None:
             elif kind == "probe-inspect":
                 await _probe_inspect(msg.to_py())
             elif kind == "forget":
-                await _forget()
+                await _forget(msg.to_py())
+            elif kind == "probe-rope":
+                await rope_worker.run(_probes(), _loaded(), msg.to_py(), post, _f32)
+            elif kind == "kv-rows":
+                await _kv_rows(msg.to_py())
             elif kind == "kernel-check":
                 await _kernel_check(msg.to_py())
+            elif kind == "weight-bytes":         # tests: a tensor's bytes read back from the GPU (lab/weightread.py)
+                await weightread.answer(msg.to_py(), _state.device, _state.loaded and _state.loaded.engine, post)
+            elif kind == "verify":
+                await verify_worker.run_verify(_state, msg, post)
+            elif kind == "verify-kernels":
+                await verify_worker.run_kernels(_state, msg, post)
+            elif kind == "perplexity":
+                await perplexity_worker.run(_loaded(), msg.to_py(), post, js.labStopRequested, js.labStopClear)
             elif kind == "ffi-cost":
                 await _ffi_cost(int(getattr(msg, "n", 0) or 2000))
             else:
@@ -154,13 +188,15 @@ async def read_header(file) -> tuple[gguf.Header, int]:
             want = min(size, max(more.needed, want * 2))
 
 
-async def _read_header(file, seq: int | None = None) -> gguf.Header:
-    """Read and summarize a file's header for the page's model card (nothing is uploaded)."""
+async def _read_header(file, seq: int | None = None, n_ctx: int | None = None) -> gguf.Header:
+    """Read and summarize a file's header for the page's model card (nothing is uploaded), with the memory plan
+    at the context `n_ctx` the page chose (lab/memplan.py)."""
     t0 = time.perf_counter()
     header, nread = await read_header(file)
     summary = gguf.summary(header)
     summary.update(file_name=str(getattr(file, "name", "")), prefix_bytes=nread,
-                   parse_ms=round((time.perf_counter() - t0) * 1e3, 1))
+                   parse_ms=round((time.perf_counter() - t0) * 1e3, 1),
+                   plan=memplan.page_summary(_state.device and _state.device.info.limits, header, n_ctx))
     post({"type": "model-info", "summary": summary, "seq": seq})
     return header
 
@@ -173,6 +209,8 @@ def _unload() -> None:
         old.drop_conversation()
         if old.probes is not None:
             old.probes.close()
+        if old.kv_view is not None:
+            old.kv_view.close()
         old.engine.close()
 
 
@@ -183,10 +221,16 @@ async def _load(file, n_ctx: int | None, seq: int) -> None:
     if device is None:
         raise RuntimeError("no GPU: the lab cannot load a model without WebGPU")
     _unload()
-    header = await _read_header(file, seq)
+    header = await _read_header(file, seq, n_ctx)
     cfg, tok = validate(header)                  # every key and tensor checked, named if wrong, before any upload
+    n_ctx = memplan.page_context(cfg, n_ctx)     # the page's choice, at most the model's own
+    memplan.check(device.info.limits, header, cfg, n_ctx)   # refused with the numbers before any buffer exists
     t0 = time.perf_counter()
-    engine = Engine(device, header, cfg, **({"n_ctx": n_ctx} if n_ctx else {}))
+    # The only tensor values Python reads (llama 3's rope_freqs, n_rot/2 floats): one File.slice each, before
+    # the plans are built; every weight still goes File.slice -> writeBuffer in labUpload.
+    small = {t.name: (await file.slice(t.offset, t.offset + t.nbytes).arrayBuffer()).to_bytes()
+             for t in host_tensors(cfg, header)}
+    engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx)
     try:
         await device.flush_errors()              # shader problems surface before a byte of weights moves
         plan = []
@@ -212,6 +256,8 @@ async def _load(file, n_ctx: int | None, seq: int) -> None:
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
         "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
+        "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
+                 "arch": cfg.arch},
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 
 
@@ -230,14 +276,29 @@ async def _chat(msg: dict) -> None:
     context = lo.context
     context[:] = prompt
 
-    def on_token(tid: int, piece: str) -> None:
+    if lo.kv_view is None:
+        lo.kv_view = kvview.KvView(lo.engine)
+    view, live = lo.kv_view, bool(msg.get("kv_view"))
+    shown = 0       # cache rows the page has this turn: the first read starts at 0 (the prompt may have replaced rows)
+
+    async def kv_columns() -> None:
+        nonlocal shown
+        end = len(session.cached)
+        if end > shown:
+            body = await view.columns(shown, end)
+            post({"type": "kv-view", **body, "norms": _f32(body["norms"])})
+            shown = end
+
+    def on_token(tid: int, piece: str):
         post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": len(context),
               "kv_used": len(session.cached)})
         context.append(tid)
+        return kv_columns() if live else None      # the KV panel is on screen: its new column with each token
 
     js.labStopClear()
     result = await session.generate(prompt, settings, int(msg.get("max_new") or MAX_NEW), on_token=on_token,
                                     should_stop=lambda: bool(js.labStopRequested()))
+    await kv_columns()                             # the rest (all of it while the panel is off screen)
     done = result.to_dict()
     del done["prompt_ids"]                       # the page has them from the "prompt" message
     done["kv_used"] = len(session.cached)
@@ -305,16 +366,40 @@ async def _probe_inspect(req: dict) -> None:
           "pieces": {str(k): v for k, v in pieces.items()}})
 
 
-async def _forget() -> None:
-    """Drop the Python-side conversation, then wipe and check every conversation buffer on the GPU."""
+async def _forget(msg: dict) -> None:
+    """Drop the Python-side conversation, then wipe and check every conversation buffer on the GPU, and redraw the
+    KV panel's picture from the KV caches as read back after the wipe. `skip` (tests only) names a buffer the wipe
+    leaves alone, to show that the check and the page catch it."""
+    picture, rows = None, 0
     if _state.loaded is not None:
         forget.drop_text_caches(_state.loaded.tokenizer)
+        rows = len(_state.loaded.session.cached)       # the columns the KV panel showed
+        picture = kvview.AfterPicture(_state.loaded.engine)
         _state.loaded = _state.loaded.fresh()
     device = _state.device
     if device is None:
         raise RuntimeError("no GPU: nothing was ever computed here")
-    report = await forget.wipe(device)
-    post({"type": "forget", "report": report.to_dict()})
+    report = await forget.wipe(device, on_after=picture, skip=msg.get("skip"))
+    kv = None
+    if picture is not None:
+        kv = picture.picture(rows)
+        kv["norms"] = _f32(kv["norms"])
+    post({"type": "forget", "report": report.to_dict(), "kv": kv})
+
+
+async def _kv_rows(msg: dict) -> None:
+    """Test hook: the raw K and V rows at `positions` of every layer, f32 [len(positions), n_layer, 2, kvd] in base64,
+    read straight from the caches (not through lab/kvview.py's kernel), for a test to compute norms on its own."""
+    engine = _loaded().engine
+    kvd = kvview.kv_dim(engine.cfg)
+    positions = [int(p) for p in msg["positions"]]
+    lo, hi = min(positions), max(positions) + 1
+    layers = []
+    for pair in engine.kv_buffers:
+        layers.append([await engine.device.read(b, 4 * kvd * lo, 4 * kvd * (hi - lo)) for b in pair])
+    raw = b"".join(layers[il][w][4 * kvd * (p - lo):4 * kvd * (p - lo + 1)]
+                   for p in positions for il in range(len(layers)) for w in (0, 1))
+    post({"type": "kv-rows", "id": msg["id"], "kvd": kvd, "n_layer": len(layers), "rows": base64.b64encode(raw).decode()})
 
 
 # -- tests and benchmarks -------------------------------------------------------------------------------

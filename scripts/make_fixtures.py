@@ -46,14 +46,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp
+import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host import models  # noqa: E402
+from lab.host import models
 
 FIXTURES = ROOT / "tests" / "fixtures"
 N_GEN = 48

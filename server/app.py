@@ -15,10 +15,17 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+)
 from starlette.routing import Route
 
 from lab import __version__
+from lab.engine import DEFAULT_CTX
 from lab.host import models
 from lab.sampler import MAX_CANDIDATES, Settings
 from lab.session import MAX_NEW
@@ -29,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
 WGSL = ROOT / "wgsl"
 PYODIDE = WEB / "node_modules" / "pyodide"
+REFERENCE = ROOT / "reference"   # the verification card's fixtures (scripts/make_verify_fixtures.py), read-only
 
 CSP = ("default-src 'self'; connect-src 'self'; worker-src 'self'; "
        "script-src 'self' 'wasm-unsafe-eval' 'unsafe-eval'; style-src 'self'; img-src 'self' data:; "
@@ -45,7 +53,8 @@ HEADERS = {
 MIME = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript",
         ".css": "text/css", ".json": "application/json", ".wgsl": "text/plain; charset=utf-8",
         ".whl": "application/zip", ".gguf": "application/octet-stream", ".zip": "application/zip",
-        ".html": "text/html; charset=utf-8", ".map": "application/json", ".svg": "image/svg+xml"}
+        ".html": "text/html; charset=utf-8", ".map": "application/json", ".svg": "image/svg+xml",
+        ".f32": "application/octet-stream"}
 
 log = logging.getLogger("lab.server")
 HEADER_TIMEOUT_S = 10.0     # a request head must arrive in full within this of the connection opening
@@ -88,13 +97,14 @@ def _file(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> Response:
 
 
 def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, wgsl_dir: Path | None = None,
-               pyodide_dir: Path | None = None) -> Starlette:
+               pyodide_dir: Path | None = None, reference_dir: Path | None = None) -> Starlette:
     """The app. The served folders default to the repository's web/, wgsl/ and web/node_modules/pyodide
     (tests point them at a scratch tree); web/node_modules itself is never served under /web."""
     model = Path(model_path) if model_path else models.path(models.DEFAULT)
     web_root = Path(web_dir or WEB).resolve()
     wgsl_root = Path(wgsl_dir or WGSL).resolve()
     pyodide_root = Path(pyodide_dir or web_root / "node_modules" / "pyodide").resolve()
+    reference_root = Path(reference_dir or REFERENCE).resolve()
     templates = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
                             autoescape=select_autoescape(["html"]))
     wheel_bytes = wheel.build()
@@ -104,7 +114,7 @@ def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, w
             version=__version__, wheel=f"/wheel/{wheel.FILENAME}",
             default_model=model.name if model.exists() else None,
             sampler=Settings(), max_candidates=MAX_CANDIDATES,    # the sampling inputs' defaults and top-k bound
-            max_new=MAX_NEW)
+            max_new=MAX_NEW, default_ctx=DEFAULT_CTX)   # the context input's default: the engine's
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:
@@ -118,6 +128,9 @@ def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, w
 
     async def wgsl(request: Request) -> Response:
         return _file(wgsl_root, request.path_params["path"])
+
+    async def reference(request: Request) -> Response:
+        return _file(reference_root, request.path_params["path"])
 
     async def lab_wheel(request: Request) -> Response:
         if request.path_params["name"] != wheel.FILENAME:
@@ -149,6 +162,7 @@ def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, w
         Route("/wgsl/index.json", wgsl_index, methods=methods),
         Route("/wgsl/{path:path}", wgsl, methods=methods),
         Route("/wheel/{name}", lab_wheel, methods=methods),
+        Route("/reference/{path:path}", reference, methods=methods),
         Route("/models/default.gguf", default_model, methods=methods),
     ]
     app = Starlette(routes=routes)

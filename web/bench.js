@@ -16,6 +16,10 @@
     constructor(...args) {
       super(...args);
       seen.worker = this;
+      // The page loads with the engine's default KV cache; a benchmark of decode at a long context asks for more.
+      const post = this.postMessage.bind(this);
+      this.postMessage = (m, ...rest) =>
+        post(m && m.type === "load" && window.__labBenchCtx ? { ...m, n_ctx: window.__labBenchCtx } : m, ...rest);
       this.addEventListener("message", (e) => {
         const m = e.data;
         if (m.type === "token") seen.tokens++;

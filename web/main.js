@@ -2,7 +2,14 @@
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
 import {
   fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
+  selectedEmbedding,
 } from "/web/panels.js";
+import { refreshExports, registerExport, revokeExports } from "/web/export.js";
+import { probeExports } from "/web/probe-exports.js";
+import { initVerify } from "/web/verify.js";
+import { initRope } from "/web/rope.js";
+import { initPerplexity } from "/web/perplexity.js";
+import { initContext } from "/web/context.js";
 
 const store = {
   boot: "starting", gpu: null, selftest: null, error: null,
@@ -14,23 +21,38 @@ const store = {
   context: [],                                           // [{id, piece}] tokens the model has seen or made
   generating: false, timings: null,
   dropTurn: false,                                       // the conversation was cleared mid-turn: ignore its tail
-  // panels (opt-in: nothing is computed for a closed panel)
-  panels: { embedding: false, attention: false, lens: false, residual: false },
-  selected: null,                                        // context position clicked
+  // panels: true while the card is on screen (watchPanels); nothing is computed for a card out of view
+  panels: { embedding: false, attention: false, lens: false, residual: false, kv: false },
+  // The selection, the one place it lives: the context position the user chose (click, arrow keys), or null to
+  // follow the newest token. Every panel reads it through panels.js selectedPos(store). A reply does not move a
+  // choice the user made; with none, the panels follow the newest token, whose lens column is the model's own
+  // next-token prediction and whose embedding and residual are what a learner asks about first.
+  selected: null,
   embedding: null,                                       // the worker's "embedding" message
   probe: freshProbe(),                                   // the worker's inspections of this conversation
   attn: { layer: 0, head: 0 },                           // the attention panel's choice
   lens: { positions: null },                             // logit-lens positions chosen; null: all (panels.js lensPositions)
-  kv: { used: 0 },                                       // KV-cache rows the session holds
+  kv: freshKv(),                                         // the KV cache: rows held and their magnitudes (kv-view)
   forget: null,                                          // the last Forget report
   busy: { embedding: false, inspect: 0, forget: false },
 };
+
+// used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/kvview.py);
+// after: the picture Forget drew from its read-back of the caches (the "forget" message's kv).
+function freshKv() {
+  return { used: 0, columns: [], rev: 0, ms: null, after: null };
+}
 
 function freshProbe() {
   return { attention: null, lens: null, residual: new Map() };  // residual: position -> Float32Array [n_layer + 1]
 }
 const worker = new Worker("/web/worker.js", { type: "module" });
 const $ = (id) => document.getElementById(id);
+const verifyCard = initVerify(worker, () => store, () => render());   // web/verify.js: the llama.cpp checks
+const ropeCard = initRope(worker, () => store, () => render());       // web/rope.js: the RoPE demo
+// web/perplexity.js; a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
+const pplCard = initPerplexity(worker, () => store, () => render(), () => { store.kv = freshKv(); });
+const ctxCard = initContext(worker, () => store, (file) => load(file));   // web/context.js: context length, memory plan
 
 // Tokens per second; slow devices (a CPU rasterizer) run under one, where a single decimal would read 0.0.
 const rate = (x) => x.toFixed(x < 1 ? 2 : 1);
@@ -132,7 +154,7 @@ function renderChat() {
 function tokenEl(tok, index) {
   const s = document.createElement("span");
   s.className = "tok";
-  s.tabIndex = 0;
+  s.setAttribute("role", "option");        // the strip is the focusable listbox: arrow keys move the selection
   s.setAttribute("data-testid", "token");
   s.dataset.index = index;
   s.dataset.id = tok.id;
@@ -150,8 +172,17 @@ function renderTokens() {
   while (keep < strip.children.length && keep < ctx.length && Number(strip.children[keep].dataset.id) === ctx[keep].id) keep++;
   while (strip.children.length > keep) strip.lastChild.remove();
   for (let i = keep; i < ctx.length; i++) strip.appendChild(tokenEl(ctx[i], i));
-  for (const s of strip.querySelectorAll(".tok.selected")) s.classList.remove("selected");
-  if (store.selected != null && strip.children[store.selected]) strip.children[store.selected].classList.add("selected");
+  for (const s of strip.querySelectorAll(".tok.selected, .tok.current")) {
+    s.classList.remove("selected", "current");
+    s.removeAttribute("aria-selected");
+  }
+  // the user's choice is filled; with none, the newest token (which the panels then follow) is outlined
+  const pos = selectedPos(store);
+  if (pos != null) {
+    strip.children[pos].classList.add(store.selected != null ? "selected" : "current");
+    strip.children[pos].setAttribute("aria-selected", "true");
+  }
+  strip.dataset.selected = pos ?? "";
   $("context-count").textContent = store.context.length ? `(${store.context.length} tokens)` : "";
 }
 
@@ -162,13 +193,17 @@ function render() {
   renderGpu();
   renderModel();
   renderChat();
-  for (const d of document.querySelectorAll("details[data-panel]")) d.open = store.panels[d.dataset.panel];
   renderEmbedding(store);
   renderResidual(store);
   renderAttention(store, panelActions);
   renderLens(store);
   renderKv(store);
   renderForget(store);
+  verifyCard.render();
+  ctxCard.render();
+  ropeCard.render();
+  pplCard.render();
+  refreshExports();
 }
 
 // ---- panel requests: ask the worker for what the open panels need and the store lacks -------------------
@@ -182,14 +217,13 @@ function requestInspect() {
   const pos = selectedPos(store);
   const wantResidual = store.panels.residual && pos != null && !p.residual.has(pos);
   const window = store.loaded.probe.window;
+  const inWindow = pos != null && pos >= n - window;
+  // The lens (a minute or more on a CPU device) goes alone and last: the cards on screen together show attention and
+  // residual after their pass, not after the lens. Alone, the lens runs only its own positions (docs/panels.md).
   const requests = [];
-  if (wantAttention || wantLens) {
-    const inWindow = pos != null && pos >= n - window;
-    requests.push({ attention: wantAttention, lens: wantLens ? lens : 0, residual: wantResidual && inWindow });
-    if (wantResidual && !inWindow) requests.push({ start: pos, end: pos + 1, residual: true });
-  } else if (wantResidual) {
-    requests.push({ start: pos, end: pos + 1, residual: true });
-  }
+  if (wantAttention) requests.push({ attention: true, lens: 0, residual: wantResidual && inWindow });
+  if (wantResidual && !(wantAttention && inWindow)) requests.push({ start: pos, end: pos + 1, residual: true });
+  if (wantLens) requests.push({ attention: false, lens, residual: false });
   for (const r of requests) worker.postMessage({ type: "probe-inspect", ...r });
   store.busy.inspect = requests.length;
 }
@@ -209,18 +243,49 @@ function onInspection(m) {
   }
 }
 
+// The embedding card asks for the selected token's row when it is on screen and lacks it; one request at a time, so
+// a held arrow key costs one request for where the selection ends up, not one per step (see onWorker.embedding).
+function requestEmbedding() {
+  const pos = selectedPos(store);
+  if (!store.loaded || store.generating || store.dropTurn || pos == null || store.busy.embedding) return;
+  if (!store.panels.embedding || selectedEmbedding(store)) return;
+  store.busy.embedding = true;
+  worker.postMessage({ type: "probe-embedding", id: store.context[pos].id, index: pos });
+}
+
+// index: a context position, or null to follow the newest token.
 function selectToken(index) {
-  const tok = store.context[index];
-  if (!tok || !store.loaded) return;
+  if (index != null && !store.context[index]) return;
   store.selected = index;
-  store.panels.embedding = true;
-  if (!(store.embedding && store.embedding.index === index && store.embedding.id === tok.id)) {
-    store.embedding = null;
-    store.busy.embedding = true;
-    worker.postMessage({ type: "probe-embedding", id: tok.id, index });
-  }
+  requestEmbedding();
   requestInspect();
   render();
+}
+
+// Keys of the focused context strip (a listbox): ← → step, Home End jump, Esc follows the newest token again.
+function stripKey(e) {
+  const n = store.context.length, at = selectedPos(store);
+  if (!n) return;
+  const to = { ArrowLeft: Math.max(0, at - 1), ArrowRight: Math.min(n - 1, at + 1), Home: 0, End: n - 1, Escape: null }[e.key];
+  if (to === undefined) return;
+  e.preventDefault();
+  selectToken(to);
+  $("tokens").children[selectedPos(store)].scrollIntoView({ block: "nearest", inline: "nearest" });
+}
+
+// A card computes only while it is on screen: an inspection holds the worker (one message at a time) for seconds to
+// minutes on a CPU device, and a card nobody looks at must not delay the next turn. Any element with data-panel=NAME
+// sets store.panels[NAME]; a sliver at the screen's edge (under a tenth of the card) does not count as shown.
+const SHOWN = 0.1;
+
+function watchPanels() {
+  const seen = new IntersectionObserver((entries) => {
+    for (const e of entries) store.panels[e.target.dataset.panel] = e.isIntersecting && e.intersectionRatio >= SHOWN;
+    requestEmbedding();
+    requestInspect();
+    render();
+  }, { threshold: [0, SHOWN] });
+  for (const card of document.querySelectorAll("[data-panel]")) seen.observe(card);
 }
 
 // Empties every trace of the conversation the page holds (DOM included, by re-rendering).
@@ -229,18 +294,34 @@ function clearConversation() {
   // "done" arrives, so no new turn starts before the worker is free.
   if (store.generating) { worker.postMessage({ type: "stop" }); store.dropTurn = true; }
   store.messages = []; store.context = []; store.timings = null;
-  store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv.used = 0;
+  store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv = freshKv();
+  revokeExports();
+  ropeCard.clear();
+  pplCard.clear();
 }
 
-function forgetAll() {
+// `skip` is for tests only (window.labForgetSkipping): the label of one buffer the wipe must leave alone.
+function forgetAll(skip) {
   clearConversation();
   $("prompt").value = "";
   $("system-prompt").value = "";
   store.forget = null;
   store.busy.forget = true;
-  worker.postMessage({ type: "forget" });
+  worker.postMessage(skip ? { type: "forget", skip } : { type: "forget" });
   render();
 }
+
+// Test hooks (tests/browser/test_kv_page.py). labForgetSkipping(label): Forget with that one buffer left uncleared,
+// to prove the page says NOT wiped and keeps its cells lit. labKvRows(positions): the raw K and V rows of every layer
+// at those positions, read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
+window.labForgetSkipping = (label) => forgetAll(label);
+const kvRowCalls = new Map();     // id -> resolve
+let kvRowId = 0;
+window.labKvRows = (positions) => new Promise((resolve) => {
+  const id = ++kvRowId;
+  kvRowCalls.set(id, resolve);
+  worker.postMessage({ type: "kv-rows", id, positions });
+});
 
 // Test hook (tests/browser/test_kernels_in_worker.py): runs kernel cases in the worker through lab/kernelcheck.py on
 // inputs given in base64 and resolves with their outputs. The worker makes and frees its own buffers for them; the
@@ -271,10 +352,12 @@ const onWorker = {
   loaded: (m) => {
     if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
-    store.loading = null; store.kv.used = 0;
+    store.loading = null; store.kv = freshKv();
   },
   prompt: (m) => {
     if (store.dropTurn) return;
+    // a chosen position survives the new prompt where the same token still stands there
+    if (store.selected != null && m.ids[store.selected] !== store.context[store.selected]?.id) store.selected = null;
     store.context = m.ids.map((id, i) => ({ id, piece: m.pieces[i] }));
     store.probe = freshProbe();
     store.messages.push({ role: "assistant", content: "" });
@@ -291,18 +374,27 @@ const onWorker = {
     store.timings = m.result;
     store.messages.at(-1).content = m.result.text;
     store.kv.used = m.result.kv_used;
+    requestEmbedding();
     requestInspect();
   },
   embedding: (m) => {
     store.busy.embedding = false;
-    if (m.index === store.selected) store.embedding = m;
+    if (m.index === selectedPos(store) && m.id === store.context[m.index]?.id) store.embedding = m;
+    requestEmbedding();            // the selection moved on while this one ran
   },
   inspection: (m) => {
     store.busy.inspect = Math.max(0, store.busy.inspect - 1);
     if (m.n === store.context.length) onInspection(m);
     if (!store.busy.inspect) requestInspect();
   },
-  forget: (m) => { store.busy.forget = false; store.forget = m.report; },
+  forget: (m) => { store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv; },
+  "kv-view": (m) => {
+    if (store.dropTurn) return;
+    const cols = store.kv.columns, w = 2 * m.n_layer;
+    cols.length = m.start;                 // a turn's first read starts at 0: the prompt may have replaced rows
+    for (let p = m.start; p < m.end; p++) cols.push(m.norms.subarray((p - m.start) * w, (p - m.start + 1) * w));
+    store.kv.ms = m.ms; store.kv.after = null; store.kv.rev++;
+  },
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -340,6 +432,11 @@ const onError = {
 worker.onmessage = (e) => {
   const m = e.data;
   if (m.type === "kernel-check") { settleKernelCheck(m); return; }
+  if (m.type === "kv-rows") { kvRowCalls.get(m.id)?.(m); kvRowCalls.delete(m.id); return; }
+  if (ctxCard.handles(m)) { render(); return; }
+  if (verifyCard.handles(m)) { render(); return; }
+  if (ropeCard.handles(m)) { render(); return; }
+  if (pplCard.handles(m)) { render(); return; }
   if (onWorker[m.type]) onWorker[m.type](m);
   render();
 };
@@ -351,7 +448,8 @@ function load(file) {
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
   newChat();
-  worker.postMessage({ type: "load", file, seq: ++store.loadSeq });
+  verifyCard.fileLoaded(file);
+  worker.postMessage({ type: "load", file, n_ctx: ctxCard.fileLoaded(file), seq: ++store.loadSeq });
   render();
 }
 
@@ -384,7 +482,8 @@ function send() {
   const convo = (system ? [{ role: "system", content: system }] : []).concat(store.messages);
   store.generating = true;
   $("prompt").value = "";
-  worker.postMessage({ type: "chat", messages: convo, settings: settings(), max_new: Number($("max-tokens").value) });
+  worker.postMessage({ type: "chat", messages: convo, settings: settings(), max_new: Number($("max-tokens").value),
+                       kv_view: !!store.panels.kv });    // the KV card on screen: a new column with each token
   render();
 }
 
@@ -402,23 +501,15 @@ $("load-cancel").addEventListener("click", () => worker.postMessage({ type: "can
 $("send").addEventListener("click", send);
 $("stop").addEventListener("click", () => worker.postMessage({ type: "stop" }));
 $("new-chat").addEventListener("click", newChat);
-$("forget").addEventListener("click", forgetAll);
+$("forget").addEventListener("click", () => forgetAll());
 $("tokens").addEventListener("click", (e) => {
   const t = e.target.closest("[data-testid=token]");
   if (t) selectToken(Number(t.dataset.index));
 });
-$("tokens").addEventListener("keydown", (e) => {
-  const t = e.target.closest("[data-testid=token]");
-  if (t && (e.key === "Enter" || e.key === " ")) { e.preventDefault(); selectToken(Number(t.dataset.index)); }
-});
-for (const d of document.querySelectorAll("details[data-panel]")) {
-  d.addEventListener("toggle", () => {
-    if (store.panels[d.dataset.panel] === d.open) return;
-    store.panels[d.dataset.panel] = d.open;
-    requestInspect();
-    render();
-  });
-}
+$("tokens").addEventListener("keydown", stripKey);
+for (const [id, exp] of probeExports(store)) registerExport(id, exp);
+registerExport("rope", ropeCard.exports);
+watchPanels();
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });
 $("lens-positions").addEventListener("change", (e) => {

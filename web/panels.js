@@ -66,9 +66,9 @@ function cost(testid, ms, macs, bytes) {
 
 // ---- colours and the heatmap primitive ----------------------------------------------------------------------
 // Shades are one colour at an opacity in [0, 1] over the white card.
-const RED = [201, 42, 42];          // positive embedding values
-const BLUE = [59, 91, 219];         // negative embedding values; attention (the page's --accent)
-const GREEN = [43, 138, 62];        // logit-lens probability (the page's --good)
+export const RED = [201, 42, 42];   // positive embedding values
+export const BLUE = [59, 91, 219];  // negative embedding values; attention (the page's --accent)
+export const GREEN = [43, 138, 62]; // logit-lens probability (the page's --good)
 const WHITE = 255;
 const DARK_TEXT_ABOVE = 0.6;        // a cell's text turns white on shades more opaque than this
 
@@ -77,16 +77,19 @@ const rgba = ([r, g, b], a) => `rgba(${r}, ${g}, ${b}, ${a})`;
 // The grid of the attention and logit-lens panels: a corner, a label per column, then per row a label and a
 // cell per column. cols, rows: [{textContent, title}]; cell(r, c) -> the cell's element props and `alpha`, its
 // shade of `colour` (null: no value there, drawn as masked). `variant` names the panel's look in style.css.
-function heatmap({ variant, colour, corner, cols, rows, cell }) {
+// mark: {row, col}, the row or column of the selected token, outlined (classes sel, sel-row, sel-col).
+function heatmap({ variant, colour, corner, cols, rows, cell, mark = {} }) {
   const grid = el("div", { class: `heatmap ${variant}` });
   grid.style.gridTemplateColumns = `max-content repeat(${cols.length}, var(--column))`;
-  grid.append(el("div", { class: "corner", textContent: corner }), ...cols.map((c) => el("div", { class: "klabel", ...c })));
+  grid.append(el("div", { class: "corner", textContent: corner }),
+    ...cols.map((c, i) => el("div", { class: i === mark.col ? "klabel sel" : "klabel", ...c })));
   rows.forEach((row, r) => {
-    grid.append(el("div", { class: "qlabel", ...row }));
+    grid.append(el("div", { class: r === mark.row ? "qlabel sel" : "qlabel", ...row }));
     for (let c = 0; c < cols.length; c++) {
       const { alpha, ...props } = cell(r, c);
       const shaded = alpha != null;
-      const e = el("div", { class: !shaded ? "cell masked" : alpha > DARK_TEXT_ABOVE ? "cell dark" : "cell", ...props });
+      const sel = r === mark.row ? " sel-row" : c === mark.col ? " sel-col" : "";
+      const e = el("div", { class: (!shaded ? "cell masked" : alpha > DARK_TEXT_ABOVE ? "cell dark" : "cell") + sel, ...props });
       if (shaded) e.style.background = rgba(colour, alpha);
       grid.append(e);
     }
@@ -116,10 +119,20 @@ function diverging(v, scale) {
   return rgba(v >= 0 ? RED : BLUE, Math.min(1, Math.abs(v) / (scale || 1)));
 }
 
+// The embedding the worker sent, if it is the selected token's (a reply for an earlier selection is not shown).
+export function selectedEmbedding(store) {
+  const e = store.embedding, pos = selectedPos(store);
+  return e && e.index === pos && store.context[pos] && store.context[pos].id === e.id ? e : null;
+}
+
 export function renderEmbedding(store) {
   const body = $("embedding-body");
-  const e = store.embedding;
-  if (!e) { placeholder(body, store.busy.embedding, "Click a token in the context to inspect it."); return; }
+  const e = selectedEmbedding(store);
+  if (!e) {
+    const n = store.context.length;
+    placeholder(body, n > 0 && store.busy.embedding, !n ? "No conversation yet." : store.generating ? "after the reply" : "waiting for the model");
+    return;
+  }
   const values = e.values;
   let scale = 0;
   for (const v of values) scale = Math.max(scale, Math.abs(v));
@@ -145,7 +158,8 @@ export function renderEmbedding(store) {
 }
 
 // ---- residual stream -------------------------------------------------------------------------------------
-// The position the residual panel shows: the clicked token, else the last one.
+// The selected position, the one every panel follows: the token the user chose (store.selected, the only place
+// the choice lives), else the newest one.
 export function selectedPos(store) {
   if (store.selected != null && store.selected < store.context.length) return store.selected;
   return store.context.length ? store.context.length - 1 : null;
@@ -168,19 +182,19 @@ export function renderResidual(store) {
   });
   const tok = store.context[pos];
   body.replaceChildren(el("p", {}, [`position ${pos} `, el("code", { textContent: shown(tok && tok.piece) }),
-    el("small", { class: "muted", textContent: " · click a token to choose another position" })]),
+    el("small", { class: "muted", textContent: ` · largest ${fmt(max, 2)}` })]),
     el("div", { class: "bars" }, rows));
 }
 
 // ---- attention ---------------------------------------------------------------------------------------------
 // p of query start + qi on column c: c = 0 is its mass on keys before the window, c = 1 + k the key start + k.
-function attnValue(a, layer, head, qi, c) {
+export function attnValue(a, layer, head, qi, c) {
   const w = a.end - a.start;
   return a.data[((layer * a.n_head + head) * w + qi) * (w + 1) + c];
 }
 
 // Attention is shaded by √p, so that small weights stay visible.
-const attnShade = (p) => Math.sqrt(p);
+export const attnShade = (p) => Math.sqrt(p);
 
 function headThumb(a, layer, head, selected, act) {
   const w = a.end - a.start;
@@ -190,18 +204,24 @@ function headThumb(a, layer, head, selected, act) {
   return el("figure", {}, [c, el("figcaption", { textContent: `h${head}` })]);
 }
 
+// The layer and head the attention panel shows: the user's choice, within what the inspection holds.
+export function attnChoice(store) {
+  const a = store.probe.attention;
+  return { layer: Math.min(store.attn.layer, a.n_layer - 1), head: Math.min(store.attn.head, a.n_head - 1) };
+}
+
 export function renderAttention(store, act) {
   const body = $("attention-body");
   const a = store.probe.attention;
   if (!a) { probePlaceholder(body, store); return; }
-  const layer = Math.min(store.attn.layer, a.n_layer - 1);
-  const head = Math.min(store.attn.head, a.n_head - 1);
+  const { layer, head } = attnChoice(store);
   fillSelect($("attention-layer"), range(a.n_layer), (i) => `layer ${i}`, layer);
   fillSelect($("attention-head"), range(a.n_head), (i) => `head ${i}`, head);
   const w = a.end - a.start;
   const label = (p) => shown(store.context[p] ? store.context[p].piece : "?");
+  const sel = selectedPos(store);
   const grid = heatmap({
-    variant: "attention", colour: BLUE, corner: "query ↓ key →",
+    variant: "attention", colour: BLUE, corner: "query ↓ key →", mark: { row: sel - a.start },
     cols: [{ textContent: a.start ? `< ${a.start}` : "", title: "attention on keys before the window" },
            ...range(w).map((k) => ({ textContent: label(a.start + k), title: `key ${a.start + k}` }))],
     rows: range(w).map((qi) => ({ textContent: `${a.start + qi} ${label(a.start + qi)}` })),
@@ -215,10 +235,11 @@ export function renderAttention(store, act) {
     },
   });
   const thumbs = el("div", { class: "thumbs" }, range(a.n_head).map((h) => headThumb(a, layer, h, h === head, act)));
+  const where = sel >= a.start ? "" : ` The selected position ${sel} is before the window.`;
   body.replaceChildren(
     el("p", { class: "muted" }, [
       `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
-      cost("attention-cost", a.ms.pass)]),
+      cost("attention-cost", a.ms.pass), where]),
     grid, el("h3", { textContent: `All heads of layer ${layer} (click one)` }), thumbs);
 }
 
@@ -245,8 +266,9 @@ export function renderLens(store) {
   const cols = lens.end - lens.lens_start;
   const piece = (id) => shown(lens.pieces[String(id)]);
   const layers = range(lens.lens.length).reverse();        // the last layer on top
+  const sel = selectedPos(store);
   const grid = heatmap({
-    variant: "lens", colour: GREEN, corner: "layer ↓ input →",
+    variant: "lens", colour: GREEN, corner: "layer ↓ input →", mark: { col: sel - lens.lens_start },
     cols: range(cols).map((c) => {
       const p = lens.lens_start + c;
       return { textContent: shown(store.context[p] ? store.context[p].piece : "?"), title: `position ${p}` };
@@ -261,33 +283,101 @@ export function renderLens(store) {
     },
   });
   const k = lens.lens[0][0].length;                        // candidates per cell (lab/probes.py LENS_K)
+  const where = sel >= lens.lens_start ? "" : ` The selected position ${sel} is left of these columns: choose more positions.`;
   body.replaceChildren(el("p", { class: "muted" }, [
     `top-1 next token after each layer, shaded by its probability; top-${k} on hover; pass ${lens.ms.pass} ms, lens `,
-    cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes)]), grid);
+    cost("lens-cost", lens.ms.lens, lens.macs, lens.bytes), where]), grid);
 }
 
 // ---- KV cache --------------------------------------------------------------------------------------------------
+// The cache as a picture: a row per layer, a column per position, each cell shaded by the L2 norm of that layer's
+// cached K row (top half, blue) and V row (bottom half, green), read from the GPU (lab/kvview.py). Shades are
+// √(x / max) of the picture's largest |K| or |V|, so small rows stay visible and a zero row is white.
+const KV_K = BLUE, KV_V = GREEN;
+const KV_MAX_COLS = 256;            // positions drawn (the last ones): 30 layers x 256 cells is about the DOM's comfort
+let kvDrawn = { key: null };        // what the grid was last built from: a render for another reason reuses it
+
+// [{pos, norms: Float32Array [n_layer, 2]}] to draw: the live columns, or Forget's read-back picture.
+function kvColumns(store) {
+  const after = store.kv.after;
+  if (!after) return store.kv.columns.map((norms, pos) => ({ pos, norms }));
+  const w = 2 * after.n_layer;
+  return range(after.end - after.start).map((j) => ({ pos: after.start + j, norms: after.norms.subarray(j * w, (j + 1) * w) }));
+}
+
+function kvGrid(store, kv, cols, n_layer) {
+  let maxK = 0, maxV = 0;
+  for (const c of cols) for (let il = 0; il < n_layer; il++) { maxK = Math.max(maxK, c.norms[2 * il]); maxV = Math.max(maxV, c.norms[2 * il + 1]); }
+  const sel = store.kv.after ? null : selectedPos(store);
+  const used = store.kv.used;
+  const piece = (p) => (store.context[p] ? shown(store.context[p].piece) : "");
+  const grid = el("div", { class: "kv-grid", testid: "kv-heatmap",
+                                     data: { columns: cols.length, maxK, maxV, ms: store.kv.ms ?? "" } });
+  grid.style.gridTemplateColumns = `max-content repeat(${cols.length}, var(--kv-column))`;
+  grid.append(el("div", { class: "corner", textContent: "layer ↓ position →" }),
+    ...cols.map((c) => el("div", { class: c.pos === sel ? "klabel selected" : "klabel", textContent: piece(c.pos) || String(c.pos),
+                                   title: `position ${c.pos}` })));
+  for (let il = 0; il < n_layer; il++) {
+    const win = kv.window[il];
+    grid.append(el("div", { class: "qlabel kv-layer", testid: "kv-layer", textContent: `L${il}`,
+      data: { layer: il, used, attended: win ? Math.min(used, win) : used },
+      title: `layer ${il}: ${used} of ${kv.n_ctx} rows written${win ? `, attention sees the last ${win}` : ""}` }));
+    for (const c of cols) {
+      const k = c.norms[2 * il], v = c.norms[2 * il + 1];
+      const cell = el("div", { class: c.pos === sel ? "kvc selected" : "kvc", testid: "kv-cell", data: { layer: il, pos: c.pos, k, v },
+        title: `layer ${il} · position ${c.pos}${piece(c.pos) ? ` ${piece(c.pos)}` : ""}\n‖k‖ = ${fmt(k)}\n‖v‖ = ${fmt(v)}` });
+      const a = (x, max) => (x > 0 ? Math.sqrt(x / max) : 0);
+      cell.style.background = `linear-gradient(${rgba(KV_K, a(k, maxK))} 50%, ${rgba(KV_V, a(v, maxV))} 50%)`;
+      grid.append(cell);
+    }
+  }
+  const legend = el("p", { class: "scale muted" }, !(maxK || maxV) ? [cols.length ? "every cell is zero: nothing to shade" : ""] : [
+    el("span", { class: "swatch", style: `background: ${rgba(KV_K, 1)}` }), ` ‖k‖ (top), full at ${fmt(maxK, 2)} · `,
+    el("span", { class: "swatch", style: `background: ${rgba(KV_V, 1)}` }), ` ‖v‖ (bottom), full at ${fmt(maxV, 2)} · shade √(x / max), white = 0`]);
+  return [grid, legend];
+}
+
+// What Forget's read-back of the caches showed, beside the picture it drew (the "forget" message's kv).
+function kvForgetLine(a) {
+  const counts = `${a.checked} K and V buffers read back after the wipe: ${a.before.toLocaleString("en")} non-zero words `
+    + `before, ${a.after.toLocaleString("en")} after.`;
+  if (!a.after) return el("p", { class: "kv-forget", testid: "kv-forget", data: { state: "wiped", before: a.before, after: a.after } },
+    [el("b", { textContent: "Wiped: every cell read back as zero. " }), counts]);
+  return el("p", { class: "kv-forget bad", testid: "kv-forget", data: { state: "failed", before: a.before, after: a.after, lit: a.lit.join("|") } },
+    [el("b", { textContent: `NOT wiped: ${a.lit_cells} cells still hold data, in ${a.lit.join(", ")}. ` }), counts]);
+}
+
 export function renderKv(store) {
   const body = $("kv-body");
   const kv = store.loaded && store.loaded.kv;
-  if (!kv) { placeholder(body, false, "load a model first"); return; }
-  const used = store.kv.used;
-  const layers = kv.window.map((win, il) => {
-    const held = win ? Math.min(used, win) : used;
-    const bar = el("div", { class: "bar" });
-    bar.style.height = `${(100 * used) / kv.n_ctx}%`;
-    return el("div", { class: "kv-layer", testid: "kv-layer", data: { layer: il, used, attended: held },
-                       title: `layer ${il}: ${used} of ${kv.n_ctx} rows written${win ? `, attention sees the last ${win}` : ""}` },
-      [el("div", { class: "bar-track" }, [bar])]);
-  });
-  body.replaceChildren(
+  if (!kv) { kvDrawn = { key: null }; placeholder(body, false, "load a model first"); return; }
+  const used = store.kv.used, after = store.kv.after;
+  const key = [store.kv, store.kv.rev, after, selectedPos(store), store.context.length, used, store.loaded, store.busy.forget];
+  if (kvDrawn.key && key.every((x, i) => x === kvDrawn.key[i])) return;
+  kvDrawn = { key };
+  let cols = kvColumns(store);
+  const n = cols.length;
+  if (n > KV_MAX_COLS) cols = cols.slice(n - KV_MAX_COLS);
+  const parts = [
     el("p", {}, ["bytes per token = 2 (K and V) × ", el("b", { textContent: kv.n_layer }), " layers × ",
       el("b", { textContent: kv.n_head_kv }), " KV heads × ", el("b", { textContent: kv.head_dim }), " head size × ",
       el("b", { textContent: kv.bytes_per_value }), " bytes = ",
       el("b", { testid: "kv-bytes-per-token", textContent: kv.bytes_per_token.toLocaleString("en") }), " B"]),
     el("p", { testid: "kv-used", data: { used, capacity: kv.n_ctx } },
-      [`used ${used} of ${kv.n_ctx} tokens: ${fmtBytes(used * kv.bytes_per_token)} of ${fmtBytes(kv.n_ctx * kv.bytes_per_token)}`]),
-    el("div", { class: "kv-layers", title: "fill per layer" }, layers));
+      [`used ${used} of ${kv.n_ctx} tokens (the context limit made at load): ${fmtBytes(used * kv.bytes_per_token)} `
+       + `of ${fmtBytes(kv.n_ctx * kv.bytes_per_token)}`]),
+  ];
+  if (after) parts.push(kvForgetLine(after));
+  else if (store.busy.forget) parts.push(el("p", { class: "muted", textContent: "wiping, then reading the caches back…" }));
+  if (cols.length) {
+    const what = after ? "read back from the GPU after Forget" : `read from the GPU${store.kv.ms != null ? ` (last read ${store.kv.ms} ms)` : ""}`;
+    parts.push(el("p", { class: "muted", textContent: `positions ${cols[0].pos}..${cols.at(-1).pos}${n > cols.length ? ` (the last ${cols.length} of ${n})` : ""}, ${what}; hover a cell for its numbers` }),
+      ...kvGrid(store, kv, cols, kv.n_layer));
+  } else {
+    // no position yet: the layer rows alone, so the picture's shape is there before it fills
+    parts.push(...kvGrid(store, kv, [], kv.n_layer));
+  }
+  body.replaceChildren(...parts);
 }
 
 // ---- forget ------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // so its auto layout is bindings 0..k-1 (variables of different entries share binding numbers on purpose:
 // WGSL only forbids two variables at one (group, binding) within the SAME entry point).
 //
-// Callers: bias_to and last_row_to are the forward pass's (lab.ops.elementwise), scale_add is lab.selftest's;
+// Callers: bias_to, last_row_to and softcap_to are the forward pass's (lab.ops.elementwise), scale_add is lab.selftest's;
 // add_rows, mul_rows, add_to, mul_to, scale_to and fill_zero are built only by tests/kernels/elementwise_ops.py.
 //
 // Layout A, fixed n (lab.selftest relies on scale_add with exactly these bindings):
@@ -13,12 +13,14 @@
 //   add_rows:   out[i] = a[i] + b[i]
 //   mul_rows:   out[i] = a[i] * b[i]
 // Layout C, in place, per step (i < p.n * step.n_tokens):
-//   0 x (read_write)   1 p (uniform Params)   2 step (uniform Step)   3 r (read; not used by scale_to)
+//   0 x (read_write)   1 p (uniform Params)   2 step (uniform Step)   3 r (read; not used by scale_to or softcap_to)
 //   add_to:     x[i] = x[i] + r[i]      (residual add)
 //   mul_to:     x[i] = x[i] * r[i]
 //   scale_to:   x[i] = x[i] * p.scale
 //   bias_to:    x[j*p._p0 + p._p1 + c] += r[c]       c < p.n, j < n_tokens (bias into a slice of a fused row)
 //   last_row_to: x[c] = r[(n_tokens-1)*p.n + c]      c < p.n (the last token's row, for the output head)
+//   softcap_to: x[i] = p.scale * tanh(x[i] / p.scale)   i < p.n * (p._p0 == 0 ? n_tokens : p._p0)
+//               (gemma2's final logit soft-capping; tanh's argument clamped as in attention.wgsl's)
 // Layout D, wipe:  0 words (array<u32>, read_write)   1 p (uniform Params)
 //   fill_zero:  words[i] = 0u            i < p.n
 // Uniform Params { n: u32, scale: f32, _p0: u32, _p1: u32 } (16 bytes).
@@ -100,6 +102,13 @@ fn bias_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 fn last_row_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let c = flat(gid, nwg);
     if (c < pc.n && step_c.n_tokens > 0u) { x[c] = r[(step_c.n_tokens - 1u) * pc.n + c]; }
+}
+
+@compute @workgroup_size(WG)
+fn softcap_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    let rows = select(pc._p0, step_c.n_tokens, pc._p0 == 0u);
+    if (i < pc.n * rows) { x[i] = pc.scale * tanh(clamp(x[i] / pc.scale, -15.0, 15.0)); }
 }
 
 @compute @workgroup_size(WG)

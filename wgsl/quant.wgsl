@@ -5,13 +5,13 @@
 //   whose first byte is rb: lo = elements e0..e0+3, hi = elements e0+HALF..e0+HALF+3, where
 //   e0 = group_base(g, HALF) = (g / (HALF/4)) * 2*HALF + (g % (HALF/4)) * 4.
 //   Groups 0..cols/8-1 cover a row exactly once. HALF per type (Python owns the table, lab/ops/weights.py):
-//   F32 F16 BF16 Q8_0: 4 (8 consecutive values); Q4_0 Q4_1 Q5_0 Q5_1: 16 (low/high nibbles of 4 qs
-//   bytes); Q4_K Q5_K Q6_K: 32. A span of 2*HALF consecutive elements is always whole groups, and
+//   F32 F16 BF16 Q8_0: 4 (8 consecutive values); Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS: 16 (low/high nibbles
+//   of 4 qs bytes); Q2_K Q3_K Q4_K Q5_K Q6_K: 32. A span of 2*HALF consecutive elements is always whole groups, and
 //   divides the block, so any range starting at a multiple of 64 holds whole groups.
 // Uniforms: none. Constants: none filled by Python (the type is picked by the including file through the
 //   function name). Each block layout is spelled as named byte offsets beside its comment (Q4_K_SCALES = byte
 //   of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words (offset / 4).
-// Blocks of 18, 22, 34 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/ld_u32,
+// Blocks of 18, 22, 34, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/ld_u32,
 // which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed).
 
 struct Dq { lo: vec4<f32>, hi: vec4<f32> };
@@ -158,6 +158,59 @@ fn dq_q5_1(rb: u32, g: u32) -> Dq {
     return Dq(dm.x * (nib_lo(q) + 16.0 * vec4<f32>(h)) + dm.y, dm.x * (nib_hi(q) + 16.0 * vec4<f32>(h2)) + dm.y);
 }
 
+// The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl), as int8 bytes: level i is byte i % 4
+// of word i / 4.  -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113
+// The word is picked with selects, not by indexing: a vector or array indexed at run time went through
+// local memory on the H200 (IQ4_NL matvec 103 us against Q4_0's 37 us at 14336 x 4096).
+fn iq4_levels(n: vec4<u32>) -> vec4<f32> {
+    const W0 = vec4<u32>(0xBFAD9881u);
+    const W1 = vec4<u32>(0xF6EADDCFu);
+    const W2 = vec4<u32>(0x26190D01u);
+    const W3 = vec4<u32>(0x71594535u);
+    let odd = (n & vec4<u32>(4u)) != vec4<u32>(0u);     // word 1 or 3
+    let w = select(select(W0, W1, odd), select(W2, W3, odd), n >= vec4<u32>(8u));
+    return vec4<f32>(bitcast<vec4<i32>>(w << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u));
+}
+
+// Low / high nibble of each byte of w, as indices.
+fn nibs_lo(w: u32) -> vec4<u32> {
+    return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+}
+
+fn nibs_hi(w: u32) -> vec4<u32> {
+    return (vec4<u32>(w) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u);
+}
+
+// IQ4_NL, 18 bytes: d f16, qs[16] (nibbles as Q4_0).  x = d * levels[q]
+const IQ4_NL_BYTES: u32 = 18u;
+const IQ4_NL_D: u32 = 0u;
+const IQ4_NL_QS: u32 = 2u;
+fn dq_iq4_nl(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 2u) * IQ4_NL_BYTES;
+    let d = ld_f16(blk + IQ4_NL_D);
+    let q = ld_u32(blk + IQ4_NL_QS + 4u * (g & 3u));
+    return Dq(d * iq4_levels(nibs_lo(q)), d * iq4_levels(nibs_hi(q)));
+}
+
+// IQ4_XS, 136 bytes: d f16, scales_h u16, scales_l[4], qs[128]. Sub-block ib (0..7) of 32 elements: qs[16ib..]
+// (element 32ib + j = low nibble of qs[16ib + j], 32ib + 16 + j its high nibble, as IQ4_NL), 6-bit scale
+// ls = nibble ib%2 of scales_l[ib/2] | bits 2ib..2ib+1 of scales_h << 4, i.e. nibble ib of the scales_l word.
+// x = d * (ls - 32) * levels[q].  HALF = 16: group gi (of 32 per block) is qs word gi, sub-block gi / 4.
+const IQ4_XS_BYTES: u32 = 136u;
+const IQ4_XS_D_SH: u32 = 0u;      // d in the low half of this word, scales_h in the high half
+const IQ4_XS_SL: u32 = 4u;
+const IQ4_XS_QS: u32 = 8u;
+fn dq_iq4_xs(rb: u32, g: u32) -> Dq {
+    let w = (rb + (g >> 5u) * IQ4_XS_BYTES) >> 2u;
+    let gi = g & 31u;
+    let ib = gi >> 2u;
+    let dsh = W[w + IQ4_XS_D_SH / 4u];
+    let ls = ((W[w + IQ4_XS_SL / 4u] >> (4u * ib)) & 15u) | (((dsh >> (16u + 2u * ib)) & 3u) << 4u);
+    let dl = unpack2x16float(dsh).x * (f32(ls) - 32.0);
+    let q = W[w + IQ4_XS_QS / 4u + gi];
+    return Dq(dl * iq4_levels(nibs_lo(q)), dl * iq4_levels(nibs_hi(q)));
+}
+
 // ---- 256-element K blocks (32 groups per block; group gi: chunk j = gi/8 of 64 elements, l = 4*(gi%8);
 //      lo = elements 64j+l.., sub-block 2j; hi = elements 64j+32+l.., sub-block 2j+1) --------------
 
@@ -173,6 +226,67 @@ fn k_scale_min(sb: u32, s: u32) -> vec2<f32> {
     let sc = select(a & 63u, (c & 15u) | ((e >> 6u) << 4u), hi);
     let mn = select(b4 & 63u, (c >> 4u) | ((a >> 6u) << 4u), hi);
     return vec2<f32>(f32(sc), f32(mn));
+}
+
+// ---- 2- and 3-bit K blocks: the 256 elements are two halves n of 128; byte qs[32n + l] (l = 0..31) holds
+//      element 128n + 32j + l in bits 2j, 2j+1 (j = 0..3), and that element's 16-element sub-block is
+//      s = 8n + 2j + l/16. Group gi (HALF = 32): chunk c = gi/8 (= 2n + j/2), l = 4*(gi%8); lo has j = 2(c%2),
+//      hi j + 1; both come from the word qs[32n + l..l+3] (shifted by 4(c%2), then bits 0-1 / 2-3 of each
+//      byte), and their sub-blocks are s = 4c + l/16 (lo) and s + 2 (hi).
+
+// Two bits of each byte of q: bits 0-1 (lo) or 2-3 (hi) of each byte.
+fn crumbs_lo(q: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(q) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(3u));
+}
+
+fn crumbs_hi(q: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(q) >> vec4<u32>(2u, 10u, 18u, 26u)) & vec4<u32>(3u));
+}
+
+// Q2_K, 84 bytes: scales[16] (sub-block s: scale = low nibble, min = high nibble of scales[s]), qs[64],
+// d f16, dmin f16.  x = d * sc * q - dmin * m.  The scales of a group's two sub-blocks (4c + l/16 and +2)
+// are bytes l/16 and l/16 + 2 of scales word c.
+const Q2_K_BYTES: u32 = 84u;
+const Q2_K_SCALES: u32 = 0u;
+const Q2_K_QS: u32 = 16u;
+const Q2_K_DM: u32 = 80u;
+fn dq_q2_k(rb: u32, g: u32) -> Dq {
+    let w = (rb + (g >> 5u) * Q2_K_BYTES) >> 2u;
+    let gi = g & 31u;
+    let c = gi >> 3u;
+    let dm = unpack2x16float(W[w + Q2_K_DM / 4u]);
+    let sw = W[w + Q2_K_SCALES / 4u + c] >> (8u * ((gi & 7u) >> 2u));     // byte l/16 -> bits 0..7
+    let sc = vec2<f32>(f32(sw & 15u), f32((sw >> 16u) & 15u));
+    let mn = vec2<f32>(f32((sw >> 4u) & 15u), f32((sw >> 20u) & 15u));
+    let q = W[w + Q2_K_QS / 4u + 8u * (c >> 1u) + (gi & 7u)] >> (4u * (c & 1u));
+    return Dq(dm.x * sc.x * crumbs_lo(q) - dm.y * mn.x, dm.x * sc.y * crumbs_hi(q) - dm.y * mn.y);
+}
+
+// Q3_K, 110 bytes: hmask[32], qs[64], scales[12], d f16. Element 128n + 32j + l: q = its 2 bits in qs (above)
+// - 4 unless bit 4n + j of hmask[l] is set; for a group that is bit 2c (lo) and 2c + 1 (hi) of hmask[l..l+3].
+// Sub-block s's 6-bit scale: low 4 bits = nibble s/8 of scales[s % 8], high 2 bits = bits 2(s/4)..+1 of
+// scales[8 + s % 4]; x = d * (scale - 32) * q. For s = 4c + l/16 and s + 2 these are bytes l/16 and
+// l/16 + 2 of scales[4(c%2)..] (nibble c/2) and of scales[8..] (bits 2c).
+const Q3_K_BYTES: u32 = 110u;
+const Q3_K_HMASK: u32 = 0u;
+const Q3_K_QS: u32 = 32u;
+const Q3_K_SCALES: u32 = 96u;
+const Q3_K_D: u32 = 108u;
+fn dq_q3_k(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * Q3_K_BYTES;
+    let gi = g & 31u;
+    let c = gi >> 3u;
+    let l = 4u * (gi & 7u);
+    let h = l >> 4u;
+    let d = ld_f16(blk + Q3_K_D);
+    let lw = ld_u32(blk + Q3_K_SCALES + 4u * (c & 1u)) >> (8u * h + 4u * (c >> 1u));
+    let hw = ld_u32(blk + Q3_K_SCALES + 8u) >> (8u * h + 2u * c);
+    let sc0 = f32((lw & 15u) | ((hw & 3u) << 4u)) - 32.0;
+    let sc1 = f32(((lw >> 16u) & 15u) | (((hw >> 16u) & 3u) << 4u)) - 32.0;
+    let q = ld_u32(blk + Q3_K_QS + 32u * (c >> 1u) + l) >> (4u * (c & 1u));
+    let hm = ld_u32(blk + Q3_K_HMASK + l);
+    return Dq(d * sc0 * (crumbs_lo(q) - 4.0 + 4.0 * bit_of_bytes(hm, 2u * c)),
+              d * sc1 * (crumbs_hi(q) - 4.0 + 4.0 * bit_of_bytes(hm, 2u * c + 1u)));
 }
 
 // Q4_K, 144 bytes: d f16, dmin f16, scales[12], qs[128].  x = d * sc * q - dmin * m

@@ -161,7 +161,7 @@ class Device:
                            f"({limit:,} bytes); bind it in row ranges")
 
     # -- bind groups ---------------------------------------------------------------------------
-    def bind(self, kernel: "Kernel", resources: list, label: str = "") -> "Bound":
+    def bind(self, kernel: Kernel, resources: list, label: str = "") -> Bound:
         """A bind group of `resources` (Buffers or Slices) at bindings 0, 1, ...; every storage binding is checked
         against the adapter's limit first, so an oversize one is named instead of failing validation later."""
         label = label or kernel.label

@@ -16,7 +16,17 @@ from __future__ import annotations
 import js
 from pyodide.ffi import create_once_callable, to_js
 
-from . import FEATURES, LIMITS, AdapterInfo, Buffer, CONVERSATION, Device, Dispatch, GpuError, Kernel
+from . import (
+    CONVERSATION,
+    FEATURES,
+    LIMITS,
+    AdapterInfo,
+    Buffer,
+    Device,
+    Dispatch,
+    GpuError,
+    Kernel,
+)
 
 _STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
 _UNIFORM = 0x0040 | 0x0004 | 0x0008      # UNIFORM | COPY_SRC | COPY_DST (Forget reads the step uniform back)
@@ -38,7 +48,7 @@ def _camel(name: str) -> str:
     return head + "".join(w.capitalize() for w in rest)
 
 
-async def open_browser() -> "BrowserDevice":
+async def open_browser() -> BrowserDevice:
     gpu = getattr(js.navigator, "gpu", None)
     if _null(gpu):
         raise GpuError("this browser has no WebGPU (navigator.gpu is missing): use a recent Chrome, Edge or "

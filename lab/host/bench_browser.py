@@ -15,13 +15,19 @@ reports is what the worker reports to the page: `loaded` (upload MB/s, the engin
   the step plus the round trip to Chromium's GPU process.
 - Peak wasm heap: wasm memory never shrinks, so its size at the end is its peak.
 
-What it does not know: the page's markup beyond its test ids, and anything about a synthetic model, which
-has no tokenizer and so no chat (`--synthetic` is refused here).
+- The adapter: asked for by the page itself (`navigator.gpu.requestAdapter`, high performance, as the worker
+  asks), with its info (vendor, architecture), every feature and the limits the kernels care about.
+
+The browser and its flags are options (`chromium`, `args`; the CLI's --chromium / --chromium-flags /
+--chromium-flag, or LAB_CHROMIUM / LAB_CHROMIUM_FLAGS), so the same command runs on SwiftShader here and on a
+GPU's adapter elsewhere (scripts/device_browser.sh). A file without a tokenizer is refused (the page chats);
+lab/host/sameshape.py makes same-shape files that keep the real header and tokenizer.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import threading
 import time
@@ -30,17 +36,44 @@ from pathlib import Path
 from .. import chat, gguf
 from ..tokenizer import from_metadata
 
-# Debian's Chromium, WebGPU on SwiftShader: the flags tests/browser/conftest.py launches it with.
+# Debian's Chromium, WebGPU on SwiftShader: the defaults, which tests/browser/conftest.py launches with too.
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--enable-unsafe-webgpu", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
         "--no-first-run", "--disable-sync", "--use-vulkan=swiftshader", "--use-webgpu-adapter=swiftshader"]
+ENV_CHROMIUM, ENV_FLAGS = "LAB_CHROMIUM", "LAB_CHROMIUM_FLAGS"
+
+
+def browser_command(chromium: str | None = None, flags: str | None = None, extra=(), env=None) -> tuple[str, list[str]]:
+    """The browser binary and its flags: an explicit value, else the environment (LAB_CHROMIUM, and
+    LAB_CHROMIUM_FLAGS as one shell-quoted string that replaces the whole default set), else Debian's Chromium
+    on SwiftShader. `extra` flags are appended to whichever set won (e.g. a Dawn toggle to try)."""
+    env = os.environ if env is None else env
+    path = chromium or env.get(ENV_CHROMIUM) or CHROMIUM
+    text = flags if flags is not None else env.get(ENV_FLAGS)
+    # An empty LAB_CHROMIUM_FLAGS is "unset", not "no flags": a browser without --enable-unsafe-webgpu would
+    # silently have no WebGPU on Linux.
+    args = shlex.split(text) if text else list(ARGS)
+    return path, args + list(extra)
+
+
+# Asked in the page (main thread), as the worker asks: what the adapter is and offers, beyond the features
+# the lab requests (lab/gpu/browser.py FEATURES), so a report says e.g. whether shader-f16 is missing.
+ADAPTER_JS = """async () => {
+  const a = await navigator.gpu?.requestAdapter({powerPreference: 'high-performance'});
+  if (!a) return null;
+  const i = a.info, limits = {};
+  for (const k of ['maxStorageBufferBindingSize', 'maxBufferSize', 'maxComputeWorkgroupStorageSize',
+                   'maxComputeInvocationsPerWorkgroup', 'maxComputeWorkgroupSizeX', 'maxComputeWorkgroupsPerDimension',
+                   'maxStorageBuffersPerShaderStage']) limits[k] = a.limits[k];
+  return {vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description,
+          isFallbackAdapter: i.isFallbackAdapter ?? null, subgroupMinSize: i.subgroupMinSize ?? null,
+          subgroupMaxSize: i.subgroupMaxSize ?? null, features: [...a.features].sort(), limits};
+}"""
 BOOT_TIMEOUT_S = 180
 WARMUP = "Hi"
 
 # Words for prompts of a chosen length: plain prose, so the tokenizer sees ordinary text.
-PASSAGE = ("The river ran past the old mill and under the stone bridge, where children threw sticks into the "
-           "water and watched them race toward the sea. In spring the banks filled with yellow flowers, and "
-           "in autumn the leaves turned the current red and gold. ").split()
+PASSAGE = ["The", "river", "ran", "past", "the", "old", "mill", "and", "under", "the", "stone", "bridge,", "where", "children", "threw", "sticks", "into", "the", "water", "and", "watched", "them", "race", "toward", "the", "sea.", "In", "spring", "the", "banks", "filled", "with", "yellow", "flowers,", "and", "in", "autumn", "the", "leaves", "turned", "the", "current", "red", "and", "gold."]
 
 # Records the worker's messages as the page receives them, before main.js runs (`window.__labBench`).
 RECORDER = Path(__file__).resolve().parents[2] / "web" / "bench.js"
@@ -51,13 +84,23 @@ class BenchError(RuntimeError):
 
 
 def _prompt_text(tok, md: dict, n: int) -> str:
-    """A user message whose chat-rendered prompt has about n tokens (at least the template's own)."""
-    words: list[str] = []
-    while True:
-        words.append(PASSAGE[len(words) % len(PASSAGE)])
-        text = " ".join(words)
-        if len(chat.render_chat(tok, md, [{"role": "user", "content": text}])) >= n:
-            return text
+    """A user message whose chat-rendered prompt has about n tokens (at least the template's own): the fewest
+    words that reach n. The length grows with the words, so a doubling then a bisection find them in
+    O(log n) renders (a prompt of 2,048 tokens one word at a time took ~1,500 renders)."""
+    def text(k: int) -> str:
+        return " ".join(PASSAGE[i % len(PASSAGE)] for i in range(k))
+
+    def reaches(k: int) -> bool:
+        return len(chat.render_chat(tok, md, [{"role": "user", "content": text(k)}])) >= n
+
+    hi = 1
+    while not reaches(hi):
+        hi *= 2
+    lo = hi // 2                      # reaches(lo) is False, or lo == 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    return text(hi)
 
 
 def _serve(model: Path):
@@ -134,7 +177,8 @@ class _Page:
         """The page's New chat, then a worker `reset`: the page keeps the KV cache for prefix reuse, and a
         measured prefill must start from an empty cache."""
         self.page.click('[data-testid="new-chat"]')
-        self.ask({"type": "reset"}, "reset", 60)
+        # The reset waits its turn behind what panels ask of the worker after a reply (minutes on a busy CPU adapter).
+        self.ask({"type": "reset"}, "reset", 300)
 
 
 def _per_token(marks: list[dict]) -> dict:
@@ -159,11 +203,20 @@ def _per_token(marks: list[dict]) -> dict:
 
 
 def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
-                  chromium: str = CHROMIUM, args: list[str] = ARGS, turn_timeout_s: float = 1800) -> dict:
+                  chromium: str | None = None, args: list[str] | None = None, turn_timeout_s: float = 1800,
+                  n_ctx: int | None = None) -> dict:
     """Load `path` through the page's file input, then for each prompt length one greedy turn of
     decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
-    `args` are Chromium's flags (e.g. ARGS + ["--enable-dawn-features=..."] to try Dawn toggles)."""
+    `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
+    ["--enable-dawn-features=..."] to try Dawn toggles). `n_ctx`: the KV cache the page loads the model with
+    (default: the largest prompt plus the decode and some slack, or the page's own if that is larger)."""
     from playwright.sync_api import sync_playwright
+
+    from ..engine import DEFAULT_CTX
+    default_path, default_args = browser_command()
+    chromium = chromium or default_path
+    args = default_args if args is None else list(args)
+    n_ctx = n_ctx or max(DEFAULT_CTX, max(prompts) + decode_tokens + 64)
     path = Path(path)
     header = gguf.read_file(path)
     if "tokenizer.ggml.model" not in header.metadata:
@@ -177,11 +230,16 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
             browser = pw.chromium.launch(executable_path=chromium, args=list(args))
             try:
                 page = browser.new_context().new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.add_init_script(f"window.__labBenchCtx = {int(n_ctx)};")
                 page.add_init_script(path=RECORDER)
                 page.goto(url + "/")
                 lab = _Page(page)
                 selftest = lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]
                 gpu_info = lab.wait("gpu", 0, 10)["info"]
+                adapter = page.evaluate(ADAPTER_JS)
                 if not selftest["ok"]:
                     raise BenchError(f"the page's GPU self-test failed: {selftest}")
                 heap_boot = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
@@ -199,7 +257,8 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                     lab.new_chat()
                 out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
                        "browser": f"Chromium {browser.version}", "chromium_args": list(args),
-                       "adapter": gpu_info["name"], "features": gpu_info["features"],
+                       "adapter": gpu_info["name"], "features": gpu_info["features"], "adapter_info": adapter,
+                       "n_ctx": stats.get("n_ctx"),
                        "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
                        "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
                        "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload
@@ -224,6 +283,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                 peak = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
                 out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1),
                                        "after_load": round(heap_load / 2**20, 1), "peak": round(peak / 2**20, 1)}
+                out["page_errors"] = errors
             finally:
                 browser.close()
     finally:

@@ -34,14 +34,14 @@ def _load(model_path: str, n_ctx: int, disable=()):
     import time
 
     from lab import gguf
+    from lab.engine import Engine, read_host_values
     from lab.host.native import open_native
-    from lab.engine import Engine
     from lab.validate import validate
     header = gguf.read_file(model_path)
     cfg, tok = validate(header)
     device = open_native(disable=tuple(disable))
     t0 = time.perf_counter()
-    engine = Engine(device, header, cfg, n_ctx=n_ctx)
+    engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(model_path, header, cfg))
     nbytes = engine.weights.upload_file(model_path)
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 
@@ -74,6 +74,31 @@ def _generate(args) -> int:
     return 0
 
 
+def _perplexity(args) -> int:
+    from lab.perplexity import Perplexity, tokens_of
+    with open(args.text, encoding="utf-8") as f:
+        text = f.read()
+    _header, tok, engine, load = _load(args.model, args.ctx, args.disable)
+    ppl = Perplexity(engine)
+    ids = tokens_of(tok, text)
+
+    def progress(i, n, value):
+        if i and not args.json:
+            print(f"[{i}]{value:.4f},", end="\n" if i == n else "", file=sys.stderr, flush=True)
+    try:
+        res = asyncio.run(ppl.run(ids, args.ctx, bos_id=tok.bos_id, add_bos=tok.add_bos, n_chunks=args.chunks,
+                                  on_chunk=progress))
+    finally:
+        ppl.close()
+    if args.json:
+        print(json.dumps({**res.to_dict(), "load_s": round(load["load_s"], 3), "adapter": engine.device.info.name}))
+    else:
+        err = f" +/- {res.ppl_err:.5f}" if res.ppl_err is not None else ""
+        print(f"PPL = {res.ppl:.4f}{err}  ({res.chunks} chunks of {res.n_ctx}, {res.tokens_scored} tokens scored of "
+              f"{res.n_tokens}, {res.seconds:.1f} s)")
+    return 0
+
+
 def _tokenize(args) -> int:
     from lab import gguf
     from lab.tokenizer import from_metadata
@@ -102,13 +127,12 @@ def _bench(args) -> int:
                       f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
         return 0
     if args.backend == "browser":
-        from lab.host import bench_browser
-        if args.synthetic or not args.model:
-            raise ValueError("--backend browser runs the page's chat, which needs a tokenizer: give a real GGUF "
-                             "file (synthetic models have none; bench them with --backend native)")
+        from lab.host import bench_browser, browser_args
+        chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
         try:
-            res = bench_browser.bench_browser(args.model, prompts=ints(args.prompts or "32"),
-                                              decode_tokens=args.decode or 8)
+            with browser_args.model_file(args.model, args.synthetic) as path:
+                res = bench_browser.bench_browser(path, prompts=ints(args.prompts or "32"),
+                                                  decode_tokens=args.decode or 8, chromium=chromium, args=flags)
         except bench_browser.BenchError as exc:
             print(f"lab bench: {exc}", file=sys.stderr)
             return 2
@@ -174,15 +198,27 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=_tokenize)
 
+    s = sub.add_parser("perplexity", help="perplexity of a text file in windows, as llama.cpp's llama-perplexity")
+    s.add_argument("model")
+    s.add_argument("text", help="a UTF-8 text file (at least 2 x --ctx tokens)")
+    s.add_argument("--ctx", type=int, default=128, help="window length in tokens (llama-perplexity's -c)")
+    s.add_argument("--chunks", type=int, default=None, help="score at most this many windows (llama's --chunks)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_perplexity)
+
     s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
     s.add_argument("--profile", action="store_true",
                    help="GPU time of one step by kernel family (timestamp queries): decode with --prompts 1, else a "
                         "prefill of the largest --prompts, at the largest --contexts")
     s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
-                   help="benchmark a random GGUF with this model's exact tensor shapes and types")
+                   help="benchmark a random GGUF with this model's exact tensor shapes and types (browser: the "
+                        "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py)")
     s.add_argument("--backend", choices=("native", "browser"), default="native",
-                   help="browser: headless Chromium (SwiftShader) driving the real page, see lab/host/bench_browser.py")
+                   help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py")
+    from lab.host.browser_args import add_browser_options
+    add_browser_options(s)
     s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template included)")
     s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
     s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")

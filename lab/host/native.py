@@ -10,7 +10,16 @@ try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us 
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
     _lib = _ffi = None
 
-from ..gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
+from ..gpu import (
+    FEATURES,
+    LIMITS,
+    AdapterInfo,
+    Buffer,
+    Device,
+    Dispatch,
+    GpuError,
+    Kernel,
+)
 
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}
@@ -68,7 +77,7 @@ class NativeDevice(Device):
             entries=[{"binding": i, "resource": {"buffer": h, "offset": off, "size": size}}
                      for i, h, off, size in entries])
 
-    def prepare(self, dispatches: list[Dispatch]) -> "RawPlan | list[Dispatch]":
+    def prepare(self, dispatches: list[Dispatch]) -> RawPlan | list[Dispatch]:
         return RawPlan(dispatches) if _lib is not None else list(dispatches)
 
     def _pass(self, dispatches, writes, **pass_args):

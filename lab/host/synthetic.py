@@ -51,7 +51,8 @@ SPECS = {
 
 # Byte offsets of the f16 scale fields in each block: set to small finite values so every block is valid.
 _SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
-           "Q5_K": (0, 2), "Q6_K": (208,), "F16": None, "F32": None}
+           "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,),
+           "F16": None, "F32": None}
 
 
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

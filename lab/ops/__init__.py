@@ -13,8 +13,8 @@ Conventions every op follows (the engine and the tests rely on them):
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .. import gpu
 from ..ggml import GgmlType

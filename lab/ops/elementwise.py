@@ -1,5 +1,5 @@
 """Elementwise builders the forward pass uses (wgsl/elementwise.wgsl): a bias added into a slice of fused rows,
-and the copy of the step's last row for the output head.
+the copy of the step's last row for the output head, and the final logit soft-cap.
 
 Each op covers `n` features of each of the step's t tokens (t read from the step buffer). An op whose output
 is one of its inputs runs an in-place entry (one read_write binding), since WebGPU refuses a buffer bound
@@ -36,3 +36,16 @@ def last_row(device: gpu.Device, kernels, src: gpu.Buffer, out: gpu.Buffer, step
     k = kernels.get("elementwise", "last_row_to", WG=WG)
     grid = groups_1d(n, WG, max_dim)
     return [Op(k, device.bind(k, [out, params, step, src], "last_row_to"), lambda t: grid)]
+
+
+def softcap(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n: int, cap: float,
+            rows: int = 0) -> list[Op]:
+    """x = cap * tanh(x / cap) in place over rows of n floats: one row per token of the step (rows=0), or the
+    first `rows` rows (the head's one row of logits). gemma2's final logit soft-capping."""
+    if not cap > 0:
+        raise ValueError(f"softcap: cap {cap} must be positive")
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(PARAMS.pack(n, float(cap), rows, 0), "softcap.params")
+    k = kernels.get("elementwise", "softcap_to", WG=WG)
+    return [Op(k, device.bind(k, [x, params, step], "softcap_to"),
+               lambda t: groups_1d(max(1, (rows or t) * n), WG, max_dim))]

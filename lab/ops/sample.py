@@ -8,7 +8,9 @@ import struct
 from .. import gpu
 from ..shaders import subgroup_consts
 from . import Op
-from .rows import WGSL as ROWS_WGSL, Rows, check as check_rows
+from .rows import WGSL as ROWS_WGSL
+from .rows import Rows
+from .rows import check as check_rows
 
 WG = 256
 ARGMAX_EPT = 4      # elements per invocation in the part pass: chunks of 1024 logits
@@ -58,5 +60,5 @@ def _two_pass(device, kernels, name: str, logits, out, step, n: int, k: int, row
     k2 = kernels.get("sample", f"{name}_final", **consts)
     b1 = device.bind(k1, [part, params, step, logits], f"{name}_part")
     b2 = device.bind(k2, [part, params, step, out], f"{name}_final")
-    nr = lambda t: max(1, rows.at(t))  # noqa: E731
+    nr = lambda t: max(1, rows.at(t))
     return [Op(k1, b1, lambda t: (n_chunks, nr(t), 1)), Op(k2, b2, lambda t: (nr(t), 1, 1))]

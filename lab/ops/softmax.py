@@ -7,7 +7,9 @@ import struct
 from .. import gpu
 from ..shaders import subgroup_consts
 from . import Op
-from .rows import WGSL as ROWS_WGSL, Rows, check as check_rows
+from .rows import WGSL as ROWS_WGSL
+from .rows import Rows
+from .rows import check as check_rows
 
 WG = 256
 PARAMS = struct.Struct("<IIIf")   # n, rows, mode, scale

@@ -26,7 +26,8 @@ from . import Weight, WeightPart
 KERNEL_TYPES: dict[str, tuple[str, int]] = {
     "F32": ("dq_f32", 4), "F16": ("dq_f16", 4), "BF16": ("dq_bf16", 4), "Q8_0": ("dq_q8_0", 4),
     "Q4_0": ("dq_q4_0", 16), "Q4_1": ("dq_q4_1", 16), "Q5_0": ("dq_q5_0", 16), "Q5_1": ("dq_q5_1", 16),
-    "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32), "Q6_K": ("dq_q6_k", 32),
+    "Q2_K": ("dq_q2_k", 32), "Q3_K": ("dq_q3_k", 32), "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32),
+    "Q6_K": ("dq_q6_k", 32), "IQ4_NL": ("dq_iq4_nl", 16), "IQ4_XS": ("dq_iq4_xs", 16),
 }
 
 

@@ -98,7 +98,7 @@ class Tokenizer:
     model = "?"
 
     @staticmethod
-    def from_metadata(md: dict) -> "Tokenizer":
+    def from_metadata(md: dict) -> Tokenizer:
         return from_metadata(md)
 
     def _init_vocab(self, md: dict, *, bos: int | None, eos: int | None, unk: int | None,
@@ -253,7 +253,7 @@ class Tokenizer:
         tokens show their spelling), else the bytes as \\xNN escapes."""
         return self.token_bytes(tid, special=True).decode("utf-8", "backslashreplace")
 
-    def stream_decoder(self, *, special: bool = False) -> "StreamDecoder":
+    def stream_decoder(self, *, special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, special=special)
 
     # --- special tokens ----------------------------------------------------------------------
@@ -306,4 +306,4 @@ def from_metadata(md: dict, *, n_vocab: int | None = None) -> Tokenizer:
     raise UnsupportedTokenizer(f"unsupported tokenizer model {show(model)} (tokenizer.ggml.model)")
 
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "UnsupportedTokenizer", "from_metadata"]
+__all__ = ["StreamDecoder", "Tokenizer", "TokenizerError", "UnsupportedTokenizer", "from_metadata"]

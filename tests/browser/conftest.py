@@ -1,4 +1,4 @@
-"""Headless Chromium (Debian's, WebGPU on SwiftShader) driven by Playwright against the real server.
+"""Headless Chromium (Debian's, WebGPU on SwiftShader, or $LAB_CHROMIUM) driven by Playwright against the real server.
 
 Every request the page makes is recorded, and so is every console message, so tests can assert that
 nothing left the origin and that no error was logged."""
@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import pytest
 import uvicorn
 
+from lab.host.bench_browser import browser_command
 from server.app import create_app
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--enable-unsafe-webgpu", "--no-sandbox", "--disable-background-networking", "--disable-component-update",
-        "--no-first-run", "--disable-sync", "--use-vulkan=swiftshader", "--use-webgpu-adapter=swiftshader"]
+# Debian's Chromium on SwiftShader, unless LAB_CHROMIUM / LAB_CHROMIUM_FLAGS name another browser and flag set
+# (scripts/device_browser.sh runs these tests on a GPU's adapter that way).
+CHROMIUM, ARGS = browser_command()
 BOOT_TIMEOUT_MS = 120_000
 
 
@@ -79,13 +80,17 @@ class Lab:
             ".map(e => Object.fromEntries(keys.map(k => [k, e.dataset[k]])))", [testid, keys])
 
     def open_panel(self, name: str) -> None:
-        self.page.click(f"details[data-panel={name}] > summary")
+        """Brings the panel's card on screen: a card computes only while it is visible (web/main.js watchPanels)."""
+        # (scrollIntoView itself: Playwright's scroll_into_view_if_needed first waits for the element to be still for
+        # two frames, which a busy machine's page did not give it within 30 s)
+        self.page.locator(f"[data-panel={name}]").evaluate("e => e.scrollIntoView({block: 'nearest'})")
 
 
 @contextmanager
-def open_lab(browser, url: str):
-    """A fresh browser context on the lab page, recording every request and console message from the start."""
-    context = browser.new_context()
+def open_lab(browser, url: str, **context_options):
+    """A fresh browser context on the lab page, recording every request and console message from the start.
+    context_options go to Playwright's new_context (a viewport, for the layout tests)."""
+    context = browser.new_context(**context_options)
     page = context.new_page()
     lab = Lab(page, url)
     context.on("request", lambda r: lab.requests.append(r.url))

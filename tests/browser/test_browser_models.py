@@ -146,7 +146,8 @@ def test_logit_lens(model):
     lab, page = model.lab, model.lab.page
     ids = lab.ids()
     n, n_layer = len(ids), model.ref.hp.n_layer
-    # chosen before the panel opens (its select is hidden until then), so the first request is already this small
+    # chosen before the card comes on screen (set in place: select_option would scroll it into view and start the
+    # default request), so the first request is already this small
     page.eval_on_selector("[data-testid=lens-positions]",
                           "(s, v) => { s.value = v; s.dispatchEvent(new Event('change')); }", str(LENS_POSITIONS))
     lab.open_panel("lens")

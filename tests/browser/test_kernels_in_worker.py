@@ -22,8 +22,8 @@ import base64
 import concurrent.futures
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -243,6 +243,9 @@ QWEN = (14, 2, 64)                # group 7 (Qwen2.5)
 
 def make_cases() -> list[Case]:
     cases = [matvec_case(name, seed=i) for i, name in enumerate(("Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "F32"))]
+    cases += [matvec_case(name, seed=30 + i) for i, name in enumerate(("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"))]
+    cases += [matmul_case(name, t=21, seed=34 + i) for i, name in enumerate(("Q3_K", "IQ4_XS"))]
+    cases += [get_rows_case(name, 1.0, seed=36 + i) for i, name in enumerate(("Q2_K", "IQ4_NL"))]
     cases += [
         matmul_case("Q4_K", t=21, seed=10),
         get_rows_case("Q8_0", 1.0, seed=11),

@@ -44,17 +44,17 @@ import json
 
 import numpy as np
 import pytest
+from test_reference import GEMMA_LONG_BODY, GEMMA_LONG_GREEDY, GEMMA_LONG_TOP5, TOL
 
-from tests.conftest import FIXTURES
 from lab import chat, gguf
-from lab.host import cli
 from lab.engine import Engine, EngineError
+from lab.host import cli
 from lab.host.reference import Reference
 from lab.host.reference.bisect import bisect, rel_error
 from lab.sampler import Settings
 from lab.session import Session
 from lab.tokenizer import from_metadata
-from test_reference import GEMMA_LONG_BODY, GEMMA_LONG_GREEDY, GEMMA_LONG_TOP5, TOL
+from tests.conftest import FIXTURES
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}
 TRACE_TOL = 1e-3        # relative to each tensor's max |ref|; measured ~2e-5 (float32 summation order)

@@ -18,10 +18,10 @@ import pytest
 
 from lab import gguf, probes
 from lab.engine import Engine
-from lab.probes import Probes
 from lab.host.reference.forward import Reference
-from lab.session import Session
+from lab.probes import Probes
 from lab.sampler import Settings
+from lab.session import Session
 from lab.tokenizer import from_metadata
 
 ATTN_TOL = 1e-4          # absolute, probabilities

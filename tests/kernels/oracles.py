@@ -16,8 +16,7 @@ import pytest
 
 from lab import gpu, shaders
 from lab.host.native import open_native
-from lab.ops import step_bytes
-from lab.ops import make_step
+from lab.ops import make_step, step_bytes
 from lab.ops.rows import ROWS_LAST, ROWS_TOKENS, Rows
 from lab.shaders import KernelCache
 

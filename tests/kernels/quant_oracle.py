@@ -21,8 +21,21 @@ from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, upload_weight
 from lab.shaders import KernelCache
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")   # gguf 0.19 cannot quantize these: random bytes, sane f16 scales
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")   # 256-element blocks
+# gguf 0.19 cannot quantize these: random bytes, with the f16 scale fields (byte offset, range) overwritten
+# by finite values of a sane size (random bytes there give NaN, inf and 1e4-sized values): (byte offset,
+# low, high, random sign). A scale of either sign is valid, and a sign error in the kernel must show.
+RANDOM_BYTES = {
+    "Q4_K": ((0, 0.002, 0.05, False), (2, 0.0, 0.05, False)),     # d, dmin
+    "Q5_K": ((0, 0.002, 0.05, False), (2, 0.0, 0.05, False)),
+    "Q6_K": ((208, 0.0005, 0.01, True),),                         # d; the int8 scales are fine as bytes
+    "Q2_K": ((80, 0.002, 0.05, True), (82, 0.0, 0.05, False)),    # d, dmin
+    "Q3_K": ((108, 0.0005, 0.01, True),),                         # d
+    "IQ4_NL": ((0, 0.0005, 0.01, True),),                         # d
+    "IQ4_XS": ((0, 0.0002, 0.005, True),),                        # d (scales_h, scales_l: any bits are valid)
+}
 
 
 def row_bytes(name: str, cols: int) -> int:
@@ -36,7 +49,7 @@ def _f16_bytes(values: np.ndarray) -> np.ndarray:
 def random_tensor(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """A rows x cols tensor of type `name` as GGUF bytes, uint8 array of shape (rows, row_bytes)."""
     rng = np.random.default_rng(seed)
-    if name not in K_TYPES:
+    if name not in RANDOM_BYTES:
         # Values with a per-row offset and spread, so Q4_1/Q5_1 minimums and all nibbles get used.
         f = (rng.standard_normal((rows, cols)) * rng.uniform(0.2, 2.0, (rows, 1))
              + rng.uniform(-0.5, 0.5, (rows, 1))).astype(np.float32)
@@ -47,11 +60,11 @@ def random_tensor(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     t = BY_NAME[name]
     nb = rows * cols // t.block
     raw = rng.integers(0, 256, (nb, t.nbytes), dtype=np.uint8)
-    if name in ("Q4_K", "Q5_K"):
-        raw[:, 0:2] = _f16_bytes(rng.uniform(0.002, 0.05, nb))     # d
-        raw[:, 2:4] = _f16_bytes(rng.uniform(0.0, 0.05, nb))       # dmin
-    else:  # Q6_K: d at the end; the int8 scales are fine as random bytes
-        raw[:, 208:210] = _f16_bytes(rng.uniform(0.0005, 0.01, nb) * rng.choice([-1, 1], nb))
+    for off, lo, hi, signed in RANDOM_BYTES[name]:
+        v = rng.uniform(lo, hi, nb)
+        if signed:
+            v *= rng.choice([-1, 1], nb)
+        raw[:, off:off + 2] = _f16_bytes(v)
     return raw.reshape(rows, -1)
 
 

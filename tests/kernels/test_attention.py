@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 
+import attention_oracle as oracle
 import numpy as np
 import pytest
 
-import attention_oracle as oracle
 from lab import gpu, shaders
 from lab.ops import attention as A
 from lab.ops import make_step, step_bytes

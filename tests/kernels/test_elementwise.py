@@ -4,7 +4,6 @@ builders (elementwise_ops.py), the bias add and last-row copy through lab.ops.el
 import asyncio
 
 import pytest
-
 from oracles import check_elementwise, check_fill_zero, env1  # noqa: F401
 
 

@@ -1,7 +1,6 @@
 """SwiGLU / GeGLU (wgsl/glu.wgsl via lab.ops.glu) against numpy, separate and fused [gate | up] inputs."""
 
 import pytest
-
 from oracles import check_glu, env1  # noqa: F401
 
 
@@ -18,9 +17,10 @@ def test_large_gate_finite(env1, act):  # noqa: F811
 
 
 def test_out_must_differ(env1):  # noqa: F811
-    from lab.ops.glu import glu
-    from oracles import upload
     import numpy as np
+    from oracles import upload
+
+    from lab.ops.glu import glu
     b = upload(env1.device, np.zeros(8, np.float32))
     with pytest.raises(ValueError):
         glu(env1.device, env1.kernels, b, None, b, None, 4)

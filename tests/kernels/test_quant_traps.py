@@ -34,6 +34,32 @@ TRAPS = [
      "bit_of_bytes(qh, 2u * j + 1u)", "bit_of_bytes(qh, 2u * j)"),
     ("q6_k second scale at +1 instead of +2", "Q6_K", "dq_q6_k",
      "ld_u8(sc + 2u)", "ld_u8(sc + 1u)"),
+    ("q2_k scale and min nibbles swapped", "Q2_K", "dq_q2_k",
+     "let sc = vec2<f32>(f32(sw & 15u), f32((sw >> 16u) & 15u));\n"
+     "    let mn = vec2<f32>(f32((sw >> 4u) & 15u), f32((sw >> 20u) & 15u));",
+     "let mn = vec2<f32>(f32(sw & 15u), f32((sw >> 16u) & 15u));\n"
+     "    let sc = vec2<f32>(f32((sw >> 4u) & 15u), f32((sw >> 20u) & 15u));"),
+    ("q2_k hi sub-block reads the lo 2-bit field", "Q2_K", "dq_q2_k",
+     "dm.x * sc.y * crumbs_hi(q)", "dm.x * sc.y * crumbs_lo(q)"),
+    ("q2_k scale byte of the second 16 elements not taken", "Q2_K", "dq_q2_k",
+     ">> (8u * ((gi & 7u) >> 2u))", ">> (8u * ((gi & 7u) >> 3u))"),
+    ("q3_k hmask bit of the hi sub-block from bit 2c", "Q3_K", "dq_q3_k",
+     "bit_of_bytes(hm, 2u * c + 1u)", "bit_of_bytes(hm, 2u * c)"),
+    ("q3_k hmask read as 'set means subtract 4'", "Q3_K", "dq_q3_k",
+     "crumbs_lo(q) - 4.0 + 4.0 * bit_of_bytes(hm, 2u * c)", "crumbs_lo(q) - 4.0 * bit_of_bytes(hm, 2u * c)"),
+    ("q3_k high scale bits from bits 2(c%2) of scales[8..]", "Q3_K", "dq_q3_k",
+     ">> (8u * h + 2u * c)", ">> (8u * h + 2u * (c & 1u))"),
+    ("iq4 table entry 9 is 12 instead of 13", "IQ4_NL", "iq4_levels",
+     "0x26190D01u", "0x26190C01u"),
+    ("iq4 levels 4-7 and 8-11 picked for each other", "IQ4_NL", "iq4_levels",
+     "n >= vec4<u32>(8u)", "n >= vec4<u32>(4u)"),
+    ("iq4_nl high/low nibble order", "IQ4_NL", "dq_iq4_nl",
+     "Dq(d * iq4_levels(nibs_lo(q)), d * iq4_levels(nibs_hi(q)))",
+     "Dq(d * iq4_levels(nibs_hi(q)), d * iq4_levels(nibs_lo(q)))"),
+    ("iq4_xs scales_h bit pair of sub-block ib at bit ib", "IQ4_XS", "dq_iq4_xs",
+     "(dsh >> (16u + 2u * ib))", "(dsh >> (16u + ib))"),
+    ("iq4_xs scales_l nibbles swapped within a byte", "IQ4_XS", "dq_iq4_xs",
+     ">> (4u * ib)) & 15u)", ">> (4u * (ib ^ 1u))) & 15u)"),
 ]
 
 

@@ -1,7 +1,6 @@
 """RoPE (wgsl/rope.wgsl via lab.ops.rope) against numpy: both pairings, partial rotary dims, fused QKV rows."""
 
 import pytest
-
 from oracles import check_rope, env1  # noqa: F401
 
 
@@ -47,8 +46,18 @@ def test_bad_n_rot(env1):  # noqa: F811
 def test_one_op_prefill_then_decode(env1):  # noqa: F811
     """The op is built once; prefill (t=5 at pos 0) and decode (t=1 at pos 5) differ only in the step buffer."""
     import numpy as np
+    from oracles import (
+        assert_close,
+        f32,
+        ops_step,
+        read,
+        rope_ref,
+        rope_tol,
+        run,
+        upload,
+    )
+
     from lab.ops.rope import rope
-    from oracles import f32, ops_step, read, rope_ref, rope_tol, run, upload, assert_close
     dev = env1.device
     rng = np.random.default_rng(9)
     x = f32(rng.standard_normal((8, 2 * 64)))

@@ -1,7 +1,6 @@
 """Argmax and top-k (wgsl/sample.wgsl via lab.ops.sample) against numpy, on both reduction paths."""
 
 import pytest
-
 from oracles import check_argmax, check_topk, env  # noqa: F401
 
 from lab.ops.rows import Rows
@@ -23,9 +22,9 @@ def test_argmax_of_a_row_with_nothing_finite_is_none(env):  # noqa: F811
     """A NaN or infinite logit never becomes a token id: a row of NaN and +-inf gives 0xffffffff (lab.session stops
     there and names the broken layer)."""
     import numpy as np
+    from oracles import free, ops_step, read, run, upload
 
     from lab.ops.sample import NONE, argmax
-    from oracles import free, ops_step, read, run, upload
     x = np.full((2, 3000), np.nan, np.float32)
     x[0, ::3], x[0, 1::3], x[1, 7] = np.inf, -np.inf, 0.5
     xb, ob = upload(env.device, x), upload(env.device, np.zeros(2, np.uint32))

@@ -129,7 +129,7 @@ def _exchange(port: int, data: bytes, timeout: float = 5.0, max_bytes: int = 1 <
             s.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 chunk = s.recv(65536)
-            except (socket.timeout, ConnectionResetError):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break

@@ -68,7 +68,7 @@ KEEP = {"smollm2": 1024, "qwen2.5": 1024, "gemma3": 2048}   # gemma3's byte toke
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 32, 4, 2, 64, 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real_metadata(name: str) -> dict:
     return gguf.read_file(models.path(name)).metadata
 
@@ -172,13 +172,13 @@ def write_seed(name: str, path: Path) -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seed(name: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         return write_seed(name, Path(tmp) / f"{name}.gguf").read_bytes()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seed_header(name: str) -> gguf.Header:
     data = seed(name)
     return gguf.read(data, len(data))

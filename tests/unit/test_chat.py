@@ -29,7 +29,7 @@ CONVERSATIONS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def metadata(name: str) -> dict:
     p = models.path(name)
     if not p.exists():
@@ -37,7 +37,7 @@ def metadata(name: str) -> dict:
     return gguf.read_file(p).metadata
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer(name: str):
     return from_metadata(metadata(name))
 

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from lab import chat
 from lab.tokenizer import clean_text
 from tests.unit.fuzzkit import fuzz_settings, real_metadata
-from tests.unit.test_fuzz_tokenizer import SPELLINGS, TEXT, bytes_without_token, tokenizer
+from tests.unit.test_fuzz_tokenizer import (
+    SPELLINGS,
+    TEXT,
+    bytes_without_token,
+    tokenizer,
+)
 
 # (model, use_jinja): every template the lab can render for the three models.
 TEMPLATES = [("smollm2", True), ("smollm2", False), ("qwen2.5", True), ("qwen2.5", False), ("gemma3", False)]

@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 from lab import gguf
 from lab.gguf import GGUFError, NeedMoreBytes
 from lab.validate import Checked
-from tests.unit.fuzzkit import fuzz_settings, load, load_bytes, no_hang, seed, seed_header
+from tests.unit.fuzzkit import (
+    fuzz_settings,
+    load,
+    load_bytes,
+    no_hang,
+    seed,
+    seed_header,
+)
 
 SEEDS = ["smollm2", "qwen2.5", "gemma3"]
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -73,7 +80,7 @@ def seed_header_bytes(data: bytes) -> int:
     return gguf.read(data, len(data)).header_bytes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fields_of(name: str) -> list[tuple[int, int, str]]:
     return header_fields(seed(name))
 

@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from lab import validate
 from lab.model import ModelError
 from lab.validate import Checked
-from tests.unit.fuzzkit import ARCH, fuzz_settings, load, seed_header, use, with_metadata
+from tests.unit.fuzzkit import (
+    ARCH,
+    fuzz_settings,
+    load,
+    seed_header,
+    use,
+    with_metadata,
+)
 
 SEEDS = ["smollm2", "qwen2.5", "gemma3"]
 REMOVE = "<removed>"

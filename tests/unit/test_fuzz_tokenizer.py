@@ -32,7 +32,7 @@ SPELLINGS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<start_of_turn>", "
              "\U0001F468\u200d\U0001F469", "\ud800", "\udc80", "\udfff", "é", "e\u0301", "日本語", "\u0645\u0631"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer(name: str) -> Tokenizer:
     return from_metadata(real_metadata(name))
 
@@ -44,7 +44,7 @@ TEXT = st.one_of(st.lists(CHARS, max_size=40).map("".join),
                  st.binary(max_size=60).map(lambda b: b.decode("utf-8", "surrogateescape")))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bytes_without_token(name: str) -> frozenset[int]:
     tok = tokenizer(name)
     if tok.model != "gpt2":

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFValueType as V, GGUFWriter
+from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFValueType as V
 
 from lab import gguf
 from lab.gguf import GGUFError, NeedMoreBytes
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -146,7 +146,7 @@ def test_read_file_reads_only_a_prefix(real, monkeypatch):
 def test_smollm2_summary(smollm2_path):
     h = gguf.read_file(smollm2_path)
     r = gguf_reader(smollm2_path)
-    field = lambda k: r.fields[k].contents()   # noqa: E731
+    field = lambda k: r.fields[k].contents()
     sm = gguf.summary(h)
     arch = field("general.architecture")
     expected = {

@@ -18,7 +18,7 @@ from tests.conftest import FIXTURES, load_fixture
 MODELS = ["smollm2", "qwen2.5", "gemma3"]      # BPE, BPE, SPM
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def metadata(name: str) -> dict:
     p = models.path(name)
     if not p.exists():
@@ -26,12 +26,12 @@ def metadata(name: str) -> dict:
     return gguf.read_file(p).metadata
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer(name: str) -> Tokenizer:
     return from_metadata(metadata(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fixture(name: str) -> dict:
     return load_fixture(f"{name}.json")
 

@@ -14,4 +14,4 @@ warning.)
 from .forward import Reference
 from .weights import Hparams, Weights
 
-__all__ = ["Reference", "Hparams", "Weights"]
+__all__ = ["Hparams", "Reference", "Weights"]

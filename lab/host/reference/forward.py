@@ -1,6 +1,7 @@
 """The numpy forward pass: the oracle the GPU engine is checked against (CPython only).
 
-Follows llama.cpp's graph builders op for op (src/models/llama.cpp, qwen2.cpp, gemma3.cpp and
+Follows llama.cpp's graph builders op for op (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp,
+gemma2.cpp, gemma3.cpp and
 llm_graph_context::build_norm / build_ffn / build_attn in src/llama-graph.cpp), on weights
 dequantized by gguf-py, in float32 (or float64: `Reference(path, dtype=np.float64)`).
 
@@ -79,14 +80,18 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str) -> np.ndarray:
-    """ggml_rope_ext without scaling: x [t, heads, hd]; rotates the first n_rot dims of each head.
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str, scale: float = 1.0,
+         factors: np.ndarray | None = None) -> np.ndarray:
+    """ggml_rope_ext with linear scaling and frequency factors (no YaRN): x [t, heads, hd]; rotates the first
+    n_rot dims of each head.
 
-    theta_i = pos * base^(-2i/n_rot), i < n_rot/2.  mode "norm": pairs (x[2i], x[2i+1]);
+    theta_i = scale * pos * base^(-2i/n_rot) / factors[i], i < n_rot/2.  mode "norm": pairs (x[2i], x[2i+1]);
     mode "neox": pairs (x[i], x[i + n_rot/2]).  Angles in float64, then cast.
     """
     half = n_rot // 2
-    inv = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+    inv = scale * base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+    if factors is not None:
+        inv = inv / np.asarray(factors, dtype=np.float64)
     ang = pos.astype(np.float64)[:, None] * inv[None, :]              # [t, half]
     cos = np.cos(ang).astype(x.dtype)[:, None, :]
     sin = np.sin(ang).astype(x.dtype)[:, None, :]
@@ -105,7 +110,7 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str) -> 
 
 
 class Reference:
-    """numpy forward pass of a GGUF model (llama, qwen2, gemma3) with a KV cache and a trace."""
+    """numpy forward pass of a GGUF model (llama, qwen2, qwen3, phi3, gemma2, gemma3) with a KV cache and a trace."""
 
     def __init__(self, path: str | Path, dtype=np.float32):
         """dtype: float32 (default) or float64, for the dequantized weights and every activation."""
@@ -218,9 +223,14 @@ class Reference:
             cur = rms_norm(x, self._lw(il, "attn_norm.weight"), hp.eps)
             self._cb(f"attn_norm-{il}", cur)
 
-            q = self._linear(cur, il, "attn_q")
-            k = self._linear(cur, il, "attn_k")
-            v = self._linear(cur, il, "attn_v")
+            if f"blk.{il}.attn_qkv.weight" in self.w:      # phi3: one fused projection, rows [q | k | v]
+                qkv = self._linear(cur, il, "attn_qkv")
+                nq, nk = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+                q, k, v = qkv[:, :nq], qkv[:, nq:nq + nk], qkv[:, nq + nk:]
+            else:
+                q = self._linear(cur, il, "attn_q")
+                k = self._linear(cur, il, "attn_k")
+                v = self._linear(cur, il, "attn_v")
             self._cb(f"Qcur-{il}", q)
             self._cb(f"Kcur-{il}", k)
             self._cb(f"Vcur-{il}", v)
@@ -233,8 +243,8 @@ class Reference:
                 self._cb(f"Qcur_normed-{il}", q)
                 self._cb(f"Kcur_normed-{il}", k)
             base = hp.rope_base_for(il)
-            q = rope(q, pos, hp.n_rot, base, hp.rope_type)
-            k = rope(k, pos, hp.n_rot, base, hp.rope_type)
+            q = rope(q, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
+            k = rope(k, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
             self._cb(f"Qcur_rope-{il}", q)
             self._cb(f"Kcur_rope-{il}", k)
 
@@ -249,6 +259,8 @@ class Reference:
             Kr = np.repeat(K, rep, axis=0) if rep > 1 else K
             Vr = np.repeat(V, rep, axis=0) if rep > 1 else V
             kq = np.matmul(qh, Kr.transpose(0, 2, 1)) * dt.type(hp.attn_scale)
+            if hp.attn_softcap:      # gemma2 (build_attn_mha: scale, tanh, scale back)
+                kq = np.tanh(kq / dt.type(hp.attn_softcap)) * dt.type(hp.attn_softcap)
             mask = self._mask(il, pos, n_kv)
             kq = np.where(mask[None], kq, -np.inf)
             p = softmax(kq, axis=-1).astype(dt)
@@ -262,8 +274,11 @@ class Reference:
 
             cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
             self._cb(f"ffn_norm-{il}", cur)
-            gate = self._linear(cur, il, "ffn_gate")
-            up = self._linear(cur, il, "ffn_up")
+            if f"blk.{il}.ffn_gate.weight" in self.w:
+                gate = self._linear(cur, il, "ffn_gate")
+                up = self._linear(cur, il, "ffn_up")
+            else:       # phi3: ffn_up holds [gate | up]; ggml_swiglu puts the FIRST half through SiLU
+                gate, up = np.split(self._linear(cur, il, "ffn_up"), 2, axis=-1)
             act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
             cur = self._linear(act * up, il, "ffn_down")
             self._cb(f"ffn_out-{il}", cur)

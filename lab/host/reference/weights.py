@@ -26,7 +26,7 @@ from gguf.quants import dequantize
 # adjacent values (x[2i], x[2i+1]); qwen2 and the gemma family use "NEOX", rotating (x[i], x[i+n_rot/2]).
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
-ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "gemma3": "neox"}
+ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox", "gemma3": "neox"}
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -119,6 +119,9 @@ class Hparams:
     n_swa: int = 0                # sliding window size, 0 = none
     swa_layers: list[bool] = field(default_factory=list)
     final_softcap: float = 0.0    # final logit softcapping, 0 = none
+    attn_softcap: float = 0.0     # attention score softcapping c*tanh(s/c) (gemma2), 0 = none
+    rope_scale: float = 1.0       # freq_scale: 1 / linear scaling factor (theta multiplied by it)
+    rope_factors: np.ndarray | None = None   # rope_freqs.weight [n_rot/2] (llama 3): theta_i / factor_i
     qk_norm: bool = False         # per-head RMSNorm on Q and K before RoPE (gemma3)
     post_norms: bool = False      # post-attention and post-FFN norms (gemma3)
     ffn_act: str = "silu"         # "silu" (SwiGLU) or "gelu" (GeGLU, tanh approximation)
@@ -133,7 +136,7 @@ class Hparams:
         return self.rope_base_swa if self.is_swa(il) else self.rope_base
 
     @classmethod
-    def from_weights(cls, w: Weights) -> "Hparams":
+    def from_weights(cls, w: Weights) -> Hparams:
         arch = w.meta("general.architecture")
         if arch not in SUPPORTED_ARCHS:
             raise NotImplementedError(f"reference: architecture {arch!r} is not supported "
@@ -153,9 +156,17 @@ class Hparams:
         n_rot = int(k("rope.dimension_count", head_dim))
         n_layer = int(k("block_count"))
         n_vocab = w.shape("token_embd.weight")[0]
-        scaling = k("rope.scaling.type", "none", required=False)
-        if scaling not in ("none", None) or "rope_freqs.weight" in w:
-            raise NotImplementedError(f"reference: RoPE scaling {scaling!r} / rope_freqs is not implemented")
+        # llama_model::load_hparams: scaling type "linear" when absent; freq_scale = 1/factor (factor from
+        # rope.scaling.factor, else rope.scale_linear; 0 means 1); llama_context: type "none" forces 1.
+        scaling = k("rope.scaling.type", "linear", required=False)
+        if scaling not in ("none", "linear"):
+            raise NotImplementedError(f"reference: RoPE scaling {scaling!r} is not implemented")
+        if "rope_factors_long.weight" in w or "rope_factors_short.weight" in w:
+            raise NotImplementedError("reference: LongRoPE factors (rope_factors_long/short) are not implemented")
+        factor = k("rope.scaling.factor", None, required=False)
+        if factor is None:
+            factor = k("rope.scale_linear", 0.0, required=False)
+        rope_scale = 1.0 if scaling == "none" or not factor else 1.0 / float(factor)
         rope_base = float(k("rope.freq_base", 10000.0))
         hp = cls(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -166,7 +177,29 @@ class Hparams:
             attn_scale=1.0 / float(np.sqrt(head_dim)),
             bos_id=w.meta("tokenizer.ggml.bos_token_id"), eos_id=w.meta("tokenizer.ggml.eos_token_id"),
             add_bos=bool(w.meta("tokenizer.ggml.add_bos_token", False)),
+            rope_scale=rope_scale,
         )
+        if arch == "llama" and "rope_freqs.weight" in w:
+            # src/models/llama.cpp: get_rope_factors(il) returns layers[il].rope_freqs, the one tensor
+            # (TENSOR_DUPLICATED for il > 0), passed to ggml_rope_ext of Q and K on every layer.
+            hp.rope_factors = np.asarray(w.get("rope_freqs.weight"), dtype=np.float64)
+        if arch == "qwen3":
+            hp.qk_norm = True            # src/models/qwen3.cpp: attn_q_norm / attn_k_norm per head, before RoPE
+        if arch == "gemma2":
+            # src/models/gemma2.cpp + llama_model_gemma2::load_arch_hparams: window 4096 unless the key says,
+            # pattern 2 (even layers slide), SWA base defaults to the global one, soft-caps 50 / 30 by
+            # default (llama_hparams), tanh-capped scores and logits; Q scaled by 1/sqrt(head size)
+            # (1/sqrt(n_embd/n_head) for the 46-layer 27B); embeddings times sqrt(n_embd); post-norms; GeGLU.
+            hp.n_swa = int(k("attention.sliding_window", 4096, required=False))
+            p = int(k("attention.sliding_window_pattern", 2, required=False))
+            hp.swa_layers = [p == 0 or (il % p < p - 1) for il in range(n_layer)]
+            hp.rope_base_swa = float(k("rope.freq_base_swa", rope_base, required=False))
+            hp.attn_softcap = float(k("attn_logit_softcapping", 50.0, required=False))
+            hp.final_softcap = float(k("final_logit_softcapping", 30.0, required=False))
+            hp.attn_scale = (1.0 / float(np.sqrt(n_embd // n_head))) if n_layer == 46 else 1.0 / float(np.sqrt(head_dim))
+            hp.embed_scale = float(np.sqrt(np.float32(n_embd)))
+            hp.post_norms = True
+            hp.ffn_act = "gelu"
         if arch == "gemma3":
             # llama.cpp llama_model_gemma3::load_arch_hparams + src/models/gemma3.cpp:
             #  - sliding window only if gemma3.attention.sliding_window is present and > 0; then the

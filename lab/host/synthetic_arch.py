@@ -1,0 +1,277 @@
+"""Small synthetic GGUFs of each architecture the lab runs, for parity with llama.cpp without real weights
+(CPython only: numpy and gguf-py's writer).
+
+    path = build("gemma2", "q4_k_m", out_dir)      # the same bytes every time (fixed seeds), cached by name
+
+Each `ArchSpec` has the architecture's exact tensor names and layout as llama.cpp's loader reads them
+(src/models/<arch>.cpp: phi3's fused attn_qkv and [gate | up] ffn_up, llama 3's rope_freqs, qwen3's and
+gemma3's per-head Q/K norms, the gemmas' post-norms), at small shapes: 4 layers (6 for gemma3, whose
+pattern puts a global layer every 6th), grouped-query attention, head size 64 (256 for the gemmas),
+n_embd 256 (the K-quants need rows of whole 256-value blocks).
+
+A real vocabulary: the tokenizer metadata (every `tokenizer.*` key) is copied from one of the three real
+models (SmolLM2's gpt2 BPE, Qwen2.5's, Gemma 3's SentencePiece), with `tokenizer.ggml.pre` overridden
+where the spec says (llama-bpe for the Llama 3 file). The embedding table then has the real vocabulary's
+rows (49152, 151936, 262144).
+
+Weights: float weights drawn from one seed per tensor name (normal, std 1/sqrt(fan-in); norms 1 + 0.1 N),
+written as F32, or quantized by gguf.quants (Q8_0: the same model, rounded). gguf-py cannot quantize the
+K-quants or the i-quants, so those tensors are random VALID blocks instead (`random_blocks`): random quant
+bytes, then each block's f16 scale (d) and minimum scale (dmin) set so that the block has mean ~0 and the
+tensor's std, whatever the type's layout (found by dequantizing with d=1/dmin=0 and d=0/dmin=1). The
+quantized variants are therefore other models than the F32 one, each checked against llama.cpp on itself.
+
+What it does not know: llama.cpp (scripts/make_arch_fixtures.py runs it on these files) or the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import models
+
+# byte offsets of a block's f16 d and dmin (None: the type has no dmin)
+_D_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None),
+             "IQ4_NL": (0, None), "IQ4_XS": (0, None), "Q4_0": (0, None), "Q5_0": (0, None)}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    arch: str
+    vocab: str                  # lab.host.models name whose tokenizer metadata is copied
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_embd: int = 256
+    tied: bool = True
+    extra: dict = field(default_factory=dict)        # "{arch}." keys beyond the shapes
+    overrides: dict = field(default_factory=dict)    # tokenizer keys replaced (tokenizer.ggml.pre)
+    rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2]
+
+
+def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                   orig_ctx: int = 256) -> np.ndarray:
+    """Llama 3's rope_freqs as its HF converter computes them: wavelengths past orig_ctx/low divided by
+    `factor`, under orig_ctx/high kept, smoothed between. orig_ctx is small here (Llama 3.1: 8192) so that
+    the factors change angles at the few tens of positions a test runs."""
+    freqs = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    wavelen = 2 * np.pi / freqs
+    out = np.ones_like(freqs)
+    for i, w in enumerate(wavelen):
+        if w > orig_ctx / low:
+            out[i] = factor
+        elif w >= orig_ctx / high:
+            smooth = (orig_ctx / w - low) / (high - low)
+            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
+    return out.astype(np.float32)
+
+
+SPECS: dict[str, ArchSpec] = {
+    # Llama 3.x: rope_freqs, tied head (3.2 1B/3B tie), base 500000, llama-bpe pre-tokenizer
+    "llama3": ArchSpec("llama", "smollm2", 4, 4, 2, 64, 512, tied=True, rope_freqs=True,
+                       extra={"rope.freq_base": 500000.0, "context_length": 8192},
+                       overrides={"tokenizer.ggml.pre": "llama-bpe"}),
+    # Mistral-style: llama architecture, untied head, GQA 4:1, attention.sliding_window (llama.cpp never reads it)
+    "mistral": ArchSpec("llama", "smollm2", 4, 4, 1, 64, 512, tied=False,
+                        extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.sliding_window": 8}),
+    # Qwen3: Q/K norms per head, no biases, NeoX RoPE, head size 64 with q width 256 + ... (key_length given)
+    "qwen3": ArchSpec("qwen3", "qwen2.5", 4, 4, 2, 64, 512, tied=True,
+                      extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,
+                             "attention.value_length": 64}),
+    # Phi-3: fused QKV and [gate | up]; its sliding_window key is read and switched off by llama.cpp
+    "phi3": ArchSpec("phi3", "smollm2", 4, 4, 2, 64, 512, tied=False,
+                     extra={"rope.freq_base": 10000.0, "context_length": 4096, "rope.dimension_count": 64,
+                            "attention.sliding_window": 8}),
+    # Gemma 2: soft-caps small enough to bind on random weights, window 8 (prompts cross it), pattern 2
+    "gemma2": ArchSpec("gemma2", "gemma3", 4, 2, 1, 256, 512, tied=True,
+                       extra={"rope.freq_base": 10000.0, "context_length": 8192, "attention.key_length": 256,
+                              "attention.value_length": 256, "attention.sliding_window": 8,
+                              "attn_logit_softcapping": 2.0, "final_logit_softcapping": 8.0}),
+    # Gemma 3 1B-shaped: head 256, 6 layers (5 sliding at base 10000, 1 global at 1e6)
+    "gemma3": ArchSpec("gemma3", "gemma3", 6, 2, 1, 256, 512, tied=True,
+                       extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.key_length": 256,
+                              "attention.value_length": 256, "attention.sliding_window": 8}),
+}
+
+_Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
+           "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+           "ffn_down": ("Q4_K", "Q6_K")}
+# Type mixes: role -> type, or (type, type of the first and last layers) as llama.cpp's _M mixes give
+# attn_v and ffn_down more bits there. Mixes whose types the kernels do not read yet are left out by
+# `mixes()`, so adding a type to lab.ops.weights.KERNEL_TYPES adds its variant.
+MIXES: dict[str, dict] = {
+    "f32": {},                    # every tensor F32
+    "q8_0": {"*": "Q8_0"},        # every matrix Q8_0, quantized from the F32 weights
+    "q4_k_m": _Q4_K_M,
+    "q3_k_m": {**_Q4_K_M, "token_embd": "Q3_K", "attn_q": "Q3_K", "attn_k": "Q3_K", "attn_qkv": "Q3_K",
+               "ffn_gate": "Q3_K", "ffn_up": "Q3_K", "attn_output": "Q2_K", "attn_v": ("IQ4_XS", "Q6_K"),
+               "ffn_down": ("IQ4_NL", "Q6_K")},
+}
+
+
+def mix_types(mix: str) -> set[str]:
+    out = {"F32"}
+    for v in MIXES[mix].values():
+        out.update(v if isinstance(v, tuple) else (v,))
+    return out
+
+
+def mixes() -> list[str]:
+    """The mixes whose every type the kernels read (lab.ops.weights.KERNEL_TYPES)."""
+    from lab.ops.weights import KERNEL_TYPES
+    return [m for m in MIXES if mix_types(m) <= set(KERNEL_TYPES)]
+
+
+def _seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def _type_for(mix: str, role: str, il: int, n_layer: int) -> str:
+    m = MIXES[mix]
+    t = m.get(role, m.get("*", "F32"))
+    if isinstance(t, tuple):
+        return t[1] if il in (0, n_layer - 1) else t[0]
+    return t
+
+
+def random_blocks(type_name: str, rows: int, cols: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Valid blocks of a type gguf-py cannot quantize: random quant bytes, then per block d (and dmin) chosen
+    so the block dequantizes to mean ~0 and standard deviation `std`. Returns uint8 [rows, row_bytes]."""
+    import gguf
+    from gguf.quants import dequantize
+    qt = gguf.GGMLQuantizationType[type_name]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    nb = rows * cols // block
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    d_off, m_off = _D_FIELDS[type_name]
+
+    def with_scales(d: float, m: float) -> np.ndarray:
+        r = raw.copy()
+        r[:, d_off:d_off + 2] = np.full(nb, d, np.float16).view(np.uint8).reshape(-1, 2)
+        if m_off is not None:
+            r[:, m_off:m_off + 2] = np.full(nb, m, np.float16).view(np.uint8).reshape(-1, 2)
+        return dequantize(r, qt).reshape(nb, block).astype(np.float64)
+
+    a = with_scales(1.0, 0.0)                  # the part of each value d multiplies
+    sd = a.std(axis=1)
+    d = std / np.where(sd > 0, sd, 1.0)
+    if m_off is not None:
+        b = with_scales(0.0, 1.0)              # the part dmin multiplies (already signed)
+        mb = b.mean(axis=1)
+        dmin = np.where(mb != 0, -d * a.mean(axis=1) / np.where(mb != 0, mb, 1.0), 0.0)
+        raw[:, m_off:m_off + 2] = dmin.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    raw[:, d_off:d_off + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, cols // block * nbytes)
+
+
+def _tokenizer_fields(name: str):
+    from gguf import GGUFReader
+    r = GGUFReader(str(models.path(name)))
+    return [(k, f) for k, f in r.fields.items() if k.startswith("tokenizer.")]
+
+
+def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]]:
+    """(name, role, numpy shape (rows, cols) or (n,), std) of every tensor, in file order."""
+    e, hd = spec.n_embd, spec.head_dim
+    q, kv, ff = spec.n_head * hd, spec.n_head_kv * hd, spec.n_ff
+    out = [("token_embd.weight", "token_embd", ("V", e), 0.25)]   # tied heads: logits of std ~4
+    if not spec.tied:
+        out.append(("output.weight", "output", ("V", e), 0.25))
+    out.append(("output_norm.weight", "norm", (e,), 0.0))
+    if spec.rope_freqs:
+        out.append(("rope_freqs.weight", "rope_freqs", (hd // 2,), 0.0))
+    gemma = spec.arch in ("gemma2", "gemma3")
+    for il in range(spec.n_layer):
+        b = f"blk.{il}."
+        out.append((b + "attn_norm.weight", "norm", (e,), 0.0))
+        if spec.arch == "phi3":
+            out.append((b + "attn_qkv.weight", "attn_qkv", (q + 2 * kv, e), 1.0 / np.sqrt(e)))
+        else:
+            out += [(b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e)),
+                    (b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
+                    (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e))]
+        if spec.arch in ("qwen3", "gemma3"):
+            out += [(b + "attn_q_norm.weight", "norm", (hd,), 0.0), (b + "attn_k_norm.weight", "norm", (hd,), 0.0)]
+        out.append((b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)))
+        if gemma:
+            out.append((b + "post_attention_norm.weight", "norm", (e,), 0.0))
+        out.append((b + "ffn_norm.weight", "norm", (e,), 0.0))
+        if spec.arch == "phi3":
+            out.append((b + "ffn_up.weight", "ffn_up", (2 * ff, e), 1.0 / np.sqrt(e)))
+        else:
+            out += [(b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
+                    (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e))]
+        out.append((b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff)))
+        if gemma:
+            out.append((b + "post_ffw_norm.weight", "norm", (e,), 0.0))
+    return out
+
+
+def file_name(name: str, mix: str) -> str:
+    return f"synthetic-{name}-{mix}.gguf"
+
+
+def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
+    """Write (or reuse) the synthetic GGUF of architecture spec `name` in type mix `mix` under out_dir."""
+    import gguf
+    from gguf.quants import quantize
+    spec = SPECS[name]
+    path = Path(out_dir) / file_name(name, mix)
+    if path.exists() and not force:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tok = _tokenizer_fields(spec.vocab)
+    n_vocab = len(next(f for k, f in tok if k == "tokenizer.ggml.tokens").contents())
+    a = spec.arch
+    w = gguf.GGUFWriter(str(tmp), a)
+    # llama.cpp matches general.name against "phi3" / "phi-3" and then looks up Phi-3's own "</s>" token
+    # (unordered_map::at on a vocabulary without it): the name keeps the spec but not that spelling.
+    w.add_name(f"synthetic {name.replace('phi3', 'phi')} {mix}")
+    w.add_uint32("general.file_type", 0 if mix == "f32" else 7 if mix == "q8_0" else 15)
+    w.add_block_count(spec.n_layer)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    for k, v in spec.extra.items():
+        (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"{a}.{k}", v)
+    for k, f in tok:
+        vt = f.types[0]
+        value = spec.overrides.get(k, f.contents())
+        w.add_key_value(k, value, vt, f.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
+
+    for tname, role, shape, std in tensor_table(spec):
+        shape = tuple(n_vocab if s == "V" else s for s in shape)
+        rng = np.random.default_rng(_seed(name, tname))          # per tensor: independent of the mix and order
+        il = int(tname.split(".")[1]) if tname.startswith("blk.") else -1
+        if role == "norm":
+            w.add_tensor(tname, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            continue
+        if role == "rope_freqs":
+            w.add_tensor(tname, llama3_factors(shape[0] * 2, float(spec.extra["rope.freq_base"])))
+            continue
+        ttype = _type_for(mix, role, il, spec.n_layer)
+        if ttype in ("F32", "Q8_0"):
+            data = (std * rng.standard_normal(shape)).astype(np.float32)
+            if ttype == "F32":
+                w.add_tensor(tname, data)
+            else:
+                w.add_tensor(tname, quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                             raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            raw = random_blocks(ttype, shape[0], shape[1], std, rng)
+            w.add_tensor(tname, raw, raw_dtype=gguf.GGMLQuantizationType[ttype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+    return path

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Runs ON the lent H200 (no network): the lab page in headless Chromium on the NVIDIA adapter (WebGPU through Dawn
+# on the NVIDIA Vulkan driver), benchmarked against the native engine on the same files in the same run, plus the
+# worker's kernel checks and the chat parity test on that adapter. What it needs travels in pieces made here by
+# scripts/device_browser_prepare.sh, one piece per device call, the calls chained back to back (the machine, and
+# its /tmp, stays only while it is warm: 30 s after a call).
+#
+#   bash scripts/device_browser.sh piece     # calls 1..N-1: keep this call's piece in /tmp/devb
+#   bash scripts/device_browser.sh all       # call N: assemble, install, then tests and benchmarks
+#   bash scripts/device_browser.sh tests     # or split the work: the correctness checks only ...
+#   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
+#
+# Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
+# f16 toggle), tests.txt (pass counts), bench.jsonl (native and browser JSON per model), table.md.
+set -uo pipefail
+D=/tmp/devb
+OUT=${OUT:-/tmp/devb-out}
+mkdir -p "$D" "$OUT"
+mode=${1:-all}
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+
+cp -n .devbrowser/*/bundle.* .devbrowser/*/pieces.sha256 "$D/" 2>/dev/null
+if [ "$mode" = piece ]; then ls -la "$D"; exit 0; fi
+
+# 1. Assemble the pieces (once per machine).
+if [ ! -e "$D/assembled" ]; then
+  (cd "$D" && sha256sum -c pieces.sha256) || { log "pieces missing or damaged (see above): chain the calls"; exit 3; }
+  cat "$D"/bundle.* | tar -x -C "$D" && tar -xJf "$D/core.tar.xz" -C "$D" && rm -f "$D"/bundle.* "$D/core.tar.xz" \
+    && touch "$D/assembled" || { log "could not unpack the pieces"; exit 3; }
+fi
+
+# 2. Install (each call: the environment does not outlive it).
+for f in "$D"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$D"/whl/*.whl \
+  || { log "wheel install failed"; exit 4; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
+mkdir -p web/node_modules && rm -rf web/node_modules/pyodide && cp -r "$D/pyodide" web/node_modules/pyodide
+# The NVIDIA ICD where the loader looks by default; VK_DRIVER_FILES would also work for the browser but takes
+# SwiftShader away from it (shared/h200/browser/README.md).
+mkdir -p /etc/vulkan/icd.d && cp /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/
+export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+# Only the bundled libraries the system lacks, so the image's own stay in charge (glibc 2.39 there).
+mkdir -p "$D/need" && rm -f "$D"/need/*
+CHR=$D/chromium/chromium-headless-shell
+for _ in 1 2 3 4 5 6; do
+  miss=$(LD_LIBRARY_PATH=$D/need ldd "$CHR" "$D"/chromium/*.so "$D"/need/* 2>/dev/null | awk '/not found/{print $1}' | sort -u)
+  [ -z "$miss" ] && break
+  for l in $miss; do [ -e "$D/lib/$l" ] && ln -sf "$D/lib/$l" "$D/need/$l" || log "UNRESOLVED $l"; done
+done
+# dlopened, so ldd never asks: libpci (GPU info), and NSS's modules, which must sit beside the libnss3 in use.
+ldconfig -p | grep -q "libpci.so.3 " || ln -sf "$D/lib/libpci.so.3" "$D/need/"
+if [ -e "$D/need/libnss3.so" ]; then
+  for l in libsoftokn3.so libfreebl3.so libfreeblpriv3.so libnssckbi.so libnssdbm3.so libsoftokn3.chk libfreebl3.chk \
+           libfreeblpriv3.chk; do [ -e "$D/lib/$l" ] && ln -sf "$D/lib/$l" "$D/need/$l"; done
+fi
+export LD_LIBRARY_PATH=$D/need
+log "bundled libraries in use: $(ls "$D/need" | wc -l)"
+mkdir -p /tmp/fccache
+sed "s|FONT_DIR|$D/fonts|" > "$D/fonts.conf" <<'EOF'
+<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir>FONT_DIR</dir><cachedir>/tmp/fccache</cachedir></fontconfig>
+EOF
+export FONTCONFIG_FILE=$D/fonts.conf
+# The browser and flags that give the page the NVIDIA adapter (tests/browser/conftest.py and lab bench read these).
+export LAB_CHROMIUM=$CHR
+export LAB_CHROMIUM_FLAGS="--enable-unsafe-webgpu --ignore-gpu-blocklist --disable-gpu-sandbox --enable-features=Vulkan \
+--use-vulkan=native --use-angle=vulkan --disable-vulkan-surface --no-sandbox --disable-background-networking \
+--disable-component-update --no-first-run --disable-sync"
+export LLM_LAB_CACHE=$D/cache
+mkdir -p "$D/cache/models" && ln -sf "$D/SmolLM2-135M-Instruct.Q4_1.gguf" "$D/cache/models/"
+
+if [ ! -e "$D/adapter_done" ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
+  timeout 60 python3 scripts/vk_f16.py | sed 's/^/{"vulkan": /; s/$/}/' | tee -a "$OUT/adapter.jsonl"
+  timeout 120 python3 scripts/browser_adapter.py "" "--enable-dawn-features=vulkan_enable_f16_on_nvidia" \
+    | tee -a "$OUT/adapter.jsonl" | cut -c1-400
+  touch "$D/adapter_done"
+fi
+
+# 3. Correctness on the NVIDIA adapter: the worker's kernel checks and the chat parity with llama.cpp's fixtures.
+if [[ $mode == all || $mode == tests ]]; then
+  log "kernel checks in the worker"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_kernels_in_worker.py 2>&1 \
+    | tail -40 | tee -a "$OUT/tests.txt"
+  log "chat parity (greedy, llama.cpp fixtures) and seeded sampling equal to native, on the H200 page"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_browser_chat.py \
+    -k "llama_cpp or seeded" 2>&1 | tail -40 | tee -a "$OUT/tests.txt"
+fi
+
+# 4. Same-shape files of the real models (real header and tokenizer, random blocks), each benchmarked natively
+#    and in the page, back to back.
+if [[ $mode == all || $mode == bench ]]; then
+  mkdir -p "$D/ss"
+  for m in ${MODELS:-smollm2 qwen2.5 gemma3}; do
+    f=$D/ss/$m.gguf
+    [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+    log "$m native"
+    timeout 240 python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts 0,2048 --decode 64 --batch 512 --json \
+      2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"native\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
+    log "$m browser"
+    timeout 300 python3 -m lab.host.cli bench "$f" --backend browser --prompts 1,128,512,2048 --decode 64 --json \
+      2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
+  done
+  python3 scripts/device_browser_table.py "$OUT/bench.jsonl" | tee "$OUT/table.md"
+fi
+log "done"

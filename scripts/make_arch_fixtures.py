@@ -1,0 +1,156 @@
+"""llama.cpp's answers on the synthetic architecture GGUFs (tests/fixtures/arch/<spec>-<mix>.json). NOT part of CI.
+
+Runs only with a Python that has llama-cpp-python (the reference venv):
+
+    LLAMA_CPP_LIB_PATH=/root/ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin \\
+        /root/refvenv/bin/python scripts/make_arch_fixtures.py [SPEC[-MIX] ...]
+
+Each synthetic file is built by lab.host.synthetic_arch (fixed seeds: the tests rebuild the same bytes and
+check the sha256 recorded here) under ~/.cache/llm-lab/synthetic, then run by llama.cpp with an F32 KV
+cache and flash attention off (type_k = type_v = 0, flash_attn=False): on F32 weights llama.cpp then
+rounds nothing of its own, so it computes the function the engine computes. A quantized mix runs as an
+F32 copy (see `run`): the same weights, as gguf.quants dequantizes them. Per file:
+
+  tokenize   ids of TEXT (add_bos=False, special=False): the lab tokenizer must give the same
+  prompt_ids TEXT with BOS as the vocabulary says (add_bos=True)
+  positions  for each of POSITIONS (prompt positions past 0, some past the synthetic sliding window of 8):
+             the top-64 (ids, logits) and the logits of SAMPLE fixed ids (the same for every position)
+  greedy     GREEDY_N greedy ids after the prompt, with llama.cpp's top-2 logit gap at each step
+  meta       llama-cpp-python version, file sha256 and size, llama.cpp arguments
+
+Small on purpose: about 10-20 KB a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from lab.host import synthetic_arch
+from lab.host.models import cache_dir
+
+OUT = ROOT / "tests" / "fixtures" / "arch"
+TEXT = ("The old lighthouse keeper climbed the stairs every evening, counting the steps: one hundred and "
+        "twelve. Nobody knew why he still did it.")
+POSITIONS = (1, 5, 9, 16, 24)
+TOP = 64
+N_SAMPLE = 64
+GREEDY_N = 32
+N_CTX = 128
+
+
+def synthetic_dir() -> Path:
+    return cache_dir() / "synthetic"
+
+
+def sample_ids(n_vocab: int) -> list[int]:
+    return sorted(int(i) for i in np.random.default_rng(12).choice(n_vocab, N_SAMPLE, replace=False))
+
+
+def sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def f32_copy(src: Path, dst: Path) -> None:
+    """`src` with every tensor dequantized by gguf.quants and written as F32 (metadata unchanged)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_key_value(k, 0 if k == "general.file_type" else f.contents(), vt,
+                        f.types[1] if vt == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        a = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w.add_tensor(t.name, a.reshape([int(n) for n in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def run(spec: str, mix: str) -> dict:
+    path = synthetic_arch.build(spec, mix, synthetic_dir())
+    # The quantized files run as F32 copies: this machine's llama.cpp build (GGML_NATIVE) dies with SIGILL in its
+    # quantized CPU matmuls (AMX/AVX-512 code the VM does not allow); on an F32 copy llama.cpp also rounds nothing
+    # of its own, so the engine (which dequantizes in-kernel, exactly) is held to F32 tolerances on every mix.
+    run_path = path
+    if mix != "f32":
+        run_path = Path("/tmp") / f"llm-lab-arch-{spec}-{mix}-f32.gguf"
+        f32_copy(path, run_path)
+    try:
+        return _run(spec, mix, path, run_path)
+    finally:
+        if run_path != path:
+            run_path.unlink(missing_ok=True)
+
+
+def _run(spec: str, mix: str, path: Path, run_path: Path) -> dict:
+    llm = llama_cpp.Llama(str(run_path), n_ctx=N_CTX, n_batch=N_CTX, logits_all=True, seed=0, verbose=False,
+                          n_threads=2, n_threads_batch=2, type_k=0, type_v=0, flash_attn=False)
+    text_ids = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
+    prompt = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
+    assert len(prompt) > max(POSITIONS), (spec, len(prompt))
+    n_vocab = llm.n_vocab()
+    sample = sample_ids(n_vocab)
+    llm.reset()
+    llm.eval(prompt)
+    positions = []
+    for p in POSITIONS:
+        row = np.asarray(llm.scores[p], dtype=np.float64)
+        top = np.argsort(-row, kind="stable")[:TOP]
+        positions.append({"pos": p, "top_ids": [int(i) for i in top], "top_logits": [round(float(row[i]), 5) for i in top],
+                          "sample_logits": [round(float(row[i]), 5) for i in sample]})
+    ids, gaps = [], []
+    for _ in range(GREEDY_N):
+        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        top2 = np.argsort(-row, kind="stable")[:2]
+        ids.append(int(top2[0]))
+        gaps.append(round(float(row[top2[0]] - row[top2[1]]), 5))
+        llm.eval([int(top2[0])])
+    del llm
+    return {
+        "spec": spec, "mix": mix, "arch": synthetic_arch.SPECS[spec].arch, "n_vocab": n_vocab,
+        "types": sorted(synthetic_arch.mix_types(mix)),
+        "meta": {"llama_cpp_python": llama_cpp.__version__, "file": path.name, "file_sha256": sha256(path),
+                 "file_bytes": path.stat().st_size,
+                 "llama_cpp_args": f"n_ctx={N_CTX}, type_k=F32, type_v=F32, flash_attn=False, logits_all=True",
+                 "llama_cpp_ran": "the file" if mix == "f32" else "an F32 copy (every tensor dequantized by "
+                                  "gguf.quants): this build's quantized CPU path dies with SIGILL here"},
+        "text": TEXT, "tokenize": text_ids, "prompt_ids": prompt, "sample_ids": sample,
+        "positions": positions, "greedy": ids, "top2_gap": gaps,
+    }
+
+
+def main(argv: list[str]) -> None:
+    todo = []
+    for a in argv or list(synthetic_arch.SPECS):
+        spec, _, mix = a.partition("-")
+        todo += [(spec, m) for m in ([mix] if mix else synthetic_arch.mixes())]
+    OUT.mkdir(parents=True, exist_ok=True)
+    for spec, mix in todo:
+        t = time.time()
+        data = run(spec, mix)
+        out = OUT / f"{spec}-{mix}.json"
+        out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        print(f"{out.name}: {out.stat().st_size:,} bytes, greedy {data['greedy'][:8]}..., "
+              f"min gap {min(data['top2_gap']):.4f}, {time.time() - t:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

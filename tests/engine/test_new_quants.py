@@ -1,0 +1,138 @@
+"""The engine on a tiny synthetic llama whose matrices use Q2_K, Q3_K, IQ4_NL and IQ4_XS (and no other
+quantized type), run natively and held to the numpy reference (lab/host/reference, which dequantizes with
+gguf.quants, independent of wgsl/quant.wgsl) tensor by tensor, logits included.
+
+The file is written here with gguf.GGUFWriter: random but valid blocks (tests/kernels/quant_oracle), shapes
+that are whole 256-element super-blocks (n_embd 256, n_ff 512, 4 heads of 64, GQA 2 KV heads), two layers
+with different type mixes, so the stacked QKV / gate-up weights split into runs of different types, as
+llama.cpp's Q*_K_M mixes make them. The prefill has 37 tokens (the GEMM's 32-token tile plus a partial one);
+two decode steps continue from its cache (matvec). TRACE_TOL is test_engine's (float32 summation order,
+measured ~2e-5 on the real models): a wrong scale, bit or table entry in one type is O(1) in the first
+tensor that reads it, and bisect names that tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_engine import check_trace, gpu_trace
+
+from lab import gguf as lab_gguf
+from lab.engine import Engine
+from lab.host.reference import Reference
+from lab.model import ModelError, check_tensors, from_gguf
+from lab.ops.weights import KERNEL_TYPES
+from tests.kernels import quant_oracle as qo
+
+N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB, N_LAYER = 256, 4, 2, 64, 512, 320, 2
+# role -> type in layer 0, layer 1 (the brief's mix: attn_v Q3_K, ffn_down Q2_K, attn_q IQ4_XS, token_embd IQ4_NL)
+MIX = {
+    "attn_q": ("IQ4_XS", "Q3_K"), "attn_k": ("Q3_K", "IQ4_NL"), "attn_v": ("Q3_K", "Q2_K"),
+    "attn_output": ("IQ4_NL", "IQ4_XS"), "ffn_gate": ("Q2_K", "IQ4_XS"), "ffn_up": ("IQ4_XS", "IQ4_XS"),
+    "ffn_down": ("Q2_K", "Q3_K"),
+}
+TOP = {"token_embd": "IQ4_NL", "output": "Q3_K"}
+NEW_TYPES = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"}
+
+
+def write_model(path, types=None, seed: int = 0):
+    """A 2-layer llama GGUF; `types` overrides MIX/TOP entries: {tensor name: type}."""
+    import gguf
+    types = types or {}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("synthetic new quants")
+    w.add_block_count(N_LAYER)
+    w.add_context_length(512)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(HEAD_DIM)
+    rng = np.random.default_rng(seed)
+    n = [0]
+
+    def tensor(name: str, type_name: str, rows: int, cols: int) -> None:
+        type_name = types.get(name, type_name)
+        n[0] += 1
+        if type_name == "F32":
+            data = (1.0 + 0.2 * rng.standard_normal((rows, cols))).astype(np.float32)
+            w.add_tensor(name, data if rows > 1 else data.reshape(cols))
+            return
+        if type_name in KERNEL_TYPES:
+            raw = qo.random_tensor(type_name, rows, cols, seed=seed * 1000 + n[0])
+        else:                       # a type to be refused: only its size matters
+            raw = np.zeros((rows, qo.row_bytes(type_name, cols)), np.uint8)
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    q, kv = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
+    tensor("token_embd.weight", TOP["token_embd"], N_VOCAB, N_EMBD)
+    tensor("output.weight", TOP["output"], N_VOCAB, N_EMBD)
+    tensor("output_norm.weight", "F32", 1, N_EMBD)
+    shapes = {"attn_q": (q, N_EMBD), "attn_k": (kv, N_EMBD), "attn_v": (kv, N_EMBD), "attn_output": (N_EMBD, q),
+              "ffn_gate": (N_FF, N_EMBD), "ffn_up": (N_FF, N_EMBD), "ffn_down": (N_EMBD, N_FF)}
+    for il in range(N_LAYER):
+        for role, (rows, cols) in shapes.items():
+            tensor(f"blk.{il}.{role}.weight", MIX[role][il], rows, cols)
+        for norm in ("attn_norm", "ffn_norm"):
+            tensor(f"blk.{il}.{norm}.weight", "F32", 1, N_EMBD)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, device):
+    path = write_model(tmp_path_factory.mktemp("newq") / "newq.gguf")
+    header = lab_gguf.read_file(path)
+    eng = Engine(device, header, n_ctx=64, logits_all=True)
+    eng.weights.upload_file(path)
+    ref = Reference(path)
+    yield header, eng, ref
+    eng.close()
+    ref.w.drop()
+
+
+def test_file_uses_exactly_the_new_types(model):
+    header, eng, _ = model
+    quantized = {t.type.name for t in header.tensors if t.type.name != "F32"}
+    assert quantized == NEW_TYPES
+    # stacked projections of different types stay separate runs (layer 0's qkv: IQ4_XS, then Q3_K + Q3_K)
+    assert [w.type.name for w, _ in eng.weights.stacked["blk.0.qkv"]] == ["IQ4_XS", "Q3_K"]
+
+
+def test_prefill_and_decode_match_reference(model):
+    _, eng, ref = model
+    ids = np.random.default_rng(7).integers(0, N_VOCAB, 39).tolist()
+    ref.forward(ids[:37], trace=True)
+    g = gpu_trace(eng, ids[:37], 0)
+    assert g["result_output"].shape == (37, N_VOCAB)
+    worst = [check_trace(ref, g, "prefill of 37 tokens")]
+    logits_ref = np.asarray(ref.trace["result_output"], np.float64).reshape(37, -1)
+    diffs = [np.max(np.abs(g["result_output"] - logits_ref))]
+    assert (g["result_output"].argmax(1) == logits_ref.argmax(1)).all()
+    for pos in (37, 38):
+        ref.forward(ids[pos:pos + 1], start_pos=pos, trace=True)
+        g = gpu_trace(eng, ids[pos:pos + 1], pos)
+        worst.append(check_trace(ref, g, f"decode at position {pos}"))
+        lr = np.asarray(ref.trace["result_output"], np.float64).reshape(-1)
+        diffs.append(np.max(np.abs(g["result_output"].reshape(-1) - lr)))
+        assert g["result_output"].argmax() == lr.argmax()
+    print(f"\nnew quants: worst relative trace error prefill {worst[0]:.2e}, decode {max(worst[1:]):.2e}; "
+          f"max |logit diff| {max(diffs):.2e} (logits up to {np.max(np.abs(logits_ref)):.2f})")
+
+
+@pytest.mark.parametrize("bad", ["IQ2_XXS", "Q8_K"])
+def test_unsupported_type_is_refused_with_the_list(tmp_path, bad):
+    """A weight of a type the kernels cannot read is refused by name, with the list of types the lab reads."""
+    path = write_model(tmp_path / "bad.gguf", {"blk.1.ffn_up.weight": bad})
+    header = lab_gguf.read_file(path)
+    with pytest.raises(ModelError) as e:
+        check_tensors(from_gguf(header), header)
+    msg = str(e.value)
+    assert f"blk.1.ffn_up.weight has type {bad}" in msg
+    assert all(t in msg for t in KERNEL_TYPES) and NEW_TYPES <= set(KERNEL_TYPES)
+    assert lab_gguf.summary(header)["unsupported_types"] == [bad]

@@ -1,0 +1,119 @@
+"""The memory plan (lab/memplan.py) on the three real models' headers: what they need at a few contexts, the
+largest context that fits when a smaller one would help, and the refusals, with their numbers.
+
+The pinned byte counts were measured with the planner and checked here against independent formulas: the KV cache
+is 2 (K, V) x layers x context x KV heads x head size x 4 B, and the weights are the tensors' own bytes (each
+buffer padded to 4), so a planner that forgets a part, or counts one twice, fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import gguf, memplan
+from lab.model import expected_tensors, from_gguf
+
+WEBGPU_DEFAULT = {"max_buffer_size": 1 << 28, "max_storage_buffer_binding_size": 1 << 27}   # the spec's defaults
+# name -> (weight bytes, activation bytes at the default batch), measured by the planner
+PINNED = {"smollm2": (96_576_768, 2_067_504), "qwen2.5": (485_452_288, 5_330_736), "gemma3": (246_587_904, 3_771_696)}
+
+
+@pytest.fixture(scope="module")
+def headers(smollm2_path, qwen_path, gemma_path):
+    return {"smollm2": gguf.read_file(smollm2_path), "qwen2.5": gguf.read_file(qwen_path),
+            "gemma3": gguf.read_file(gemma_path)}
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+@pytest.mark.parametrize("n_ctx", [2, 2048, 8192])
+def test_real_models_needs(headers, name, n_ctx):
+    h = headers[name]
+    cfg = from_gguf(h)
+    p = memplan.plan(WEBGPU_DEFAULT, h, cfg, n_ctx)
+    assert p.fits, p.problems
+    kv = 2 * cfg.n_layer * n_ctx * cfg.n_head_kv * cfg.head_dim * 4
+    assert p.total("kv") == kv == cfg.kv_bytes_per_token() * n_ctx
+    assert sum(n.kv for n in p.needs) == 2 * cfg.n_layer           # one K and one V buffer per layer
+    own = sum(t.nbytes for t in h.tensors if t.name in expected_tensors(cfg))
+    weights = [n for n in p.needs if n.kind == "weights"]
+    assert 0 <= p.total("weights") - own < 4 * len(weights)          # every tensor once, each buffer padded to 4
+    assert (p.total("weights"), p.total("scratch")) == PINNED[name]
+    # the weights are split to fit a binding: no buffer is over the limit, and the big tables are in parts
+    assert max(n.size for n in p.needs) <= WEBGPU_DEFAULT["max_storage_buffer_binding_size"]
+
+
+def test_default_context_is_the_engines_bounded_by_the_models(headers):
+    from lab.engine import DEFAULT_CTX
+    for h in headers.values():
+        assert memplan.plan(WEBGPU_DEFAULT, h).n_ctx == DEFAULT_CTX
+    cfg = from_gguf(headers["smollm2"])
+    assert memplan.page_context(cfg, None) == DEFAULT_CTX
+    assert memplan.page_context(cfg, 1 << 20) == cfg.n_ctx_train == 8192     # bounded by the model's own
+    assert memplan.page_context(cfg, 1) == 2
+
+
+def test_split_tables_are_in_binding_sized_parts(headers):
+    """qwen2.5's output table (151936 x 896 Q8_0, 144.6 MB) is over a 128 MiB binding: two parts, whole rows."""
+    p = memplan.plan(WEBGPU_DEFAULT, headers["qwen2.5"], n_ctx=2048)
+    parts = [n for n in p.needs if n.label.startswith("output.weight[")]
+    t = next(t for t in headers["qwen2.5"].tensors if t.name == "output.weight")
+    assert len(parts) == 2 and sum(n.size for n in parts) == t.nbytes
+    assert parts[0].size <= 1 << 27 and parts[0].size % (t.nbytes // 151936) == 0
+
+
+def test_suggests_the_largest_context_that_fits(headers):
+    """A 4 MiB binding limit: SmolLM2's K cache per layer is 8192 x 3 x 64 x 4 B = 6 MiB at 8192 tokens, over it;
+    4 MiB / 768 B per token = 5461 tokens is the largest that fits."""
+    limits = {"max_buffer_size": 1 << 30, "max_storage_buffer_binding_size": 4 << 20}
+    h = headers["smollm2"]
+    p = memplan.plan(limits, h, n_ctx=8192)
+    assert not p.fits and p.suggestion == 5461
+    assert "'k cache 0 [n_ctx, kv]' needs 6,291,456 bytes" in p.problems[0]
+    assert "maxStorageBufferBindingSize of 4,194,304 bytes" in p.problems[0]
+    assert len(p.problems) == 2 * 30                                 # every layer's K and V
+    assert memplan.plan(limits, h, n_ctx=5461).fits and not memplan.plan(limits, h, n_ctx=5462).fits
+    msg = p.message()
+    assert "A context of 5,461 tokens would fit" in msg and "(and 57 more)" in msg
+    with pytest.raises(memplan.PlanError, match="5,461 tokens would fit"):
+        memplan.check(limits, h, n_ctx=8192)
+
+
+def test_max_buffer_size_is_named_when_it_is_the_smaller_limit(headers):
+    limits = {"max_buffer_size": 4 << 20, "max_storage_buffer_binding_size": 1 << 27}
+    p = memplan.plan(limits, headers["gemma3"], n_ctx=8192)        # gemma3: 1 x 256 x 4 B = 1 KiB per token
+    assert not p.fits and p.suggestion == 4096
+    assert "over the adapter's maxBufferSize of 4,194,304 bytes" in p.problems[0]
+    # weights were split by the smaller of the two limits, so only the caches are over
+    assert all("cache" in x for x in p.problems)
+
+
+def test_refuses_weights_no_context_can_save(headers):
+    """A binding smaller than one row of the embedding table: no split and no context helps; the row is named."""
+    limits = {"max_buffer_size": 1 << 30, "max_storage_buffer_binding_size": 512}
+    p = memplan.plan(limits, headers["smollm2"], n_ctx=2048)
+    assert not p.fits and p.suggestion is None
+    assert "one row is 612 bytes, over this GPU's storage binding limit (512 bytes)" in p.problems[0]
+    assert "No context makes it fit" in p.message()
+
+
+def test_context_outside_the_models_own_is_refused_on_the_page_path(headers):
+    with pytest.raises(memplan.PlanError, match="outside 2..8,192"):
+        memplan.check(WEBGPU_DEFAULT, headers["smollm2"], n_ctx=8193)
+    assert memplan.check(WEBGPU_DEFAULT, headers["smollm2"], n_ctx=8193, bounded=False).n_ctx == 8193
+
+
+def test_page_summary(headers):
+    s = memplan.page_summary(WEBGPU_DEFAULT, headers["smollm2"], 4096)
+    assert s["n_ctx"] == 4096 and s["fits"] and s["default_ctx"] == 2048 and s["n_ctx_train"] == 8192
+    assert s["kv_bytes"] == 4096 * s["kv_bytes_per_token"] == 4096 * 46080
+    assert s["message"] is None and s["largest"]["label"] == "token_embd.weight"
+    assert memplan.page_summary(None, headers["smollm2"], 4096) is None       # no adapter yet
+
+
+def test_engine_refuses_before_making_a_buffer(device, headers, monkeypatch):
+    """The native engine runs the same plan first: a refusal leaves the device's registry as it was."""
+    from lab.engine import Engine
+    monkeypatch.setitem(device.info.limits, "max_storage_buffer_binding_size", 4 << 20)
+    before = len(device.buffers)
+    with pytest.raises(memplan.PlanError, match="'k cache 0 \\[n_ctx, kv\\]' needs 6,291,456 bytes"):
+        Engine(device, headers["smollm2"], n_ctx=8192)
+    assert len(device.buffers) == before
