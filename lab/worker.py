@@ -3,6 +3,7 @@
 Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?} | chat {messages, settings, max_new} | reset
               probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget {skip?}
               kv-rows {id, positions} (tests: raw K/V rows in base64, read without lab/kvview.py's kernel)
+              greedy-ids {id, ids, n} (tests: greedy ids of a raw prompt, the architecture parity test)
               probe-rope {pos, layer, seq} (the RoPE demo: lab/rope_worker.py, answered by "rope")
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
@@ -120,6 +121,8 @@ async def handle(msg) -> None:
                 await rope_worker.run(_probes(), _loaded(), msg.to_py(), post, _f32)
             elif kind == "kv-rows":
                 await _kv_rows(msg.to_py())
+            elif kind == "greedy-ids":
+                await _greedy_ids(msg.to_py())
             elif kind == "kernel-check":
                 await _kernel_check(msg.to_py())
             elif kind == "weight-bytes":         # tests: a tensor's bytes read back from the GPU (lab/weightread.py)
@@ -403,6 +406,27 @@ async def _kv_rows(msg: dict) -> None:
 
 
 # -- tests and benchmarks -------------------------------------------------------------------------------
+async def _greedy_ids(msg: dict) -> None:
+    """Test hook: n greedy ids after raw prompt ids, straight through the engine's prefill and decode steps (no chat
+    template, no end-of-generation stop), as llama.cpp's architecture fixtures were made. The chat's cache is
+    dropped: the steps overwrite it."""
+    reply = {"type": "greedy-ids", "id": msg["id"]}
+    try:
+        lo = _loaded()
+        lo.session.reset()
+        ids, n, engine = [int(i) for i in msg["ids"]], int(msg["n"]), lo.engine
+        out = []
+        engine.step(ids, 0)
+        for i in range(n):
+            out.append(await engine.argmax())
+            if i + 1 < n:
+                engine.step(None, len(ids) + i)     # ids[0] already holds the argmax
+    except Exception as exc:  # answered under the question's id, so the caller's promise settles
+        post({**reply, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    post({**reply, "ids": out})
+
+
 async def _ffi_cost(n: int) -> None:
     """Microseconds of one Python->JS call (a JS function that returns a boolean) and of one small `to_js`
     (the 16-byte step uniform a decode step writes): the per-call price that call counts multiply. With a

@@ -311,34 +311,39 @@ function forgetAll(skip) {
   render();
 }
 
-// Test hooks (tests/browser/test_kv_page.py). labForgetSkipping(label): Forget with that one buffer left uncleared,
-// to prove the page says NOT wiped and keeps its cells lit. labKvRows(positions): the raw K and V rows of every layer
-// at those positions, read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
-window.labForgetSkipping = (label) => forgetAll(label);
-const kvRowCalls = new Map();     // id -> resolve
-let kvRowId = 0;
-window.labKvRows = (positions) => new Promise((resolve) => {
-  const id = ++kvRowId;
-  kvRowCalls.set(id, resolve);
-  worker.postMessage({ type: "kv-rows", id, positions });
-});
-
-// Test hook (tests/browser/test_kernels_in_worker.py): runs kernel cases in the worker through lab/kernelcheck.py on
-// inputs given in base64 and resolves with their outputs. The worker makes and frees its own buffers for them; the
-// store, the page and the conversation are not touched.
-const kernelChecks = new Map();   // id -> {resolve, reject}
-let kernelCheckId = 0;
-window.labKernelCheck = (cases) => new Promise((resolve, reject) => {
-  const id = ++kernelCheckId;
-  kernelChecks.set(id, { resolve, reject });
-  worker.postMessage({ type: "kernel-check", id, cases });
-});
-
-function settleKernelCheck(m) {
-  const p = kernelChecks.get(m.id);
-  kernelChecks.delete(m.id);
-  if (p) m.error ? p.reject(new Error(m.error)) : p.resolve(m);
+// Test hooks: questions to the worker that tests ask through the page, each answered by a message of the same type
+// carrying the question's id (an `error` field rejects). The store, the page and the conversation's text are not
+// touched.
+// - labKernelCheck(cases) (tests/browser/test_kernels_in_worker.py): kernel cases through lab/kernelcheck.py on
+//   inputs in base64; the worker makes and frees its own buffers for them.
+// - labKvRows(positions) (tests/browser/test_kv_page.py): the raw K and V rows of every layer at those positions,
+//   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
+// - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
+//   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture.
+// labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps
+// its cells lit.
+const questions = new Map();      // id -> {type, resolve, reject}
+let questionId = 0;
+function ask(type, body) {
+  return new Promise((resolve, reject) => {
+    const id = ++questionId;
+    questions.set(id, { type, resolve, reject });
+    worker.postMessage({ type, id, ...body });
+  });
 }
+
+function answered(m) {
+  const q = m.id != null && questions.get(m.id);
+  if (!q || q.type !== m.type) return false;
+  questions.delete(m.id);
+  m.error ? q.reject(new Error(m.error)) : q.resolve(m);
+  return true;
+}
+
+window.labKernelCheck = (cases) => ask("kernel-check", { cases });
+window.labKvRows = (positions) => ask("kv-rows", { positions });
+window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
+window.labForgetSkipping = (label) => forgetAll(label);
 
 // ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------
 // Keyed by the message types lab/worker.py (and web/worker.js) post.
@@ -431,8 +436,7 @@ const onError = {
 
 worker.onmessage = (e) => {
   const m = e.data;
-  if (m.type === "kernel-check") { settleKernelCheck(m); return; }
-  if (m.type === "kv-rows") { kvRowCalls.get(m.id)?.(m); kvRowCalls.delete(m.id); return; }
+  if (answered(m)) return;
   if (ctxCard.handles(m)) { render(); return; }
   if (verifyCard.handles(m)) { render(); return; }
   if (ropeCard.handles(m)) { render(); return; }

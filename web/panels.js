@@ -293,12 +293,13 @@ export function renderLens(store) {
 // The cache as a picture: a row per layer, a column per position, each cell shaded by the L2 norm of that layer's
 // cached K row (top half, blue) and V row (bottom half, green), read from the GPU (lab/kvview.py). Shades are
 // √(x / max) of the picture's largest |K| or |V|, so small rows stay visible and a zero row is white.
-const KV_K = BLUE, KV_V = GREEN;
+export const KV_K = BLUE, KV_V = GREEN;
 const KV_MAX_COLS = 256;            // positions drawn (the last ones): 30 layers x 256 cells is about the DOM's comfort
 let kvDrawn = { key: null };        // what the grid was last built from: a render for another reason reuses it
 
 // [{pos, norms: Float32Array [n_layer, 2]}] to draw: the live columns, or Forget's read-back picture.
-function kvColumns(store) {
+// The KV picture's columns [{pos, norms: [‖k‖, ‖v‖] per layer}]: the live read, or Forget's read-back.
+export function kvColumns(store) {
   const after = store.kv.after;
   if (!after) return store.kv.columns.map((norms, pos) => ({ pos, norms }));
   const w = 2 * after.n_layer;

@@ -1,7 +1,9 @@
 // What the four probe cards export (web/export.js): data() is exactly what the card shows (the same numbers as
 // its cells' data-* attributes, at full precision), draw() its picture. Both read the store; neither computes
 // anything about the model.
-import { attnChoice, attnShade, attnValue, BLUE, GREEN, RED, selectedEmbedding, selectedPos, shown } from "/web/panels.js";
+import {
+  attnChoice, attnShade, attnValue, BLUE, GREEN, KV_K, KV_V, kvColumns, RED, selectedEmbedding, selectedPos, shown,
+} from "/web/panels.js";
 import { barsHeight, drawBars, drawHeatmap, drawLines, heatmapSize, linesHeight, sheet, textWidth, MONO } from "/web/pictures.js";
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
@@ -116,12 +118,51 @@ function drawLens(canvas, store) {
   drawHeatmap(ctx, 0, spec);
 }
 
+// ---- KV cache ---------------------------------------------------------------------------------------------------
+// What the heatmap shows: ‖k‖ and ‖v‖ of every layer's cached row at every position held (or, after Forget, the
+// norms of what was read back).
+function kvData(store) {
+  const kv = store.loaded && store.loaded.kv;
+  const cols = kv ? kvColumns(store) : [];
+  if (!cols.length) return null;
+  const after = store.kv.after;
+  return { panel: "kv-cache", model: model(store), source: after ? "read back after Forget" : "read from the GPU",
+           n_layer: kv.n_layer, n_ctx: kv.n_ctx, bytes_per_token: kv.bytes_per_token, used: store.kv.used,
+           positions: cols.map((c) => c.pos), pieces: cols.map((c) => piece(store, c.pos)),
+           // k[layer][j], v[layer][j]: the L2 norm of that layer's K (V) row at positions[j]
+           k: range(kv.n_layer).map((il) => cols.map((c) => c.norms[2 * il])),
+           v: range(kv.n_layer).map((il) => cols.map((c) => c.norms[2 * il + 1])),
+           forget: after ? { before: after.before, after: after.after, lit: after.lit } : null };
+}
+
+function drawKv(canvas, store) {
+  const d = kvData(store);
+  const label = (j) => shown(d.pieces[j]) || String(d.positions[j]);
+  const spec = (m, colour) => {
+    let max = 0;
+    for (const row of m) for (const x of row) max = Math.max(max, x);
+    return { cols: d.positions.map((_, j) => label(j)), rows: range(d.n_layer).map((il) => `L${il}`), cellW: 12, cellH: 10,
+             colour, vertical: true, alpha: (il, j) => (m[il][j] > 0 ? Math.sqrt(m[il][j] / max) : 0), max };
+  };
+  const ks = spec(d.k, KV_K), vs = spec(d.v, KV_V);
+  const size = heatmapSize(ks);
+  const ctx = sheet(canvas, size.width, 2 * size.height + linesHeight(2),
+    `KV cache: ‖k‖ and ‖v‖ per layer and position (${d.source})`,
+    [`positions ${d.positions[0]}..${d.positions.at(-1)} of ${d.n_ctx}; ${d.bytes_per_token.toLocaleString("en")} B per token; `
+     + `shade √(x / max): ‖k‖ full at ${ks.max.toFixed(2)}, ‖v‖ full at ${vs.max.toFixed(2)}, white = 0`]);
+  let y = drawLines(ctx, 0, ["‖k‖"]);
+  y += drawHeatmap(ctx, y, ks);
+  y += drawLines(ctx, y, ["‖v‖"]);
+  drawHeatmap(ctx, y, vs);
+}
+
 // One line per card (web/export.js registerExport): the id of its element, and its data, picture and readiness.
 export function probeExports(store) {
   return [
     ["embedding", { data: () => embeddingData(store), draw: (c) => drawEmbedding(c, store), ready: () => !!selectedEmbedding(store) }],
     ["residual", { data: () => residualData(store), draw: (c) => drawResidual(c, store) }],
     ["attention", { data: () => attentionData(store), draw: (c) => drawAttention(c, store), ready: () => !!store.probe.attention }],
+    ["kv", { name: "kv-cache", data: () => kvData(store), draw: (c) => drawKv(c, store) }],
     ["lens", { name: "logit-lens", data: () => lensData(store), draw: (c) => drawLens(c, store), ready: () => !!store.probe.lens }],
   ];
 }

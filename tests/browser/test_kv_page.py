@@ -12,6 +12,7 @@ Screenshots of the panel before and after Forget go to $LAB_SHOTS (default /tmp/
 from __future__ import annotations
 
 import base64
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import open_lab
+from tests.browser.test_layout import check_png, download
 
 SLOW = 600_000                   # ms: a load or a reply on SwiftShader
 RTOL = 1e-5
@@ -129,6 +131,15 @@ def test_heatmap_grows_and_equals_the_cache_then_forget_blanks_it(lab_kv):
     assert page.locator('[data-testid=kv-cell].selected').count() == N_LAYER
     page.evaluate("document.querySelector('#kv').scrollIntoView({block: 'start'})")
     _shot(lab, "before-forget")
+    # the export holds the numbers the cells show, and its picture is a real PNG
+    name, raw = download(lab, "kv", "json")
+    d = json.loads(raw)
+    assert name == "llm-lab-kv-cache.json" and d["positions"] == list(range(used))
+    np.testing.assert_array_equal(np.array(d["k"], np.float32).T, [[cells[(il, p)][0] for il in range(N_LAYER)]
+                                                                   for p in range(used)])
+    np.testing.assert_array_equal(np.array(d["v"], np.float32).T, [[cells[(il, p)][1] for il in range(N_LAYER)]
+                                                                   for p in range(used)])
+    check_png(download(lab, "kv", "png")[1])
 
     assert _forget(lab) == "wiped"
     _assert_blank(lab, used)
