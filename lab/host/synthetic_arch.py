@@ -27,6 +27,7 @@ What it does not know: llama.cpp (scripts/make_arch_fixtures.py runs it on these
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,7 +227,7 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     if path.exists() and not force:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")     # two builders at once never share a half-written file
     tok = _tokenizer_fields(spec.vocab)
     n_vocab = len(next(f for k, f in tok if k == "tokenizer.ggml.tokens").contents())
     a = spec.arch

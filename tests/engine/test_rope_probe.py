@@ -80,7 +80,9 @@ def scores(r, head: int, neox: bool) -> np.ndarray:
     return e / e.sum()
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+# SmolLM2 (adjacent pairs) in the default run; the NeoX-paired models (several minutes each on lavapipe) with --slow.
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=() if c == "smollm2_path" else pytest.mark.slow)
+                                        for c in CASES])
 def chat(request, device):
     """A model, a greedy chat of 4 tokens (the last one never fed back: the cache lacks it), and its probes."""
     path = request.getfixturevalue(request.param)
