@@ -65,23 +65,9 @@ def sha256(p: Path) -> str:
 
 def f32_copy(src: Path, dst: Path) -> None:
     """`src` with every tensor dequantized by gguf.quants and written as F32 (metadata unchanged)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.quants import dequantize
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = f.types[0]
-        w.add_key_value(k, 0 if k == "general.file_type" else f.contents(), vt,
-                        f.types[1] if vt == GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w.add_tensor(t.name, a.reshape([int(n) for n in reversed(t.shape)]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_fixtures import f32_copy as copy
+    copy(str(src), str(dst))
 
 
 def run(spec: str, mix: str) -> dict:

@@ -4,7 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 
-function el(tag, props = {}, children = []) {
+export function el(tag, props = {}, children = []) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (k === "testid") e.setAttribute("data-testid", v);

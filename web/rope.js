@@ -8,7 +8,7 @@
 // Its state is its own, like web/verify.js: main.js calls render() on every render, hands it the worker's "rope"
 // messages and "probe-rope" errors (handles(m)), and calls clear() whenever the conversation is dropped (Forget,
 // new chat, a new model): the q and k it holds come from the conversation.
-import { BLUE, selectedPos, shown } from "/web/panels.js";
+import { BLUE, el, selectedPos, shown } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -126,18 +126,6 @@ export function realHead(data, head) {
 }
 
 // ---- the card --------------------------------------------------------------------------------------------------------
-function el(tag, props = {}, children = []) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(props)) {
-    if (k === "testid") e.setAttribute("data-testid", v);
-    else if (k === "data") Object.assign(e.dataset, v);
-    else if (k === "class") e.className = v;
-    else e[k] = v;
-  }
-  e.append(...children);
-  return e;
-}
-
 const num = (x, digits = 6) => (x === 0 ? "0" : Math.abs(x) < 1e-3 || Math.abs(x) >= 1e5 ? x.toExponential(2) : x.toFixed(digits));
 
 function fillSelect(select, values, label, value) {

@@ -21,6 +21,7 @@ from server.app import create_app
 # (scripts/device_browser.sh runs these tests on a GPU's adapter that way).
 CHROMIUM, ARGS = browser_command()
 BOOT_TIMEOUT_MS = 120_000
+LOAD_MS = 600_000         # a model load on SwiftShader, with the machine's two cores shared
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +65,23 @@ class Lab:
 
     def wait_ready(self) -> None:
         self.page.wait_for_selector('[data-testid="gpu-selftest"]:not([data-state="pending"])', timeout=BOOT_TIMEOUT_MS)
+
+    def pick(self, path) -> None:
+        """Choose a model file in the file input, as a user does."""
+        self.page.set_input_files('[data-testid="model-file"]', str(path))
+
+    def wait_loaded(self, name: str, timeout_ms: int = LOAD_MS) -> None:
+        """Wait until the model card names `name` and the prompt is enabled; a load that fails says what the page
+        said."""
+        try:
+            self.page.wait_for_function(
+                "name => !document.querySelector('[data-testid=prompt]').disabled"
+                " && document.querySelector('[data-testid=model-info]').textContent.includes(name)", arg=name,
+                timeout=timeout_ms)
+        except Exception:
+            raise AssertionError(f"{name} did not load; the page says: "
+                                 f"{self.page.inner_text('[data-testid=load-error]')!r}; console: {self.console[-5:]}"
+                                 ) from None
 
     def foreign_requests(self) -> list[str]:
         return [u for u in self.requests if not (u.startswith(self.url + "/") or u == self.url)

@@ -14,7 +14,6 @@ from lab.host.models import cache_dir
 from tests.browser.conftest import open_lab
 from tests.conftest import FIXTURES
 
-LOAD_MS = 600_000
 NEAR_TIE = 0.01          # as tests/engine/test_architectures.py: F32 on both sides, summation order apart
 
 
@@ -24,10 +23,8 @@ def test_llama3_greedy_in_the_page_is_llama_cpps(browser, server_url):
     with open_lab(browser, server_url) as lab:
         page = lab.page
         lab.wait_ready()
-        page.set_input_files('[data-testid="model-file"]', str(path))
-        page.wait_for_function("!document.querySelector('[data-testid=prompt]').disabled || "
-                               "document.querySelector('[data-testid=load-error]').textContent", timeout=LOAD_MS)
-        assert page.locator('[data-testid="load-error"]').is_hidden(), page.inner_text('[data-testid="load-error"]')
+        lab.pick(path)
+        lab.wait_loaded(path.name)
         want, gaps = fx["greedy"], fx["top2_gap"]
         got = page.evaluate("([ids, n]) => window.labGreedyIds(ids, n).then((m) => m.ids)", [fx["prompt_ids"], len(want)])
         assert len(got) == len(want)

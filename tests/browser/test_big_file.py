@@ -105,21 +105,6 @@ def big_file(tmp_path_factory):
     path.unlink()
 
 
-def _pick(lab, path: Path) -> None:
-    lab.page.set_input_files('[data-testid="model-file"]', str(path))
-
-
-def _wait_loaded(lab, name: str) -> None:
-    try:
-        lab.page.wait_for_function(
-            "name => !document.querySelector('[data-testid=prompt]').disabled"
-            " && document.querySelector('[data-testid=model-info]').textContent.includes(name)", arg=name,
-            timeout=LOAD_MS)
-    except Exception:
-        raise AssertionError(f"{name} did not load; the page says: {lab.page.inner_text('[data-testid=load-error]')!r}"
-                             f"; console: {lab.console[-5:]}") from None
-
-
 def _facts(lab) -> dict:
     return lab.page.evaluate("Object.fromEntries([...document.querySelectorAll('[data-testid=model-info] dd')]"
                              ".map(d => [d.dataset.key, d.textContent]))")
@@ -137,8 +122,8 @@ def test_file_past_4gb_loads_and_its_tensors_reach_the_gpu_intact(lab, big_file)
 
     lab.wait_ready()
     t0 = time.perf_counter()
-    _pick(lab, path)
-    _wait_loaded(lab, path.name)
+    lab.pick(path)
+    lab.wait_loaded(path.name, LOAD_MS)
     seconds = time.perf_counter() - t0
     stats = lab.page.evaluate("() => document.querySelector('[data-testid=model-info]').textContent")
     assert "loaded" in stats
@@ -177,7 +162,7 @@ def test_context_too_large_for_the_adapter_is_refused_before_any_upload(lab, tmp
     page = lab.page
     page.fill('[data-testid="context-length"]', str(1 << 24))
     page.dispatch_event('[data-testid="context-length"]', "change")
-    _pick(lab, path)
+    lab.pick(path)
     page.wait_for_function("document.querySelector('[data-testid=load-error]').textContent.includes('does not fit')",
                            timeout=LOAD_MS)
     err = page.inner_text('[data-testid="load-error"]')
@@ -196,11 +181,11 @@ def test_context_too_large_for_the_adapter_is_refused_before_any_upload(lab, tmp
     # report an adapter's total memory, so no plan can promise that)
     page.fill('[data-testid="context-length"]', "4096")
     page.dispatch_event('[data-testid="context-length"]', "change")
-    _wait_loaded(lab, path.name)
+    lab.wait_loaded(path.name, LOAD_MS)
     assert _facts(lab)["KV cache"].startswith("4096 tokens")
     assert lab.cells("context-plan", ["fits", "kvBytes"])[0] == {"fits": "true", "kvBytes": str(4096 * 2 * 128)}
 
     # and the page goes on: the default model loads (its context is bounded by its own, 8192)
     page.click('[data-testid="load-default"]')
-    _wait_loaded(lab, smollm2_path.name)
+    lab.wait_loaded(smollm2_path.name, LOAD_MS)
     assert not lab.errors(), lab.errors()

@@ -83,10 +83,8 @@ def model(request, browser, server_url):
         m = Model(name, path, lab)
         page = lab.page
         lab.wait_ready()
-        page.set_input_files('[data-testid="model-file"]', str(path))
-        page.wait_for_function("!document.querySelector('[data-testid=prompt]').disabled || "
-                               "document.querySelector('[data-testid=load-error]').textContent", timeout=LOAD_MS)
-        assert page.locator('[data-testid="load-error"]').is_hidden(), page.inner_text('[data-testid="load-error"]')
+        lab.pick(path)
+        lab.wait_loaded(path.name, LOAD_MS)
         page.fill('[data-testid="max-tokens"]', str(N_REPLY))
         page.fill('[data-testid="prompt"]', QUESTION)
         page.press('[data-testid="prompt"]', "Enter")

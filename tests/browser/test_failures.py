@@ -33,20 +33,12 @@ def _negative_eps_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _pick(lab, path: Path) -> None:
-    lab.page.set_input_files('[data-testid="model-file"]', str(path))
-
-
 def _wait_loaded(lab, name: str) -> None:
     try:
-        lab.page.wait_for_function(
-            "name => !document.querySelector('[data-testid=prompt]').disabled"
-            " && document.querySelector('[data-testid=model-info]').textContent.includes(name)", arg=name,
-            timeout=LOAD_MS)
-    except Exception:
+        lab.wait_loaded(name, LOAD_MS)
+    except AssertionError:
         _shot(lab, "not-loaded")
-        raise AssertionError(f"{name} did not load; the page says: {lab.page.inner_text('[data-testid=load-error]')!r}"
-                             f"; console: {lab.console[-5:]}") from None
+        raise
 
 
 def _wait_error(lab, text: str) -> str:
@@ -68,7 +60,7 @@ def _chat(lab, text: str, max_tokens: int = 2) -> None:
 
 def _chats_after(lab, model: Path) -> None:
     """The good model loads and answers: the page survived whatever came before."""
-    _pick(lab, model)
+    lab.pick(model)
     _wait_loaded(lab, model.name)
     _chat(lab, "Hi")
     assert lab.page.locator('[data-testid="message"]').last.inner_text().strip()
@@ -80,13 +72,13 @@ def test_hostile_files_cancel_and_a_second_pick(lab, smollm2_path, tmp_path):
     page = lab.page
     # metadata: refused before any upload, naming the key and the value
     bad = _negative_eps_copy(smollm2_path, tmp_path / "negative-eps.gguf")
-    _pick(lab, bad)
+    lab.pick(bad)
     msg = _wait_error(lab, "layer_norm_rms_epsilon")
     assert "-1" in msg and page.locator('[data-testid="prompt"]').is_disabled()
     _shot(lab, "metadata")
 
     # a load cancelled half way: said so, nothing loaded
-    _pick(lab, smollm2_path)
+    lab.pick(smollm2_path)
     page.wait_for_selector('[data-testid="load-cancel"]:not([disabled])', timeout=LOAD_MS)
     page.click('[data-testid="load-cancel"]')
     _wait_error(lab, "cancelled")
@@ -94,7 +86,7 @@ def test_hostile_files_cancel_and_a_second_pick(lab, smollm2_path, tmp_path):
 
     # NaN weights load (the header is fine) and stop the reply with the layer where the values broke
     nan = poisoned_copy(smollm2_path, tmp_path / "nan-weights.gguf", "blk.5.ffn_down.weight", F16_NAN)
-    _pick(lab, nan)
+    lab.pick(nan)
     _wait_loaded(lab, nan.name)
     page.fill('[data-testid="max-tokens"]', "4")
     page.fill('[data-testid="prompt"]', "Hi")
@@ -106,7 +98,7 @@ def test_hostile_files_cancel_and_a_second_pick(lab, smollm2_path, tmp_path):
     _shot(lab, "nan-weights")
 
     # a second file picked while the first loads: the second one is what ends up loaded
-    _pick(lab, nan)
+    lab.pick(nan)
     page.wait_for_selector('[data-testid="load-progress"]:not([hidden])', timeout=LOAD_MS)
     _chats_after(lab, smollm2_path)
     assert smollm2_path.name in page.inner_text('[data-testid="model-info"]')
@@ -116,7 +108,7 @@ def test_hostile_files_cancel_and_a_second_pick(lab, smollm2_path, tmp_path):
 def test_forget_while_a_reply_streams(lab, smollm2_path):
     lab.wait_ready()
     page = lab.page
-    _pick(lab, smollm2_path)
+    lab.pick(smollm2_path)
     _wait_loaded(lab, smollm2_path.name)
     page.fill('[data-testid="max-tokens"]', "48")
     page.fill('[data-testid="prompt"]', "Tell me a long story about a lighthouse keeper.")
@@ -143,7 +135,7 @@ def test_lost_device_then_a_new_one(lab, smollm2_path):
     # The worker's GPUDevice lives in Python; labUpload is handed it, so wrapping it catches the handle.
     worker.evaluate("() => { const up = globalThis.labUpload;"
                     " globalThis.labUpload = (device, ...rest) => { globalThis.caught = device; return up(device, ...rest); }; }")
-    _pick(lab, smollm2_path)
+    lab.pick(smollm2_path)
     _wait_loaded(lab, smollm2_path.name)
     _chat(lab, "Hi")
     worker.evaluate("() => globalThis.caught.destroy()")
