@@ -3,7 +3,8 @@
 Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?} | chat {messages, settings, max_new} | reset
               probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget {skip?}
               kv-rows {id, positions} (tests: raw K/V rows in base64, read without lab/kvview.py's kernel)
-              greedy-ids {id, ids, n} (tests: greedy ids of a raw prompt, the architecture parity test)
+              greedy-ids {id, ids, n} | last-logits {id, ids} (tests: greedy ids / the last row's logits of a raw
+              prompt, the architecture parity test)
               probe-rope {pos, layer, seq} (the RoPE demo: lab/rope_worker.py, answered by "rope")
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
@@ -123,6 +124,8 @@ async def handle(msg) -> None:
                 await _kv_rows(msg.to_py())
             elif kind == "greedy-ids":
                 await _greedy_ids(msg.to_py())
+            elif kind == "last-logits":
+                await _last_logits(msg.to_py())
             elif kind == "kernel-check":
                 await _kernel_check(msg.to_py())
             elif kind == "weight-bytes":         # tests: a tensor's bytes read back from the GPU (lab/weightread.py)
@@ -406,6 +409,22 @@ async def _kv_rows(msg: dict) -> None:
 
 
 # -- tests and benchmarks -------------------------------------------------------------------------------
+async def _last_logits(msg: dict) -> None:
+    """Test hook: the logits after prefilling raw prompt ids from position 0 (the prefill's last row: what the next
+    token is chosen from), f32 in base64, for the architecture parity test. The chat's cache is dropped."""
+    reply = {"type": "last-logits", "id": msg["id"]}
+    try:
+        lo = _loaded()
+        lo.session.reset()
+        engine = lo.engine
+        engine.step([int(i) for i in msg["ids"]], 0)
+        raw = await engine.device.read(engine.scratch.logits, 0, 4 * engine.cfg.n_vocab)
+    except Exception as exc:  # answered under the question's id, so the caller's promise settles
+        post({**reply, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    post({**reply, "logits": base64.b64encode(raw).decode()})
+
+
 async def _greedy_ids(msg: dict) -> None:
     """Test hook: n greedy ids after raw prompt ids, straight through the engine's prefill and decode steps (no chat
     template, no end-of-generation stop), as llama.cpp's architecture fixtures were made. The chat's cache is

@@ -319,7 +319,8 @@ function forgetAll(skip) {
 // - labKvRows(positions) (tests/browser/test_kv_page.py): the raw K and V rows of every layer at those positions,
 //   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
 // - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
-//   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture.
+//   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
+//   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
 // labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps
 // its cells lit.
 const questions = new Map();      // id -> {type, resolve, reject}
@@ -343,6 +344,7 @@ function answered(m) {
 window.labKernelCheck = (cases) => ask("kernel-check", { cases });
 window.labKvRows = (positions) => ask("kv-rows", { positions });
 window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
+window.labLastLogits = (ids) => ask("last-logits", { ids });
 window.labForgetSkipping = (label) => forgetAll(label);
 
 // ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------
