@@ -103,6 +103,7 @@ def test_perplexity_matches_native(lab, native):
     assert not lab.foreign_requests() and not lab.errors()
 
 
+@pytest.mark.slow   # a second run and a chat on SwiftShader; stopping between steps is held natively in tests/engine/test_perplexity.py
 def test_cancel_then_chat(lab, native):
     text, _ = native
     page = lab.page

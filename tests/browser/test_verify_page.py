@@ -13,6 +13,8 @@ Screenshots of the card go to $LAB_SHOTS (default /tmp/llm-lab-shots).
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import shutil
@@ -128,6 +130,7 @@ def test_card_on_the_default_model(lab):
     assert lab.errors() == [] and lab.foreign_requests() == []
 
 
+@pytest.mark.slow   # a second model load on SwiftShader; the content hash is held natively in tests/unit/test_verify_compare.py
 def test_same_name_other_bytes_has_no_reference(lab, smollm2_path, tmp_path):
     header = gguf.read_file(smollm2_path)
     ranges = verify.hash_ranges(smollm2_path.stat().st_size, header.data_offset)
