@@ -75,7 +75,8 @@ def _timings(page) -> dict:
             "stop": m[5]}
 
 
-@pytest.fixture(scope="module", params=list(PATHS))
+# Gemma 3 (262,144-token vocabulary, the heaviest on SwiftShader) runs with --slow; natively it is in the default run.
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n == "gemma3" else n for n in PATHS])
 def model(request, browser, server_url):
     name = request.param
     path = request.getfixturevalue(PATHS[name])
