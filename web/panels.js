@@ -45,7 +45,7 @@ function probePlaceholder(body, store) {
 }
 
 // A <select> holding `values` (rebuilt only when they change), showing `value`.
-function fillSelect(select, values, label, value) {
+export function fillSelect(select, values, label, value) {
   const key = values.join(" ");
   if (select.dataset.values !== key) {
     select.dataset.values = key;

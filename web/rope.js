@@ -8,7 +8,7 @@
 // Its state is its own, like web/verify.js: main.js calls render() on every render, hands it the worker's "rope"
 // messages and "probe-rope" errors (handles(m)), and calls clear() whenever the conversation is dropped (Forget,
 // new chat, a new model): the q and k it holds come from the conversation.
-import { BLUE, el, selectedPos, shown } from "/web/panels.js";
+import { BLUE, el, fillSelect, selectedPos, shown } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -127,15 +127,6 @@ export function realHead(data, head) {
 
 // ---- the card --------------------------------------------------------------------------------------------------------
 const num = (x, digits = 6) => (x === 0 ? "0" : Math.abs(x) < 1e-3 || Math.abs(x) >= 1e5 ? x.toExponential(2) : x.toFixed(digits));
-
-function fillSelect(select, values, label, value) {
-  const key = values.join(" ");
-  if (select.dataset.values !== key) {
-    select.dataset.values = key;
-    select.replaceChildren(...values.map((v) => el("option", { value: v, textContent: label(v) })));
-  }
-  select.value = String(value);
-}
 
 // An input shows the store's value unless the user is typing in it.
 function showValue(input, value) {
