@@ -1,7 +1,8 @@
 """WGSL sources: one file per kernel family in wgsl/, filled with constants Python owns.
 
 Two directives, nothing more:
-  `//!include NAME.wgsl`  pastes a shared file (byte loaders, f16 unpacking) once, where it stands;
+  `//!include NAME.wgsl`  pastes a shared file (byte loaders, f16 unpacking) once, where it stands; NAME may be
+                          a `{{KEY}}` (matvec.wgsl's loop: one file per loop, with the bindings only it uses);
   `{{KEY}}`               is replaced by the value given for KEY; a key left unfilled is an error,
                           so the dispatch grid and the kernel can never disagree silently.
 
@@ -55,8 +56,6 @@ def names() -> list[str]:
 
 def source(name: str, **consts) -> str:
     """The text of wgsl/NAME.wgsl with includes pasted and every {{KEY}} filled from `consts`."""
-    text = _read(name if name.endswith(".wgsl") else name + ".wgsl", set())
-
     def fill(m: re.Match) -> str:
         key = m.group(1)
         if key not in consts:
@@ -68,15 +67,16 @@ def source(name: str, **consts) -> str:
             return repr(value)
         return str(value)
 
+    text = _read(name if name.endswith(".wgsl") else name + ".wgsl", set(), lambda n: _KEY.sub(fill, n))
     return _KEY.sub(fill, text)
 
 
-def _read(name: str, seen: set[str]) -> str:
+def _read(name: str, seen: set[str], fill_name) -> str:
     if name in seen:
         return ""
     seen.add(name)
     text = (_dir / name).read_text()
-    return _INCLUDE.sub(lambda m: _read(m.group(1), seen), text)
+    return _INCLUDE.sub(lambda m: _read(fill_name(m.group(1)), seen, fill_name), text)
 
 
 class KernelCache:

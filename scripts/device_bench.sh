@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (see docs/performance.md): Vulkan loader from .gl/, wheels from .whl/,
-# then the kernel tests and the benchmarks; results land in $OUT.
+# then the kernel tests and the benchmarks; results land in $OUT. MODELS: the synthetic models of `models`
+# (default all five of lab/host/synthetic.py; the same files scripts/device_llamacpp.sh gives llama.cpp).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -16,7 +17,7 @@ if [[ $what == *kernels* ]]; then
   python3 -m lab.host.cli bench kernels | tee "$OUT/kernels.txt"
 fi
 if [[ $what == *models* ]]; then
-  for m in smollm2 qwen2.5 gemma3; do
+  for m in ${MODELS:-smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b}; do
     python3 -m lab.host.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --json \
       | tee "$OUT/bench_$m.json"
   done

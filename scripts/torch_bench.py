@@ -27,6 +27,14 @@ SHAPES = {
         hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512,
         max_position_embeddings=32768, rms_norm_eps=1e-6)),
+    "llama3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True,
+        max_position_embeddings=131072, rms_norm_eps=1e-5)),
+    "llama3.1-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=False,
+        max_position_embeddings=131072, rms_norm_eps=1e-5)),
 }
 
 
@@ -84,9 +92,11 @@ def bench(name: str, dtype: torch.dtype, static: bool, decode: int = 64) -> dict
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(SHAPES)
+    """argv: model names (default: all); --bf16-only runs bfloat16 with both caches, not float32 too."""
+    dtypes = (torch.bfloat16,) if "--bf16-only" in argv else (torch.float32, torch.bfloat16)
+    names = [a for a in argv if not a.startswith("--")] or list(SHAPES)
     for name in names:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             for static in (True, False):
                 try:
                     print(json.dumps(bench(name, dtype, static)), flush=True)

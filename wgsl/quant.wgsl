@@ -214,18 +214,21 @@ fn dq_iq4_xs(rb: u32, g: u32) -> Dq {
 // ---- 256-element K blocks (32 groups per block; group gi: chunk j = gi/8 of 64 elements, l = 4*(gi%8);
 //      lo = elements 64j+l.., sub-block 2j; hi = elements 64j+32+l.., sub-block 2j+1) --------------
 
-// 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes at sb (ggml get_scale_min_k4):
-//   s < 4:  scale = b[s] & 63,                       min = b[s+4] & 63
-//   s >= 4: scale = (b[s+4] & 15) | (b[s-4] >> 6) << 4,  min = (b[s+4] >> 4) | (b[s] >> 6) << 4
-fn k_scale_min(sb: u32, s: u32) -> vec2<f32> {
-    let hi = s >= 4u;
-    let a = ld_u8(sb + s);                      // b[s]
-    let b4 = ld_u8(sb + s + 4u);                // b[s+4]   (s < 4)
-    let c = ld_u8(sb + (s & 3u) + 8u);          // b[s+4]   (s >= 4)
-    let e = ld_u8(sb + (s & 3u));               // b[s-4]   (s >= 4)
-    let sc = select(a & 63u, (c & 15u) | ((e >> 6u) << 4u), hi);
-    let mn = select(b4 & 63u, (c >> 4u) | ((a >> 6u) << 4u), hi);
-    return vec2<f32>(f32(sc), f32(mn));
+// Q4_K / Q5_K: 6-bit scales and mins of chunk j's two sub-blocks a = 2j and b = 2j + 1, from the three words
+// s0 s1 s2 that hold the block's 12 scale bytes (ggml's get_scale_min_k4: sub-block s < 4: sc = b[s] & 63,
+// m = b[s+4] & 63; s >= 4: sc = b[s+4] & 15 | (b[s-4] >> 6) << 4, m = b[s+4] >> 4 | (b[s] >> 6) << 4). Both
+// sub-blocks of a chunk sit on the same side of 4, in the same two bytes (bits 16(j % 2)..+15) of each word,
+// so three word loads serve a chunk: byte loads per sub-block made these types the slowest (0.21-0.36 TB/s
+// on the H200, docs/performance.md). Returns (sc_a, sc_b, m_a, m_b).
+fn k_scales(s0: u32, s1: u32, s2: u32, j: u32) -> vec4<f32> {
+    let i = 16u * (j & 1u);
+    let a = vec2<u32>(s0 >> i, s0 >> (i + 8u)) & vec2<u32>(0xFFu);
+    let b = vec2<u32>(s1 >> i, s1 >> (i + 8u)) & vec2<u32>(0xFFu);
+    let c = vec2<u32>(s2 >> i, s2 >> (i + 8u)) & vec2<u32>(0xFFu);
+    let hi = j >= 2u;
+    let sc = select(a & vec2<u32>(63u), (c & vec2<u32>(15u)) | ((a >> vec2<u32>(6u)) << vec2<u32>(4u)), hi);
+    let mn = select(b & vec2<u32>(63u), (c >> vec2<u32>(4u)) | ((b >> vec2<u32>(6u)) << vec2<u32>(4u)), hi);
+    return vec4<f32>(vec2<f32>(sc), vec2<f32>(mn));
 }
 
 // ---- 2- and 3-bit K blocks: the 256 elements are two halves n of 128; byte qs[32n + l] (l = 0..31) holds
@@ -295,14 +298,13 @@ const Q4_K_DM: u32 = 0u;
 const Q4_K_SCALES: u32 = 4u;
 const Q4_K_QS: u32 = 16u;
 fn dq_q4_k(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 5u) * Q4_K_BYTES;
+    let w = (rb >> 2u) + (g >> 5u) * (Q4_K_BYTES / 4u);
     let gi = g & 31u;
-    let j = gi >> 3u;
-    let dm = unpack2x16float(W[(blk >> 2u) + Q4_K_DM / 4u]);
-    let s0 = k_scale_min(blk + Q4_K_SCALES, 2u * j);
-    let s1 = k_scale_min(blk + Q4_K_SCALES, 2u * j + 1u);
-    let q = W[(blk >> 2u) + Q4_K_QS / 4u + gi];
-    return Dq(dm.x * s0.x * nib_lo(q) - dm.y * s0.y, dm.x * s1.x * nib_hi(q) - dm.y * s1.y);
+    let dm = unpack2x16float(W[w + Q4_K_DM / 4u]);
+    let sw = w + Q4_K_SCALES / 4u;
+    let s = k_scales(W[sw], W[sw + 1u], W[sw + 2u], gi >> 3u);
+    let q = W[w + Q4_K_QS / 4u + gi];
+    return Dq(dm.x * s.x * nib_lo(q) - dm.y * s.z, dm.x * s.y * nib_hi(q) - dm.y * s.w);
 }
 
 // Q5_K, 176 bytes: d f16, dmin f16, scales[12], qh[32], qs[128]; 5th bit of element 64j+l (+32) is
@@ -313,17 +315,16 @@ const Q5_K_SCALES: u32 = 4u;
 const Q5_K_QH: u32 = 16u;
 const Q5_K_QS: u32 = 48u;
 fn dq_q5_k(rb: u32, g: u32) -> Dq {
-    let blk = rb + (g >> 5u) * Q5_K_BYTES;
+    let w = (rb >> 2u) + (g >> 5u) * (Q5_K_BYTES / 4u);
     let gi = g & 31u;
     let j = gi >> 3u;
-    let w = blk >> 2u;
     let dm = unpack2x16float(W[w + Q5_K_DM / 4u]);
-    let s0 = k_scale_min(blk + Q5_K_SCALES, 2u * j);
-    let s1 = k_scale_min(blk + Q5_K_SCALES, 2u * j + 1u);
+    let sw = w + Q5_K_SCALES / 4u;
+    let s = k_scales(W[sw], W[sw + 1u], W[sw + 2u], j);
     let qh = W[w + Q5_K_QH / 4u + (gi & 7u)];
     let q = W[w + Q5_K_QS / 4u + gi];
-    return Dq(dm.x * s0.x * (nib_lo(q) + 16.0 * bit_of_bytes(qh, 2u * j)) - dm.y * s0.y,
-              dm.x * s1.x * (nib_hi(q) + 16.0 * bit_of_bytes(qh, 2u * j + 1u)) - dm.y * s1.y);
+    return Dq(dm.x * s.x * (nib_lo(q) + 16.0 * bit_of_bytes(qh, 2u * j)) - dm.y * s.z,
+              dm.x * s.y * (nib_hi(q) + 16.0 * bit_of_bytes(qh, 2u * j + 1u)) - dm.y * s.w);
 }
 
 // Q6_K, 210 bytes: ql[128], qh[64], scales[16] i8, d f16. Half h (128 elements) uses ql[64h..], qh[32h..],

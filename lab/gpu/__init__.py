@@ -100,6 +100,8 @@ class Device:
 
     def __init__(self) -> None:
         self.buffers: list[Buffer] = []   # every live buffer, in creation order (Forget walks this)
+        self.live_bytes = 0               # their sizes' sum, and its highest value so far (`lab bench` reports it)
+        self.peak_bytes = 0
         self._owner: object = None
 
     @property
@@ -122,6 +124,8 @@ class Device:
             raise ValueError(f"unknown buffer kind {kind!r} for {label}")
         buf = Buffer(self._create_buffer(size, label, uniform=uniform), size, kind, label, uniform, self._owner)
         self.buffers.append(buf)
+        self.live_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return buf
 
     def buffer(self, size: int, kind: str, label: str) -> Buffer:
@@ -152,6 +156,7 @@ class Device:
         if buf.kind == CONVERSATION:
             self.clear(buf)         # zeroed before its memory goes back to the driver (a reload, a grown staging)
         self.buffers.remove(buf)
+        self.live_bytes -= buf.size
         buf.handle.destroy()
 
     def check_binding(self, size: int, label: str) -> None:

@@ -1,6 +1,7 @@
 """`lab bench`: speed measured, never asserted (CPython, native backend).
 
-    lab bench MODEL.gguf | --synthetic smollm2|qwen2.5|gemma3   load MB/s, prefill and decode tok/s, TTFT
+    lab bench MODEL.gguf | --synthetic NAME                     load MB/s, prefill and decode tok/s, TTFT
+                         (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b: lab/host/synthetic.py)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
 
 Decode is timed as the chat loop runs it (lab.session: greedy steps submitted AHEAD at a time, then
@@ -17,7 +18,8 @@ import resource
 import time
 
 from .. import gguf, gpu, ops
-from ..engine import Engine
+from ..engine import Engine, read_host_values
+from ..model import from_gguf
 from ..sampler import Settings
 from ..session import Session
 from .native import open_native
@@ -26,9 +28,9 @@ KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
     ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576),                  # SmolLM2
     ("Q5_0", 4864, 896), ("Q6_K", 896, 4864), ("Q4_K", 896, 4864), ("Q8_0", 151936, 896),  # Qwen2.5
     ("Q5_0", 2048, 640), ("Q4_K", 640, 1024), ("Q8_0", 262144, 640),                # Gemma 3
-    ("F16", 4096, 4096), ("BF16", 4096, 4096), ("F32", 4096, 4096), ("Q4_0", 4096, 4096),
-    ("Q5_1", 4096, 4096), ("Q5_K", 4096, 4096), ("Q8_0", 4096, 4096), ("Q4_K", 14336, 4096),
-]
+    ("F16", 4096, 4096), ("BF16", 4096, 4096), ("F32", 4096, 4096), ("Q5_1", 4096, 4096),
+] + [(t, r, c) for t in ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
+     for r, c in ((14336, 4096), (4096, 14336))]     # an 8B's FFN (gate/up, down): the issue's bandwidth marks
 
 
 def _now() -> float:
@@ -39,13 +41,32 @@ def _sync(engine: Engine) -> None:
     engine.device.read_sync(engine.scratch.ids, 0, 4)
 
 
+def _host_values(path, header) -> dict[str, bytes]:
+    """The few tensors the engine reads as values (llama 3's rope_freqs), as `lab generate` passes them."""
+    return read_host_values(path, header, from_gguf(header))
+
+
+def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
+    """The GPU memory the lab holds (MB): the device's peak over the run, and what `buffers` (default: every live
+    one) hold now, by kind. Weights are resident once: the stacked QKV and gate/up rows are the file's own bytes
+    moved, so `weights` equals the file's tensor bytes (`file_weights`)."""
+    mb = lambda n: round(n / 1e6, 1)
+    held = device.buffers if buffers is None else buffers
+    live = lambda pred: sum(b.size for b in held if pred(b))
+    kv = lambda b: b.label.startswith(("k cache", "v cache"))
+    return {"peak": mb(device.peak_bytes), "weights": mb(live(lambda b: b.kind == gpu.WEIGHTS)),
+            "file_weights": mb(file_weight_bytes), "kv_cache": mb(live(kv)),
+            "scratch_and_other": mb(live(lambda b: b.kind != gpu.WEIGHTS and not kv(b)))}
+
+
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
                 disable=(), seed=0) -> dict:
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
     t0 = _now()
-    engine = Engine(device, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
+    engine = Engine(device, header, n_ctx=n_ctx, host_values=_host_values(path, header),
+                    **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
     nbytes = engine.weights.upload_file(path)
     _sync(engine)
@@ -87,6 +108,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
                             "weight_gb_s": round(nbytes / s / 1e9, 1), "one_by_one_tok_s": round(1 / s1, 1),
                             **_decode_split(engine, pos + decode_tokens)}
     out["peak_host_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["gpu_memory_mb"] = gpu_memory(device, nbytes)
     engine.close()
     return out
 
@@ -116,7 +138,8 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
-    engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
+    engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1),
+                    host_values=_host_values(path, header))
     rng = random.Random(0)
     engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
     writes = engine.step_writes(None, pos, t)

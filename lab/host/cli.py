@@ -117,7 +117,9 @@ def _bench(args) -> int:
     from lab.host import bench
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)
     if args.model == "kernels":
-        rows = bench.bench_kernels(repeat=args.repeat, disable=args.disable)
+        types = set(args.types.split(",")) if args.types else None
+        rows = bench.bench_kernels([sh for sh in bench.KERNEL_SHAPES if types is None or sh[0] in types],
+                                   repeat=args.repeat, disable=args.disable)
         if args.json:
             print(json.dumps(rows))
         else:
@@ -127,7 +129,11 @@ def _bench(args) -> int:
                       f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
         return 0
     if args.backend == "browser":
-        from lab.host import bench_browser, browser_args
+        from lab.host import bench_browser, browser_args, models
+        if args.synthetic and args.synthetic not in models.MODELS:
+            print(f"lab bench: --synthetic {args.synthetic} has no real model to take the header and tokenizer from "
+                  f"(the page chats): only {', '.join(models.MODELS)} run in the browser", file=sys.stderr)
+            return 2
         chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
         try:
             with browser_args.model_file(args.model, args.synthetic) as path:
@@ -142,7 +148,8 @@ def _bench(args) -> int:
         path = args.model
         if args.synthetic:
             from lab.host import synthetic
-            path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf")
+            # with the placeholder vocabulary: the same bytes llama.cpp benchmarks (scripts/device_llamacpp.sh)
+            path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf", vocab=True)
         if args.profile:
             t = max(ints(args.prompts or "1"))
             for row in bench.profile_step(path, t=t, context=max(ints(args.contexts) or (0,)), disable=args.disable):
@@ -212,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--profile", action="store_true",
                    help="GPU time of one step by kernel family (timestamp queries): decode with --prompts 1, else a "
                         "prefill of the largest --prompts, at the largest --contexts")
-    s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3"),
+    s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3", "llama3.2-1b", "llama3.1-8b"),
                    help="benchmark a random GGUF with this model's exact tensor shapes and types (browser: the "
-                        "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py)")
+                        "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py; "
+                        "the first three only)")
     s.add_argument("--backend", choices=("native", "browser"), default="native",
                    help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py")
     from lab.host.browser_args import add_browser_options
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
+    s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_bench)

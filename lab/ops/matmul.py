@@ -25,12 +25,26 @@ GLU_ACTS = {"swiglu": "silu", "geglu": "gelu_tanh"}
 _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y_off, x_stride, y_stride, acc, pad*3
 
 
-def matvec_wg(cols: int, rows: int = 0, software: bool = False) -> int:
+# Types with a loop of their own (matvec.wgsl's `accumulate`; their scales unpacked once per 32-64 values, not
+# per group of 8, their input read as vec4s): the loop's file, the values one step covers, and its constants.
+# Every other type runs matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4).
+MATVEC_LOOPS = {
+    "Q4_K": ("matvec_k.wgsl", 32, {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
+    "Q5_K": ("matvec_k.wgsl", 32, {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
+    "Q6_K": ("matvec_q6_k.wgsl", 64, {}),
+}
+
+
+def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str = "") -> int:
     """Threads per matvec workgroup. GPU (chosen on an H200, docs/performance.md): 32 for a tall head
     (16,384+ rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups
     of 8, else 128 (the RMSNorm's reduction favours wider groups: 4.5 vs 5.3 us at 960x576). A CPU adapter
     pays for every thread of a workgroup instead: just enough for one pass over a row's groups, 64..256
-    (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's)."""
+    (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's).
+    A type with its own loop: 64 threads, or 128 under 2,048 rows (too few workgroups to fill the GPU). On the
+    H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5."""
+    if type_name in MATVEC_LOOPS:
+        return 64 if rows >= 2048 else 128
     gpr = cols // 8
     if software:
         return 256 if gpr >= 512 else 128 if gpr >= 192 else 64
@@ -76,7 +90,14 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias is not None else "// ", "B_BIAS": 4 + n_extra}
-    wg = wg or matvec_wg(w.cols, w.rows, device.info.software)
+    # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
+    x4 = x_offset % 4 == 0
+    loops = MATVEC_LOOPS if x4 else {}
+    loop, _, loop_consts = loops.get(w.type.name, ("matvec_groups.wgsl", 8, {}))
+    w4 = loop == "matvec_k.wgsl"
+    consts.update(loop_consts, LOOP=loop, XVIEW="matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
+                  **({"B_W4": 4 + len(extra)} if w4 else {}))
+    wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name)
     sg = subgroup_consts(device)
     k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
                     **dequant_consts(w.type), **sg)
@@ -89,7 +110,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
                                              int(norm is not None and write_xn and i == 0), eps, xn_offset,
                                              bias_offset + part.first_row, w.cols),
                                 f"{part.buffer.label}.matvec")
-        bound = device.bind(k, [part.buffer, x, y, params] + extra, f"{part.buffer.label}.matvec")
+        bound = device.bind(k, [part.buffer, x, y, params] + extra + [part.buffer] * w4, f"{part.buffer.label}.matvec")
         grid = groups_1d(part.n_rows, MATVEC_ROWS, max_dim)
         ops.append(Op(k, bound, lambda t, g=grid: g))
     return ops

@@ -104,10 +104,18 @@ class Lab:
         self.page.locator(f"[data-panel={name}]").evaluate("e => e.scrollIntoView({block: 'nearest'})")
 
 
+ONE_COLUMN = {"width": 1000, "height": 720}
+
+
 @contextmanager
 def open_lab(browser, url: str, **context_options):
     """A fresh browser context on the lab page, recording every request and console message from the start.
-    context_options go to Playwright's new_context (a viewport, for the layout tests)."""
+    context_options go to Playwright's new_context (a viewport, for the layout tests).
+
+    The default viewport is one column (under style.css's 1100 px breakpoint) with every panel below the fold: a card
+    computes only while it is on screen, and on SwiftShader an inspection after each reply costs a minute or more.
+    A test that wants a panel brings it on screen with Lab.open_panel."""
+    context_options.setdefault("viewport", ONE_COLUMN)
     context = browser.new_context(**context_options)
     page = context.new_page()
     lab = Lab(page, url)

@@ -117,6 +117,7 @@ def test_embedding_neighbours(model):
     (tid,) = model.tok.encode(" France")
     pos = lab.ids().index(tid)
     page.click(f'[data-testid=token][data-index="{pos}"]')
+    lab.open_panel("embedding")
     page.wait_for_selector("[data-testid=neighbour]", timeout=SLOW_MS)
     got = lab.cells("neighbour", ["id", "cos"])
     want_ids, want_cos = model.ref.neighbours(tid, probes.NEIGHBOURS)

@@ -65,6 +65,7 @@ def test_king_embedding_and_neighbours(lab_chat, ref, tok):
     ids = lab_chat.ids()
     pos = ids.index(KING)
     page.click(f'[data-testid=token][data-index="{pos}"]')
+    lab_chat.open_panel("embedding")
     page.wait_for_selector("[data-testid=neighbour]", timeout=120_000)
     got = lab_chat.cells("neighbour", ["id", "cos"])
     want_ids, want_cos = ref.neighbours(KING, probes.NEIGHBOURS)

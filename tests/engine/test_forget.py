@@ -105,6 +105,22 @@ def test_registry_covers_every_buffer(made, device):
     assert {b.label for b in rest if not b.uniform} <= {"rope.freqs"}
 
 
+def test_memory_report_counts_the_registry(made, device, smollm2_path):
+    """`lab bench`'s GPU memory: the registry's running total is its buffers' sizes, the peak is at least that,
+    the weights are the file's tensor bytes once (the stacked QKV and gate/up hold no second copy) and the KV
+    cache is 2 x layers x n_ctx x kv width x 4 bytes."""
+    from lab.host.bench import gpu_memory
+    eng, _, _ = made
+    assert device.live_bytes == sum(b.size for b in device.buffers) <= device.peak_bytes
+    header = gguf.read_file(smollm2_path)
+    file_bytes = sum(t.nbytes for t in header.tensors)
+    mem = gpu_memory(device, file_bytes, device.owned_by(eng))      # (other tests' buffers share this device)
+    cfg = eng.cfg
+    assert mem["weights"] == mem["file_weights"] == round(file_bytes / 1e6, 1)
+    assert mem["kv_cache"] == round(2 * cfg.n_layer * N_CTX * cfg.n_head_kv * cfg.head_dim * 4 / 1e6, 1)
+    assert mem["peak"] >= mem["weights"] + mem["kv_cache"] + mem["scratch_and_other"] - 0.2
+
+
 def test_forget_wipes_and_reads_back(made, device, tok):
     eng, _, _ = made
     session = converse(made, tok, panels=True)

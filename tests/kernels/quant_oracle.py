@@ -168,19 +168,19 @@ def dot_err(got: np.ndarray, W: np.ndarray, X: np.ndarray) -> float:
 
 
 @contextmanager
-def mutated_wgsl(tmp_path: Path, fn: str, old: str, new: str):
-    """The WGSL folder with `old` replaced by `new` (exactly once) inside quant.wgsl's function `fn`:
+def mutated_wgsl(tmp_path: Path, fn: str, old: str, new: str, file: str = "quant.wgsl"):
+    """The WGSL folder with `old` replaced by `new` (exactly once) inside `file`'s function `fn`:
     a deliberately broken kernel, to prove the checks catch it. Restores the real folder on exit."""
     real = shaders.wgsl_dir()
     dst = tmp_path / "wgsl"
     shutil.copytree(real, dst)
-    src = (real / "quant.wgsl").read_text()
+    src = (real / file).read_text()
     start = src.index(f"\nfn {fn}(")
     end = src.find("\nfn ", start + 1)
     end = len(src) if end < 0 else end
     body = src[start:end]
     assert body.count(old) == 1, f"trap snippet {old!r} not found exactly once in {fn}"
-    (dst / "quant.wgsl").write_text(src[:start] + body.replace(old, new) + src[end:])
+    (dst / file).write_text(src[:start] + body.replace(old, new) + src[end:])
     shaders.set_dir(dst)
     try:
         yield

@@ -124,10 +124,28 @@ def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, 
     assert any(f"WG={wg}" in k.label.split() for k in r.kernels._cache.values())
 
 
+@pytest.mark.parametrize("name,x_at,loop", [("Q4_K", 0, "matvec_k.wgsl"), ("Q5_K", 8, "matvec_k.wgsl"),
+                                           ("Q6_K", 0, "matvec_q6_k.wgsl"), ("Q6_K", 3, "matvec_groups.wgsl"),
+                                           ("Q4_K", 2, "matvec_groups.wgsl"), ("Q8_0", 0, "matvec_groups.wgsl")])
+def test_matvec_loop_choice(device, name, x_at, loop):
+    """K types take their own loop where the input offset allows vec4 reads, else the group loop: each of the
+    two stays tested above, so this pins which one a shape gets."""
+    raw, W = tensor(name)
+    kc = KernelCache(device)
+    x = rand(W.shape[1])
+    with Rig(device, kc) as r:
+        xb = r.buffer(qo.f32(np.concatenate([np.zeros(x_at), x])), "x")
+        yb = r.buffer(4 * W.shape[0], "y")
+        r.run(matvec(device, kc, r.weight(name, raw), xb, yb, x_offset=x_at), 1)
+        assert qo.dot_err(r.read(yb, W.shape[0]), W, x) <= DOT_TOL
+    assert [f"LOOP={loop}" in k.label.split() for k in kc._cache.values()] == [True]
+
+
 def test_matvec_wg_rule():
     from lab.ops.matmul import matvec_wg
     assert matvec_wg(576, 49152) == 32 and matvec_wg(1536, 576) == 256 and matvec_wg(576, 960) == 128
     assert matvec_wg(576, 49152, software=True) == 64 and matvec_wg(4864, 896, software=True) == 256
+    assert matvec_wg(4096, 14336, type_name="Q4_K") == 64 and matvec_wg(4864, 896, type_name="Q6_K") == 128
 
 
 def test_subgroup_path_is_used(device, kernels):
@@ -209,8 +227,10 @@ def test_matmul_strides_into_fused_buffer(device, kernels):
 
 # -- fused prologues and epilogue (decode) -------------------------------------------------------
 
-def _fused_rig(r, name, raw, cols, x, **kw):
-    xb = r.buffer(qo.f32(np.concatenate([np.full(3, 1e6), x])), "x")            # input at offset 3
+def _fused_rig(r, name, raw, cols, x, x_at=3, **kw):
+    """The input at offset x_at: 3 takes the group loop for every type, 4 the K types' own loops, which read x
+    as vec4s (lab/ops/matmul.py MATVEC_LOOPS)."""
+    xb = r.buffer(qo.f32(np.concatenate([np.full(x_at, 1e6), x])), "x")
     yb = r.buffer(4 * raw.shape[0], "y")
     extra = {}
     if "norm" in kw:
@@ -220,14 +240,15 @@ def _fused_rig(r, name, raw, cols, x, **kw):
     if "bias" in kw:
         extra["bias"] = r.buffer(qo.f32(np.concatenate([np.zeros(4), kw.pop("bias")])), "bias")
         extra["bias_offset"] = 4
-    r.run(matvec(r.device, r.kernels, r.weight(name, raw), xb, yb, x_offset=3, **extra, **kw), 1)
+    r.run(matvec(r.device, r.kernels, r.weight(name, raw), xb, yb, x_offset=x_at, **extra, **kw), 1)
     xn = r.read(extra["xn"], cols + 2) if "xn" in extra else None
     return r.read(yb, raw.shape[0]), xn
 
 
-@pytest.mark.parametrize("name,wg", [("Q4_1", None), ("Q6_K", None), ("Q4_1", 128), ("Q6_K", 256)])
+@pytest.mark.parametrize("name,wg,x_at", [("Q4_1", None, 3), ("Q6_K", None, 3), ("Q4_1", 128, 3), ("Q6_K", 256, 3),
+                                          ("Q4_K", None, 4), ("Q5_K", 128, 4), ("Q6_K", None, 4)])
 @pytest.mark.parametrize("sg", [True, False])
-def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, wg, sg):
+def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, wg, x_at, sg):
     """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself (at this CPU
     adapter's workgroup size and at the GPU's)."""
     raw, W = tensor(name)
@@ -236,38 +257,40 @@ def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, 
     nw = rand(cols, seed=12)
     xn_ref = (x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)) * nw
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
-        y, xn = _fused_rig(r, name, raw, cols, x, norm=nw, wg=wg)
+        y, xn = _fused_rig(r, name, raw, cols, x, x_at, norm=nw, wg=wg)
     assert qo.dot_err(y, W, xn_ref) <= DOT_TOL
     # the stored normed input: a few f32 roundings of values of size |xn| (rel 1e-6), untouched around it
     np.testing.assert_allclose(xn[2:], xn_ref, rtol=0, atol=1e-6 * np.max(np.abs(xn_ref)))
     assert np.isnan(xn[:2]).all()
 
 
+@pytest.mark.parametrize("name,x_at", [("Q5_0", 3), ("Q4_K", 4), ("Q6_K", 4)])
 @pytest.mark.parametrize("glu", ["swiglu", "geglu"])
-def test_matvec_glu_prologue(device, kernels, glu):
+def test_matvec_glu_prologue(device, kernels, glu, name, x_at):
     """act(gate) * up folded into the down projection's input, from a [gate | up] row."""
-    raw, W = tensor("Q5_0")
+    raw, W = tensor(name)
     cols = W.shape[1]
     gu = rand(2 * cols, seed=13) * 2
     g, u = gu[:cols].astype(np.float64), gu[cols:].astype(np.float64)
     act = g / (1 + np.exp(-g)) if glu == "swiglu" else \
         0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
     with Rig(device, kernels) as r:
-        y, _ = _fused_rig(r, "Q5_0", raw, cols, gu, glu=glu)
+        y, _ = _fused_rig(r, name, raw, cols, gu, x_at, glu=glu)
     assert qo.dot_err(y, W, act * u) <= DOT_TOL
 
 
-def test_matvec_bias_epilogue_and_accumulate(device, kernels):
-    raw, W = tensor("Q8_0")
+@pytest.mark.parametrize("name,x_at", [("Q8_0", 3), ("Q5_K", 4)])
+def test_matvec_bias_epilogue_and_accumulate(device, kernels, name, x_at):
+    raw, W = tensor(name)
     rows, cols = W.shape
     x, b = rand(cols, seed=14), rand(rows, seed=15) * 4
     with Rig(device, kernels) as r:
-        y, _ = _fused_rig(r, "Q8_0", raw, cols, x, bias=b)
+        y, _ = _fused_rig(r, name, raw, cols, x, x_at, bias=b)
     # the bias adds one rounding at its own magnitude (~4, against sum |W||x| ~ 50): twice the tolerance
     assert qo.dot_err(y - b, W, x) <= DOT_TOL * 2
     with pytest.raises(ValueError):                    # one input prologue at a time
         with Rig(device, kernels) as r:
-            _fused_rig(r, "Q8_0", raw, cols, np.concatenate([x, x]), norm=x, glu="swiglu")
+            _fused_rig(r, name, raw, cols, np.concatenate([x, x]), norm=x, glu="swiglu")
 
 
 # -- weights split over several bindings ---------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The checks catch real dequantization bugs: each trap rewrites one small snippet of wgsl/quant.wgsl
-into a plausible mistake and asserts that the very checks of test_get_rows / test_matmul FAIL for it
-(and that the unmodified source passes the same check, on the same data, in the same harness).
+"""The checks catch real dequantization bugs: each trap rewrites one small snippet of wgsl/quant.wgsl (or of a
+K type's own matvec loop) into a plausible mistake and asserts that the very checks of test_get_rows /
+test_matmul FAIL for it (and that the unmodified source passes the same check, on the same data, in the same
+harness).
 """
 
 from __future__ import annotations
@@ -8,17 +9,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lab.ops.matmul import MATVEC_LOOPS
 from tests.kernels import quant_oracle as qo
 from tests.kernels.quant_oracle import DEQUANT_TOL, DOT_TOL, Rig
 
 # (id, type, function in quant.wgsl, snippet, broken replacement)
 TRAPS = [
-    ("q4_k scale and min sources swapped", "Q4_K", "k_scale_min",
-     "return vec2<f32>(f32(sc), f32(mn));", "return vec2<f32>(f32(mn), f32(sc));"),
-    ("q4_k j<4 / j>=4 branches swapped", "Q4_K", "k_scale_min",
-     "let hi = s >= 4u;", "let hi = s < 4u;"),
-    ("q4_k high scale bits from b[s] instead of b[s-4]", "Q4_K", "k_scale_min",
-     "(c & 15u) | ((e >> 6u) << 4u)", "(c & 15u) | ((a >> 6u) << 4u)"),
+    ("q4_k scale and min sources swapped", "Q4_K", "k_scales",
+     "return vec4<f32>(vec2<f32>(sc), vec2<f32>(mn));", "return vec4<f32>(vec2<f32>(mn), vec2<f32>(sc));"),
+    ("q4_k j<2 / j>=2 branches swapped", "Q4_K", "k_scales",
+     "let hi = j >= 2u;", "let hi = j < 2u;"),
+    ("q4_k high scale bits from b[s] instead of b[s-4]", "Q4_K", "k_scales",
+     "(c & vec2<u32>(15u)) | ((a >> vec2<u32>(6u))", "(c & vec2<u32>(15u)) | ((b >> vec2<u32>(6u))"),
+    ("q5_k chunk scales from bytes 2j, 2j+1 of the other pair", "Q5_K", "k_scales",
+     "let i = 16u * (j & 1u);", "let i = 16u * (1u - (j & 1u));"),
     ("q4_0 high/low nibble order", "Q4_0", "dq_q4_0",
      "Dq(d * (nib_lo(q) - 8.0), d * (nib_hi(q) - 8.0))", "Dq(d * (nib_hi(q) - 8.0), d * (nib_lo(q) - 8.0))"),
     ("q5_0 high/low nibble order", "Q5_0", "dq_q5_0",
@@ -60,27 +64,53 @@ TRAPS = [
      "(dsh >> (16u + 2u * ib))", "(dsh >> (16u + ib))"),
     ("iq4_xs scales_l nibbles swapped within a byte", "IQ4_XS", "dq_iq4_xs",
      ">> (4u * ib)) & 15u)", ">> (4u * (ib ^ 1u))) & 15u)"),
+    # the K types' own matvec loops (lab/ops/matmul.py MATVEC_LOOPS): only the matvec check reads them
+    ("q4_k loop: the mins' input sums added instead of subtracted", "Q4_K", "accumulate",
+     "vec4<f32>(p0, -s)", "vec4<f32>(p0, s)", "matvec_k.wgsl"),
+    ("q4_k loop: piece qs one vec4 off (half ignored)", "Q4_K", "accumulate",
+     "{{KT}}_QS / 16u + 2u * j + half", "{{KT}}_QS / 16u + 2u * j", "matvec_k.wgsl"),
+    ("q4_k loop: high nibbles' inputs 16 values early", "Q4_K", "accumulate",
+     "let xb0 = in4(e + 32u);", "let xb0 = in4(e + 16u);", "matvec_k.wgsl"),
+    ("q5_k loop: fifth bit of the high nibbles from bit 2j", "Q5_K", "k_piece",
+     "let b = a + 1u;", "let b = a;", "matvec_k.wgsl"),
+    ("q6_k loop: scales of the other 16-value half", "Q6_K", "q6_scales",
+     "ll == 1u);", "ll == 0u);", "matvec_q6_k.wgsl"),
+    ("q6_k loop: -32 offset dropped", "Q6_K", "accumulate",
+     "let c = 32.0 * sx;", "let c = 0.0 * sx;", "matvec_q6_k.wgsl"),
+    ("q6_k loop: quarter 3 from qh bits 4-5", "Q6_K", "q6_dots",
+     "vec4<u32>(6u, 14u, 22u, 30u)", "vec4<u32>(4u, 12u, 20u, 28u)", "matvec_q6_k.wgsl"),
 ]
 
 
 def _checks(device, name):
-    """The dequant check (get_rows over all rows) and the product check (matvec): their errors."""
+    """Errors of the dequant check (get_rows over all rows) and of the product check (matvec) through the
+    type's own loop (input at offset 0) and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
     raw = qo.random_tensor(name, 24, 512 if name in qo.K_TYPES else 96, seed=11)
     ref = qo.dequant(raw, name)
     x = np.random.default_rng(12).standard_normal(ref.shape[1]).astype(np.float32)
     with Rig(device) as r:                      # a fresh KernelCache: compiled from the current folder
         w = r.weight(name, raw)
         got = r.get_rows(w, list(range(raw.shape[0])))
-        y = r.matvec(w, x)
-    return qo.dequant_err(got, ref), qo.dot_err(y, ref, x)
+        return {"dequant": qo.dequant_err(got, ref), "matvec": qo.dot_err(r.matvec(w, x), ref, x),
+                "matvec groups": qo.dot_err(r.matvec(w, x, x_offset=3), ref, x)}
+
+
+def _must_catch(name: str, fn: str, file: str) -> set[str]:
+    """The checks whose code holds the mutated function: a loop file's only in its own matvec; quant.wgsl's in
+    the dequant and the group loop, and in the type's own loop too when that calls it (k_scales)."""
+    if file != "quant.wgsl":
+        return {"matvec"}
+    own = name not in MATVEC_LOOPS or fn == "k_scales"
+    return {"dequant", "matvec groups"} | ({"matvec"} if own else set())
 
 
 @pytest.mark.parametrize("trap", TRAPS, ids=[t[0] for t in TRAPS])
 def test_trap_is_caught(device, tmp_path, trap):
-    _, name, fn, old, new = trap
-    good_deq, good_dot = _checks(device, name)
-    assert good_deq <= DEQUANT_TOL and good_dot <= DOT_TOL
-    with qo.mutated_wgsl(tmp_path, fn, old, new):
-        bad_deq, bad_dot = _checks(device, name)
-    assert bad_deq > DEQUANT_TOL, f"dequant check missed: {trap[0]}"
-    assert bad_dot > DOT_TOL, f"matvec check missed: {trap[0]}"
+    _, name, fn, old, new, *file = trap
+    file = file[0] if file else "quant.wgsl"
+    good = _checks(device, name)
+    assert all(v <= (DEQUANT_TOL if k == "dequant" else DOT_TOL) for k, v in good.items()), good
+    with qo.mutated_wgsl(tmp_path, fn, old, new, file):
+        bad = _checks(device, name)
+    missed = [k for k in _must_catch(name, fn, file) if bad[k] <= (DEQUANT_TOL if k == "dequant" else DOT_TOL)]
+    assert not missed, f"{trap[0]}: missed by {missed} ({bad})"
