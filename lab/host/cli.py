@@ -118,6 +118,10 @@ def _bench(args) -> int:
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)
     if args.model == "kernels":
         types = set(args.types.split(",")) if args.types else None
+        if types and (unknown := types - {sh[0] for sh in bench.KERNEL_SHAPES}):
+            print(f"lab bench kernels: no shapes of type {', '.join(sorted(unknown))} (the table has "
+                  f"{', '.join(dict.fromkeys(sh[0] for sh in bench.KERNEL_SHAPES))})", file=sys.stderr)
+            return 2
         rows = bench.bench_kernels([sh for sh in bench.KERNEL_SHAPES if types is None or sh[0] in types],
                                    repeat=args.repeat, disable=args.disable)
         if args.json:

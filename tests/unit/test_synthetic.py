@@ -30,3 +30,25 @@ def test_bench_kernels_runs(device):
     rows = bench.bench_kernels(shapes=[("Q4_1", 64, 256), ("Q6_K", 32, 512)], repeat=2, tokens=4)
     assert [r["type"] for r in rows] == ["Q4_1", "Q6_K"]
     assert all(r["matvec_us"] > 0 and math.isfinite(r["matmul_gflop_s"]) for r in rows)
+
+
+@pytest.mark.parametrize("name,n_layer,tied,more", [
+    ("llama3.2-1b", 16, True, (0, 1, 4, 7, 10, 13, 14, 15)),
+    ("llama3.1-8b", 32, False, (0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31))])
+def test_llama3_q4_k_m_mix(name, n_layer, tied, more):
+    """llama.cpp's Q4_K_M for a dense llama (src/llama-quant.cpp): Q4_K, with Q6_K for the head (the tied
+    embedding when the head is tied) and for attn_v / ffn_down in use_more_bits layers. The layer lists here
+    are read off llama.cpp's rule by hand, not computed the way synthetic.py computes them."""
+    spec = synthetic.SPECS[name]
+    table = {n: (t, r, c) for n, t, r, c in synthetic.tensor_table(spec)}
+    assert spec.n_layer == n_layer
+    assert table["token_embd.weight"][0] == ("Q6_K" if tied else "Q4_K")
+    assert ("output.weight" in table) is not tied and (tied or table["output.weight"][0] == "Q6_K")
+    for il in range(n_layer):
+        want = "Q6_K" if il in more else "Q4_K"
+        assert table[f"blk.{il}.attn_v.weight"][0] == table[f"blk.{il}.ffn_down.weight"][0] == want, il
+        assert {table[f"blk.{il}.{r}.weight"][0] for r in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")} \
+            == {"Q4_K"}
+    e, ff = spec.n_embd, spec.n_ff
+    assert table["blk.0.ffn_down.weight"][1:] == (e, ff) and table["blk.0.attn_k.weight"][1:] == (8 * spec.head_dim, e)
+    assert table["rope_freqs.weight"] == ("F32", 1, spec.head_dim // 2)
