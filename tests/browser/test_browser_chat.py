@@ -1,6 +1,6 @@
 """The browser lab end to end on the real SmolLM2: load through the file input (32 MB slices straight to
-the GPU), chat, follow-up reuse, stop, new chat, seeded sampling equal to the native engine, bad files,
-and nothing stored or sent anywhere."""
+the GPU), chat, follow-up reuse, stop, new chat, seeded sampling equal to the native engine (one page for all
+of these), bad files, and nothing stored or sent anywhere."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def native(smollm2_path):
     return header, from_metadata(header.metadata), engine
 
 
-def test_chat_matches_llama_cpp_then_reuse_stop_and_new_chat(lab, smollm2_path):
+def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab, smollm2_path, native):
     lab.wait_ready()
     page = lab.page
     _load(lab, smollm2_path)
@@ -97,33 +97,27 @@ def test_chat_matches_llama_cpp_then_reuse_stop_and_new_chat(lab, smollm2_path):
     assert page.locator('[data-testid="message"]').count() == 0
     assert page.locator('[data-testid="token"]').count() == 0
 
+    # 5. seeded sampling from the page's inputs equals the native engine's with the same settings (same page: a
+    # second load would cost half a minute on SwiftShader)
+    header, tok, engine = native
+    settings = Settings(greedy=False, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+    prompt = chat.render_chat(tok, header.metadata, [{"role": "user", "content": "Tell me a joke."}])
+    # Playwright's sync API keeps an event loop running in this thread: run the native engine in another.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        sampled = pool.submit(asyncio.run, Session(engine, tok).generate(prompt, settings, 12)).result()
+    page.uncheck('[data-testid="greedy"]')
+    page.fill('[data-testid="temperature"]', "1.0")
+    page.fill('[data-testid="top-k"]', "40")
+    page.fill('[data-testid="top-p"]', "0.95")
+    page.fill('[data-testid="seed"]', "7")
+    assert _send(lab, "Tell me a joke.", 12) == sampled.text
+
     # Nothing stored, nothing sent elsewhere, no errors.
     assert page.evaluate("localStorage.length + sessionStorage.length") == 0
     assert page.evaluate("document.cookie") == ""
     assert page.evaluate("indexedDB.databases().then(d => d.length)") == 0
     assert QUESTION not in page.url
     assert lab.foreign_requests() == []
-    assert lab.errors() == []
-
-
-def test_seeded_sampling_matches_native(lab, smollm2_path, native):
-    header, tok, engine = native
-    settings = Settings(greedy=False, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=7)
-    prompt = chat.render_chat(tok, header.metadata, [{"role": "user", "content": "Tell me a joke."}])
-    # Playwright's sync API keeps an event loop running in this thread: run the native engine in another.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        want = pool.submit(asyncio.run, Session(engine, tok).generate(prompt, settings, 12)).result()
-
-    lab.wait_ready()
-    page = lab.page
-    _load(lab, smollm2_path)
-    page.uncheck('[data-testid="greedy"]')
-    page.fill('[data-testid="temperature"]', "1.0")
-    page.fill('[data-testid="top-k"]', "40")
-    page.fill('[data-testid="top-p"]', "0.95")
-    page.fill('[data-testid="seed"]', "7")
-    reply = _send(lab, "Tell me a joke.", 12)
-    assert reply == want.text
     assert lab.errors() == []
 
 

@@ -1,6 +1,6 @@
 """Qwen2.5-Coder-0.5B-Instruct and Gemma 3 270M in headless Chromium (SwiftShader WebGPU), loaded through the file
 input: a greedy chat reply byte-identical to llama.cpp's, then the embedding inspector and the logit lens on the same
-loaded model, each with its cost on the page.
+loaded model, each with its cost on the page. With --slow only (`pytest --slow tests/browser/test_browser_models.py`).
 
 One page per model, shared by its tests (a load and a chat cost a minute or two here). Expected values come from
 llama.cpp (tests/fixtures/<model>.f32.json: greedy ids on an F32 copy of the weights, which is the arithmetic our
@@ -75,8 +75,9 @@ def _timings(page) -> dict:
             "stop": m[5]}
 
 
-# Gemma 3 (262,144-token vocabulary, the heaviest on SwiftShader) runs with --slow; natively it is in the default run.
-@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n == "gemma3" else n for n in PATHS])
+# Both run with --slow (a load and a reply cost 2-3 minutes each on SwiftShader); natively both are in the default
+# run, and in the page the default run holds SmolLM2 (test_browser_chat.py) and a Llama 3 file (test_arch_page.py).
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) for n in PATHS])
 def model(request, browser, server_url):
     name = request.param
     path = request.getfixturevalue(PATHS[name])
