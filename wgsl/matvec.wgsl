@@ -22,7 +22,7 @@
 // Organisation: one workgroup of WG threads per 4 rows (vec4 accumulator, one lane per row); every
 //   thread walks the units u = lid, lid + WG, ... of all 4 rows (`accumulate`, from the file LOOP names:
 //   matvec_groups.wgsl, 8 values at a time through DQ, or a type's own loop that unpacks its scales once
-//   per 16-32 values), so each input value is made once for 4 rows and neighbouring threads read
+//   per 32-64 values), so each input value is made once for 4 rows and neighbouring threads read
 //   neighbouring words of the blocks. Sums are reduced over
 //   the workgroup: with subgroups, subgroupAdd then one slot per subgroup in shared memory (subgroups
 //   assumed to be consecutive ranges of local_invocation_index); without, a shared tree.

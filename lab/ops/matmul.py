@@ -26,12 +26,12 @@ _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y
 
 
 # Types with a loop of their own (matvec.wgsl's `accumulate`; their scales unpacked once per 32-64 values, not
-# per group of 8, their input read as vec4s): the loop's file, the values one step covers, and its constants.
-# Every other type runs matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4).
+# per group of 8, their input read as vec4s): the loop's file and its constants. Every other type runs
+# matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4).
 MATVEC_LOOPS = {
-    "Q4_K": ("matvec_k.wgsl", 32, {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
-    "Q5_K": ("matvec_k.wgsl", 32, {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
-    "Q6_K": ("matvec_q6_k.wgsl", 64, {}),
+    "Q4_K": ("matvec_k.wgsl", {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
+    "Q5_K": ("matvec_k.wgsl", {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
+    "Q6_K": ("matvec_q6_k.wgsl", {}),
 }
 
 
@@ -93,7 +93,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
     x4 = x_offset % 4 == 0
     loops = MATVEC_LOOPS if x4 else {}
-    loop, _, loop_consts = loops.get(w.type.name, ("matvec_groups.wgsl", 8, {}))
+    loop, loop_consts = loops.get(w.type.name, ("matvec_groups.wgsl", {}))
     w4 = loop == "matvec_k.wgsl"
     consts.update(loop_consts, LOOP=loop, XVIEW="matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
                   **({"B_W4": 4 + len(extra)} if w4 else {}))
