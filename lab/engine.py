@@ -26,13 +26,21 @@ from .model import Config, from_gguf, host_tensors, tensor_views
 from .ops import attention as attn_ops
 from .ops import sample
 from .ops.weights import ModelWeights
-from .plans import Decode, Plan, Prefill
+from .plans import Decode, Plan, Prefill, with_whole_attention
 from .shaders import KernelCache
 
 DEFAULT_CTX = 2048      # tokens of KV cache made at load: 2 x 30 x 3 x 64 x 4 B x 2048 = 94 MB for SmolLM2
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
+GPU_BATCH = 512         # the same on a GPU adapter: on an H200 the page's 512-token prefill ran at 0.15-0.81 of
+                        # native in steps of 64 against native's 512 (docs/performance.md); a CPU adapter gains
+                        # nothing from wider steps and pays for the larger scratch
 AHEAD = 8               # greedy decode steps submitted before one read-back (lab.session)
 MAX_PLANS = 32          # prepared dispatch lists kept (one per prefill length seen, plus decode)
+
+
+def prefill_batch(info) -> int:
+    """The prefill step a page load uses on this adapter (lab/gpu DeviceInfo)."""
+    return DEFAULT_BATCH if info.software else GPU_BATCH
 
 
 class EngineError(RuntimeError):
@@ -117,6 +125,9 @@ class Engine:
             self.rope_freqs = array("f", bytes(raw)).tolist()
         self.n_ctx = n_ctx
         self.max_batch = max_batch
+        # decode steps with at most this many keys run attention in one dispatch (plans.with_whole_attention); on a
+        # CPU adapter every step does, since its split has a single chunk anyway and the combine is pure overhead
+        self.whole_keys = n_ctx if device.info.software else attn_ops.WHOLE_KEYS
         self.logits_all = logits_all
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
@@ -130,6 +141,8 @@ class Engine:
                 self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()
+                self.decode_whole: Plan = with_whole_attention(self.decode, cfg.n_layer,
+                                                               lambda il: self.attention_op(il, False, whole=True))
             except BaseException:
                 device.free(self)
                 raise
@@ -146,16 +159,17 @@ class Engine:
         return list(zip(self.scratch.k_cache, self.scratch.v_cache))
 
     def plan_for(self, batched: bool) -> Plan:
+        """The plan the probes and panels build on: prefill, or decode with its split attention."""
         return self.prefill if batched else self.decode
 
-    def kv_write_op(self, il: int) -> list[ops.Op]:
-        """Layer il's write of the step's K and V rows into its cache (role KV_WRITE)."""
-        cfg, s = self.cfg, self.scratch
-        return attn_ops.kv_write(self.device, self.kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.step,
-                                 n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=s.qkv_width,
-                                 k_offset=cfg.q_dim, v_offset=cfg.q_dim + cfg.kv_dim, n_ctx=self.n_ctx)
+    def step_plan(self, t: int, pos: int) -> Plan:
+        """The plan a step of t tokens at `pos` runs: decode steps with at most `whole_keys` keys take the
+        one-dispatch attention (`decode_whole`), the others the split."""
+        if t > 1:
+            return self.prefill
+        return self.decode_whole if pos + 1 <= self.whole_keys else self.decode
 
-    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None) -> list[ops.Op]:
+    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None, whole: bool = False) -> list[ops.Op]:
         """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.probes builds it again
         with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
         cfg, s = self.cfg, self.scratch
@@ -163,7 +177,7 @@ class Engine:
                                   s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
                                   q_stride=s.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
-                                  probe=probe, mode="prefill" if batched else "decode",
+                                  probe=probe, mode="prefill" if batched else "whole" if whole else "decode",
                                   # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU
                                   # adapter pays per workgroup, so there the keys stay in one chunk and the
                                   # tiles wide (measured on lavapipe: narrow tiles made prefill attention 4x slower)
@@ -178,16 +192,18 @@ class Engine:
         return writes
 
     # -- plans ----------------------------------------------------------------------------------------------
-    def ops_for(self, t: int, sampled: bool = False) -> list[ops.Op]:
-        plan = self.plan_for(t > 1)
+    def ops_for(self, t: int, sampled: bool = False, pos: int = 0) -> list[ops.Op]:
+        plan = self.step_plan(t, pos)
         return plan.ops + plan.tails[sampled]
 
-    def prepared(self, t: int, sampled: bool = False):
-        """The backend's prepared dispatch list for a step of t tokens (prefill for t > 1), cached per (t, sampled)."""
-        key = ("decode" if t == 1 else "prefill", t, sampled)
+    def prepared(self, t: int, sampled: bool = False, pos: int = 0):
+        """The backend's prepared dispatch list for a step of t tokens at `pos` (prefill for t > 1), cached per
+        (plan, t, sampled)."""
+        plan = self.step_plan(t, pos)
+        key = ("prefill" if t > 1 else "whole" if plan is self.decode_whole else "decode", t, sampled)
         p = self._prepared.get(key)
         if p is None:
-            p = self.device.prepare(ops.dispatches(self.ops_for(t, sampled), t))
+            p = self.device.prepare(ops.dispatches(self.ops_for(t, sampled, pos), t))
             if len(self._prepared) > MAX_PLANS:
                 self._prepared.pop(next(iter(k for k in self._prepared if k[0] == "prefill")))
             self._prepared[key] = p
@@ -219,7 +235,7 @@ class Engine:
             if sampled or not 0 <= keep < AHEAD:
                 raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
             copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
-        self.device.run(self.prepared(t, sampled), self.step_writes(ids, pos, t), copies)
+        self.device.run(self.prepared(t, sampled, pos), self.step_writes(ids, pos, t), copies)
 
     async def kept_ids(self, n: int) -> list[int]:
         return list(struct.unpack(f"<{n}I", await self.device.read(self.scratch.kept, 0, 4 * n)))
@@ -236,7 +252,7 @@ class Engine:
         """Run one step op by op and read every traced activation: {name: raw f32 bytes, [rows, width]}."""
         t = len(ids)
         self._check(ids, pos)
-        op_list, trace = self.ops_for(t), self.plan_for(t > 1).trace
+        op_list, trace = self.ops_for(t, pos=pos), self.step_plan(t, pos).trace
         out: dict[str, bytes] = {}
         done = 0
         writes = self.step_writes(ids, pos, t)
@@ -259,5 +275,6 @@ class Engine:
                 return name
         return None
 
-    def dispatches_per_step(self, t: int, sampled: bool = False) -> int:
-        return len(ops.dispatches(self.ops_for(t, sampled), t))
+    def dispatches_per_step(self, t: int, sampled: bool = False, pos: int = 0) -> int:
+        """Dispatches of a step of t tokens at `pos` (decode: at pos 0 the short-context plan)."""
+        return len(ops.dispatches(self.ops_for(t, sampled, pos), t))

@@ -99,13 +99,18 @@ def _rope(dev, kernels, step, c: _Case):
 
 def _attention(dev, kernels, step, c: _Case):
     """src [t, (n_head + 2 n_kv) * hd] (fused Q|K|V rows), k_cache and v_cache [n_ctx, n_kv * hd]: the step's K/V
-    rows are written into the caches, then out [t, n_head * hd] = attention over keys 0 .. pos + t - 1."""
+    rows are written into the caches, then out [t, n_head * hd] = attention over keys 0 .. pos + t - 1.
+    With "rope" (a mode, base 10000): the Q and K heads are first rotated and the caches written by the plans' own
+    op (rope with the cache write), as the engine runs a layer."""
     nh, nkv, hd, n_ctx = c["n_head"], c["n_kv_head"], c["head_dim"], c["n_ctx"]
     width = (nh + 2 * nkv) * hd
     src = c.input("src")
     kc, vc = c.input("k_cache"), c.input("v_cache")
-    ops = kv_write(dev, kernels, src, kc, vc, step, n_kv_head=nkv, head_dim=hd, src_stride=width,
-                   k_offset=nh * hd, v_offset=(nh + nkv) * hd, n_ctx=n_ctx)
+    if c.case.get("rope"):
+        ops = rope(dev, kernels, src, step, nh + nkv, hd, mode=c["rope"], row_stride=width, cache=(kc, vc, nh, n_ctx))
+    else:
+        ops = kv_write(dev, kernels, src, kc, vc, step, n_kv_head=nkv, head_dim=hd, src_stride=width,
+                       k_offset=nh * hd, v_offset=(nh + nkv) * hd, n_ctx=n_ctx)
     return ops + attention(dev, kernels, src, kc, vc, c.output("out", 4 * c["t"] * nh * hd), step, n_head=nh,
                            n_kv_head=nkv, head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx,
                            window=c.case.get("window", 0), mode=c.case.get("mode", "auto"), max_tokens=c["t"])

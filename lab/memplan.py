@@ -194,14 +194,15 @@ def page_context(cfg: Config, requested: int | None) -> int:
     return max(MIN_CTX, min(DEFAULT_CTX if requested is None else requested, cfg.n_ctx_train))
 
 
-def page_summary(limits: dict[str, int] | None, header: Header, requested: int | None) -> dict | None:
+def page_summary(limits: dict[str, int] | None, header: Header, requested: int | None,
+                 max_batch: int | None = None) -> dict | None:
     """The plan for the model card, or None when there is no adapter or the header is not a model the
-    lab runs (the load's validation then says why)."""
+    lab runs (the load's validation then says why). max_batch: the prefill step the load will use."""
     if limits is None:
         return None
     try:
         cfg = from_gguf(header)
-        p = plan(limits, header, cfg, page_context(cfg, requested))
+        p = plan(limits, header, cfg, page_context(cfg, requested), max_batch=max_batch)
     except Exception:  # the load names the problem; the card only goes without a plan
         return None
     from .engine import DEFAULT_CTX

@@ -105,13 +105,15 @@ class PlanBuilder:
                                        cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
                                        w2=w.vectors[b + "attn_k_norm.weight"], split=cfg.n_head))
             base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
-            # Q heads then K heads are adjacent in the fused row: one rope op rotates both.
+            # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
+            # rotated K and the V into the cache (role KV_WRITE).
             self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
                                cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
-                               col_offset=0, freq_factors=self.eng.rope_freqs), f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+                               col_offset=0, freq_factors=self.eng.rope_freqs,
+                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
+                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
             self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
             self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
-            self.add(self.eng.kv_write_op(il))
             self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
             # output projection; the residual add is folded into it unless gemma3's post-norm sits between
             if cfg.post_norms:
@@ -214,3 +216,21 @@ class Decode(PlanBuilder):
         self.add(matmul.matvec(self.dev, self.kc, self.w.head, s.xn, s.logits, s.step), "result_output", s.logits,
                  self.cfg.n_vocab, rows="one")
         return Rows.fixed(1)
+
+
+def with_whole_attention(decode: Plan, n_layer: int, whole) -> Plan:
+    """The decode plan with each layer's run of ATTENTION ops (split, combine) replaced by `whole(il)` (one
+    decode_whole op): the engine's plan for steps with few keys. Every other op is the same object; the traced
+    points move with their ops. The probes keep using the split plan (its combine leaves what their pass reads)."""
+    last = {decode.at(f"kqv_out-{il}"): il for il in range(n_layer)}
+    ops_out: list[ops.Op] = []
+    index: dict[int, int] = {}
+    for i, op in enumerate(decode.ops):
+        if op.role == ops.ATTENTION:
+            if i in last:
+                ops_out += whole(last[i])
+        else:
+            ops_out.append(op)
+        index[i] = len(ops_out) - 1
+    trace = [dataclasses.replace(tr, after=index[tr.after]) for tr in decode.trace]
+    return Plan(ops_out, trace, decode.tails)

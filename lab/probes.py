@@ -50,6 +50,8 @@ NEIGHBOURS = 10        # nearest tokens listed by the embedding inspector
 WINDOW = 48            # most positions one inspection covers (attention heatmap rows and columns)
 LENS_POSITIONS = 16    # most logit-lens positions one inspection covers
 LENS_K = 5             # logit lens: candidates per cell (top-1 shown, the rest on hover)
+CHUNK = 64             # most tokens per step of a probe pass: the attention probe holds [CHUNK, n_head, n_ctx]
+                       # floats (an engine with 512-token prefill steps would need 268 MB of it for an 8B at 4,096)
 WG = 64
 _WINDOW = struct.Struct("<4I")   # struct Window { w0, wn, l0, ln } in wgsl/probes.wgsl
 _PARAMS = struct.Struct("<4I")
@@ -130,8 +132,9 @@ class Probes:
     first `inspect`); `close` frees every buffer they made."""
 
     def __init__(self, engine, window: int = WINDOW, lens_positions: int = LENS_POSITIONS) -> None:
-        if not 1 <= lens_positions <= engine.max_batch:
-            raise ValueError(f"lens positions {lens_positions} must be 1 .. {engine.max_batch}")
+        self.chunk = min(engine.max_batch, CHUNK)
+        if not 1 <= lens_positions <= self.chunk:
+            raise ValueError(f"lens positions {lens_positions} must be 1 .. {self.chunk}")
         self.engine = engine
         self.device = engine.device
         self.window = window
@@ -209,7 +212,7 @@ class Probes:
     def _build_pass_owned(self) -> None:
         eng, dev, kc, cfg = self.engine, self.device, self.engine.kernels, self.engine.cfg
         step, x = eng.scratch.step, eng.scratch.x
-        L, H, E, V, B, P = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_vocab, eng.max_batch, self.lens_positions
+        L, H, E, V, B, P = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_vocab, self.chunk, self.lens_positions
         conv = gpu.CONVERSATION
         max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
         cols = self.window + 1
@@ -289,6 +292,8 @@ class Probes:
         plan = []
         for i, op in enumerate(base[:end]):
             if not write_kv and op.role == ops.KV_WRITE:
+                if op.without_kv is not None:
+                    plan.append(op.without_kv)
                 continue
             if attention and i in at_attn:
                 il, last = at_attn[i]
@@ -319,7 +324,9 @@ class Probes:
         _, at_attn, _, probed = self._where[batched]
         first_attn = min(i for i, (il, _) in at_attn.items() if il == layer)
         def keep(part: list[ops.Op]) -> list[ops.Op]:
-            return [op for op in part if write_kv or op.role != ops.KV_WRITE]
+            if write_kv:
+                return part
+            return [o for o in (op.without_kv if op.role == ops.KV_WRITE else op for op in part) if o is not None]
 
         cut = (keep(plan.ops[:at_rope]), keep(plan.ops[at_rope:first_attn]) + probed[layer])
         self._rope_cuts[key] = cut
@@ -347,8 +354,8 @@ class Probes:
         end, cached = pos + 1, max(0, min(cached, pos + 1))
         t0 = time.perf_counter()
         keys, q, probs = [], b"", b""
-        # chunks as in `inspect`: at most max_batch, never straddling `cached` (K/V written only from there on)
-        bounds = sorted(set(range(0, cached, eng.max_batch)) | set(range(cached, end, eng.max_batch)) | {end})
+        # chunks as in `inspect`: at most self.chunk, never straddling `cached` (K/V written only from there on)
+        bounds = sorted(set(range(0, cached, self.chunk)) | set(range(cached, end, self.chunk)) | {end})
         for a, b in itertools.pairwise(bounds):
             t, last = b - a, b == end
             before, after = self._rope_variant(t > 1, a >= cached, layer)
@@ -402,9 +409,9 @@ class Probes:
         first = min(start if attention or residual else end, cached, l0 if lens else end)
         t0 = time.perf_counter()
         dev.write(self.win, _WINDOW.pack(start, w, l0, lens))
-        # 1. the pass: chunks of at most max_batch that never straddle `cached` (K/V written only from there), each
+        # 1. the pass: chunks of at most self.chunk that never straddle `cached` (K/V written only from there), each
         #    through the variant of the plan the engine itself would run (decode for one token, else prefill)
-        bounds = sorted(set(range(first, cached, eng.max_batch)) | set(range(max(first, cached), end, eng.max_batch))
+        bounds = sorted(set(range(first, cached, self.chunk)) | set(range(max(first, cached), end, self.chunk))
                         | {end})
         for a, b in zip(bounds, bounds[1:]):
             plan = self._variant(b - a > 1, a >= cached, attention, bool(lens), residual)

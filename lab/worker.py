@@ -46,7 +46,7 @@ from . import (
     verify_worker,
     weightread,
 )
-from .engine import Engine
+from .engine import Engine, prefill_batch
 from .gpu.browser import open_browser
 from .model import host_tensors
 from .probes import Probes
@@ -202,7 +202,8 @@ async def _read_header(file, seq: int | None = None, n_ctx: int | None = None) -
     summary = gguf.summary(header)
     summary.update(file_name=str(getattr(file, "name", "")), prefix_bytes=nread,
                    parse_ms=round((time.perf_counter() - t0) * 1e3, 1),
-                   plan=memplan.page_summary(_state.device and _state.device.info.limits, header, n_ctx))
+                   plan=memplan.page_summary(_state.device and _state.device.info.limits, header, n_ctx,
+                                             _state.device and prefill_batch(_state.device.info)))
     post({"type": "model-info", "summary": summary, "seq": seq})
     return header
 
@@ -230,13 +231,14 @@ async def _load(file, n_ctx: int | None, seq: int) -> None:
     header = await _read_header(file, seq, n_ctx)
     cfg, tok = validate(header)                  # every key and tensor checked, named if wrong, before any upload
     n_ctx = memplan.page_context(cfg, n_ctx)     # the page's choice, at most the model's own
-    memplan.check(device.info.limits, header, cfg, n_ctx)   # refused with the numbers before any buffer exists
+    batch = prefill_batch(device.info)
+    memplan.check(device.info.limits, header, cfg, n_ctx, max_batch=batch)   # refused with the numbers before any buffer exists
     t0 = time.perf_counter()
     # The only tensor values Python reads (llama 3's rope_freqs, n_rot/2 floats): one File.slice each, before
     # the plans are built; every weight still goes File.slice -> writeBuffer in labUpload.
     small = {t.name: (await file.slice(t.offset, t.offset + t.nbytes).arrayBuffer()).to_bytes()
              for t in host_tensors(cfg, header)}
-    engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx)
+    engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx, max_batch=batch)
     try:
         await device.flush_errors()              # shader problems surface before a byte of weights moves
         plan = []

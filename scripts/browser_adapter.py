@@ -4,7 +4,9 @@ and once per extra flag given, e.g. a Dawn toggle:
 
     python3 scripts/browser_adapter.py "" --enable-dawn-features=vulkan_enable_f16_on_nvidia
 
-One JSON line per run. The page is a blank one served from 127.0.0.1 (WebGPU needs a secure context).
+One JSON line per run. The page is a blank one served from 127.0.0.1 (WebGPU needs a secure context). Where the
+adapter has `chromium-experimental-subgroup-matrix`, each configuration it lists is compiled, checked against a CPU
+product and timed (scripts/subgroup_matrix_probe.js), with a plain f32 FMA loop of the same shape for scale.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import http.server
 import json
 import sys
 import threading
+from pathlib import Path
 
 from lab.host.bench_browser import ADAPTER_JS, browser_command
+
+SUBGROUP_MATRIX_JS = (Path(__file__).parent / "subgroup_matrix_probe.js").read_text()
 
 
 def main(extras: list[str]) -> int:
@@ -45,6 +50,7 @@ def main(extras: list[str]) -> int:
                     page = b.new_page()
                     page.goto(url)
                     out["adapter"] = page.evaluate(ADAPTER_JS)
+                    out["subgroup_matrix"] = page.evaluate(SUBGROUP_MATRIX_JS)
                     out["browser"] = b.version
                 finally:
                     b.close()

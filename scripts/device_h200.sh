@@ -35,8 +35,9 @@ for m in $MODELS; do
 done
 bash scripts/device_llamacpp.sh bench
 # Few files come back from a device call: everything in one archive as well.
-tar -czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz .
+tar -czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz --exclude=run_output.txt .
 if [ "${TORCH:-1}" != 0 ]; then      # last: the slowest peer, cut at TORCH_S seconds
   timeout "${TORCH_S:-200}" python3 scripts/torch_bench.py --bf16-only $MODELS 2>/dev/null > "$OUT/torch.jsonl"
   echo "torch: $(wc -l < "$OUT/torch.jsonl") configurations"
+  tar -czf "$OUT/all.tgz" -C "$OUT" --exclude=all.tgz --exclude=run_output.txt .    # again, with torch.jsonl
 fi

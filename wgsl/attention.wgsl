@@ -25,6 +25,8 @@
 //                             log-sum-exp rescaling into out (chunks spread over the threads); leaves (M, 1/L)
 //                             per head for the probe pass.
 //            decode_probs   — probe variant only, grid (ceil(n_ctx/WG), n_head/HPW, t): probabilities of every key.
+//          decode_whole — one dispatch, grid (1, n_head/HPW, t): the split's walk over every visible key, the output
+//                         normalised in place (short contexts; no probe variant).
 //          prefill — one workgroup per block of BQ rows (row = token*GROUP + head in group) of one KV head, grid
 //                    (ceil(t*GROUP/BQ), n_kv_head); K and V tiles of BK keys shared by the rows in workgroup memory.
 // Both are correct for any t and pos (decode for t up to the token count its scratch was sized for); neither keeps
@@ -153,18 +155,11 @@ fn key_hi(qpos: u32) -> u32 { return min(key_end(qpos), P.n_ctx); }
 fn first_chunk(qpos: u32) -> u32 { return key_begin(qpos) / P.chunk; }
 fn end_chunk(qpos: u32) -> u32 { return (key_hi(qpos) + P.chunk - 1u) / P.chunk; }
 
-// Pass 1: one workgroup per (chunk c, head block, token): keys [c*chunk, (c+1)*chunk) ∩ visible, in tiles of TK,
-// online softmax across tiles, V accumulated by (vec4 of dims, key part) slots for all HPW heads at once.
-@compute @workgroup_size(WG)
-fn decode_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c = wid.x;
-    let j = wid.z;
-    if (j >= step.n_tokens) { return; }
-    let qpos = step.pos + j;
-    let lo = max(key_begin(qpos), c * P.chunk);
-    let hi = min(key_hi(qpos), c * P.chunk + P.chunk);
-    if (lo >= hi) { return; }                  // a chunk past the query (or before its window): workgroup-uniform
-    let h0 = wid.y * HPW;
+// Keys [lo, hi) of token j for the HPW heads from h0, in tiles of TK, online softmax across tiles, V accumulated
+// by (vec4 of dims, key part) slots for all HPW heads at once. Leaves each head's unnormalised V sum in d_acc
+// (head hh's slot s at hh * SLOTS + s; the NP parts of dims d4 at p * HD4 + d4) and returns its (max m, sum l).
+// Every invocation of the workgroup must call it (barriers): lo, hi, j, h0 workgroup-uniform, lo < hi.
+fn d_attend(lid: u32, j: u32, h0: u32, lo: u32, hi: u32) -> array<vec2<f32>, HPW> {
     let kb0 = kv_head(h0) * HD4;
     d_load_q(lid, j, h0);
     workgroupBarrier();
@@ -226,14 +221,51 @@ fn decode_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
         }
     }
     workgroupBarrier();
+    var ml: array<vec2<f32>, HPW>;
+    for (var hh = 0u; hh < HPW; hh++) { ml[hh] = vec2<f32>(m[hh], l[hh]); }
+    return ml;
+}
+
+// Head hh's V sum over the key parts, dims 4*d4 .. 4*d4+3 (after d_attend).
+fn d_vsum(hh: u32, d4: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var p = 0u; p < NP; p++) { v += d_acc[hh * SLOTS + p * HD4 + d4]; }
+    return v;
+}
+
+// Pass 1: one workgroup per (chunk c, head block, token): keys [c*chunk, (c+1)*chunk) ∩ visible.
+@compute @workgroup_size(WG)
+fn decode_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c = wid.x;
+    let j = wid.z;
+    if (j >= step.n_tokens) { return; }
+    let qpos = step.pos + j;
+    let lo = max(key_begin(qpos), c * P.chunk);
+    let hi = min(key_hi(qpos), c * P.chunk + P.chunk);
+    if (lo >= hi) { return; }                  // a chunk past the query (or before its window): workgroup-uniform
+    let h0 = wid.y * HPW;
+    let ml = d_attend(lid, j, h0, lo, hi);
+    for (var i = lid; i < HPW * HD4; i += WG) {
+        scratch[s_rec(j, h0 + i / HD4, c) + 1u + i % HD4] = d_vsum(i / HD4, i % HD4);
+    }
+    if (lid < HPW) { scratch[s_rec(j, h0 + lid, c)] = vec4<f32>(ml[lid], 0.0, 0.0); }
+}
+
+// Decode in one dispatch, for short contexts: one workgroup per (head block, token) walks every visible key and
+// writes the normalised output; no scratch, no combine. The engine runs it while a step's keys are few (its
+// serial walk over tiles loses to the split past a few tiles on a GPU) and always on a CPU adapter, where the
+// split already has one chunk (lab/engine.py whole_keys).
+@compute @workgroup_size(WG)
+fn decode_whole(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let j = wid.z;
+    if (j >= step.n_tokens) { return; }
+    let qpos = step.pos + j;
+    let h0 = wid.y * HPW;
+    let ml = d_attend(lid, j, h0, key_begin(qpos), key_hi(qpos));
     for (var i = lid; i < HPW * HD4; i += WG) {
         let hh = i / HD4;
-        let d4 = i % HD4;
-        var v = vec4<f32>(0.0);
-        for (var p = 0u; p < NP; p++) { v += d_acc[hh * SLOTS + p * HD4 + d4]; }
-        scratch[s_rec(j, h0 + hh, c) + 1u + d4] = v;
+        out[j * P.n_head * HD4 + (h0 + hh) * HD4 + i % HD4] = d_vsum(hh, i % HD4) / ml[hh].y;
     }
-    if (lid < HPW) { scratch[s_rec(j, h0 + lid, c)] = vec4<f32>(m[lid], l[lid], 0.0, 0.0); }
 }
 
 // Pass 2: one workgroup per (head, token) merges the chunks' records: M = max m_c, L = sum l_c e^(m_c - M),

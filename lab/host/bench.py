@@ -77,6 +77,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
            "features": sorted(device.info.features), "weight_bytes": nbytes, "build_s": round(t1 - t0, 3),
            "upload_s": round(t2 - t1, 3), "load_mb_s": round(nbytes / 1e6 / (t2 - t1), 1),
            "max_batch": engine.max_batch, "dispatches_per_decode_token": engine.dispatches_per_step(1),
+           "dispatches_per_decode_token_past_whole": engine.dispatches_per_step(1, pos=engine.whole_keys),
            "compute_passes_per_decode_token": 1, "prefill": {}, "decode": {}}
 
     def prefill(n: int) -> float:
@@ -123,7 +124,7 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
     _sync(engine)
     out = {"cpu_submit_ms": round(cpu * 1e3, 3)}
     if "timestamp-query" in engine.device.info.features and hasattr(engine.device, "time_pass"):
-        plan = engine.prepared(1)
+        plan = engine.prepared(1, pos=pos + n)
         gpu_s = sorted(engine.device.time_pass(plan, engine.step_writes(None, pos + n + i, 1))
                        for i in range(n))
         out["gpu_pass_ms"] = round(gpu_s[n // 2] * 1e3, 3)
@@ -143,7 +144,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     rng = random.Random(0)
     engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
     writes = engine.step_writes(None, pos, t)
-    plan = ops.dispatches(engine.ops_for(t), t)
+    plan = ops.dispatches(engine.ops_for(t, pos=pos), t)
 
     def family(d) -> str:    # pipeline label without the constants that only tune (WG, DQ, SG switches)
         name, *consts = d.kernel.label.split(" ")

@@ -33,7 +33,8 @@ def make_step(device: gpu.Device, label: str = "step") -> gpu.Buffer:
 
 
 # Roles: what an op is for, where a caller must find it in a plan (the probes swap the attention ops for their
-# probe variant and drop the KV writes when replaying cached positions). Labels are for people and profiles.
+# probe variant and, replaying cached positions, run a KV_WRITE op's `without_kv` in its place). Labels are for
+# people and profiles.
 ATTENTION = "attention"
 KV_WRITE = "kv_write"
 
@@ -44,6 +45,7 @@ class Op:
     bound: gpu.Bound
     grid: Callable[[int], tuple[int, int, int]]   # workgroups for a step of t tokens
     role: str = ""                                # ATTENTION, KV_WRITE, or "" for any other op
+    without_kv: Op | None = None                  # KV_WRITE: what to run instead when the cache must stay as it is
 
     def at(self, t: int) -> gpu.Dispatch:
         return gpu.Dispatch(self.kernel, self.bound, self.grid(t))

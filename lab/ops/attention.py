@@ -38,6 +38,8 @@ KV_WG = 64
 WG = 64            # threads per attention workgroup (a power of two)
 TK = 64            # decode: keys per tile (one key per thread)
 MAX_CHUNKS = 64    # decode: the default chunk splits n_ctx into at most this many chunks (a multiple of TK keys each)
+WHOLE_KEYS = 128   # decode on a GPU: steps with at most this many keys run "whole" (one dispatch; the split and its
+                   # combine cost two dispatches, each ~2 us of switching on an H200, against two tiles walked serially)
 WG_BYTES = 16384   # workgroup memory the kernels may use (WebGPU's default limit); decode's HPW is chosen to fit
 Q_FLOATS = 1024    # prefill: floats of Q per workgroup (BQ = Q_FLOATS / head_dim rows, at most 16)
 KV_FLOATS = 2048   # prefill: floats of one K or V tile (BK = KV_FLOATS / head_dim keys, at most 32)
@@ -52,6 +54,7 @@ ENTRY_RESOURCES = {
     "decode_split": ("q_src", "k_cache", "v_cache", "step", "params", "scratch"),
     "decode_combine": ("out", "step", "params", "scratch"),
     "decode_probs": ("q_src", "k_cache", "step", "params", "scratch", "probe"),
+    "decode_whole": ("q_src", "k_cache", "v_cache", "out", "step", "params"),
     "prefill": ("q_src", "k_cache", "v_cache", "out", "step", "params", "probe"),
 }
 
@@ -112,7 +115,9 @@ def _tiles(head_dim: int, narrow: bool = False) -> tuple[int, int, int, int]:
 def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int]:
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
     q = 16 * hpw * hd4
-    return {"decode_split": q + 4 * hpw * TK + 4 * hpw * WG + 16 * hpw * hd4 * n_parts,
+    split = q + 4 * hpw * TK + 4 * hpw * WG + 16 * hpw * hd4 * n_parts
+    return {"decode_split": split,
+            "decode_whole": split,
             "decode_combine": 0,
             "decode_probs": q,
             "prefill": 16 * bq * hd4 + 16 * bk * hd4 + 4 * bq * bk + 12 * bq}
@@ -152,17 +157,21 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     over cache rows 0 .. pos+t-1, into `out` [t, n_head*head_dim]. `scale` defaults to 1/sqrt(head_dim);
     `window` W > 0 keeps keys with qpos - k < W; `softcap` c > 0 maps each scaled score s to c*tanh(s/c);
     `probe`, a buffer of probe_bytes(max t, n_head, n_ctx), receives the probabilities.
-    `mode`: "decode" or "prefill" forces that entry for every t; "auto" uses decode for t == 1, prefill otherwise.
+    `mode`: "decode" or "prefill" forces that entry for every t; "auto" uses decode for t == 1, prefill otherwise;
+    "whole" is decode in one dispatch (decode_whole: one workgroup per head block walks every key; no probe).
     Decode: `max_tokens` is the most tokens a decode step may have (its scratch is sized for them); `chunk` the keys
     per split workgroup (default decode_chunk(n_ctx)). Prefill: `narrow` tiles (NARROW_ROWS query rows per
     workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU adapter pays per workgroup.
-    Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps."""
+    Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps
+    (decode_whole alone for "whole")."""
     if n_head % n_kv_head:
         raise ValueError(f"{label}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
     if head_dim % 4:
         raise ValueError(f"{label}: head_dim {head_dim} is not a multiple of 4")
-    if mode not in ("auto", "decode", "prefill"):
+    if mode not in ("auto", "decode", "prefill", "whole"):
         raise ValueError(f"{label}: unknown mode {mode!r}")
+    if mode == "whole" and probe is not None:
+        raise ValueError(f"{label}: the whole decode has no probe variant (the probes use the split)")
     group = n_head // n_kv_head
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
         if _size(buf) < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
@@ -175,8 +184,11 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     n_chunks = -(-n_ctx // chunk)
     limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
     hpw = heads_per_workgroup(head_dim, group, limit)
-    entries = ([] if mode == "prefill" else ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])) \
-        + ([] if mode == "decode" else ["prefill"])
+    if mode == "whole":
+        entries = ["decode_whole"]
+    else:
+        entries = ([] if mode == "prefill" else ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])) \
+            + ([] if mode == "decode" else ["prefill"])
     need = workgroup_bytes(head_dim, hpw, narrow)
     for entry in entries:
         if need[entry] > limit:
@@ -185,7 +197,7 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     params = device.uniform(_ATTN_PARAMS.pack(q_stride, q_offset, n_head, n_ctx, window, scale, float(softcap),
                                               chunk, n_chunks, 0, 0, 0), f"{label}.params")
     res = dict(q_src=q_src, k_cache=k_cache, v_cache=v_cache, out=out, step=step, params=params, probe=probe)
-    if mode != "prefill":
+    if mode in ("auto", "decode"):
         res["scratch"] = device.buffer(scratch_bytes(max_tokens, n_head, head_dim, n_chunks), gpu.CONVERSATION,
                                        f"{label}.scratch [{max_tokens}, n_head, 1 + {n_chunks} chunks * (1 + hd/4)]")
     bq = _tiles(head_dim, narrow)[2]
@@ -199,6 +211,7 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
         "decode_split": lambda t: (n_chunks, n_head // hpw, decode_t(t)),
         "decode_combine": lambda t: (n_head, decode_t(t), 1),
         "decode_probs": lambda t: (-(-n_ctx // WG), n_head // hpw, decode_t(t)),
+        "decode_whole": lambda t: (1, n_head // hpw, t),
         "prefill": lambda t: (-(-(t * group) // bq), n_kv_head, 1),
     }
     ops = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 
 from .. import gpu
-from . import Op
+from . import KV_WRITE, Op
 
 WG = 64
-PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, _p0, _p1, _p2
+PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, n_q_head, n_ctx, _p
 MODES = {"adjacent": "rope_adjacent", "norm": "rope_adjacent", 0: "rope_adjacent",   # llama.cpp calls mode 0 "norm"
          "neox": "rope_neox", 2: "rope_neox"}
 
@@ -25,7 +25,8 @@ def frequencies(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_fact
 
 def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: int, head_dim: int,
          n_rot: int | None = None, freq_base: float = 10000.0, freq_scale: float = 1.0, mode="neox",
-         row_stride: int | None = None, col_offset: int = 0, freq_factors=None) -> list[Op]:
+         row_stride: int | None = None, col_offset: int = 0, freq_factors=None,
+         cache: tuple[gpu.Buffer, gpu.Buffer, int, int] | None = None) -> list[Op]:
     """Rotate n_head heads of head_dim floats in place; token j of the step sits at position step.pos + j.
 
     mode "adjacent" (or llama.cpp's 0 / "norm") pairs (2i, 2i+1); "neox" (or 2) pairs (i, i + n_rot/2). Only the first
@@ -33,7 +34,12 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     j*row_stride + col_offset + h*head_dim; row_stride defaults to n_head*head_dim. In a fused QKV buffer
     [t, (nh + 2*nkv)*hd] the K heads follow the Q heads, so one op with n_head = nh + nkv, col_offset 0,
     row_stride (nh + 2*nkv)*hd rotates both (or build one op per part). freq_factors: llama.cpp's
-    rope_freqs (theta divided by factor_i), optional."""
+    rope_freqs (theta divided by factor_i), optional.
+
+    cache=(k_cache, v_cache, n_q_head, n_ctx): the row is a fused [q | k | v] row whose first n_q_head heads are Q,
+    the rest of the n_head K, and V follows them; the op also writes each token's rotated K and its V into cache
+    row pos + j (f32 [n_ctx, kvd]). Its role is KV_WRITE, and `without_kv` is the same rotation without the
+    writes (the probes replay cached positions with it)."""
     if mode not in MODES:
         raise ValueError(f"rope: unknown mode {mode!r} (adjacent/0 or neox/2)")
     n_rot = head_dim if n_rot is None else int(n_rot)
@@ -44,8 +50,24 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     freqs = frequencies(n_rot, freq_base, freq_scale, freq_factors)
     table = device.buffer(4 * half, gpu.CONSTANT, "rope.freqs")
     device.write(table, struct.pack(f"<{half}f", *freqs))
-    params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, 0, 0, 0), "rope.params")
+    n_q, n_ctx = (cache[2], cache[3]) if cache else (n_head, 0)
+    params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, n_q, n_ctx, 0), "rope.params")
     k = kernels.get("rope", MODES[mode], WG=WG)
-    bound = device.bind(k, [x, table, params, step], MODES[mode])
     gx = -(-(n_head * half) // WG)
-    return [Op(k, bound, lambda t: (gx, max(1, t), 1))]
+    plain = Op(k, device.bind(k, [x, table, params, step], MODES[mode]), lambda t: (gx, max(1, t), 1))
+    if cache is None:
+        return [plain]
+    k_cache, v_cache = cache[0], cache[1]
+    n_kv = n_head - n_q
+    if not 0 < n_kv <= n_q:
+        raise ValueError(f"rope: {n_q} Q heads of {n_head} leave {n_kv} K heads (1 to {n_q})")
+    if row_stride < col_offset + (n_head + n_kv) * head_dim:
+        raise ValueError(f"rope: the V heads run past the row ({row_stride} floats)")
+    for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if buf.size < 4 * n_ctx * n_kv * head_dim:
+            raise ValueError(f"rope: {name} holds {buf.size} bytes, needs {4 * n_ctx * n_kv * head_dim}")
+    entry = MODES[mode].replace("rope_", "rope_kv_")
+    kk = kernels.get("rope", entry, WG=WG)
+    gxk = -(-(n_head * (head_dim // 2)) // WG)
+    return [Op(kk, device.bind(kk, [x, table, params, step, k_cache, v_cache], entry), lambda t: (gxk, max(1, t), 1),
+               KV_WRITE, without_kv=plain)]

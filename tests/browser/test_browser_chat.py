@@ -38,12 +38,21 @@ def _send(lab, text, max_tokens):
     page.fill('[data-testid="max-tokens"]', str(max_tokens))
     page.fill('[data-testid="prompt"]', text)
     n = page.locator('[data-testid="timings"]').inner_text()
+    # Send must be disabled while generating. Watched from inside the page: on a GPU an 8-token reply ends before
+    # a check from here could see the button (the H200 run); the observer sees every change of the attribute.
+    assert not page.locator('[data-testid="send"]').is_disabled()
+    page.evaluate("""() => { window.__sendDisabled = false;
+        const send = document.querySelector('[data-testid=send]');
+        new MutationObserver((records, obs) => {
+          if (records.some(r => r.attributeName === 'disabled' && r.oldValue === null)) {
+            window.__sendDisabled = true; obs.disconnect(); }
+        }).observe(send, {attributes: true, attributeOldValue: true}); }""")
     page.press('[data-testid="prompt"]', "Enter")
-    assert page.locator('[data-testid="send"]').is_disabled()          # disabled while generating
     page.wait_for_function(
         "prev => { const t = document.querySelector('[data-testid=timings]').textContent;"
         " return t.length > 0 && t !== prev && document.querySelector('[data-testid=stop]').disabled; }",
         arg=n, timeout=REPLY_TIMEOUT_MS)
+    assert page.evaluate("window.__sendDisabled"), "send stayed enabled while the reply was generated"
     return page.locator('[data-testid="message"]').last.inner_text()
 
 

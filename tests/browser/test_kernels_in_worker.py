@@ -155,29 +155,35 @@ def rope_case(mode: str, t: int, pos: int, n_head: int, head_dim: int, n_rot=Non
 # Attention: the output is a convex combination of V rows, so its error is measured against max|V|. A score
 # s = scale * q.k is rounded relative to its L1 size (scale * sum |q_i k_i|), a score error d moves each probability
 # by d relative, so max|out - ref| <= 8 * eps32 * (max L1 + 16) * max|V| (tests/kernels/test_attention.py).
+# With rope (the engine's path: the fused rope op writes the cache), the rotated q and k carry rope_tol of their
+# magnitude, which moves a score by that much of scale * |q| |k| (the L2 product, which can pass the L1 sum).
 def attention_case(n_head: int, n_kv: int, hd: int, mode: str, t: int, pos: int, n_ctx: int, window: int = 0,
-                   seed: int = 0) -> Case:
+                   seed: int = 0, rope: str | None = None) -> Case:
     rng = np.random.default_rng(seed)
     width, kvd = (n_head + 2 * n_kv) * hd, n_kv * hd
     k_off, v_off = n_head * hd, (n_head + n_kv) * hd
     src = f32(rng.standard_normal((t, width)))
     kc0, vc0 = f32(rng.standard_normal((n_ctx, kvd))), f32(rng.standard_normal((n_ctx, kvd)))
     sc = 1.0 / math.sqrt(hd)
-    kc, vc = attn_ref.kv_write(kc0, vc0, src, pos, n_kv_head=n_kv, head_dim=hd, k_offset=k_off, v_offset=v_off)
-    want, _, _ = attn_ref.attention(src[:, :k_off], kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+    rot = src if rope is None else ref.rope_ref(src, pos, n_head + n_kv, hd, hd, 10000.0, 1.0, rope)
+    kc, vc = attn_ref.kv_write(kc0, vc0, rot, pos, n_kv_head=n_kv, head_dim=hd, k_offset=k_off, v_offset=v_off)
+    want, _, _ = attn_ref.attention(rot[:, :k_off], kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
                                     scale=sc, window=window)
-    q = np.abs(src[:, :k_off].astype(np.float64)).reshape(t, n_head, hd)
+    q = np.abs(rot[:, :k_off].astype(np.float64)).reshape(t, n_head, hd)
     kk = np.abs(kc.astype(np.float64)).reshape(n_ctx, n_kv, hd)
     l1 = max(float((q[:, h] @ kk[:, h // (n_head // n_kv)].T).max()) for h in range(n_head)) * sc
+    l2 = float(np.linalg.norm(q, axis=2).max() * np.linalg.norm(kk, axis=2).max()) * sc
+    tol = 8 * EPS32 * (l1 + 16) + (0.0 if rope is None else 2 * ref.rope_tol(pos + t) * l2)
     vmax = float(np.abs(vc).max())
     spec = {"op": "attention", "n_head": n_head, "n_kv_head": n_kv, "head_dim": hd, "mode": mode, "t": t, "pos": pos,
-            "n_ctx": n_ctx, "window": window,
+            "n_ctx": n_ctx, "window": window, "rope": rope,
             "inputs": {"src": src.tobytes(), "k_cache": kc0.tobytes(), "v_cache": vc0.tobytes()}}
 
     def check(out):
         got = _floats(out["out"], (t, n_head * hd)).astype(np.float64)
-        return _finite(float(np.abs(got - want).max()) / vmax, got), 8 * EPS32 * (l1 + 16)
-    name = f"attention_{mode}_gqa{n_head // n_kv}_t{t}_pos{pos}" + (f"_window{window}" if window else "")
+        return _finite(float(np.abs(got - want).max()) / vmax, got), tol
+    name = (f"attention_{mode}_gqa{n_head // n_kv}_t{t}_pos{pos}" + (f"_window{window}" if window else "")
+            + (f"_rope_{rope}" if rope else ""))
     return Case(name, spec, check)
 
 
@@ -259,6 +265,8 @@ def make_cases() -> list[Case]:
         attention_case(*SMOL, "prefill", t=5, pos=11, n_ctx=48, seed=19),
         attention_case(*QWEN, "decode", t=1, pos=20, n_ctx=48, window=4, seed=20),
         attention_case(*SMOL, "prefill", t=7, pos=9, n_ctx=48, window=4, seed=21),
+        attention_case(*SMOL, "decode", t=1, pos=17, n_ctx=48, rope="adjacent", seed=40),   # the plans' rope + cache
+        attention_case(*QWEN, "prefill", t=5, pos=11, n_ctx=48, rope="neox", seed=41),
         softmax_case(t=5, pos=7, n=1000, lo=100.0, hi=1000.0, scale=1.0, seed=22),
         softmax_case(t=4, pos=7, n=777, lo=-10.0, hi=10.0, scale=0.7, seed=23),
         glu_case("swiglu", t=5, pos=7, n=300, seed=24),

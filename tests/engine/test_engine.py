@@ -204,10 +204,16 @@ def test_trace_prefill_and_decode_match_reference(m):
     g = gpu_trace(eng, ids[:10], 0)
     assert g["result_output"].shape == (10, m.n_vocab) and g["attn_norm-0"].shape[0] == 10
     worst = [check_trace(ref, g, "prefill of 10 tokens")]
-    for pos in (10, 11):
-        ref.forward(ids[pos:pos + 1], start_pos=pos, trace=True)
-        g = gpu_trace(eng, ids[pos:pos + 1], pos)
-        worst.append(check_trace(ref, g, f"decode at position {pos}"))
+    # position 10 (11 keys) through the one-dispatch attention, 11 through the split and its combine
+    default, eng.whole_keys = eng.whole_keys, 11
+    try:
+        for pos, plan in ((10, eng.decode_whole), (11, eng.decode)):
+            assert eng.step_plan(1, pos) is plan
+            ref.forward(ids[pos:pos + 1], start_pos=pos, trace=True)
+            g = gpu_trace(eng, ids[pos:pos + 1], pos)
+            worst.append(check_trace(ref, g, f"decode at position {pos}"))
+    finally:
+        eng.whole_keys = default
     print(f"\n{m.name}: worst relative error prefill {worst[0]:.2e}, decode {max(worst[1:]):.2e}")
 
 
@@ -216,35 +222,41 @@ def test_trace_prefill_and_decode_match_reference(m):
 @pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["quick", "all"])
 def test_greedy_matches_llama_cpp_f32(m, full):
     session = Session(m.eng, m.tok)
-    identical, ties, speeds = 0, [], []
-    for i, n in m.selection(full):
-        p, q = m.f32["prompts"][i], m.quant["prompts"][i]
-        want = p["ids"][:n]
-        r, got = greedy_ids(m, session, p["prompt_ids"], n)
-        speeds.append((r.prefilled, r.prefill_tok_s, r.decode_steps, r.decode_tok_s))
-        k = leading_equal(got, want)
-        print(f"\n{m.name} prompt {i} ({len(p['prompt_ids'])} tokens): {k}/{len(want)} greedy ids equal to F32 "
-              f"llama.cpp, {leading_equal(got, q['ids'][:n])} to quantized llama.cpp; prefill "
-              f"{r.prefill_tok_s:.1f} tok/s, decode {r.decode_tok_s:.1f} tok/s")
-        if k < min(len(got), len(want)):
-            gap = p["top2_gap"][k]
-            assert gap < NEAR_TIE, (f"prompt {i} ({p['prompt'][:30]!r}): step {k} gives {got[k]}, llama.cpp (F32) "
-                                    f"{want[k]} with a top-2 gap of {gap:.4f} (not a near-tie: < {NEAR_TIE})")
-            ties.append((i, k, gap))
-            continue
-        assert got == want, f"prompt {i}: {len(got)} ids, llama.cpp {len(want)} (stop differs)"
-        ours = m.tok.decode_bytes(r.ids)
-        assert r.text == ours.decode("utf-8", "replace")
-        theirs = bytes.fromhex(p["text_bytes_hex"])
-        if n >= len(p["ids"]):
-            assert ours == theirs, f"prompt {i}: text {ours!r} != llama.cpp {theirs!r}"
-        else:
-            assert theirs.startswith(ours), f"prompt {i}: text {ours!r} is not a prefix of llama.cpp's {theirs!r}"
-        identical += 1
-    print(f"\n{m.name}: {identical}/{len(m.selection(full))} prompts identical to F32 llama.cpp; near-ties "
-          f"(prompt, step, gap): {ties}; (prefilled, tok/s, decode steps, tok/s): "
-          f"{[(a, round(b, 1), c, round(d, 1)) for a, b, c, d in speeds]}")
-    assert identical >= 1
+    default = m.eng.whole_keys
+    try:
+        identical, ties, speeds = 0, [], []
+        for i, n in m.selection(full):
+            p, q = m.f32["prompts"][i], m.quant["prompts"][i]
+            want = p["ids"][:n]
+            # the first half of the reply through the one-dispatch attention, the rest through the split
+            m.eng.whole_keys = len(p["prompt_ids"]) + n // 2
+            r, got = greedy_ids(m, session, p["prompt_ids"], n)
+            speeds.append((r.prefilled, r.prefill_tok_s, r.decode_steps, r.decode_tok_s))
+            k = leading_equal(got, want)
+            print(f"\n{m.name} prompt {i} ({len(p['prompt_ids'])} tokens): {k}/{len(want)} greedy ids equal to F32 "
+                  f"llama.cpp, {leading_equal(got, q['ids'][:n])} to quantized llama.cpp; prefill "
+                  f"{r.prefill_tok_s:.1f} tok/s, decode {r.decode_tok_s:.1f} tok/s")
+            if k < min(len(got), len(want)):
+                gap = p["top2_gap"][k]
+                assert gap < NEAR_TIE, (f"prompt {i} ({p['prompt'][:30]!r}): step {k} gives {got[k]}, llama.cpp (F32) "
+                                        f"{want[k]} with a top-2 gap of {gap:.4f} (not a near-tie: < {NEAR_TIE})")
+                ties.append((i, k, gap))
+                continue
+            assert got == want, f"prompt {i}: {len(got)} ids, llama.cpp {len(want)} (stop differs)"
+            ours = m.tok.decode_bytes(r.ids)
+            assert r.text == ours.decode("utf-8", "replace")
+            theirs = bytes.fromhex(p["text_bytes_hex"])
+            if n >= len(p["ids"]):
+                assert ours == theirs, f"prompt {i}: text {ours!r} != llama.cpp {theirs!r}"
+            else:
+                assert theirs.startswith(ours), f"prompt {i}: text {ours!r} is not a prefix of llama.cpp's {theirs!r}"
+            identical += 1
+        print(f"\n{m.name}: {identical}/{len(m.selection(full))} prompts identical to F32 llama.cpp; near-ties "
+              f"(prompt, step, gap): {ties}; (prefilled, tok/s, decode steps, tok/s): "
+              f"{[(a, round(b, 1), c, round(d, 1)) for a, b, c, d in speeds]}")
+        assert identical >= 1
+    finally:
+        m.eng.whole_keys = default
 
 
 # -- 3. teacher-forced against llama.cpp on the quantized file ----------------------------------------

@@ -38,7 +38,9 @@ def tok(smollm2_path):
 
 @pytest.fixture(scope="module")
 def engine(device, smollm2_path):
-    eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX)
+    # prefill steps wider than the probes' chunk (a GPU page load's 512 > probes.CHUNK): the pass must still go
+    # in chunks its attention probe holds (test_long_window_in_probe_chunks)
+    eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX, max_batch=probes.CHUNK + 32)
     eng.weights.upload_file(smollm2_path)
     yield eng
     eng.close()
@@ -137,6 +139,17 @@ def test_attention_and_residual_match_reference(engine, probe, traced, cached, s
         engine.step(ids[:cached], 0)                      # the chat's own prefill fills the cache
     r = run(probe.inspect(ids, cached, start, n, lens=0))
     check_window(r, trace, engine.cfg.n_layer, engine.cfg.n_head)
+
+
+def test_long_window_in_probe_chunks(engine, probe, ref, tok):
+    """A conversation longer than the probes' chunk and shorter than the engine's prefill step: the pass goes in
+    chunks of probes.CHUNK (the attention probe holds that many rows), and the last window matches the reference."""
+    ids = tok.encode(" ".join([TEXT] * 4))[:probes.CHUNK + 20]
+    assert probe.chunk == probes.CHUNK < len(ids) <= engine.max_batch
+    ref.forward(ids, trace=True)
+    r = run(probe.inspect(ids, 0, lens=0))
+    assert (r.start, r.end) == (len(ids) - probes.WINDOW, len(ids))
+    check_window(r, ref.trace, engine.cfg.n_layer, engine.cfg.n_head)
 
 
 def test_logit_lens_paris(engine, probe, ref, tok):

@@ -167,6 +167,27 @@ def test_decode_long_context(device, kernels):
     assert_ok(run_case(device, kernels, **SMOL, pos=2047, t=1, n_ctx=2048, mode="decode", seed=2))
 
 
+# ------------------------------------------------------------------------------- decode in one dispatch
+@pytest.mark.parametrize("shape,pos", [(SMOL, 0), (SMOL, 63), (SMOL, 64), (SMOL, 150), (QWEN, 127), (GEMMA, 300),
+                                       (MHA, 40)], ids=["smol0", "smol63", "smol64", "smol150", "qwen127",
+                                                        "gemma300", "mha40"])
+def test_whole(device, kernels, shape, pos):
+    """decode_whole: one workgroup per head block walks every visible key (one tile, a tile's edge, several tiles)."""
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=1, n_ctx=320, mode="whole", seed=pos))
+
+
+@pytest.mark.parametrize("t,pos,window,softcap", [(1, 100, 16, 0.0), (1, 90, 0, 30.0), (3, 70, 0, 0.0)])
+def test_whole_window_softcap_tokens(device, kernels, t, pos, window, softcap):
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=t, n_ctx=160, mode="whole", window=window,
+                       softcap=softcap, big=30.0 if softcap else 0.0, seed=t + pos))
+
+
+def test_whole_refuses_a_probe(device, kernels):
+    with pytest.raises(ValueError, match="no probe"):
+        A.attention(device, kernels, None, None, None, None, None, n_head=9, n_kv_head=3, head_dim=64, q_stride=960,
+                    q_offset=0, n_ctx=0, probe=object(), mode="whole")
+
+
 # --------------------------------------------------------------------------------------------- prefill
 @pytest.mark.parametrize("shape", [SMOL, QWEN, GEMMA, MHA], ids=["smol", "qwen", "gemma", "mha"])
 @pytest.mark.parametrize("t,pos", [(7, 0), (5, 11)])
@@ -261,7 +282,7 @@ def test_entry_bindings(device, kernels, probe):
         assert not [ln for ln in live if "probe[" in ln or "> probe" in ln]
     before = set(map(id, device.buffers))
     try:
-        for entry in ["decode_split", "decode_combine", "prefill"] + (["decode_probs"] if probe else []):
+        for entry in ["decode_split", "decode_combine", "prefill"] + (["decode_probs"] if probe else ["decode_whole"]):
             k = kernels.get("attention", entry, **A._consts(64, 3, 3, probe, entry))
             res = _bind_resources(device, entry, probe)
             device.bind(k, res)
@@ -419,12 +440,15 @@ NO_RESCALE = [("l += r.y * exp(r.x - mx);", "l += r.y;"),
               ("v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);", "v += scratch[rc + 1u + d4];")]
 LAST_CHUNK = [("return (key_hi(qpos) + P.chunk - 1u) / P.chunk;", "return key_hi(qpos) / P.chunk;")]
 TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]
-BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET}
+# the whole decode writes the unnormalised V sum
+NO_NORM = [("d_vsum(hh, i % HD4) / ml[hh].y;", "d_vsum(hh, i % HD4);")]
+BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET, "no_norm": NO_NORM}
 
 CASES = {  # trap cases: decode in one chunk and over several (chunks of 16; tiles of TK in chunks of 128), prefill
     "decode": dict(mode="decode", t=1, pos=17),
     "decode_chunks": dict(mode="decode", t=1, pos=40, chunk=16),
     "decode_tiles": dict(mode="decode", t=1, pos=150, n_ctx=192, chunk=128),
+    "whole_tiles": dict(mode="whole", t=1, pos=150, n_ctx=192),
     "prefill_0": dict(mode="prefill", t=7, pos=0),
     "prefill_11": dict(mode="prefill", t=5, pos=11),
 }
@@ -446,7 +470,8 @@ def test_broken_variants_fail(device, name, case):
 
 @pytest.mark.parametrize("name,case", [("no_rescale", "decode_chunks"), ("no_rescale", "decode_tiles"),
                                        ("last_chunk", "decode_chunks"), ("last_chunk", "decode_tiles"),
-                                       ("tile_reset", "decode_tiles")])
+                                       ("tile_reset", "decode_tiles"), ("tile_reset", "whole_tiles"),
+                                       ("no_norm", "whole_tiles")])
 def test_broken_split_fails(device, name, case):
     r = _trap(device, BROKEN_SPLIT[name], case, 0.0)
     assert not passes(r), f"broken variant {name} passed: error {out_error(r):.3g} <= {tolerance(r):.3g}"

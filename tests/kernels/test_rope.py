@@ -19,6 +19,15 @@ def test_fused_qkv(env1, mode):  # noqa: F811
     check_rope(env1, mode, t=4, pos=13, head_dim=32, fused=(4, 2))
 
 
+@pytest.mark.parametrize("mode", ["adjacent", "neox"])
+@pytest.mark.parametrize("t,pos,heads,n_rot", [(4, 13, (4, 2), None), (1, 21, (6, 2), None), (3, 5, (2, 2), 16),
+                                               (5, 30, (4, 1), None)])
+def test_fused_with_cache_write(env1, mode, t, pos, heads, n_rot):  # noqa: F811
+    """The decode plans' op: rope of the fused row, its K and V into the cache rows pos .. pos+t-1 (GQA, partial
+    rotary, a prefill chunk; the last case runs past the cache's 32 rows, which must be dropped)."""
+    check_rope(env1, mode, t=t, pos=pos, head_dim=32, n_rot=n_rot, fused=heads, n_ctx=32)
+
+
 def test_far_position_scaled(env1):  # noqa: F811
     check_rope(env1, "neox", t=3, pos=3000, n_head=2, head_dim=128, base=1e6, scale=0.5)
 

@@ -109,6 +109,23 @@ def test_page_summary(headers):
     assert memplan.page_summary(None, headers["smollm2"], 4096) is None       # no adapter yet
 
 
+def test_page_load_prefills_in_wide_steps_on_a_gpu(headers):
+    """A GPU adapter's page load prefills 512 tokens a step (a CPU adapter 64), and the card's plan counts the
+    wider step's activations."""
+    from lab.engine import DEFAULT_BATCH, GPU_BATCH, prefill_batch
+    from lab.gpu import AdapterInfo
+    gpu_info = AdapterInfo("browser", "nvidia", frozenset(), dict(WEBGPU_DEFAULT))
+    cpu_info = AdapterInfo("browser", "swiftshader", frozenset(), dict(WEBGPU_DEFAULT), software=True)
+    assert (prefill_batch(gpu_info), prefill_batch(cpu_info)) == (GPU_BATCH, DEFAULT_BATCH) == (512, 64)
+    h = headers["smollm2"]
+    wide = memplan.plan(WEBGPU_DEFAULT, h, max_batch=GPU_BATCH)
+    narrow = memplan.plan(WEBGPU_DEFAULT, h, max_batch=DEFAULT_BATCH)
+    assert wide.fits and wide.total("scratch") > narrow.total("scratch") and wide.total("kv") == narrow.total("kv")
+    card = memplan.page_summary(WEBGPU_DEFAULT, h, None, GPU_BATCH)
+    plain = memplan.page_summary(WEBGPU_DEFAULT, h, None)
+    assert card["fits"] and card["scratch_bytes"] == wide.total("scratch") > plain["scratch_bytes"]
+
+
 def test_engine_refuses_before_making_a_buffer(device, headers, monkeypatch):
     """The native engine runs the same plan first: a refusal leaves the device's registry as it was."""
     from lab.engine import Engine
