@@ -31,9 +31,10 @@ from .shaders import KernelCache
 
 DEFAULT_CTX = 2048      # tokens of KV cache made at load: 2 x 30 x 3 x 64 x 4 B x 2048 = 94 MB for SmolLM2
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
-GPU_BATCH = 512         # the same on a GPU adapter: on an H200 the page's 512-token prefill ran at 0.15-0.81 of
-                        # native in steps of 64 against native's 512 (docs/performance.md); a CPU adapter gains
-                        # nothing from wider steps and pays for the larger scratch
+GPU_BATCH = 512         # the same on a GPU adapter, as the native benchmarks run (a 2,048-token prompt in 4 steps,
+                        # not 32); on the H200 page it left the 512-token prefill at 0.39-0.66 of native, within
+                        # the 64-token steps' spread (docs/performance.md, run 4). A CPU adapter gains nothing
+                        # from wider steps and pays for the larger scratch
 AHEAD = 8               # greedy decode steps submitted before one read-back (lab.session)
 MAX_PLANS = 32          # prepared dispatch lists kept (one per prefill length seen, plus decode)
 
