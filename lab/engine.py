@@ -204,7 +204,7 @@ class Engine:
         key = ("prefill" if t > 1 else "whole" if plan is self.decode_whole else "decode", t, sampled)
         p = self._prepared.get(key)
         if p is None:
-            p = self.device.prepare(ops.dispatches(self.ops_for(t, sampled, pos), t))
+            p = self.device.prepare(ops.dispatches(plan.ops + plan.tails[sampled], t))
             if len(self._prepared) > MAX_PLANS:
                 self._prepared.pop(next(iter(k for k in self._prepared if k[0] == "prefill")))
             self._prepared[key] = p

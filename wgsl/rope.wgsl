@@ -57,20 +57,26 @@ fn cos_sin(theta: f32) -> vec2<f32> {
     }
 }
 
+// Pair i of the head starting at float `base`, of token `row`, rotated in place; returns the pair's indices
+// within the head and the rotated values (shared by both entries' kinds, so the rotation is written once).
+struct Turned { ab: vec2<u32>, y: vec2<f32> };
+fn turn(base: u32, row: u32, i: u32, neox: bool) -> Turned {
+    var ab: vec2<u32>;
+    if (neox) { ab = pair_neox(i); } else { ab = pair_adjacent(i); }
+    let cs = cos_sin(f32(step.pos + row) * freqs[i]);
+    let x0 = x[base + ab.x];
+    let x1 = x[base + ab.y];
+    let y = vec2<f32>(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
+    x[base + ab.x] = y.x;
+    x[base + ab.y] = y.y;
+    return Turned(ab, y);
+}
+
 fn rotate(gid: vec3<u32>, neox: bool) {
     let row = gid.y;
     let q = gid.x;
     if (row >= step.n_tokens || q >= p.n_head * p.half) { return; }
-    let h = q / p.half;
-    let i = q % p.half;
-    var ab: vec2<u32>;
-    if (neox) { ab = pair_neox(i); } else { ab = pair_adjacent(i); }
-    let base = row * p.row_stride + p.col_offset + h * p.head_dim;
-    let cs = cos_sin(f32(step.pos + row) * freqs[i]);
-    let x0 = x[base + ab.x];
-    let x1 = x[base + ab.y];
-    x[base + ab.x] = x0 * cs.x - x1 * cs.y;
-    x[base + ab.y] = x0 * cs.y + x1 * cs.x;
+    turn(row * p.row_stride + p.col_offset + (q / p.half) * p.head_dim, row, q % p.half, neox);
 }
 
 @compute @workgroup_size(WG)
@@ -91,13 +97,9 @@ fn rotate_kv(gid: vec3<u32>, neox: bool) {
     var ab: vec2<u32>;
     var y: vec2<f32>;
     if (i < p.half) {
-        if (neox) { ab = pair_neox(i); } else { ab = pair_adjacent(i); }
-        let cs = cos_sin(f32(step.pos + row) * freqs[i]);
-        let x0 = x[base + ab.x];
-        let x1 = x[base + ab.y];
-        y = vec2<f32>(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
-        x[base + ab.x] = y.x;
-        x[base + ab.y] = y.y;
+        let r = turn(base, row, i, neox);
+        ab = r.ab;
+        y = r.y;
     } else {
         ab = vec2<u32>(2u * i, 2u * i + 1u);     // past n_rot: the same dims in either pairing
         y = vec2<f32>(x[base + ab.x], x[base + ab.y]);

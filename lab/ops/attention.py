@@ -2,8 +2,8 @@
 
 KV cache, one layer: two f32 buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major; row p holds the
 key (value) of the token at position p, heads side by side (head g at columns g*head_dim ..). `kv_write` fills
-rows pos .. pos+t-1 of a step from any token-major source (the fused QKV output included); `attention` reads
-rows 0 .. pos+t-1.
+rows pos .. pos+t-1 of a step from any token-major source (the kernel checks' attention cases use it; the engine's
+plans write the cache in their rope op, lab/ops/rope.py `cache=`); `attention` reads rows 0 .. pos+t-1.
 
 Attention, for token j of the step (position qpos = pos + j) and query head h, with GROUP = n_head / n_kv_head:
     kv = h // GROUP;  s_k = cap(scale * q . k_k), cap(x) = c * tanh(x / c) when softcap c > 0
