@@ -24,6 +24,7 @@ from . import gpu, memplan, ops
 from .gguf import Header
 from .model import Config, from_gguf, host_tensors, tensor_views
 from .ops import attention as attn_ops
+from .ops import matmul as matmul_ops
 from .ops import sample
 from .ops.weights import ModelWeights
 from .plans import Decode, Plan, Prefill, with_whole_attention
@@ -68,9 +69,12 @@ class Scratch:
     k_cache: tuple[gpu.Buffer, ...]   # per layer [n_ctx, n_head_kv * head_dim]
     v_cache: tuple[gpu.Buffer, ...]
     qkv_width: int              # floats per fused qkv row
+    xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
+    xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
 
     @classmethod
-    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool) -> Scratch:
+    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
+              int8: bool = False) -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
         W = cfg.q_dim + 2 * cfg.kv_dim
         rows = B if logits_all else 1
@@ -91,7 +95,13 @@ class Scratch:
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
             k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
             v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
-            qkv_width=W)
+            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}))
+
+    @staticmethod
+    def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:
+        q_bytes, d_bytes = matmul_ops.i8_scratch_bytes(B, max(cfg.n_embd, cfg.q_dim, cfg.n_ff))
+        return {"xq": dev.buffer(q_bytes, gpu.CONVERSATION, "prefill input int8 [B, widest]"),
+                "xd": dev.buffer(d_bytes, gpu.CONVERSATION, "prefill input scales [B, widest / 32] (d, d sum q)")}
 
 
 def read_host_values(path, header: Header, cfg: Config) -> dict[str, bytes]:
@@ -109,9 +119,11 @@ class Engine:
 
     def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
                  n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
-                 host_values: dict[str, bytes] | None = None) -> None:
+                 host_values: dict[str, bytes] | None = None, int8_prefill: bool = False) -> None:
         """host_values: the raw bytes of the tensors lab.model.host_tensors names (llama 3's rope_freqs), read by
-        the caller from the file (`read_host_values` natively; one File.slice in the browser worker)."""
+        the caller from the file (`read_host_values` natively; one File.slice in the browser worker).
+        int8_prefill: prefill's projections of the types lab.ops.matmul.I8_TYPES run on the tensor cores with 8-bit
+        inputs (wgsl/matmul_i8.wgsl), on adapters with AdapterInfo.int8_matrix only; decode is unchanged."""
         self.device = device
         self.header = header
         self.cfg = cfg = cfg or from_gguf(header)
@@ -130,16 +142,19 @@ class Engine:
         # CPU adapter every step does, since its split has a single chunk anyway and the combine is pure overhead
         self.whole_keys = n_ctx if device.info.software else attn_ops.WHOLE_KEYS
         self.logits_all = logits_all
+        if int8_prefill and not device.info.int8_matrix:
+            raise EngineError(f"{device.info.name}: no int8 subgroup matrices, so no int8 prefill")
+        self.int8_prefill = int8_prefill
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
         # every buffer's size against the adapter's limits before the first is made (lab/memplan.py):
         # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
         self.plan = memplan.check(device.info.limits, header, cfg, n_ctx, bounded=False, max_batch=max_batch,
-                                  logits_all=logits_all)
+                                  logits_all=logits_all, int8=int8_prefill)
         with device.owning(self):
             try:
                 self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
-                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all)
+                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()
                 self.decode_whole: Plan = with_whole_attention(self.decode, cfg.n_layer,

@@ -21,7 +21,7 @@ from .ops import make_step, step_bytes
 from .ops.attention import attention, kv_write
 from .ops.embed import get_rows
 from .ops.glu import glu
-from .ops.matmul import matmul, matvec
+from .ops.matmul import i8_scratch_bytes, matmul, matmul_i8, matvec
 from .ops.norm import rms_norm
 from .ops.rope import rope
 from .ops.rows import Rows
@@ -75,6 +75,17 @@ def _matmul(dev, kernels, step, c: _Case):
     """w, x [t, cols] -> y [t, rows] (prefill projection)."""
     return matmul(dev, kernels, c.weight(), c.input("x"), c.output("y", 4 * c["t"] * c["rows"]), step,
                   max_tokens=c["t"])
+
+
+def _matmul_i8(dev, kernels, step, c: _Case):
+    """w, x [t, cols] -> y [t, rows] on the tensor cores, the input quantized to 8 bits (int8_matrix adapters);
+    also returns the quantized input: xq [t, cols] int8, xd [t, cols / 32] (d, d * sum q)."""
+    t, cols = c["t"], c["cols"]
+    q_bytes, d_bytes = i8_scratch_bytes(t, cols)
+    xq, xd = c.output("xq", q_bytes), c.output("xd", d_bytes)
+    c.outputs["xq"], c.outputs["xd"] = (xq, t * cols), (xd, t * (cols // 32) * 8)
+    return matmul_i8(dev, kernels, c.weight(), c.input("x"), c.output("y", 4 * t * c["rows"]), step, xq, xd,
+                     max_tokens=t)
 
 
 def _get_rows(dev, kernels, step, c: _Case):
@@ -139,7 +150,7 @@ def _top_k(dev, kernels, step, c: _Case):
                  rows=Rows.fixed(c["rows"]))
 
 
-BUILDERS = {"matvec": _matvec, "matmul": _matmul, "get_rows": _get_rows, "rms_norm": _rms_norm, "rope": _rope,
+BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows, "rms_norm": _rms_norm, "rope": _rope,
             "attention": _attention, "softmax": _softmax, "glu": _glu, "argmax": _argmax, "top_k": _top_k}
 
 

@@ -122,11 +122,11 @@ def weight_needs(limits: dict[str, int], header: Header, cfg: Config) -> tuple[l
 
 
 def scratch_needs(limits: dict[str, int], cfg: Config, n_ctx: int, max_batch: int,
-                  logits_all: bool) -> list[Need]:
+                  logits_all: bool, int8: bool = False) -> list[Need]:
     """The activation and KV cache buffers lab.engine.Scratch would make at `n_ctx`."""
     from .engine import Scratch
     dev = _Counting(limits)
-    s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all)
+    s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8)
     kv = {id(b) for b in s.k_cache + s.v_cache}
     return [Need(b.label, b.size, b.kind, kv=id(b) in kv) for b in dev.buffers]
 
@@ -146,7 +146,7 @@ def _problems(limits: dict[str, int], needs: list[Need]) -> list[str]:
 
 
 def plan(limits: dict[str, int], header: Header, cfg: Config | None = None, n_ctx: int | None = None, *,
-         max_batch: int | None = None, logits_all: bool = False) -> Plan:
+         max_batch: int | None = None, logits_all: bool = False, int8: bool = False) -> Plan:
     """The buffers for this model at `n_ctx` (default: lab.engine.DEFAULT_CTX, at most the model's own), and
     whether they fit `limits` (lab.gpu.LIMITS names, as AdapterInfo.limits has them)."""
     from .engine import DEFAULT_BATCH, DEFAULT_CTX
@@ -157,7 +157,7 @@ def plan(limits: dict[str, int], header: Header, cfg: Config | None = None, n_ct
     weights, unsplittable = weight_needs(limits, header, cfg)
 
     def at(ctx: int) -> tuple[list[Need], list[str]]:
-        needs = weights + scratch_needs(limits, cfg, ctx, max_batch, logits_all)
+        needs = weights + scratch_needs(limits, cfg, ctx, max_batch, logits_all, int8)
         return needs, unsplittable + _problems(limits, needs)
 
     needs, problems = at(n_ctx)

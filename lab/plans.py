@@ -159,14 +159,20 @@ class PlanBuilder:
             self.add(o)
 
 
+GLU_APART = 8192        # decode: FFNs at least this wide run their GLU as its own op (Decode.glu_then)
+
+
 class Prefill(PlanBuilder):
     """t tokens: a norm op, matmuls, a bias op, a GLU op; the head on the last row (every row for logits_all)."""
     batched = True
 
     def mm(self, name, x, y, *, y_offset=0, y_stride=None, accumulate=False):
-        return matmul.matmul(self.dev, self.kc, self.w.matrices[name], x, y, self.s.step,
-                             max_tokens=self.eng.max_batch, accumulate=accumulate, y_offset=y_offset,
-                             y_stride=y_stride)
+        w, s = self.w.matrices[name], self.s
+        if self.eng.int8_prefill and w.type.name in matmul.I8_TYPES:
+            return matmul.matmul_i8(self.dev, self.kc, w, x, y, s.step, s.xq, s.xd, max_tokens=self.eng.max_batch,
+                                    accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+        return matmul.matmul(self.dev, self.kc, w, x, y, s.step, max_tokens=self.eng.max_batch,
+                             accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
 
     def normed_proj(self, key, norm_w, y, width, bias):
         s, cfg = self.s, self.cfg
@@ -209,6 +215,13 @@ class Decode(PlanBuilder):
                 for i, (w, col) in enumerate(self.w.stacked[key])]
 
     def glu_then(self, act):
+        # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's
+        # 14,336-wide FFN that made ffn_down 46 us a layer on the H200. FFNs that wide take one GLU op first;
+        # narrower ones keep the fold, which saves a dispatch where dispatches bound the step.
+        if self.cfg.n_ff >= GLU_APART:
+            s = self.s
+            self.add(glu.glu(self.dev, self.kc, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+            return s.h, {}
         return self.s.gate_up, {"glu": act}
 
     def head(self):

@@ -4,9 +4,9 @@
                    (everything before the tensor data) and SAMPLES fixed-size slices at fixed fractions of the
                    tensor data. The reference index (reference/index.json, scripts/make_verify_fixtures.py)
                    maps that hash to a model's fixtures.
-    replay         the fixture's prompt ids through the engine one token at a time (the decode step generation
-                   runs, KV cache and all), the final logits read back, then a greedy continuation by
-                   lab.session's own loop.
+    replay         the fixture's prompt through the engine's prefill steps (the ones a turn runs), the final
+                   logits read back, then a greedy continuation by lab.session's own loop: decode steps, each
+                   reading the K/V the earlier ones wrote.
     compare        our final logits and continuation against one llama.cpp reference: max |diff|, RMS of the
                    diff, argmax, continuation; each row with its verdict and its tolerance.
 
@@ -194,20 +194,27 @@ def floats(raw: bytes) -> array:
 
 # -- running ---------------------------------------------------------------------------------------------------------
 async def replay(engine, tokenizer, prompt: list[int], n_gen: int = N_GEN) -> tuple[bytes, list[int]]:
-    """The prompt through the engine one token at a time (decode steps, each reading the K/V the earlier ones wrote),
-    the final logits read back; then the continuation by lab.session's greedy loop, from a session that holds all but
-    the last prompt token (it runs that token again, at the same position, as a turn would). Returns (final logits
-    as raw f32 bytes, generated ids, an end-of-generation id included as the fixtures include it).
+    """The prompt through the engine's prefill steps (max_batch tokens each, as a turn prefills), the final logits
+    read back; then the continuation by lab.session's greedy loop, from a session that holds all but the last prompt
+    token (it runs that token again as a decode step at the same position, as a turn would, then n_gen decode steps
+    that read the prefill's K/V). Returns (final logits as raw f32 bytes, generated ids, an end-of-generation id
+    included as the fixtures include it). The prefill path and the decode path are both held to llama.cpp: the
+    logits by the prefill's last row, the 16 greedy ids by decode steps (a bug in either moves one of them).
 
     It overwrites the KV cache from position 0: the caller must drop the chat session's cache afterwards."""
     from .sampler import Settings
     from .session import Session
     if not prompt or len(prompt) + n_gen > engine.n_ctx:
         raise ValueError(f"a prompt of {len(prompt)} tokens plus {n_gen} does not fit the context of {engine.n_ctx}")
-    for pos, tid in enumerate(prompt):
-        engine.step([tid], pos)
+    # an int8 engine's prefill rounds its inputs to 8 bits (lab.ops.matmul.matmul_i8): the card holds the exact
+    # path, so there the prompt runs as decode steps, one token at a time
+    step = 1 if getattr(engine, "int8_prefill", False) else engine.max_batch
+    for pos in range(0, len(prompt), step):
+        chunk = prompt[pos:pos + step]
+        engine.step(chunk, pos)
     n_vocab = engine.cfg.n_vocab
-    logits = await engine.device.read(engine.scratch.logits, 0, 4 * n_vocab)
+    last_row = len(chunk) - 1 if engine.logits_all else 0     # an engine with every row's logits keeps them all
+    logits = await engine.device.read(engine.scratch.logits, 4 * n_vocab * last_row, 4 * n_vocab)
     # no tokenizer: the loop runs all n_gen steps; the ids are cut after an end-of-generation id below, since the
     # session leaves out the id it stops at and the fixtures keep it
     session = Session(engine, None)

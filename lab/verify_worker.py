@@ -56,7 +56,7 @@ async def run_verify(state, msg, post) -> None:
         post(reply)
         return
     post({"type": "verify-progress", "seq": msg.seq, "model": entry["model"],
-          "steps": len(entry["prompt_ids"]) + len(entry["references"]["exact"]["greedy"])})
+          "prompt": len(entry["prompt_ids"]), "steps": 1 + len(entry["references"]["exact"]["greedy"])})
 
     async def fetch(name: str) -> bytes:
         return await fetch_bytes(f"/reference/{name}")

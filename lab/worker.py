@@ -1,6 +1,6 @@
 """The worker's Python side (Pyodide only): answers the page's messages, relayed by web/worker.js.
 
-Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?} | chat {messages, settings, max_new} | reset
+Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?, int8?} | chat {messages, settings, max_new} | reset
               probe-embedding {id, index} | probe-inspect {start, end, attention, residual, lens} | forget {skip?}
               kv-rows {id, positions} (tests: raw K/V rows in base64, read without lab/kvview.py's kernel)
               greedy-ids {id, ids, n} | last-logits {id, ids} (tests: greedy ids / the last row's logits of a raw
@@ -107,7 +107,8 @@ async def handle(msg) -> None:
             elif kind == "read-header":
                 await _read_header(msg.file, n_ctx=int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None)
             elif kind == "load":
-                await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None, int(msg.seq))
+                await _load(msg.file, int(msg.n_ctx) if getattr(msg, "n_ctx", None) else None, int(msg.seq),
+                            bool(getattr(msg, "int8", False)))
             elif kind == "chat":
                 await _chat(msg.to_py())
             elif kind == "reset":
@@ -221,7 +222,7 @@ def _unload() -> None:
         old.engine.close()
 
 
-async def _load(file, n_ctx: int | None, seq: int) -> None:
+async def _load(file, n_ctx: int | None, seq: int, int8: bool = False) -> None:
     """Load a model file; `seq` numbers the page's requests, so a load the page gave up on (another file picked, or
     cancel) is stopped at its next chunk and its messages are told apart."""
     device = _state.device
@@ -232,13 +233,14 @@ async def _load(file, n_ctx: int | None, seq: int) -> None:
     cfg, tok = validate(header)                  # every key and tensor checked, named if wrong, before any upload
     n_ctx = memplan.page_context(cfg, n_ctx)     # the page's choice, at most the model's own
     batch = prefill_batch(device.info)
-    memplan.check(device.info.limits, header, cfg, n_ctx, max_batch=batch)   # refused with the numbers before any buffer exists
+    int8 = int8 and device.info.int8_matrix         # the page offers it only there; a stale flag loads exact
+    memplan.check(device.info.limits, header, cfg, n_ctx, max_batch=batch, int8=int8)   # refused with the numbers before any buffer exists
     t0 = time.perf_counter()
     # The only tensor values Python reads (llama 3's rope_freqs, n_rot/2 floats): one File.slice each, before
     # the plans are built; every weight still goes File.slice -> writeBuffer in labUpload.
     small = {t.name: (await file.slice(t.offset, t.offset + t.nbytes).arrayBuffer()).to_bytes()
              for t in host_tensors(cfg, header)}
-    engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx, max_batch=batch)
+    engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx, max_batch=batch, int8_prefill=int8)
     try:
         await device.flush_errors()              # shader problems surface before a byte of weights moves
         plan = []
@@ -259,6 +261,7 @@ async def _load(file, n_ctx: int | None, seq: int) -> None:
         "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
         "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
+        "int8_prefill": engine.int8_prefill,
         "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
                "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx,
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},

@@ -83,6 +83,9 @@ if [[ $mode == all || $mode == tests ]]; then
   log "kernel checks in the worker"
   timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_kernels_in_worker.py 2>&1 \
     | tail -40 | tee -a "$OUT/tests.txt"
+  log "the tensor-core GEMM's cases, with their errors"
+  timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/browser/test_kernels_in_worker.py -k int8 2>&1 \
+    | grep -E "matmul_i8|passed|failed|skipped|rror" | tail -30 | tee -a "$OUT/tests.txt"
   log "chat parity (greedy, llama.cpp fixtures) and seeded sampling equal to native, on the H200 page"
   timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_browser_chat.py \
     -k "llama_cpp or seeded" 2>&1 | tail -40 | tee -a "$OUT/tests.txt"
@@ -101,6 +104,11 @@ if [[ $mode == all || $mode == bench ]]; then
     log "$m browser"
     timeout 300 python3 -m lab.host.cli bench "$f" --backend browser --prompts 1,128,512,2048 --decode 64 --json \
       2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
+    if [ -n "${INT8:-}" ]; then     # INT8=1: also the page with the tensor-core prefill (lab bench --int8)
+      log "$m browser, int8 prefill"
+      timeout 300 python3 -m lab.host.cli bench "$f" --backend browser --int8 --prompts 1,128,512,2048 --decode 64 --json \
+        2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser-int8\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
+    fi
   done
   python3 scripts/device_browser_table.py "$OUT/bench.jsonl" | tee "$OUT/table.md"
 fi

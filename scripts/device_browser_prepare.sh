@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 W=${PREP_DIR:-/tmp/lab-devbrowser-prep}
-CHUNK=${CHUNK:-57000000}          # bytes per piece: the 64 MiB per call less the working tree and a margin
+CHUNK=${CHUNK:-52000000}          # bytes per piece: the 64 MiB per call less the working tree (10 MB) and a margin
 XZ=${XZ:-xz -T2 -1}               # -1: minutes on a busy 2-core machine (-6 took 4x longer); 123 MB of Chromium etc.
 MODELS=${LLM_LAB_CACHE:-$HOME/.cache/llm-lab}/models
 SMOL=SmolLM2-135M-Instruct.Q4_1.gguf

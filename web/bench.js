@@ -16,10 +16,14 @@
     constructor(...args) {
       super(...args);
       seen.worker = this;
-      // The page loads with the engine's default KV cache; a benchmark of decode at a long context asks for more.
+      // The page loads with the engine's default KV cache; a benchmark of decode at a long context asks for more,
+      // and a benchmark of the tensor-core prefill sets the load's int8 flag.
       const post = this.postMessage.bind(this);
-      this.postMessage = (m, ...rest) =>
-        post(m && m.type === "load" && window.__labBenchCtx ? { ...m, n_ctx: window.__labBenchCtx } : m, ...rest);
+      this.postMessage = (m, ...rest) => {
+        if (m && m.type === "load" && window.__labBenchCtx) m = { ...m, n_ctx: window.__labBenchCtx };
+        if (m && m.type === "load" && window.__labBenchInt8) m = { ...m, int8: true };
+        return post(m, ...rest);
+      };
       this.addEventListener("message", (e) => {
         const m = e.data;
         if (m.type === "token") seen.tokens++;

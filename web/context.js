@@ -12,6 +12,11 @@ export function initContext(worker, getStore, reload) {
   // chosen: null until the user picks a number; sent: the n_ctx the last load asked for
   const st = { file: null, chosen: null, sent: null, uploaded: 0 };
 
+  // The tensor-core prefill (lab/ops/matmul.py matmul_i8): offered where the adapter has int8 subgroup matrices.
+  // Its inputs are rounded to 8 bits, so its replies may differ from the exact path's at near-ties.
+  const int8 = $("int8-prefill");
+  int8.addEventListener("change", () => { if (st.file) reload(st.file); render(); });
+
   input.addEventListener("input", () => render());
   input.addEventListener("change", () => {
     const plan = getStore().model?.plan;
@@ -35,7 +40,15 @@ export function initContext(worker, getStore, reload) {
     return st.chosen;
   }
 
+  // the load message's int8 flag
+  const int8Prefill = () => int8.checked && !int8.disabled;
+
   function render() {
+    const gpu = getStore().gpu;
+    int8.disabled = !gpu?.int8_matrix;
+    if (int8.disabled) int8.checked = false;
+    $("int8-note").textContent = gpu?.int8_matrix ? (int8.checked ? "on: prompts run through int8 tensor cores"
+      : "off: exact f32 prefill") : "not on this adapter (no int8 subgroup matrices)";
     const plan = getStore().model?.plan;
     out.dataset.uploaded = String(st.uploaded);   // bytes the current load has moved (0 until its upload starts)
     if (!plan) {
@@ -80,5 +93,5 @@ export function initContext(worker, getStore, reload) {
     return true;
   }
 
-  return { fileLoaded, render, handles };
+  return { fileLoaded, int8Prefill, render, handles };
 }

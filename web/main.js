@@ -455,7 +455,8 @@ function load(file) {
   store.loading = { done: 0, total: 0 };
   newChat();
   verifyCard.fileLoaded(file);
-  worker.postMessage({ type: "load", file, n_ctx: ctxCard.fileLoaded(file), seq: ++store.loadSeq });
+  worker.postMessage({ type: "load", file, n_ctx: ctxCard.fileLoaded(file), int8: ctxCard.int8Prefill(),
+                       seq: ++store.loadSeq });
   render();
 }
 

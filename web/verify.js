@@ -113,7 +113,7 @@ export function initVerify(worker, getStore, rerender) {
         : "load a model first";
     } else if (st.state === "running") {
       const p = st.progress;
-      status.textContent = p ? `replaying ${p.model}: ${p.steps} decode steps, one token at a time…`
+      status.textContent = p ? `replaying ${p.model}: a ${p.prompt}-token prefill, then ${p.steps} decode steps…`
         : "hashing the file and looking for its reference…";
     } else if (st.state === "no-reference") {
       status.textContent = `no reference for this file (content ${short}…): the page ships llama.cpp references only `

@@ -21,7 +21,7 @@ CONVERSATION = "conversation"  # anything derived from user text: KV, activation
 KINDS = (WEIGHTS, CONSTANT, CONVERSATION)
 
 # Features the engine may use, under their WebGPU names.
-FEATURES = ("shader-f16", "subgroups", "timestamp-query")
+FEATURES = ("shader-f16", "subgroups", "timestamp-query", "chromium-experimental-subgroup-matrix")
 
 # Limits the engine reads, under snake_case names (wgpu-py spells them with dashes, the browser in camelCase).
 LIMITS = (
@@ -78,6 +78,9 @@ class Dispatch:
     groups: tuple[int, int, int]
 
 
+SWIFTSHADER_WG = 4      # one SIMD group of SwiftShader (AdapterInfo.swiftshader)
+
+
 @dataclass
 class AdapterInfo:
     backend: str                      # "native" or "browser"
@@ -86,10 +89,18 @@ class AdapterInfo:
     limits: dict[str, int]
     details: dict = field(default_factory=dict)
     software: bool = False            # a CPU implementation (lavapipe, SwiftShader): more workgroups cost, not help
+    # SwiftShader runs a workgroup as 4-wide SIMD groups switched at every barrier, so a kernel pays per thread of a
+    # workgroup: workgroups of SWIFTSHADER_WG for the matvecs and norms, no barrier in its matmul (lab.ops.matmul).
+    # Lavapipe does not pay so.
+    swiftshader: bool = False
+    # Chromium's subgroup matrices with int8 x int8 -> int32 at 16x16x32 and 32-wide subgroups: the prefill GEMM
+    # on the tensor cores (wgsl/matmul_i8.wgsl). The browser only; set where the adapter lists that configuration.
+    int8_matrix: bool = False
 
     def summary(self) -> dict:
         return {"backend": self.backend, "name": self.name, "features": sorted(self.features),
-                "limits": dict(self.limits), "software": self.software, **self.details}
+                "limits": dict(self.limits), "software": self.software, "swiftshader": self.swiftshader,
+                "int8_matrix": self.int8_matrix, **self.details}
 
 
 class Device:

@@ -69,7 +69,24 @@ async def open_browser() -> BrowserDevice:
     # WebGPU exposes no adapter type; the software rasterizers name themselves.
     software = any(w in name.lower() for w in ("swiftshader", "llvmpipe", "lavapipe"))
     return BrowserDevice(device, AdapterInfo("browser", name or "unknown adapter", frozenset(features), limits,
-                                             {"vendor": str(info.vendor)}, software=software))
+                                             {"vendor": str(info.vendor)}, software=software,
+                                             swiftshader="swiftshader" in name.lower(),
+                                             int8_matrix=_int8_matrix(adapter, features)))
+
+
+def _int8_matrix(adapter, features: list[str]) -> bool:
+    """matmul_i8.wgsl's needs: the subgroup-matrix feature with an int8 16x16x32 configuration, and subgroups of
+    exactly 32 (its four subgroups each own a quarter of the tile)."""
+    if "chromium-experimental-subgroup-matrix" not in features or "subgroups" not in features:
+        return False
+    info = adapter.info
+    if int(getattr(info, "subgroupMinSize", 0) or 0) != 32 or int(getattr(info, "subgroupMaxSize", 0) or 0) != 32:
+        return False
+    configs = getattr(info, "subgroupMatrixConfigs", None)
+    if _null(configs):
+        return False
+    return any(str(c.componentType) == "i8" and str(c.resultComponentType) == "i32"
+               and (int(c.M), int(c.N), int(c.K)) == (16, 16, 32) for c in configs)
 
 
 class BrowserDevice(Device):

@@ -204,7 +204,7 @@ def _per_token(marks: list[dict]) -> dict:
 
 def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
                   chromium: str | None = None, args: list[str] | None = None, turn_timeout_s: float = 1800,
-                  n_ctx: int | None = None) -> dict:
+                  n_ctx: int | None = None, int8: bool = False) -> dict:
     """Load `path` through the page's file input, then for each prompt length one greedy turn of
     decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
     `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
@@ -234,6 +234,8 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 page.add_init_script(f"window.__labBenchCtx = {int(n_ctx)};")
+                if int8:
+                    page.add_init_script("window.__labBenchInt8 = true;")
                 page.add_init_script(path=RECORDER)
                 page.goto(url + "/")
                 lab = _Page(page)
@@ -258,7 +260,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                 out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
                        "browser": f"Chromium {browser.version}", "chromium_args": list(args),
                        "adapter": gpu_info["name"], "features": gpu_info["features"], "adapter_info": adapter,
-                       "n_ctx": stats.get("n_ctx"),
+                       "n_ctx": stats.get("n_ctx"), "int8_prefill": stats.get("int8_prefill"),
                        "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
                        "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
                        "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload

@@ -142,7 +142,8 @@ def _bench(args) -> int:
         try:
             with browser_args.model_file(args.model, args.synthetic) as path:
                 res = bench_browser.bench_browser(path, prompts=ints(args.prompts or "32"),
-                                                  decode_tokens=args.decode or 8, chromium=chromium, args=flags)
+                                                  decode_tokens=args.decode or 8, chromium=chromium, args=flags,
+                                                  int8=args.int8)
         except bench_browser.BenchError as exc:
             print(f"lab bench: {exc}", file=sys.stderr)
             return 2
@@ -235,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
     s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
+    s.add_argument("--int8", action="store_true",
+                   help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
     s.add_argument("--json", action="store_true")

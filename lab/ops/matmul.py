@@ -18,6 +18,9 @@ from .weights import dequant_consts
 
 MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the kernel)
 MATMUL_TR, MATMUL_TT = 32, 32   # rows x tokens per matmul workgroup (tile sizes fixed in the kernel)
+# SwiftShader takes matmul_lanes.wgsl instead: 4 invocations of 4 rows x 4 tokens each, no barrier (its workgroups
+# pay per thread at every barrier, AdapterInfo.swiftshader)
+MATMUL_LANES_TR, MATMUL_LANES_TT = 16, 4
 
 _MATVEC = struct.Struct("<8If3I")      # n_rows, cols, gpr, row_bytes, x_off, y_off, acc, write_xn, eps, xn_off,
                                         # bias_off, up_off
@@ -35,14 +38,19 @@ MATVEC_LOOPS = {
 }
 
 
-def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str = "") -> int:
+def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str = "", swiftshader: bool = False) -> int:
     """Threads per matvec workgroup. GPU (chosen on an H200, docs/performance.md): 32 for a tall head
     (16,384+ rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups
     of 8, else 128 (the RMSNorm's reduction favours wider groups: 4.5 vs 5.3 us at 960x576). A CPU adapter
     pays for every thread of a workgroup instead: just enough for one pass over a row's groups, 64..256
     (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's).
     A type with its own loop: 64 threads, or 128 under 2,048 rows (too few workgroups to fill the GPU). On the
-    H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5."""
+    H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5.
+    SwiftShader (the page without a GPU) runs a workgroup as 4-wide SIMD groups switched at each barrier: 4 threads
+    for every shape and type. SmolLM2 in Chromium: gate_up 3072x576 Q4_1 7.9 ms at 4 threads, 12.6 at 8, 62 at 64;
+    the 49152x576 Q8_0 head 222, 209 and 842 ms."""
+    if swiftshader:
+        return gpu.SWIFTSHADER_WG
     if type_name in MATVEC_LOOPS:
         return 64 if rows >= 2048 else 128
     gpr = cols // 8
@@ -97,7 +105,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     w4 = loop == "matvec_k.wgsl"
     consts.update(loop_consts, LOOP=loop, XVIEW="matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
                   **({"B_W4": 4 + len(extra)} if w4 else {}))
-    wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name)
+    wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
     k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
                     **dequant_consts(w.type), **sg)
@@ -118,26 +126,90 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
 
 def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,
            step: gpu.Buffer, *, max_tokens: int, accumulate: bool = False, x_offset: int = 0,
-           y_offset: int = 0, x_stride: int | None = None, y_stride: int | None = None) -> list[Op]:
+           y_offset: int = 0, x_stride: int | None = None, y_stride: int | None = None,
+           lanes: bool | None = None) -> list[Op]:
     """Y[i, r] (+)= sum_c W[r, c] * X[i, c] for the step's t tokens (t <= max_tokens), where token i's
     input is x[x_offset + i * x_stride ...] (stride defaults to cols) and its output
-    y[y_offset + i * y_stride ...] (stride defaults to rows)."""
+    y[y_offset + i * y_stride ...] (stride defaults to rows). `lanes` picks matmul_lanes.wgsl (default: on
+    SwiftShader, where SmolLM2's 120 projections of a 37-token prefill took 8.0 s against 27.9 in matmul.wgsl's
+    tiles)."""
     xs = w.cols if x_stride is None else x_stride
     ys = w.rows if y_stride is None else y_stride
     _check(x, x_offset + (max_tokens - 1) * xs + w.cols, f"{w.name} matmul x")
     _check(y, y_offset + (max_tokens - 1) * ys + w.rows, f"{w.name} matmul y")
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    if -(-max_tokens // MATMUL_TT) > max_dim:
+    if -(-max_tokens // MATMUL_LANES_TT) > max_dim:
         raise gpu.GpuError(f"{w.name}: {max_tokens} tokens per step exceed the matmul grid")
-    k = kernels.get("matmul", **dequant_consts(w.type))
+    lanes = device.info.swiftshader if lanes is None else lanes
+    k = kernels.get("matmul_lanes" if lanes else "matmul", **dequant_consts(w.type))
+    tr, tt = (MATMUL_LANES_TR, MATMUL_LANES_TT) if lanes else (MATMUL_TR, MATMUL_TT)
     ops = []
     for part in w.parts:
-        if -(-part.n_rows // MATMUL_TR) > max_dim:
+        if -(-part.n_rows // tr) > max_dim:
             raise gpu.GpuError(f"{part.buffer.label}: {part.n_rows} rows exceed the matmul grid")
         params = device.uniform(_MATMUL.pack(part.n_rows, w.cols, w.cols // 8, w.row_bytes, x_offset,
                                              y_offset + part.first_row, xs, ys, int(accumulate), 0, 0, 0),
                                 f"{part.buffer.label}.matmul")
         bound = device.bind(k, [part.buffer, x, y, params, step], f"{part.buffer.label}.matmul")
-        row_groups = -(-part.n_rows // MATMUL_TR)
-        ops.append(Op(k, bound, lambda t, r=row_groups: (r, max(1, -(-t // MATMUL_TT)), 1)))
+        row_groups = -(-part.n_rows // tr)
+        ops.append(Op(k, bound, lambda t, r=row_groups, tt=tt: (r, max(1, -(-t // tt)), 1)))
+    return ops
+
+
+# -- the tensor-core prefill (browser adapters with AdapterInfo.int8_matrix) -------------------------------------------
+# Types whose blocks of 32 are w = a * q + c with q in 0..31 or -128..127: wgsl/matmul_i8.wgsl's unpack function each.
+I8_TYPES = {"Q4_0": "iq_q4_0", "Q4_1": "iq_q4_1", "Q5_0": "iq_q5_0", "Q5_1": "iq_q5_1", "Q8_0": "iq_q8_0"}
+I8_TILE = 32                     # tokens (and rows) per matmul_i8 workgroup
+_Q8 = struct.Struct("<4I")        # cols, nb, x_off, x_stride
+_I8 = struct.Struct("<8I")        # n_rows, cols, nb, row_bytes, y_off, y_stride, acc, pad
+
+
+def i8_scratch_bytes(max_tokens: int, max_cols: int) -> tuple[int, int]:
+    """Bytes of the int8 inputs and of their (d, d * sum q) pairs for steps of up to max_tokens rows of up to
+    max_cols values: rows padded to the tile, since the GEMM loads 16 whole rows at a time."""
+    rows = -(-max_tokens // I8_TILE) * I8_TILE
+    return rows * max_cols, rows * (max_cols // 32) * 8
+
+
+def q8_rows(device: gpu.Device, kernels: KernelCache, x: gpu.Buffer, xq: gpu.Buffer, xd: gpu.Buffer,
+            step: gpu.Buffer, cols: int, *, x_offset: int = 0, x_stride: int | None = None) -> list[Op]:
+    """The step's t input rows (token i at x[x_offset + i * x_stride], cols floats) quantized per block of 32
+    (wgsl/q8_rows.wgsl): xq [t, cols] int8, xd [t, cols / 32] pairs (d, d * sum q). Plain WGSL: any adapter."""
+    if cols % 32:
+        raise ValueError(f"q8_rows: {cols} columns are not whole blocks of 32")
+    nb = cols // 32
+    k = kernels.get("q8_rows")
+    params = device.uniform(_Q8.pack(cols, nb, x_offset, cols if x_stride is None else x_stride), "q8_rows")
+    return [Op(k, device.bind(k, [x, xq, xd, params, step], "q8_rows"), lambda t: (-(-t * nb // 64), 1, 1))]
+
+
+def matmul_i8(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,
+              step: gpu.Buffer, xq: gpu.Buffer, xd: gpu.Buffer, *, max_tokens: int, accumulate: bool = False,
+              x_offset: int = 0, y_offset: int = 0, x_stride: int | None = None,
+              y_stride: int | None = None) -> list[Op]:
+    """matmul's product with the input quantized to 8 bits per block of 32 (xq, xd: scratch of
+    i8_scratch_bytes), on the tensor cores through Chromium's subgroup matrices: one quantizing op
+    (wgsl/q8_rows.wgsl), then the GEMM per weight part (wgsl/matmul_i8.wgsl). The result is llama.cpp's for its
+    quantized matmuls, not the f32 product: each input is rounded to 1/254 of its block's largest."""
+    if not device.info.int8_matrix:
+        raise gpu.GpuError(f"{w.name}: this adapter has no int8 subgroup matrices (chromium-experimental-subgroup-"
+                           f"matrix with i8 16x16x32 and 32-wide subgroups)")
+    if w.type.name not in I8_TYPES:
+        raise gpu.GpuError(f"{w.name}: {w.type.name} has no int8 GEMM (types: {', '.join(I8_TYPES)})")
+    xs = w.cols if x_stride is None else x_stride
+    ys = w.rows if y_stride is None else y_stride
+    _check(x, x_offset + (max_tokens - 1) * xs + w.cols, f"{w.name} matmul_i8 x")
+    _check(y, y_offset + (max_tokens - 1) * ys + w.rows, f"{w.name} matmul_i8 y")
+    q_bytes, d_bytes = i8_scratch_bytes(max_tokens, w.cols)
+    if xq.size < q_bytes or xd.size < d_bytes:
+        raise ValueError(f"{w.name} matmul_i8: scratch {xq.size} + {xd.size} bytes, needs {q_bytes} + {d_bytes}")
+    nb = w.cols // 32
+    ops = q8_rows(device, kernels, x, xq, xd, step, w.cols, x_offset=x_offset, x_stride=xs)
+    k = kernels.get("matmul_i8", IQ=I8_TYPES[w.type.name], BB=w.type.nbytes)
+    for part in w.parts:
+        params = device.uniform(_I8.pack(part.n_rows, w.cols, nb, w.row_bytes, y_offset + part.first_row, ys,
+                                         int(accumulate), 0), f"{part.buffer.label}.matmul_i8")
+        bound = device.bind(k, [part.buffer, xq, xd, y, params, step], f"{part.buffer.label}.matmul_i8")
+        row_groups = -(-part.n_rows // I8_TILE)
+        ops.append(Op(k, bound, lambda t, r=row_groups: (r, max(1, -(-t // I8_TILE)), 1)))
     return ops

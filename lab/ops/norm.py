@@ -34,7 +34,10 @@ def rms_norm(device: gpu.Device, kernels, x: gpu.Buffer, w: gpu.Buffer, y: gpu.B
         out_stride, out_offset = in_stride, in_offset
     else:
         out_stride = n if out_stride is None else int(out_stride)
-    wg = 64 if group <= 64 else (128 if group <= 128 else 256)
+    # SwiftShader pays per thread at each barrier (gpu.AdapterInfo.swiftshader): SmolLM2's 61 norms of a 37-token
+    # prefill took 853 ms at 256 threads
+    wg = (gpu.SWIFTSHADER_WG if device.info.swiftshader else
+          64 if group <= 64 else (128 if group <= 128 else 256))
     if w2 is not None and not 0 < split < n_groups:
         raise ValueError(f"rms_norm: the second weight starts at group {split}, not inside 1..{n_groups - 1}")
     res = [y, w, None, step] + ([] if inplace else [x])      # [2]: the parameters, made below

@@ -22,6 +22,11 @@ def test_boot_gpu_info_and_selftest(lab):
     assert info["backend"] == "browser"
     assert info["adapter"].strip()
     assert re.search(r"Python 3\.\d+ booted|Python 314", lab.page.inner_text('[data-testid="boot-status"]'))
+    # the tensor-core prefill is offered only where the adapter has int8 subgroup matrices (the H200 page)
+    offered = lab.page.evaluate("() => document.querySelector('[data-testid=int8-prefill]').disabled") is False
+    if "swiftshader" in info["adapter"].lower():
+        assert not offered
+        assert "not on this adapter" in lab.page.inner_text('[data-testid="int8-note"]')
     assert lab.errors() == []
     assert lab.foreign_requests() == []
 

@@ -125,6 +125,26 @@ def test_prefill_and_decode_match_reference(model):
           f"max |logit diff| {max(diffs):.2e} (logits up to {np.max(np.abs(logits_ref)):.2f})")
 
 
+def test_decode_with_the_glu_apart(model, device, tmp_path, monkeypatch):
+    """Wide FFNs (8B-class) decode with the GLU as its own op before ffn_down (plans.GLU_APART); no real model
+    here is that wide, so the threshold is lowered for this tiny one, and decode is held to the reference."""
+    from lab import plans
+    header, _, ref = model
+    monkeypatch.setattr(plans, "GLU_APART", N_FF)
+    eng = Engine(device, header, n_ctx=64)
+    try:
+        eng.weights.upload_file(write_model(tmp_path / "newq.gguf"))     # the same bytes as the fixture's
+        assert [op for op in eng.decode.ops if op.kernel.label.startswith("glu:")], "no GLU op in the decode plan"
+        ids = np.random.default_rng(8).integers(0, N_VOCAB, 6).tolist()
+        ref.forward(ids[:5], trace=True)
+        eng.step(ids[:5], 0)
+        ref.forward(ids[5:], start_pos=5, trace=True)
+        g = gpu_trace(eng, ids[5:], 5)
+        check_trace(ref, g, "decode at position 5, GLU apart")
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("bad", ["IQ2_XXS", "Q8_K"])
 def test_unsupported_type_is_refused_with_the_list(tmp_path, bad):
     """A weight of a type the kernels cannot read is refused by name, with the list of types the lab reads."""

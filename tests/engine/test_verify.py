@@ -1,12 +1,12 @@
 """The verification card natively (lab/verify.py through lab/host/verify_native.py on wgpu-py): the fixed prompt of
-each model's reference replayed through the engine one token at a time, KV cache and all, and its final logits and
-16-token greedy continuation compared with llama.cpp's (reference/, scripts/make_verify_fixtures.py).
+each model's reference prefilled through the engine, and its final logits and 16-token greedy continuation (decode
+steps reading the prefill's KV cache) compared with llama.cpp's (reference/, scripts/make_verify_fixtures.py).
 
 Against exact arithmetic (llama.cpp on an F32 copy, F32 KV cache) every verdict must pass: max |diff| and RMS within
 1e-3 of the logits' own magnitude (measured ~1e-5 on SmolLM2: only the f32 summation order differs), the same argmax,
 the same 16 tokens. Against llama.cpp's quantized CPU path the max |diff| must stay under the loose bound and the
 argmax agree (its top-2 gap is far from a near-tie for these prompts); the continuation is compared and reported.
-Each model takes a minute or two on lavapipe (31 decode steps plus the load): qwen2.5 and gemma3 run with --slow.
+Each model takes a minute or two on lavapipe (a prefill and 17 decode steps plus the load): qwen2.5 and gemma3 run with --slow.
 The kernel fixtures (reference/kernels.json) run here too, through the same pure-Python comparison as the worker's.
 """
 

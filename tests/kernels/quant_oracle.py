@@ -132,13 +132,13 @@ class Rig:
                         accumulate=accumulate, wg=wg), 1)
         return self.read(yb, n)
 
-    def matmul(self, w, X, *, y0=None, accumulate=False, max_tokens=None) -> np.ndarray:
+    def matmul(self, w, X, *, y0=None, accumulate=False, max_tokens=None, lanes=None) -> np.ndarray:
         t = X.shape[0]
         mt = max_tokens or t
         xb = self.buffer(f32(np.concatenate([X.ravel(), np.full((mt - t) * w.cols, 1e6)])), "X")
         yb = self.buffer(f32(np.zeros(mt * w.rows) if y0 is None else y0), "Y")
         self.run(matmul(self.device, self.kernels, w, xb, yb, self.step(t), max_tokens=mt,
-                        accumulate=accumulate), t)
+                        accumulate=accumulate, lanes=lanes), t)
         return self.read(yb, mt * w.rows).reshape(mt, w.rows)
 
 

@@ -112,10 +112,10 @@ def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-@pytest.mark.parametrize("wg", [32, 256])
+@pytest.mark.parametrize("wg", [4, 32, 256])
 def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, wg):
     """The GPU's workgroup sizes (32 threads for a tall head, 256 for long rows; this CPU adapter picks
-    64..256 by row length) on both reduction paths, with a norm prologue too."""
+    64..256 by row length; SwiftShader 4) on both reduction paths."""
     raw, W = tensor("Q4_K")
     x = rand(W.shape[1], seed=2)
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
@@ -146,6 +146,8 @@ def test_matvec_wg_rule():
     assert matvec_wg(576, 49152) == 32 and matvec_wg(1536, 576) == 256 and matvec_wg(576, 960) == 128
     assert matvec_wg(576, 49152, software=True) == 64 and matvec_wg(4864, 896, software=True) == 256
     assert matvec_wg(4096, 14336, type_name="Q4_K") == 64 and matvec_wg(4864, 896, type_name="Q6_K") == 128
+    assert matvec_wg(576, 49152, software=True, swiftshader=True) == 4
+    assert matvec_wg(4096, 14336, software=True, type_name="Q4_K", swiftshader=True) == 4
 
 
 def test_subgroup_path_is_used(device, kernels):
@@ -158,14 +160,15 @@ def test_subgroup_path_is_used(device, kernels):
     assert labels and all(" SG= " in lab and "NOSG=// " in lab for lab in labels)
 
 
+@pytest.mark.parametrize("lanes", [False, True], ids=["tiles", "lanes"])   # lanes: SwiftShader's kernel
 @pytest.mark.parametrize("name", qo.TYPES)
-def test_matmul(device, kernels, name):
+def test_matmul(device, kernels, name, lanes):
     raw, W = tensor(name)
     with Rig(device, kernels) as r:
         w = r.weight(name, raw)
         for t in (1, 5, 37):
             X = rand(t, W.shape[1], seed=t)
-            Y = r.matmul(w, X)
+            Y = r.matmul(w, X, lanes=lanes)
             assert qo.dot_err(Y, W, X) <= DOT_TOL, f"t={t}"
 
 
@@ -188,20 +191,22 @@ def test_matvec_accumulate_and_offsets(device, kernels):
     np.testing.assert_array_equal(y_over[:7], y0[:7])
 
 
-def test_matmul_accumulate_and_token_count(device, kernels):
+@pytest.mark.parametrize("lanes", [False, True], ids=["tiles", "lanes"])
+def test_matmul_accumulate_and_token_count(device, kernels, lanes):
     raw, W = tensor("Q4_K")
     rows, cols = W.shape
     t, mt = 5, 9
     X = rand(t, cols, seed=5)
     y0 = rand(mt * rows, seed=6)
     with Rig(device, kernels) as r:
-        Y = r.matmul(r.weight("Q4_K", raw), X, y0=y0, accumulate=True, max_tokens=mt)
+        Y = r.matmul(r.weight("Q4_K", raw), X, y0=y0, accumulate=True, max_tokens=mt, lanes=lanes)
     Y0 = y0.reshape(mt, rows)
     np.testing.assert_array_equal(Y[t:], Y0[t:])                  # tokens past n_tokens untouched
     assert qo.dot_err(Y[:t] - Y0[:t], W, X) <= DOT_TOL * 2         # as in the matvec case
 
 
-def test_matmul_strides_into_fused_buffer(device, kernels):
+@pytest.mark.parametrize("lanes", [False, True], ids=["tiles", "lanes"])
+def test_matmul_strides_into_fused_buffer(device, kernels, lanes):
     """Q and K projections writing side by side into one [t, q+k] buffer, reading a strided input."""
     rq, wq = tensor("Q8_0", rows=64, seed=1)
     rk, wk = tensor("Q8_0", rows=40, seed=2)
@@ -216,9 +221,10 @@ def test_matmul_strides_into_fused_buffer(device, kernels):
         xb = r.buffer(qo.f32(flat), "x")
         yb = r.buffer(t * ys * 4, "qk")
         step = r.step(t)
-        ops = (matmul(device, r.kernels, q, xb, yb, step, max_tokens=t, x_offset=2, x_stride=xs, y_stride=ys)
+        ops = (matmul(device, r.kernels, q, xb, yb, step, max_tokens=t, x_offset=2, x_stride=xs, y_stride=ys,
+                      lanes=lanes)
                + matmul(device, r.kernels, k, xb, yb, step, max_tokens=t, x_offset=2, x_stride=xs,
-                        y_offset=64, y_stride=ys))
+                        y_offset=64, y_stride=ys, lanes=lanes))
         r.run(ops, t)
         Y = r.read(yb, t * ys).reshape(t, ys)
     assert qo.dot_err(Y[:, :64], wq, X) <= DOT_TOL
@@ -361,3 +367,38 @@ def test_real_gemma_k_quants(device, kernels, gemma):
         tname = next(n for n, ty in names.items() if ty == want and n.startswith("blk."))
         seen.add(_real(device, kernels, gemma, tname, slice(0, 300)))
     assert seen == {"Q4_K", "Q6_K", "Q5_0"}
+
+
+# -- the tensor-core GEMM's input (wgsl/q8_rows.wgsl; the GEMM itself runs only in the H200 page:
+#    tests/browser/test_kernels_in_worker.py test_int8_matrix_case) --------------------------------------------------
+
+def test_q8_rows_quantizes_as_numpy(device, kernels):
+    """d = max|x| / 127 per block of 32 (2 ulp: the division), q = round(x * 127 / max|x|) within 1 and off by one
+    for at most 1% of values (a value near .5 may round the other way when the reciprocal differs in its last bit),
+    d * sum q as the second field; a zero block gives zeros; rows past t are not written."""
+    from lab.ops.matmul import i8_scratch_bytes, q8_rows
+    t, cols, x_at, xs = 7, 160, 3, 170
+    rng = np.random.default_rng(9)
+    X = (rng.standard_normal((t, cols)) * rng.uniform(0.1, 5.0, (t, 1))).astype(np.float32)
+    X[1, :32] = 0.0
+    X[2, 40] = 300.0
+    buf = np.full((t, xs), 1e6, np.float32)
+    buf[:, x_at:x_at + cols] = X
+    with Rig(device, kernels) as r:
+        q_bytes, d_bytes = i8_scratch_bytes(t + 1, cols)
+        xb = r.buffer(qo.f32(np.concatenate([np.full(x_at, 1e6), buf.ravel()])), "x")
+        xq, xd = r.buffer(q_bytes, "xq"), r.buffer(d_bytes, "xd")
+        r.run(q8_rows(device, r.kernels, xb, xq, xd, r.step(t), cols, x_offset=2 * x_at, x_stride=xs), t)
+        q = np.frombuffer(r.read(xq, q_bytes // 4).tobytes(), np.int8).reshape(-1, cols)
+        dd = r.read(xd, d_bytes // 4).reshape(-1, cols // 32, 2)
+    xb32 = X.reshape(t, -1, 32)
+    amax = np.abs(xb32).max(2)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q_np = np.rint(xb32 * inv[..., None])
+    off = np.abs(q[:t].reshape(t, -1, 32) - q_np)
+    assert off.max() <= 1 and off.mean() <= 0.01, (off.max(), off.mean())
+    d_np = (amax / np.float32(127)).astype(np.float32)
+    np.testing.assert_allclose(dd[:t, :, 0], d_np, rtol=2 * np.finfo(np.float32).eps, atol=0)
+    np.testing.assert_allclose(dd[:t, :, 1], dd[:t, :, 0] * q[:t].reshape(t, -1, 32).sum(2), rtol=1e-6, atol=0)
+    assert not q[1, :32].any() and not dd[1, 0].any()                  # the zero block
+    assert not q[t:].any() and not dd[t:].any()                         # past t: untouched (zero-filled)
