@@ -150,8 +150,9 @@ def _top_k(dev, kernels, step, c: _Case):
                  rows=Rows.fixed(c["rows"]))
 
 
-BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows, "rms_norm": _rms_norm, "rope": _rope,
-            "attention": _attention, "softmax": _softmax, "glu": _glu, "argmax": _argmax, "top_k": _top_k}
+BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows,
+            "rms_norm": _rms_norm, "rope": _rope, "attention": _attention, "softmax": _softmax, "glu": _glu,
+            "argmax": _argmax, "top_k": _top_k}
 
 
 async def run(device: gpu.Device, kernels, case: dict) -> dict:

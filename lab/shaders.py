@@ -6,8 +6,9 @@ Two directives, nothing more:
   `{{KEY}}`               is replaced by the value given for KEY; a key left unfilled is an error,
                           so the dispatch grid and the kernel can never disagree silently.
 
-Shared includes: common.wgsl (the Step uniform every per-step kernel reads), reduce.wgsl (workgroup
-sum / max), rows.wgsl (row selection of softmax and sampling), quant.wgsl (GGUF dequantization), act.wgsl.
+Shared includes: common.wgsl (the Step uniform every per-step kernel reads), matmul_io.wgsl (the prefill
+projections' bindings), reduce.wgsl (workgroup sum / max), rows.wgsl (row selection of softmax and sampling),
+quant.wgsl (GGUF dequantization), act.wgsl.
 
 Natively the files are read from the repository's wgsl/ folder; in the browser the worker copies
 the served /wgsl/ files into Pyodide's file system and calls `set_dir`.

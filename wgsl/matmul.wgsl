@@ -1,12 +1,6 @@
 // Matrix-matrix product for a step of t tokens (prefill), dequantizing each weight tile once.
-// Bindings: 0 W (storage, read: array<u32>, one weight part's GGUF blocks)
-//           1 x (storage, read: array<f32>, token i's input at x_off + i * x_stride)
-//           2 y (storage, read_write: array<f32>, token i's output at y_off + i * y_stride)
-//           3 p (uniform Params)
-//           4 stp (uniform Step: pos, n_tokens, n_ctx; t = n_tokens)
+// Bindings, uniform fields and the output rule: matmul_io.wgsl (shared with matmul_lanes.wgsl).
 // Math: Y[i, r] = (acc ? Y[i, r] : 0) + sum_c W[r, c] * X[i, c],  i < t, r < n_rows of this part.
-// Uniform fields: n_rows, cols, gpr (= cols / 8), row_bytes, x_off, y_off (floats; y_off includes the
-//   part's first row), x_stride, y_stride (floats per token), acc (0 or 1).
 // Organisation: a workgroup owns a tile of TR = 32 rows x TT = 32 tokens and walks the columns in
 //   chunks of KC = 64. Per chunk, the 128 threads dequantize the 32 x 64 weight tile into workgroup
 //   memory (2 groups of 8 values per thread: each weight decoded once per tile, reused for 32 tokens)
@@ -19,16 +13,7 @@
 // Constants: DQ (dequant function, e.g. dq_q4_k), HALF (its group shape).
 // Grid: (ceil(n_rows / 32), ceil(t / 32), 1).
 
-//!include common.wgsl
-
-struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32,
-                x_stride: u32, y_stride: u32, acc: u32, _p0: u32, _p1: u32, _p2: u32 };
-
-@group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<uniform> stp: Step;
+//!include matmul_io.wgsl
 
 //!include quant.wgsl
 
@@ -87,14 +72,5 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     for (var j = 0u; j < 4u; j++) {
         store(row0 + tr, tok0 + 4u * tq + j, a0[j]);
         store(row0 + tr + 16u, tok0 + 4u * tq + j, a1[j]);
-    }
-}
-
-fn store(r: u32, t: u32, v: f32) {
-    if (r < p.n_rows && t < stp.n_tokens) {
-        let o = p.y_off + t * p.y_stride + r;
-        var s = v;
-        if (p.acc != 0u) { s += y[o]; }
-        y[o] = s;
     }
 }

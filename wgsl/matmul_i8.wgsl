@@ -17,10 +17,11 @@ enable subgroups;
 //   Y[i, r] = (acc ? Y[i, r] : 0) + sum over blocks.
 // Organisation: a workgroup is one subgroup of 32 and owns 32 tokens x 32 rows, as four 16 x 16 quarters (a
 //   subgroup matrix's offsets must be uniform, so the quarters are a loop, not one subgroup each). Per block of
-//   32 columns: the lanes unpack the 32 rows' block into workgroup memory as int8 (8 values a unit, four units
-//   a lane) with its (a, c); each quarter multiplies 16 tokens' int8 inputs (loaded straight from xq) by 16 rows
-//   into a 16x16 int32 matrix, stored to workgroup memory (a subgroup matrix has no per-element scaling);
-//   each lane then scales its 8 results per quarter (one token, 8 rows) into f32 accumulators.
+//   32 columns: each quarter multiplies 16 tokens' int8 inputs (loaded straight from xq) by 16 rows of the
+//   block, unpacked to int8 in workgroup memory with its (a, c), into a 16x16 int32 matrix stored to workgroup
+//   memory (a subgroup matrix has no per-element scaling); each lane then scales its 8 results per quarter (one
+//   token, 8 rows) into f32 accumulators. The next block is unpacked (8 values a unit, four units a lane) into
+//   a second buffer while the products land, so a block costs two barriers.
 // Constants: IQ (the type's unpack function), BB (bytes per block). Grid: (ceil(n_rows / 32), ceil(t / 32), 1).
 
 //!include common.wgsl
@@ -43,8 +44,8 @@ alias Left = subgroup_matrix_left<i8, 32, 16>;      // 16 tokens x 32 columns
 alias Right = subgroup_matrix_right<i8, 16, 32>;    // 32 columns x 16 rows
 alias Res = subgroup_matrix_result<i32, 16, 16>;    // 16 tokens x 16 rows
 
-var<workgroup> wq: array<i32, 256>;          // [32 rows][32 columns] int8, 8 words a row
-var<workgroup> wac: array<vec2<f32>, 32>;    // the block's (a, c) per row
+var<workgroup> wq: array<i32, 512>;          // two buffers of [32 rows][32 columns] int8, 8 words a row
+var<workgroup> wac: array<vec2<f32>, 64>;    // two buffers of the block's (a, c) per row
 var<workgroup> res: array<i32, 1024>;        // the four quarters' 16 x 16 products, row-major
 
 // ---- one block's 8 values (j-th eight of 32) as int8 in two words, and the block's (a, c) ------------------
@@ -90,6 +91,18 @@ fn iq_q8_0(blk: u32, j: u32) -> Iq {
     return Iq(vec2<u32>(ld_u32(blk + 2u + 8u * j), ld_u32(blk + 6u + 8u * j)), vec2<f32>(ld_f16(blk), 0.0));
 }
 
+// Block b's 32 rows into buffer `buf` of wq / wac: 32 rows x 4 eighths, four units a lane.
+fn unpack(buf: u32, b: u32, lid: u32, row0: u32, last: u32) {
+    for (var u = lid; u < 128u; u += WG) {
+        let ur = u / 4u;
+        let uj = u % 4u;
+        let iq = {{IQ}}(min(row0 + ur, last) * p.row_bytes + b * BB, uj);
+        wq[256u * buf + 8u * ur + 2u * uj] = bitcast<i32>(iq.q.x);
+        wq[256u * buf + 8u * ur + 2u * uj + 1u] = bitcast<i32>(iq.q.y);
+        if (uj == 0u) { wac[32u * buf + ur] = iq.ac; }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.x * 32u;
@@ -99,41 +112,41 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // This lane's results in each quarter q (16 tokens 16 ti.., 16 rows 16 ri..): one token, 8 rows.
     let m = lid / 2u;
     let n = 8u * (lid % 2u);
+    let x0 = min(tok0 + m, nt - 1u) * p.nb;              // this lane's tokens' rows of xd
+    let x1 = min(tok0 + 16u + m, nt - 1u) * p.nb;
     var acc: array<f32, 32>;             // [quarter][8 rows]
     for (var e = 0u; e < 32u; e++) { acc[e] = 0.0; }
 
+    unpack(0u, 0u, lid, row0, last);
     for (var b = 0u; b < p.nb; b++) {
-        // 32 rows x 4 eighths of the block: four units a thread
-        for (var u = lid; u < 128u; u += WG) {
-            let ur = u / 4u;
-            let uj = u % 4u;
-            let iq = {{IQ}}(min(row0 + ur, last) * p.row_bytes + b * BB, uj);
-            wq[8u * ur + 2u * uj] = bitcast<i32>(iq.q.x);
-            wq[8u * ur + 2u * uj + 1u] = bitcast<i32>(iq.q.y);
-            if (uj == 0u) { wac[ur] = iq.ac; }
-        }
+        let cur = b % 2u;
+        // block b is unpacked; the last block's scaling has read res and the other buffer
         workgroupBarrier();
         // Offsets must be uniform (a subgroup matrix is the whole subgroup's): one subgroup, quarters in a loop.
+        // Offsets and strides count int8 elements, not the i32 words that hold them: buffer 1 starts at 1024.
         for (var ti = 0u; ti < 2u; ti++) {
             let l = subgroupMatrixLoad<Left>(&xq, (tok0 + 16u * ti) * p.cols + 32u * b, false, p.cols);
             for (var ri = 0u; ri < 2u; ri++) {
-                let r = subgroupMatrixLoad<Right>(&wq, 16u * ri * 32u, true, 32u);
+                let r = subgroupMatrixLoad<Right>(&wq, 1024u * cur + 16u * ri * 32u, true, 32u);
                 subgroupMatrixStore(&res, 256u * (2u * ti + ri), subgroupMatrixMultiplyAccumulate(l, r, Res()),
                                     false, 16u);
             }
         }
+        // the next block into the other buffer while this one's products land (its global loads overlap)
+        if (b + 1u < p.nb) { unpack(1u - cur, b + 1u, lid, row0, last); }
+        let xv0 = xd[x0 + b];
+        let xv1 = xd[x1 + b];
         workgroupBarrier();
         for (var ti = 0u; ti < 2u; ti++) {
-            let xv = xd[min(tok0 + 16u * ti + m, nt - 1u) * p.nb + b];
+            let xv = select(xv0, xv1, ti == 1u);
             for (var ri = 0u; ri < 2u; ri++) {
                 let q = 2u * ti + ri;
                 for (var e = 0u; e < 8u; e++) {
-                    let ac = wac[16u * ri + n + e];
+                    let ac = wac[32u * cur + 16u * ri + n + e];
                     acc[8u * q + e] += f32(res[256u * q + 16u * m + n + e]) * (xv.x * ac.x) + xv.y * ac.y;
                 }
             }
         }
-        workgroupBarrier();
     }
 
     for (var q = 0u; q < 4u; q++) {

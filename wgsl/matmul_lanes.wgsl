@@ -1,23 +1,14 @@
 // Matrix-matrix product for SwiftShader (the page without a GPU): matmul.wgsl's math, bindings and Params, with
 // no workgroup memory and no barrier. SwiftShader runs a workgroup as 4-wide SIMD groups and switches them at
 // every barrier; matmul.wgsl's 128-thread tiles paid for that more than they saved by sharing the dequantized
-// weights (SmolLM2's 37-token prefill: see lab/ops/matmul.py, matmul_kernel).
-// Bindings: as matmul.wgsl (0 W, 1 x, 2 y, 3 p, 4 stp).
+// weights (SmolLM2's 37-token prefill: lab/ops/matmul.py, matmul).
+// Bindings, uniform fields and the output rule: matmul_io.wgsl (shared with matmul.wgsl).
 // Math: Y[i, r] = (acc ? Y[i, r] : 0) + sum_c W[r, c] * X[i, c],  i < t, r < n_rows of this part.
 // Organisation: every invocation owns 4 rows x 4 tokens and walks all of a row's groups of 8 (quant.wgsl's
 //   {{DQ}}), each weight group dequantized once for the 4 tokens. Workgroups of 4 (one SIMD group).
 // Constants: DQ, HALF. Grid: (ceil(n_rows / 16), ceil(t / 4), 1).
 
-//!include common.wgsl
-
-struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32,
-                x_stride: u32, y_stride: u32, acc: u32, _p0: u32, _p1: u32, _p2: u32 };
-
-@group(0) @binding(0) var<storage, read> W: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<uniform> stp: Step;
+//!include matmul_io.wgsl
 
 //!include quant.wgsl
 
@@ -63,14 +54,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         store(row0 + 1u, tok0 + j, a1[j]);
         store(row0 + 2u, tok0 + j, a2[j]);
         store(row0 + 3u, tok0 + j, a3[j]);
-    }
-}
-
-fn store(r: u32, t: u32, v: f32) {
-    if (r < p.n_rows && t < stp.n_tokens) {
-        let o = p.y_off + t * p.y_stride + r;
-        var s = v;
-        if (p.acc != 0u) { s += y[o]; }
-        y[o] = s;
     }
 }

@@ -76,7 +76,7 @@ async def open_browser() -> BrowserDevice:
 
 def _int8_matrix(adapter, features: list[str]) -> bool:
     """matmul_i8.wgsl's needs: the subgroup-matrix feature with an int8 16x16x32 configuration, and subgroups of
-    exactly 32 (its four subgroups each own a quarter of the tile)."""
+    exactly 32 (its workgroup is one subgroup, whose 32 lanes each scale one token's 8 rows of a quarter)."""
     if "chromium-experimental-subgroup-matrix" not in features or "subgroups" not in features:
         return False
     info = adapter.info

@@ -137,12 +137,12 @@ def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     ys = w.rows if y_stride is None else y_stride
     _check(x, x_offset + (max_tokens - 1) * xs + w.cols, f"{w.name} matmul x")
     _check(y, y_offset + (max_tokens - 1) * ys + w.rows, f"{w.name} matmul y")
-    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    if -(-max_tokens // MATMUL_LANES_TT) > max_dim:
-        raise gpu.GpuError(f"{w.name}: {max_tokens} tokens per step exceed the matmul grid")
     lanes = device.info.swiftshader if lanes is None else lanes
-    k = kernels.get("matmul_lanes" if lanes else "matmul", **dequant_consts(w.type))
     tr, tt = (MATMUL_LANES_TR, MATMUL_LANES_TT) if lanes else (MATMUL_TR, MATMUL_TT)
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    if -(-max_tokens // tt) > max_dim:
+        raise gpu.GpuError(f"{w.name}: {max_tokens} tokens per step exceed the matmul grid")
+    k = kernels.get("matmul_lanes" if lanes else "matmul", **dequant_consts(w.type))
     ops = []
     for part in w.parts:
         if -(-part.n_rows // tr) > max_dim:
