@@ -208,7 +208,7 @@ async def replay(engine, tokenizer, prompt: list[int], n_gen: int = N_GEN) -> tu
         raise ValueError(f"a prompt of {len(prompt)} tokens plus {n_gen} does not fit the context of {engine.n_ctx}")
     # an int8 engine's prefill rounds its inputs to 8 bits (lab.ops.matmul.matmul_i8): the card holds the exact
     # path, so there the prompt runs as decode steps, one token at a time
-    step = 1 if getattr(engine, "int8_prefill", False) else engine.max_batch
+    step = 1 if engine.int8_prefill else engine.max_batch
     for pos in range(0, len(prompt), step):
         chunk = prompt[pos:pos + step]
         engine.step(chunk, pos)

@@ -48,7 +48,8 @@ var<workgroup> wq: array<i32, 512>;          // two buffers of [32 rows][32 colu
 var<workgroup> wac: array<vec2<f32>, 64>;    // two buffers of the block's (a, c) per row
 var<workgroup> res: array<i32, 1024>;        // the four quarters' 16 x 16 products, row-major
 
-// ---- one block's 8 values (j-th eight of 32) as int8 in two words, and the block's (a, c) ------------------
+// ---- one block's 8 values (j-th eight of 32) as int8 in two words, and the block's (a, c); the byte offsets
+//      are quant.wgsl's named ones (one home for each block layout) ------------------------------------------
 struct Iq { q: vec2<u32>, ac: vec2<f32> };
 
 // The low (hi = false) or high nibbles of the 8 bytes at byte offset off, one value a byte.
@@ -69,26 +70,29 @@ fn bits5(qh: u32, e0: u32) -> vec2<u32> {
 
 // Values 0..15 are the low nibbles of qs[0..15], 16..31 their high nibbles.
 fn iq_q4_0(blk: u32, j: u32) -> Iq {
-    let d = ld_f16(blk);
-    return Iq(nib8(blk + 2u + 8u * (j & 1u), j >= 2u), vec2<f32>(d, -8.0 * d));
+    let d = ld_f16(blk + Q4_0_D);
+    return Iq(nib8(blk + Q4_0_QS + 8u * (j & 1u), j >= 2u), vec2<f32>(d, -8.0 * d));
 }
 
 fn iq_q4_1(blk: u32, j: u32) -> Iq {
-    return Iq(nib8(blk + 4u + 8u * (j & 1u), j >= 2u), vec2<f32>(ld_f16(blk), ld_f16(blk + 2u)));
+    return Iq(nib8(blk + Q4_1_QS + 8u * (j & 1u), j >= 2u),
+              vec2<f32>(ld_f16(blk + Q4_1_DM), ld_f16(blk + Q4_1_DM + 2u)));
 }
 
 fn iq_q5_0(blk: u32, j: u32) -> Iq {
-    let d = ld_f16(blk);
-    return Iq(nib8(blk + 6u + 8u * (j & 1u), j >= 2u) | bits5(ld_u32(blk + 2u), 8u * j), vec2<f32>(d, -16.0 * d));
+    let d = ld_f16(blk + Q5_0_D);
+    return Iq(nib8(blk + Q5_0_QS + 8u * (j & 1u), j >= 2u) | bits5(ld_u32(blk + Q5_0_QH), 8u * j),
+              vec2<f32>(d, -16.0 * d));
 }
 
 fn iq_q5_1(blk: u32, j: u32) -> Iq {
-    return Iq(nib8(blk + 8u + 8u * (j & 1u), j >= 2u) | bits5(ld_u32(blk + 4u), 8u * j),
-              vec2<f32>(ld_f16(blk), ld_f16(blk + 2u)));
+    return Iq(nib8(blk + Q5_1_QS + 8u * (j & 1u), j >= 2u) | bits5(ld_u32(blk + Q5_1_QH), 8u * j),
+              vec2<f32>(ld_f16(blk + Q5_1_DM), ld_f16(blk + Q5_1_DM + 2u)));
 }
 
 fn iq_q8_0(blk: u32, j: u32) -> Iq {
-    return Iq(vec2<u32>(ld_u32(blk + 2u + 8u * j), ld_u32(blk + 6u + 8u * j)), vec2<f32>(ld_f16(blk), 0.0));
+    let qs = blk + Q8_0_QS + 8u * j;
+    return Iq(vec2<u32>(ld_u32(qs), ld_u32(qs + 4u)), vec2<f32>(ld_f16(blk + Q8_0_D), 0.0));
 }
 
 // Block b's 32 rows into buffer `buf` of wq / wac: 32 rows x 4 eighths, four units a lane.

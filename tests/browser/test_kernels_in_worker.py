@@ -404,11 +404,7 @@ def matmul_i8_case(name: str, t: int, seed: int) -> Case:
     def check(out):
         xq = np.frombuffer(out["xq"], np.int8).reshape(t, nb, 32).astype(np.float64)
         xd = np.frombuffer(out["xd"], np.float32).reshape(t, nb, 2).astype(np.float64)
-        xb = X.reshape(t, nb, 32).astype(np.float32)
-        amax = np.abs(xb).max(2)
-        d_np = (amax / np.float32(127)).astype(np.float32)
-        inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-        q_np = np.rint(xb * inv[..., None])
+        q_np, d_np = qo.q8_blocks(X)
         off = np.abs(xq - q_np)
         bad_d = np.abs(xd[..., 0] - d_np) > 2 * EPS32 * np.abs(d_np)
         if off.max() > 1 or off.mean() > 0.01 or bad_d.any():

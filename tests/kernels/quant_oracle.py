@@ -73,6 +73,15 @@ def dequant(raw: np.ndarray, name: str) -> np.ndarray:
     return quants.dequantize(np.ascontiguousarray(raw), GQ[name]).reshape(raw.shape[0], -1)
 
 
+def q8_blocks(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of X quantized per block of 32 as wgsl/q8_rows.wgsl does it, in float32: (q [t, nb, 32] as float64
+    integers, d [t, nb] float32) with d = max|x| / 127 and q = round(x * (127 / max|x|)), zero for a zero block."""
+    xb = np.asarray(X, np.float32).reshape(X.shape[0], -1, 32)
+    amax = np.abs(xb).max(2)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    return np.rint(xb * inv[..., None]).astype(np.float64), (amax / np.float32(127)).astype(np.float32)
+
+
 def f32(a) -> bytes:
     return np.ascontiguousarray(a, dtype=np.float32).tobytes()
 
