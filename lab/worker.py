@@ -8,6 +8,8 @@ Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?, int8?} | c
               probe-rope {pos, layer, seq} (the RoPE demo: lab/rope_worker.py, answered by "rope")
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
+              profile {t, pos, families, reps} (lab bench --backend browser --profile: GPU time of a step, lab/profile.py;
+              it runs on random ids, so the conversation is dropped first)
               verify {file, seq} | verify-kernels {seq} (the verification card: lab/verify_worker.py)
               perplexity {text, n_ctx, seq} (the perplexity card: lab/perplexity_worker.py, answered by
               perplexity-progress and perplexity; its cancel is "stop")
@@ -15,6 +17,7 @@ Messages out: gpu | selftest | model-info | loaded | prompt | token | done | res
               embedding | inspection | forget | kv-view | rope (panels' data: the page renders it and computes nothing)
               kernel-check {id, results | error, adapter, buffers {before, after}}
               ffi-cost {n, call_us, to_js_us, read_ms}
+              profile {t, pos, rows [{family, dispatches, gpu_us, ...}]}
 (`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
 
 Python only ever sees the header prefix of a model file (and the values of lab.model.HOST_TENSORS: llama 3's
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +45,7 @@ from . import (
     memplan,
     perplexity_worker,
     probes,
+    profile,
     rope_worker,
     selftest,
     verify_worker,
@@ -137,6 +142,8 @@ async def handle(msg) -> None:
                 await verify_worker.run_kernels(_state, msg, post)
             elif kind == "perplexity":
                 await perplexity_worker.run(_loaded(), msg.to_py(), post, js.labStopRequested, js.labStopClear)
+            elif kind == "profile":
+                await _profile(msg.to_py())
             elif kind == "ffi-cost":
                 await _ffi_cost(int(getattr(msg, "n", 0) or 2000))
             else:
@@ -261,7 +268,7 @@ async def _load(file, n_ctx: int | None, seq: int, int8: bool = False) -> None:
         "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
         "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
-        "int8_prefill": engine.int8_prefill,
+        "int8_prefill": engine.int8_prefill, "max_batch": engine.max_batch,
         "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
                "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx,
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
@@ -314,6 +321,28 @@ async def _chat(msg: dict) -> None:
     del done["prompt_ids"]                       # the page has them from the "prompt" message
     done["kv_used"] = len(session.cached)
     post({"type": "done", "result": done})
+
+
+async def _profile(m: dict) -> None:
+    """GPU time of the step the chat runs for t tokens at pos (`families`: and of each kernel family alone), on this
+    adapter, by timestamp queries (lab/profile.py). The step writes K/V over the conversation's, so the conversation
+    goes first."""
+    reply = {"type": "profile", "id": m.get("id")}
+    try:
+        _state.loaded = _loaded().fresh()
+        eng = _state.loaded.engine
+        t, pos, reps = int(m["t"]), int(m["pos"]), int(m.get("reps") or profile.REPS)
+        rng = random.Random(0)
+        eng.step([rng.randrange(eng.cfg.n_vocab) for _ in range(t)], pos)     # checks t and pos; fills the ids
+        if m.get("families"):
+            rows = await profile.by_family(eng, t, pos, reps)
+        else:
+            rows = [{"family": "whole step", "dispatches": eng.dispatches_per_step(t, pos=pos),
+                     "gpu_us": round(await profile.whole_step(eng, t, pos, reps) * 1e6, 1)}]
+    except Exception as exc:  # answered under the question's id, so the caller's promise settles
+        post({**reply, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    post({**reply, "t": t, "pos": pos, "rows": rows})
 
 
 def _reset() -> None:

@@ -11,7 +11,8 @@
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
 #
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
-# f16 toggle), tests.txt (pass counts), bench.jsonl (native and browser JSON per model), table.md.
+# f16 toggle), tests.txt (pass counts), bench.jsonl (native and browser JSON per model, the page's with its steps'
+# GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md.
 set -uo pipefail
 D=/tmp/devb
 OUT=${OUT:-/tmp/devb-out}
@@ -98,17 +99,36 @@ if [[ $mode == all || $mode == bench ]]; then
   for m in ${MODELS:-smollm2 qwen2.5 gemma3}; do
     f=$D/ss/$m.gguf
     [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
-    log "$m native"
-    timeout 240 python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts 0,2048 --decode 64 --batch 512 --json \
-      2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"native\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
-    log "$m browser"
-    timeout 300 python3 -m lab.host.cli bench "$f" --backend browser --prompts 1,128,512,2048 --decode 64 --json \
-      2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
-    if [ -n "${INT8:-}" ]; then     # INT8=1: also the page with the tensor-core prefill (lab bench --int8)
-      log "$m browser, int8 prefill"
-      timeout 300 python3 -m lab.host.cli bench "$f" --backend browser --int8 --prompts 1,128,512,2048 --decode 64 --json \
-        2> >(tee -a "$OUT/log.txt" >&2) | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser-int8\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
-    fi
+    # RUNS picks what runs for each model (default "native page", plus int8 with INT8=1): native, page, int8 (the
+    # page with the tensor-core prefill), nochecks (the page with Dawn's workgroup zero-fill and robustness checks
+    # off: a diagnostic a page cannot ask for, to find what the GPU time the page adds to native's is made of).
+    for run in ${RUNS:-native page ${INT8:+int8}}; do
+      case $run in
+        native)
+          log "$m native"
+          timeout 240 python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts 0,2048 --decode 64 --batch 512 \
+            --json 2> >(tee -a "$OUT/log.txt" >&2) \
+            | sed "s/^/{\"name\": \"$m\", \"backend\": \"native\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
+          # the same steps by kernel family (lab/profile.py), to set beside the page's (`gpu` in its JSON)
+          for pc in "512 0" "1 31" "1 2048"; do
+            set -- $pc
+            timeout 120 python3 -m lab.host.cli bench "$f" --profile --prompts "$1" --contexts "$2" 2>>"$OUT/log.txt" \
+              | sed "s/^/{\"name\": \"$m\", \"t\": $1, \"pos\": $2, \"row\": /; s/\$/}/" >> "$OUT/profile_native.jsonl"
+          done ;;
+        page|int8|nochecks)
+          # --profile: the page's steps' GPU time too. Chromium's timestamps are exact only with the developer-features
+          # flag (else rounded to 100 us), which changes nothing else the lab uses.
+          extra=(); tag=""
+          [ $run = int8 ] && extra=(--int8) && tag="-int8"
+          [ $run = nochecks ] && extra=(--chromium-flag=--enable-dawn-features=disable_workgroup_init,disable_robustness) \
+            && tag="-nochecks"
+          log "$m browser$tag"
+          timeout 360 python3 -m lab.host.cli bench "$f" --backend browser --profile \
+            --chromium-flag=--enable-webgpu-developer-features "${extra[@]}" --prompts 1,128,512,2048 --decode 64 --json \
+            2> >(tee -a "$OUT/log.txt" >&2) \
+            | sed "s/^/{\"name\": \"$m\", \"backend\": \"browser$tag\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300 ;;
+      esac
+    done
   done
   python3 scripts/device_browser_table.py "$OUT/bench.jsonl" | tee "$OUT/table.md"
 fi

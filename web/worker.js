@@ -64,22 +64,47 @@ globalThis.labUpload = async (device, file, plan, chunk, seq) => {
 
 // Encodes a prepared step in one call from Python: plan = [pipeline, group, x, y, z, ...];
 // writes = [buffer, offset, Uint8Array, ...] applied first. One compute pass, one submit.
-globalThis.labEncode = (device, plan, writes, copies) => {
+const encodeStep = (device, plan, writes, passDescriptor) => {
   if (writes) {
     for (let i = 0; i < writes.length; i += 3) device.queue.writeBuffer(writes[i], writes[i + 1], writes[i + 2]);
   }
   const enc = device.createCommandEncoder();
-  const pass = enc.beginComputePass();
+  const pass = enc.beginComputePass(passDescriptor);
   for (let i = 0; i < plan.length; i += 5) {
     pass.setPipeline(plan[i]);
     pass.setBindGroup(0, plan[i + 1]);
     pass.dispatchWorkgroups(plan[i + 2], plan[i + 3], plan[i + 4]);
   }
   pass.end();
+  return enc;
+};
+globalThis.labEncode = (device, plan, writes, copies) => {
+  const enc = encodeStep(device, plan, writes);
   if (copies) {
     for (let i = 0; i < copies.length; i += 5) enc.copyBufferToBuffer(copies[i], copies[i + 1], copies[i + 2], copies[i + 3], copies[i + 4]);
   }
   device.queue.submit([enc.finish()]);
+};
+
+// The GPU's nanoseconds for one such pass, by timestamp queries (benchmarks only: lab/profile.py). The query set
+// and its two buffers hold timestamps, never conversation data, so they live here, outside the buffer registry.
+// Chromium rounds timestamps to 100 us unless started with --enable-webgpu-developer-features.
+let timer = null;
+globalThis.labTimePass = async (device, plan, writes) => {
+  if (!timer || timer.device !== device) {
+    timer = { device, queries: device.createQuerySet({ type: "timestamp", count: 2 }),
+              resolved: device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC }),
+              read: device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }) };
+  }
+  const enc = encodeStep(device, plan, writes, {
+    timestampWrites: { querySet: timer.queries, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } });
+  enc.resolveQuerySet(timer.queries, 0, 2, timer.resolved, 0);
+  enc.copyBufferToBuffer(timer.resolved, 0, timer.read, 0, 16);
+  device.queue.submit([enc.finish()]);
+  await timer.read.mapAsync(GPUMapMode.READ);
+  const t = new BigUint64Array(timer.read.getMappedRange().slice(0));
+  timer.read.unmap();
+  return Number(t[1] - t[0]);
 };
 
 // Call counters for `lab bench --backend browser` (lab/host/bench_browser.py); nothing is wrapped until the first

@@ -229,6 +229,11 @@ class Device:
     async def flush_errors(self) -> None:
         """Raise the first shader or validation problem not yet reported (the browser reports late)."""
 
+    async def time_pass(self, dispatches, writes=()) -> float:  # pragma: no cover - abstract
+        """Seconds the GPU spent in one pass of `dispatches` after `writes`, by timestamp queries (benchmarks
+        only; GpuError without the `timestamp-query` feature). Asynchronous because the browser's read-back is."""
+        raise NotImplementedError
+
     async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:  # pragma: no cover
         raise NotImplementedError
 

@@ -152,7 +152,7 @@ class BrowserDevice(Device):
             flat += [d.kernel.handle, d.bound.handle, *d.groups]
         return to_js(flat)
 
-    def run(self, dispatches, writes=(), copies=()) -> None:
+    def _plan_and_writes(self, dispatches, writes):
         plan = dispatches if hasattr(dispatches, "length") else self.prepare(dispatches)
         w = None
         if writes:
@@ -160,8 +160,17 @@ class BrowserDevice(Device):
             for buf, offset, data in writes:
                 w += [buf.handle, offset, to_js(bytes(data))]
             w = to_js(w)
+        return plan, w
+
+    def run(self, dispatches, writes=(), copies=()) -> None:
+        plan, w = self._plan_and_writes(dispatches, writes)
         c = to_js([x for src, so, dst, do, n in copies for x in (src.handle, so, dst.handle, do, n)]) if copies else None
         js.labEncode(self._device, plan, w, c)
+
+    async def time_pass(self, dispatches, writes=()) -> float:
+        if "timestamp-query" not in self.info.features:
+            raise GpuError("this adapter has no timestamp queries")
+        return float(await js.labTimePass(self._device, *self._plan_and_writes(dispatches, writes))) * 1e-9
 
     def _staging_for(self, size: int) -> Buffer:
         if self._staging is None or self._staging.size < size:

@@ -17,7 +17,7 @@ import random
 import resource
 import time
 
-from .. import gguf, gpu, ops
+from .. import gguf, gpu, ops, profile
 from ..engine import Engine, read_host_values
 from ..model import from_gguf
 from ..sampler import Settings
@@ -92,6 +92,8 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
     for n in prompts:
         s = prefill(n)
         out["prefill"][n] = {"tok_s": round(n / s, 1), "ttft_ms": round(s * 1e3, 1)}
+        if "timestamp-query" in device.info.features and n <= engine.max_batch:   # the step alone, on the GPU
+            out["prefill"][n]["gpu_step_ms"] = round(asyncio.run(profile.whole_step(engine, n, 0)) * 1e3, 3)
     for c in contexts:
         # as the chat runs it (lab.session: greedy steps AHEAD at a time, one read-back per block)
         session = Session(engine, None)
@@ -124,18 +126,12 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
     _sync(engine)
     out = {"cpu_submit_ms": round(cpu * 1e3, 3)}
     if "timestamp-query" in engine.device.info.features and hasattr(engine.device, "time_pass"):
-        plan = engine.prepared(1, pos=pos + n)
-        gpu_s = sorted(engine.device.time_pass(plan, engine.step_writes(None, pos + n + i, 1))
-                       for i in range(n))
-        out["gpu_pass_ms"] = round(gpu_s[n // 2] * 1e3, 3)
+        out["gpu_pass_ms"] = round(asyncio.run(profile.whole_step(engine, 1, pos + n, reps=n)) * 1e3, 3)
     return out
 
 
 def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=()) -> list[dict]:
-    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family: for each family,
-    one pass holding only its dispatches (in plan order, so the barriers between them stay), timed by
-    timestamp queries. The families' sum falls short of the whole pass by what the switches between
-    kernels cost."""
+    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.profile)."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
@@ -143,24 +139,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
                     host_values=_host_values(path, header))
     rng = random.Random(0)
     engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
-    writes = engine.step_writes(None, pos, t)
-    plan = ops.dispatches(engine.ops_for(t, pos=pos), t)
-
-    def family(d) -> str:    # pipeline label without the constants that only tune (WG, DQ, SG switches)
-        name, *consts = d.kernel.label.split(" ")
-        keep = [c for c in consts if c.split("=")[0] in ("IN", "BIAS", "ACT")]
-        return " ".join([name, *keep])
-
-    def timed(dispatches) -> float:
-        prepared = device.prepare(dispatches)
-        return sorted(device.time_pass(prepared, writes) for _ in range(7))[3]
-
-    out = [{"family": "whole step", "dispatches": len(plan), "gpu_us": round(timed(plan) * 1e6, 1)}]
-    for fam in dict.fromkeys(family(d) for d in plan):
-        sub = [d for d in plan if family(d) == fam]
-        us = timed(sub) * 1e6
-        out.append({"family": fam, "dispatches": len(sub), "gpu_us": round(us, 1),
-                    "us_per_dispatch": round(us / len(sub), 2)})
+    out = asyncio.run(profile.by_family(engine, t, pos))
     engine.close()
     return out
 
@@ -204,7 +183,7 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
             device.run(plan)
             device.read_sync(y, 0, 4)
             if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
-                s = sorted(device.time_pass(plan) for _ in range(5))[2] / reps
+                s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
             else:
                 t0 = _now()
                 device.run(plan)

@@ -202,14 +202,32 @@ def _per_token(marks: list[dict]) -> dict:
             "map_wait_ms_per_token": round(wait.get("GPUBuffer.mapAsync", 0), 1)}
 
 
+def _gpu_profile(lab: _Page, stats: dict, out: dict, reps: int, timeout_s: float) -> dict:
+    """The page's steps timed on its GPU (the worker's `profile`): whole steps and kernel families, by the step's
+    tokens at its position: {"prefill 512 @0": rows, "decode @31": rows, ...}."""
+    t = min(max(v["prompt_tokens"] for v in out["prefill"].values()), stats["max_batch"])
+    positions = sorted(int(n) for n in out["decode"])
+    res = {}
+    for name, steps, pos in ((f"prefill {t} @0", t, 0), *((f"decode @{p}", 1, p) for p in dict.fromkeys(
+            (positions[0], positions[-1])))):
+        m = lab.ask({"type": "profile", "t": steps, "pos": pos, "families": True, "reps": reps}, "profile", timeout_s)
+        if "error" in m:
+            raise BenchError(f"the page could not time its {name}: {m['error']}")
+        res[name] = m["rows"]
+    return res
+
+
 def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
                   chromium: str | None = None, args: list[str] | None = None, turn_timeout_s: float = 1800,
-                  n_ctx: int | None = None, int8: bool = False) -> dict:
+                  n_ctx: int | None = None, int8: bool = False, profile: int = 0) -> dict:
     """Load `path` through the page's file input, then for each prompt length one greedy turn of
     decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
     `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
     ["--enable-dawn-features=..."] to try Dawn toggles). `n_ctx`: the KV cache the page loads the model with
-    (default: the largest prompt plus the decode and some slack, or the page's own if that is larger)."""
+    (default: the largest prompt plus the decode and some slack, or the page's own if that is larger).
+    `profile` (passes per median, 0: none): after the turns, the GPU time of the page's steps by timestamp queries (`gpu` in the JSON): the whole
+    prefill step of the largest prompt (up to the page's step) and decode at the shortest and the longest turn's
+    context, each by kernel family too (lab/profile.py, the same code as the native `--profile`)."""
     from playwright.sync_api import sync_playwright
 
     from ..engine import DEFAULT_CTX
@@ -282,6 +300,8 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                     out["decode"][ntok] = {"tok_s": r["decode_tok_s"], "generated": len(r["ids"]), "stop": r["stop"],
                                            "weight_gb_s": round(stats["weight_bytes"] * r["decode_tok_s"] / 1e9, 3),
                                            **_per_token(marks), "page_timings": turn["page_timings"]}
+                if profile:
+                    out["gpu"] = _gpu_profile(lab, stats, out, profile, turn_timeout_s)
                 peak = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
                 out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1),
                                        "after_load": round(heap_load / 2**20, 1), "peak": round(peak / 2**20, 1)}

@@ -134,6 +134,7 @@ def _bench(args) -> int:
         return 0
     if args.backend == "browser":
         from lab.host import bench_browser, browser_args, models
+        from lab.profile import REPS
         if args.synthetic and args.synthetic not in models.MODELS:
             print(f"lab bench: --synthetic {args.synthetic} has no real model to take the header and tokenizer from "
                   f"(the page chats): only {', '.join(models.MODELS)} run in the browser", file=sys.stderr)
@@ -143,7 +144,7 @@ def _bench(args) -> int:
             with browser_args.model_file(args.model, args.synthetic) as path:
                 res = bench_browser.bench_browser(path, prompts=ints(args.prompts or "32"),
                                                   decode_tokens=args.decode or 8, chromium=chromium, args=flags,
-                                                  int8=args.int8)
+                                                  int8=args.int8, profile=REPS if args.profile else 0)
         except bench_browser.BenchError as exc:
             print(f"lab bench: {exc}", file=sys.stderr)
             return 2
@@ -223,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
     s.add_argument("--profile", action="store_true",
                    help="GPU time of one step by kernel family (timestamp queries): decode with --prompts 1, else a "
-                        "prefill of the largest --prompts, at the largest --contexts")
+                        "prefill of the largest --prompts, at the largest --contexts (browser: after the turns, the "
+                        "page's prefill of the largest prompt up to its step, and decode at the shortest and longest "
+                        "turn's context; add --chromium-flag=--enable-webgpu-developer-features, or Chromium rounds "
+                        "timestamps to 100 us)")
     s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3", "llama3.2-1b", "llama3.1-8b"),
                    help="benchmark a random GGUF with this model's exact tensor shapes and types (browser: the "
                         "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py; "

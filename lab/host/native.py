@@ -102,8 +102,7 @@ class NativeDevice(Device):
             enc.copy_buffer_to_buffer(src.handle, src_off, dst.handle, dst_off, size)
         self._queue.submit([enc.finish()])
 
-    def time_pass(self, dispatches, writes=()) -> float:
-        """Seconds the GPU spent in one pass of `dispatches` (timestamp queries; benchmarks only)."""
+    async def time_pass(self, dispatches, writes=()) -> float:
         if "timestamp-query" not in self.info.features:
             raise GpuError("this adapter has no timestamp queries")
         if not hasattr(self, "_timer"):

@@ -49,4 +49,12 @@ def test_llama3_in_the_page_is_llama_cpps(browser, server_url):
             if p["top_logits"][0] - p["top_logits"][1] >= NEAR_TIE:
                 assert int(np.argmax(row)) == p["top_ids"][0], f"position {p['pos']}: top-1 differs"
         print(f"\nllama3-f32 in the page: max |logit diff| vs llama.cpp {worst:.3g}")
+        # `lab bench --backend browser --profile` on this adapter: the worker times its steps by timestamp queries
+        # (web/worker.js labTimePass). As natively (tests/engine/test_profile.py): the families partition the
+        # step's dispatches, and every pass took GPU time.
+        for t, pos in ((8, 0), (1, 12)):
+            m = page.evaluate("([t, pos]) => window.labProfile(t, pos, true, 1)", [t, pos])
+            whole, fams = m["rows"][0], m["rows"][1:]
+            assert whole["family"] == "whole step" and sum(r["dispatches"] for r in fams) == whole["dispatches"] > 0
+            assert all(r["gpu_us"] > 0 for r in m["rows"]), m["rows"]
         assert lab.errors() == [] and lab.foreign_requests() == []

@@ -1,0 +1,50 @@
+"""`lab bench --profile` and the page's `profile` message (lab/profile.py): a step's GPU time by kernel family, from
+timestamp queries. Speeds are never asserted; what is: the families partition the step's dispatches exactly (none
+lost, none counted twice), every timed pass took GPU time, and the labels drop only the tuning constants."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from lab import gguf, profile
+from lab.engine import Engine, read_host_values
+from lab.host import synthetic_arch
+from lab.host.models import cache_dir
+from lab.model import from_gguf
+
+
+def test_family_keeps_what_changes_the_function_only():
+    assert profile.family("matvec:main WG=64 DQ=2 ACT=silu BIAS=// IN=in_norm") == \
+        "matvec:main ACT=silu BIAS=// IN=in_norm"
+    assert profile.family("attention:decode_whole SG=1") == "attention:decode_whole"
+
+
+@pytest.fixture(scope="module")
+def engine(device):
+    if "timestamp-query" not in device.info.features:
+        pytest.skip("this adapter has no timestamp queries")
+    path = synthetic_arch.build("llama3", "f32", cache_dir() / "synthetic")
+    header = gguf.read_file(path)
+    cfg = from_gguf(header)
+    eng = Engine(device, header, cfg, n_ctx=64, max_batch=16, host_values=read_host_values(path, header, cfg))
+    eng.weights.upload_file(path)
+    rng = random.Random(0)
+    eng.step([rng.randrange(cfg.n_vocab) for _ in range(16)], 0)
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("t,pos", [(16, 0), (1, 20)], ids=["prefill", "decode"])
+def test_families_partition_the_step_and_each_took_gpu_time(engine, t, pos):
+    rows = asyncio.run(profile.by_family(engine, t, pos, reps=3))
+    whole, fams = rows[0], rows[1:]
+    assert whole["family"] == "whole step"
+    assert whole["dispatches"] == engine.dispatches_per_step(t, pos=pos)
+    assert sum(r["dispatches"] for r in fams) == whole["dispatches"]
+    assert len({r["family"] for r in fams}) == len(fams)
+    assert any(r["family"].startswith("matmul" if t > 1 else "matvec") for r in fams)
+    assert all(r["gpu_us"] > 0 for r in rows), rows
+    assert asyncio.run(profile.whole_step(engine, t, pos, reps=3)) > 0
