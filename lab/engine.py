@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from . import gpu, memplan, ops
@@ -253,8 +254,14 @@ class Engine:
             copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
         self.device.run(self.prepared(t, sampled, pos), self.step_writes(ids, pos, t), copies)
 
-    async def kept_ids(self, n: int) -> list[int]:
-        return list(struct.unpack(f"<{n}I", await self.device.read(self.scratch.kept, 0, 4 * n)))
+    def kept_ids(self, n: int) -> Awaitable[list[int]]:
+        """The first n kept greedy ids, as of the steps submitted so far (the read is ordered here, see
+        Device.read: steps submitted before the await do not change them)."""
+        raw = self.device.read(self.scratch.kept, 0, 4 * n)
+
+        async def ids() -> list[int]:
+            return list(struct.unpack(f"<{n}I", await raw))
+        return ids()
 
     async def argmax(self) -> int:
         return struct.unpack("<I", await self.device.read(self.scratch.ids, 0, 4))[0]

@@ -99,12 +99,19 @@ class Session:
         # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request.
         # Greedy steps need nothing from the CPU (each argmax feeds the next step on the GPU), so once a
         # step is known to be quick, AHEAD of them are submitted before one read-back: the CPU encodes
-        # while the GPU runs, and the read's round trip is paid once. Steps past an end-of-generation id
-        # are wasted work only: their K/V lie beyond `cached` and are overwritten later.
+        # while the GPU runs, and the read's round trip is paid once. And the block after is queued before
+        # that read is awaited, so the GPU never waits for the round trip or the next block's encoding
+        # (the read is ordered before it: Device.read). Steps past an end-of-generation id, a stop or the
+        # length are wasted work only: their K/V lie beyond `cached` and are overwritten later.
         t1 = time.perf_counter()
         eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
         ahead: list[int] = []       # greedy ids read back, not yet emitted
         block = 1
+        queued = 0                  # greedy steps submitted whose ids are not read yet
+
+        def submit(n: int, first: int) -> None:
+            for i in range(n):
+                eng.step(None, first + i, keep=i)
         while True:
             if tok in eog:
                 res.stop = "eog"
@@ -124,11 +131,14 @@ class Session:
                 res.stop = "stopped"
                 break
             if greedy and not ahead:
-                n = min(block, max_new - len(res.ids))
                 tb = time.perf_counter()
-                for i in range(n):
-                    eng.step(None, len(self.cached) + i, keep=i)
-                ahead = await eng.kept_ids(n)
+                n = queued or min(block, max_new - len(res.ids))
+                if not queued:
+                    submit(n, len(self.cached))
+                read = eng.kept_ids(n)
+                queued = min(block, max_new - len(res.ids) - n) if block == AHEAD else 0
+                submit(queued, len(self.cached) + n)
+                ahead = await read
                 block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
             if greedy:
                 tok = ahead.pop(0)

@@ -8,6 +8,8 @@ Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?, int8?} | c
               probe-rope {pos, layer, seq} (the RoPE demo: lab/rope_worker.py, answered by "rope")
               kernel-check {id, cases} (tests: kernel cases through lab/kernelcheck.py, inputs in base64)
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
+              warm {ms} (lab bench --backend browser --warm-gpu: the GPU kept busy before a measured turn; drops
+              the conversation)
               profile {t, pos, families, reps} (lab bench --backend browser --profile: GPU time of a step, lab/profile.py;
               it runs on random ids, so the conversation is dropped first)
               verify {file, seq} | verify-kernels {seq} (the verification card: lab/verify_worker.py)
@@ -17,7 +19,7 @@ Messages out: gpu | selftest | model-info | loaded | prompt | token | done | res
               embedding | inspection | forget | kv-view | rope (panels' data: the page renders it and computes nothing)
               kernel-check {id, results | error, adapter, buffers {before, after}}
               ffi-cost {n, call_us, to_js_us, read_ms}
-              profile {t, pos, rows [{family, dispatches, gpu_us, ...}]}
+              profile {t, pos, rows [{family, dispatches, gpu_us, ...}]} | warm {steps}
 (`load-progress`, `cancel-load` and `stop` are handled by worker.js itself, since Python is busy then.)
 
 Python only ever sees the header prefix of a model file (and the values of lab.model.HOST_TENSORS: llama 3's
@@ -144,6 +146,8 @@ async def handle(msg) -> None:
                 await perplexity_worker.run(_loaded(), msg.to_py(), post, js.labStopRequested, js.labStopClear)
             elif kind == "profile":
                 await _profile(msg.to_py())
+            elif kind == "warm":
+                await _warm(float(msg.ms))
             elif kind == "ffi-cost":
                 await _ffi_cost(int(getattr(msg, "n", 0) or 2000))
             else:
@@ -343,6 +347,22 @@ async def _profile(m: dict) -> None:
         post({**reply, "error": f"{type(exc).__name__}: {exc}"})
         return
     post({**reply, "t": t, "pos": pos, "rows": rows})
+
+
+async def _warm(ms: float) -> None:
+    """Prefill steps back to back for `ms`: a GPU idle for half a second drops its clocks (the H200 to 345 of 1,980
+    MHz) and then runs a 512-token step up to 5x slower (scripts/idle_clock_probe.py). A native benchmark's steps
+    follow each other; a page's turn follows seconds of typing, so a benchmark that compares them warms the page's
+    GPU first. The steps write K/V, so the conversation goes first."""
+    _state.loaded = _loaded().fresh()
+    eng = _state.loaded.engine
+    ids = [0] * eng.max_batch
+    t0, steps = time.perf_counter(), 0
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        eng.step(ids, 0)
+        await eng.argmax()
+        steps += 1
+    post({"type": "warm", "steps": steps})
 
 
 def _reset() -> None:

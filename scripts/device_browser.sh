@@ -99,10 +99,11 @@ if [[ $mode == all || $mode == bench ]]; then
   for m in ${MODELS:-smollm2 qwen2.5 gemma3}; do
     f=$D/ss/$m.gguf
     [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
-    # RUNS picks what runs for each model (default "native page", plus int8 with INT8=1): native, page, int8 (the
-    # page with the tensor-core prefill), nochecks (the page with Dawn's workgroup zero-fill and robustness checks
-    # off: a diagnostic a page cannot ask for, to find what the GPU time the page adds to native's is made of).
-    for run in ${RUNS:-native page ${INT8:+int8}}; do
+    # RUNS picks what runs for each model (default "native page cold", plus int8 with INT8=1): native, page (each
+    # turn after 1 s of GPU work, --warm-gpu, as native steps follow each other: an idle H200 drops to 345 MHz),
+    # cold (the page's turns as typed, after a pause), int8 (the page with the tensor-core prefill), nochecks (the
+    # page with Dawn's workgroup zero-fill and robustness checks off: a diagnostic a page cannot ask for).
+    for run in ${RUNS:-native page cold ${INT8:+int8}}; do
       case $run in
         native)
           log "$m native"
@@ -115,12 +116,13 @@ if [[ $mode == all || $mode == bench ]]; then
             timeout 120 python3 -m lab.host.cli bench "$f" --profile --prompts "$1" --contexts "$2" 2>>"$OUT/log.txt" \
               | sed "s/^/{\"name\": \"$m\", \"t\": $1, \"pos\": $2, \"row\": /; s/\$/}/" >> "$OUT/profile_native.jsonl"
           done ;;
-        page|int8|nochecks)
+        page|cold|int8|nochecks)
           # --profile: the page's steps' GPU time too. Chromium's timestamps are exact only with the developer-features
           # flag (else rounded to 100 us), which changes nothing else the lab uses.
-          extra=(); tag=""
-          [ $run = int8 ] && extra=(--int8) && tag="-int8"
-          [ $run = nochecks ] && extra=(--chromium-flag=--enable-dawn-features=disable_workgroup_init,disable_robustness) \
+          extra=(--warm-gpu 1); tag=""
+          [ $run = cold ] && extra=() && tag="-cold"
+          [ $run = int8 ] && extra+=(--int8) && tag="-int8"
+          [ $run = nochecks ] && extra+=(--chromium-flag=--enable-dawn-features=disable_workgroup_init,disable_robustness) \
             && tag="-nochecks"
           log "$m browser$tag"
           timeout 360 python3 -m lab.host.cli bench "$f" --backend browser --profile \

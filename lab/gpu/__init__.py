@@ -11,6 +11,7 @@ can find every buffer holding conversation-derived data without a hand-made list
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -234,6 +235,10 @@ class Device:
         only; GpuError without the `timestamp-query` feature). Asynchronous because the browser's read-back is."""
         raise NotImplementedError
 
-    async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:  # pragma: no cover
+    def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> Awaitable[bytes]:  # pragma: no cover
+        """The bytes of `buf[offset:offset + size]`, awaited. The read is ordered where it is called, not where it
+        is awaited: work submitted in between does not change what it returns, so a caller may queue more work
+        first (lab.session queues the next greedy block before it waits for this one's ids). One read in flight at
+        a time: await it before the next."""
         raise NotImplementedError
 

@@ -185,18 +185,20 @@ class BrowserDevice(Device):
     def staging(self, size: int) -> list[Buffer]:
         return [self._staging_for(size)]
 
-    async def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+    def read(self, buf: Buffer, offset: int = 0, size: int | None = None):
         size = buf.size - offset if size is None else size
         if buf is self._staging:
-            return await self._map(buf, offset, size)
+            return self._mapped(buf, buf.handle.mapAsync(_MAP_READ, offset, size), offset, size)
         staging = self._staging_for(size)
         enc = self._device.createCommandEncoder()
         enc.copyBufferToBuffer(buf.handle, offset, staging.handle, 0, size)
         self._queue.submit(to_js([enc.finish()]))
-        return await self._map(staging, 0, size)
+        # Asked now, not at the await: Dawn's map waits for everything submitted before the mapAsync call, so a
+        # map asked after the caller's next submits would wait for those too.
+        return self._mapped(staging, staging.handle.mapAsync(_MAP_READ, 0, size), 0, size)
 
-    async def _map(self, buf: Buffer, offset: int, size: int) -> bytes:
-        await buf.handle.mapAsync(_MAP_READ, offset, size)
+    async def _mapped(self, buf: Buffer, mapping, offset: int, size: int) -> bytes:
+        await mapping
         try:
             return js.Uint8Array.new(buf.handle.getMappedRange(offset, size)).to_bytes()
         finally:

@@ -219,12 +219,15 @@ def _gpu_profile(lab: _Page, stats: dict, out: dict, reps: int, timeout_s: float
 
 def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
                   chromium: str | None = None, args: list[str] | None = None, turn_timeout_s: float = 1800,
-                  n_ctx: int | None = None, int8: bool = False, profile: int = 0) -> dict:
+                  n_ctx: int | None = None, int8: bool = False, profile: int = 0, warm_gpu_s: float = 0) -> dict:
     """Load `path` through the page's file input, then for each prompt length one greedy turn of
     decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
     `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
     ["--enable-dawn-features=..."] to try Dawn toggles). `n_ctx`: the KV cache the page loads the model with
     (default: the largest prompt plus the decode and some slack, or the page's own if that is larger).
+    `warm_gpu_s`: the GPU kept busy that long right before each measured turn (the worker's `warm`), as a native
+    benchmark's steps follow each other: an idle GPU lowers its clocks, and the turn after a pause then measures the
+    clock's ramp (a 512-token prefill up to 5x slower on the H200). 0: turns as a user types them.
     `profile` (passes per median, 0: none): after the turns, the GPU time of the page's steps by timestamp queries (`gpu` in the JSON): the whole
     prefill step of the largest prompt (up to the page's step) and decode at the shortest and the longest turn's
     context, each by kernel family too (lab/profile.py, the same code as the native `--profile`)."""
@@ -285,10 +288,12 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                        "dispatches_per_decode_token": stats["dispatches_per_token"],
                        "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"],
                                     "idle_read_ms": ffi["read_ms"]},
-                       "warmup": warmup, "prefill": {}, "decode": {}}
+                       "warmup": warmup, "warm_gpu_s": warm_gpu_s, "prefill": {}, "decode": {}}
                 for i, want in enumerate(prompts):
                     if i:
                         lab.new_chat()
+                    if warm_gpu_s:
+                        lab.ask({"type": "warm", "ms": warm_gpu_s * 1e3}, "warm", 60 + warm_gpu_s)
                     lab.post({"type": "count-calls"})       # counters from zero, wrappers on
                     turn = lab.send(_prompt_text(tok, header.metadata, want), decode_tokens + 1, turn_timeout_s)
                     marks = lab.ask({"type": "memory"}, "memory", 30)["calls"]["marks"]

@@ -144,7 +144,8 @@ def _bench(args) -> int:
             with browser_args.model_file(args.model, args.synthetic) as path:
                 res = bench_browser.bench_browser(path, prompts=ints(args.prompts or "32"),
                                                   decode_tokens=args.decode or 8, chromium=chromium, args=flags,
-                                                  int8=args.int8, profile=REPS if args.profile else 0)
+                                                  int8=args.int8, profile=REPS if args.profile else 0,
+                                                  warm_gpu_s=args.warm_gpu)
         except bench_browser.BenchError as exc:
             print(f"lab bench: {exc}", file=sys.stderr)
             return 2
@@ -242,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
     s.add_argument("--int8", action="store_true",
                    help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
+    s.add_argument("--warm-gpu", type=float, default=0, metavar="SECONDS",
+                   help="browser: keep the GPU busy this long before each measured turn, as native steps follow each "
+                        "other (an idle GPU lowers its clocks; 0: turns as typed after a pause)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
     s.add_argument("--json", action="store_true")

@@ -370,15 +370,18 @@ def test_kv_reuse_follow_up_equals_fresh_session(m, request):
 
 
 def test_greedy_blocks_equal_one_step_at_a_time(m, monkeypatch):
-    """Greedy steps run AHEAD at a time before one read-back on a fast GPU (lab.session). Forced here, they must
-    give what one step at a time gives: the same ids, text, stop reason and cached ids, whether the turn ends on
-    the length (a block never runs past it) or mid-block on an end-of-generation id, and a follow-up turn after
-    it must equal a fresh session's (the steps past the end left K/V beyond `cached`, to be overwritten)."""
+    """Greedy steps run AHEAD at a time before one read-back on a fast GPU, the next block queued before that read
+    is awaited (lab.session). Forced here, they must give what one step at a time gives: the same ids, text, stop
+    reason and cached ids, whether the turn ends on the length (a block never runs past it), mid-block on an
+    end-of-generation id (with a queued block run for nothing), or runs through a queued block, and a follow-up
+    turn after it must equal a fresh session's (the steps past the end left K/V beyond `cached`, to be
+    overwritten)."""
     if m.name != "smollm2":
         pytest.skip("smollm2 only: the block logic does not depend on the model")
     import lab.session as sess
     tok, md = m.tok, m.header.metadata
     prompt = chat.render_chat(tok, md, [{"role": "user", "content": "What is the capital of France?"}])
+    long_prompt = chat.render_chat(tok, md, [{"role": "user", "content": "Write a long story about a dragon."}])
     out = {}
     for mode, fast in (("blocks", 1e9), ("one", 0.0)):
         monkeypatch.setattr(sess, "FAST_STEP_S", fast)
@@ -389,9 +392,13 @@ def test_greedy_blocks_equal_one_step_at_a_time(m, monkeypatch):
         full = run(s.generate(prompt, GREEDY, 40))         # ends on <|im_end|> (a reply of about 8 tokens)
         follow = prompt + full.ids + tok.encode(" Why?")
         again = run(s.generate(follow, GREEDY, 4))
+        s.reset()
+        # 1 from prefill, a block of 1, then a block of 8 read while the next 8 run (queued), then 2 more
+        story = run(s.generate(long_prompt, GREEDY, 20))
         out[mode] = (cut.ids, cut.stop, cut_cached, full.ids, full.text, full.stop, list(s.cached), again.ids,
-                     again.reused)
+                     again.reused, story.ids, story.stop)
     assert out["blocks"] == out["one"]
+    assert out["one"][10] == "length" and len(out["one"][9]) == 20
     assert out["one"][1] == "length" and out["one"][5] == "eog"
     fresh = run(Session(m.eng, tok).generate(follow, GREEDY, 4))
     assert fresh.ids == out["blocks"][7]
