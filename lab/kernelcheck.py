@@ -85,7 +85,7 @@ def _matmul_i8(dev, kernels, step, c: _Case):
     xq, xd = c.output("xq", q_bytes), c.output("xd", d_bytes)
     c.outputs["xq"], c.outputs["xd"] = (xq, t * cols), (xd, t * (cols // 32) * 8)
     return matmul_i8(dev, kernels, c.weight(), c.input("x"), c.output("y", 4 * t * c["rows"]), step, xq, xd,
-                     max_tokens=t)
+                     max_tokens=t, tile_rows=c.case.get("tile_rows"))
 
 
 def _get_rows(dev, kernels, step, c: _Case):

@@ -354,12 +354,17 @@ fn decode_probs(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 }
 
 // ================================ prefill ================================
+// Per tile of BK keys, two barriers: the K and V tiles land together; each thread scores (row, key) pairs; then
+// each thread, for each of its output slots (row rr, dims d4), takes its row's tile max and probabilities itself
+// from the scores (the HD4 threads of a row do the same BK exps: cheaper than a softmax phase run by BQ threads
+// while the rest wait, and than its two barriers) and folds the tile into its accumulator. A slot's running max
+// and sum are the thread's own; the probe variant leaves them in p_m / p_l for its pass.
 var<workgroup> p_q: array<vec4<f32>, BQ * HD4>;
-var<workgroup> p_kv: array<vec4<f32>, BK * HD4>;   // the K tile, then the V tile
-var<workgroup> p_s: array<f32, BQ * BK>;           // scores, then probabilities
-var<workgroup> p_m: array<f32, BQ>;                // running max per row
-var<workgroup> p_l: array<f32, BQ>;                // running sum per row
-var<workgroup> p_a: array<f32, BQ>;                // this tile's rescale factor per row
+var<workgroup> p_k: array<vec4<f32>, BK * HD4>;
+var<workgroup> p_v: array<vec4<f32>, BK * HD4>;
+var<workgroup> p_s: array<f32, BQ * BK>;           // the tile's scores (NEG where masked)
+var<workgroup> p_m: array<f32, BQ>;                // probe variant: each row's final max and sum
+var<workgroup> p_l: array<f32, BQ>;
 
 @compute @workgroup_size(WG)
 fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -378,16 +383,24 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         if (r < rows) { v = load_q(r / GROUP, q_head(kvh, r % GROUP), i % HD4); }
         p_q[i] = v;
     }
-    for (var rr = lid; rr < BQ; rr += WG) { p_m[rr] = NEG; p_l[rr] = 0.0; }
     var acc: array<vec4<f32>, ACC>;
+    var m: array<f32, ACC>;
+    var l: array<f32, ACC>;
+    for (var a = 0u; a < ACC; a++) { m[a] = NEG; l[a] = 0.0; }
     workgroupBarrier();
 
     for (var t0 = lo; t0 < hi; t0 += BK) {
         let n = min(BK, hi - t0);
         for (var i = lid; i < BK * HD4; i += WG) {
-            var v = vec4<f32>(0.0);
-            if (i / HD4 < n) { v = k_cache[(t0 + i / HD4) * KVD4 + kb0 + i % HD4]; }
-            p_kv[i] = v;
+            var kv = vec4<f32>(0.0);
+            var vv = vec4<f32>(0.0);
+            if (i / HD4 < n) {
+                let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
+                kv = k_cache[at];
+                vv = v_cache[at];
+            }
+            p_k[i] = kv;
+            p_v[i] = vv;
         }
         workgroupBarrier();
         for (var i = lid; i < BQ * BK; i += WG) {
@@ -397,36 +410,10 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             var s = NEG;
             if (r < rows && kk < n && visible(step.pos + r / GROUP, t0 + kk)) {
                 var d = 0.0;
-                for (var e = 0u; e < HD4; e++) { d += dot(p_q[rr * HD4 + e], p_kv[kk * HD4 + e]); }
+                for (var e = 0u; e < HD4; e++) { d += dot(p_q[rr * HD4 + e], p_k[kk * HD4 + e]); }
                 s = logit(d);
             }
             p_s[i] = s;
-        }
-        workgroupBarrier();
-        // the K tile is spent: load V in its place, and update each row's softmax state
-        for (var i = lid; i < BK * HD4; i += WG) {
-            var v = vec4<f32>(0.0);
-            if (i / HD4 < n) { v = v_cache[(t0 + i / HD4) * KVD4 + kb0 + i % HD4]; }
-            p_kv[i] = v;
-        }
-        for (var rr = lid; rr < BQ; rr += WG) {
-            let r = r0 + rr;
-            let qpos = step.pos + r / GROUP;
-            var tmax = NEG;
-            for (var kk = 0u; kk < BK; kk++) { tmax = max(tmax, p_s[rr * BK + kk]); }
-            let m_old = p_m[rr];
-            let m_new = running_max(m_old, tmax);
-            var sum = 0.0;
-            for (var kk = 0u; kk < BK; kk++) {
-                var p = 0.0;
-                if (r < rows && kk < n && visible(qpos, t0 + kk)) { p = exp(p_s[rr * BK + kk] - m_new); }
-                p_s[rr * BK + kk] = p;
-                sum += p;
-            }
-            let alpha = exp(m_old - m_new);    // 0 on the row's first visible tile, 1 while it sees none
-            p_a[rr] = alpha;
-            p_l[rr] = p_l[rr] * alpha + sum;
-            p_m[rr] = m_new;
         }
         workgroupBarrier();
         for (var a = 0u; a < ACC; a++) {
@@ -434,12 +421,25 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
             if (o < BQ * HD4) {
                 let rr = o / HD4;
                 let d4 = o % HD4;
-                var v = acc[a] * p_a[rr];
-                for (var kk = 0u; kk < n; kk++) { v += p_s[rr * BK + kk] * p_kv[kk * HD4 + d4]; }
+                var tmax = NEG;
+                for (var kk = 0u; kk < n; kk++) { tmax = max(tmax, p_s[rr * BK + kk]); }
+                let m_new = running_max(m[a], tmax);
+                let alpha = exp(m[a] - m_new);     // 0 on the row's first visible tile, 1 while it sees none
+                var v = acc[a] * alpha;
+                var sum = 0.0;
+                // Masked scores are NEG: exp gives 0 once the row has seen a key, and what a tile before that
+                // summed (exp(0) = 1 each) is wiped by the first visible tile's alpha = 0.
+                for (var kk = 0u; kk < n; kk++) {
+                    let pk = exp(p_s[rr * BK + kk] - m_new);
+                    sum += pk;
+                    v += pk * p_v[kk * HD4 + d4];
+                }
                 acc[a] = v;
+                l[a] = l[a] * alpha + sum;
+                m[a] = m_new;
             }
         }
-        workgroupBarrier();                    // p_kv and p_s are rewritten by the next tile
+        workgroupBarrier();                    // p_k, p_v and p_s are rewritten by the next tile
     }
 
     for (var a = 0u; a < ACC; a++) {
@@ -447,9 +447,11 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
         let r = r0 + o / HD4;
         if (o < BQ * HD4 && r < rows) {
             let h = q_head(kvh, r % GROUP);
-            out[(r / GROUP) * P.n_head * HD4 + h * HD4 + o % HD4] = acc[a] / p_l[o / HD4];
+            out[(r / GROUP) * P.n_head * HD4 + h * HD4 + o % HD4] = acc[a] / l[a];
         }
+        if (PROBE && o < BQ * HD4 && o % HD4 == 0u) { p_m[o / HD4] = m[a]; p_l[o / HD4] = l[a]; }
     }
+    if (PROBE) { workgroupBarrier(); }
     if (PROBE) {
         for (var rr = 0u; rr < BQ; rr++) {
             let r = r0 + rr;
@@ -457,7 +459,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 let j = r / GROUP;
                 let h = q_head(kvh, r % GROUP);
                 let qpos = step.pos + j;
-                let m = p_m[rr];
+                let mr = p_m[rr];
                 let inv = 1.0 / p_l[rr];
                 let row = (j * P.n_head + h) * P.n_ctx;
                 for (var k = lid; k < P.n_ctx; k += WG) {
@@ -465,7 +467,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                     if (visible(qpos, k)) {
                         var d = 0.0;
                         for (var e = 0u; e < HD4; e++) { d += dot(p_q[rr * HD4 + e], k_cache[k * KVD4 + kb0 + e]); }
-                        p = exp(logit(d) - m) * inv;
+                        p = exp(logit(d) - mr) * inv;
                     }
                     probe_store(row + k, p);
                 }

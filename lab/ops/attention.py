@@ -42,7 +42,8 @@ WHOLE_KEYS = 128   # decode on a GPU: steps with at most this many keys run "who
                    # combine cost two dispatches, each ~2 us of switching on an H200, against two tiles walked serially)
 WG_BYTES = 16384   # workgroup memory the kernels may use (WebGPU's default limit); decode's HPW is chosen to fit
 Q_FLOATS = 1024    # prefill: floats of Q per workgroup (BQ = Q_FLOATS / head_dim rows, at most 16)
-KV_FLOATS = 2048   # prefill: floats of one K or V tile (BK = KV_FLOATS / head_dim keys, at most 32)
+KV_FLOATS = 1024   # prefill: floats of one K or V tile (BK = KV_FLOATS / head_dim keys, at most 32); both tiles
+                   # are held at once, within WG_BYTES
 # narrow prefill tiles (GPUs): SmolLM2's 512-token prefill attention took 13.1 ms on an H200 with the tiles
 # above, 7.2 ms with 4 rows and 1,024 floats of keys; Gemma 3's (head 256) the same either way.
 NARROW_ROWS = 4
@@ -120,7 +121,7 @@ def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int
             "decode_whole": split,
             "decode_combine": 0,
             "decode_probs": q,
-            "prefill": 16 * bq * hd4 + 16 * bk * hd4 + 4 * bq * bk + 12 * bq}
+            "prefill": 16 * bq * hd4 + 2 * 16 * bk * hd4 + 4 * bq * bk + 8 * bq}
 
 
 def heads_per_workgroup(head_dim: int, group: int, limit: int = WG_BYTES) -> int:

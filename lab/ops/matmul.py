@@ -159,7 +159,9 @@ def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
 # -- the tensor-core prefill (browser adapters with AdapterInfo.int8_matrix) -------------------------------------------
 # Types whose blocks of 32 are w = a * q + c with q in 0..31 or -128..127: wgsl/matmul_i8.wgsl's unpack function each.
 I8_TYPES = {"Q4_0": "iq_q4_0", "Q4_1": "iq_q4_1", "Q5_0": "iq_q5_0", "Q5_1": "iq_q5_1", "Q8_0": "iq_q8_0"}
-I8_TILE = 32                     # tokens (and rows) per matmul_i8 workgroup
+I8_TILE = 32                     # tokens per matmul_i8 workgroup
+I8_WIDE = 2048                   # projections of at least this many rows take 32-row matmul_i8 tiles, narrower ones
+                                 # 16 (more workgroups: each is one subgroup, and a few per SM leave latency bare)
 _Q8 = struct.Struct("<4I")        # cols, nb, x_off, x_stride
 _I8 = struct.Struct("<8I")        # n_rows, cols, nb, row_bytes, y_off, y_stride, acc, pad
 
@@ -186,11 +188,12 @@ def q8_rows(device: gpu.Device, kernels: KernelCache, x: gpu.Buffer, xq: gpu.Buf
 def matmul_i8(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,
               step: gpu.Buffer, xq: gpu.Buffer, xd: gpu.Buffer, *, max_tokens: int, accumulate: bool = False,
               x_offset: int = 0, y_offset: int = 0, x_stride: int | None = None,
-              y_stride: int | None = None) -> list[Op]:
+              y_stride: int | None = None, tile_rows: int | None = None) -> list[Op]:
     """matmul's product with the input quantized to 8 bits per block of 32 (xq, xd: scratch of
     i8_scratch_bytes), on the tensor cores through Chromium's subgroup matrices: one quantizing op
     (wgsl/q8_rows.wgsl), then the GEMM per weight part (wgsl/matmul_i8.wgsl). The result is llama.cpp's for its
-    quantized matmuls, not the f32 product: each input is rounded to 1/254 of its block's largest."""
+    quantized matmuls, not the f32 product: each input is rounded to 1/254 of its block's largest.
+    tile_rows: rows a workgroup, 16 or 32 (default: 32 from I8_WIDE rows, else 16)."""
     if not device.info.int8_matrix:
         raise gpu.GpuError(f"{w.name}: this adapter has no int8 subgroup matrices (chromium-experimental-subgroup-"
                            f"matrix with i8 16x16x32 and 32-wide subgroups)")
@@ -205,11 +208,14 @@ def matmul_i8(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer
         raise ValueError(f"{w.name} matmul_i8: scratch {xq.size} + {xd.size} bytes, needs {q_bytes} + {d_bytes}")
     nb = w.cols // 32
     ops = q8_rows(device, kernels, x, xq, xd, step, w.cols, x_offset=x_offset, x_stride=xs)
-    k = kernels.get("matmul_i8", IQ=I8_TYPES[w.type.name], BB=w.type.nbytes)
+    tr = tile_rows or (32 if w.rows >= I8_WIDE else 16)
+    if tr not in (16, 32):
+        raise ValueError(f"{w.name} matmul_i8: tiles of 16 or 32 rows, not {tr}")
+    k = kernels.get("matmul_i8", IQ=I8_TYPES[w.type.name], BB=w.type.nbytes, RQ=tr // 16)
     for part in w.parts:
         params = device.uniform(_I8.pack(part.n_rows, w.cols, nb, w.row_bytes, y_offset + part.first_row, ys,
                                          int(accumulate), 0), f"{part.buffer.label}.matmul_i8")
         bound = device.bind(k, [part.buffer, xq, xd, y, params, step], f"{part.buffer.label}.matmul_i8")
-        row_groups = -(-part.n_rows // I8_TILE)
+        row_groups = -(-part.n_rows // tr)
         ops.append(Op(k, bound, lambda t, r=row_groups: (r, max(1, -(-t // I8_TILE)), 1)))
     return ops

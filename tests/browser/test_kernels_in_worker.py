@@ -388,7 +388,7 @@ def _blocks(raw: np.ndarray, name: str, rows: int, cols: int) -> tuple[np.ndarra
     return d, {"Q4_0": -8.0, "Q5_0": -16.0, "Q8_0": 0.0}[name] * d
 
 
-def matmul_i8_case(name: str, t: int, seed: int) -> Case:
+def matmul_i8_case(name: str, t: int, seed: int, tile_rows: int) -> Case:
     rows, cols, nb = ROWS, I8_COLS, I8_COLS // 32
     raw = qo.random_tensor(name, rows, cols, seed)
     W = qo.dequant(raw, name).astype(np.float64)
@@ -398,7 +398,7 @@ def matmul_i8_case(name: str, t: int, seed: int) -> Case:
     X = f32(rng.standard_normal((t, cols)) * rng.uniform(0.1, 5.0, (t, 1)))
     X[1, :32] = 0.0                                   # a zero block: d = 0, q = 0
     X[2, 40] = 300.0                                  # an outlier that flattens the rest of its block
-    spec = {"op": "matmul_i8", "type": name, "rows": rows, "cols": cols, "t": t,
+    spec = {"op": "matmul_i8", "type": name, "rows": rows, "cols": cols, "t": t, "tile_rows": tile_rows,
             "inputs": {"w": raw.tobytes(), "x": X.tobytes()}}
 
     def check(out):
@@ -419,12 +419,13 @@ def matmul_i8_case(name: str, t: int, seed: int) -> Case:
         scale = (np.abs(scaled) + np.abs(offset)).sum(2)
         err = float(np.max(np.abs(Y - want) / np.maximum(scale, 1e-30)))
         return _finite(err, Y), I8_TOL
-    return Case(f"matmul_i8_{name}_t{t}", spec, check)
+    return Case(f"matmul_i8_{name}_t{t}_r{tile_rows}", spec, check)
 
 
-I8_CASES = {c.name: c for c in [matmul_i8_case("Q4_1", 37, 50), matmul_i8_case("Q4_0", 37, 51),
-                                 matmul_i8_case("Q8_0", 37, 52), matmul_i8_case("Q5_0", 5, 53),
-                                 matmul_i8_case("Q5_1", 70, 54)]}
+# Both tile heights (16 rows for narrow projections, 32 for wide ones), 77 rows: partial tiles either way.
+I8_CASES = {c.name: c for c in [matmul_i8_case("Q4_1", 37, 50, 16), matmul_i8_case("Q4_1", 37, 50, 32),
+                                 matmul_i8_case("Q4_0", 37, 51, 16), matmul_i8_case("Q8_0", 37, 52, 32),
+                                 matmul_i8_case("Q5_0", 5, 53, 16), matmul_i8_case("Q5_1", 70, 54, 32)]}
 
 
 @pytest.fixture(scope="module")
