@@ -10,8 +10,8 @@ Messages in:  init | read-header {file, n_ctx?} | load {file, n_ctx?, int8?} | c
               ffi-cost {n} (lab bench --backend browser: what one Python->JS call costs here)
               warm {ms} (lab bench --backend browser --warm-gpu: the GPU kept busy before a measured turn; drops
               the conversation)
-              profile {t, pos, families, reps} (lab bench --backend browser --profile: GPU time of a step, lab/profile.py;
-              it runs on random ids, so the conversation is dropped first)
+              profile {t, pos, families, reps, warm_ms} (lab bench --backend browser --profile: GPU time of a step,
+              lab/profile.py, after warm_ms of GPU work; it runs on random ids, so the conversation is dropped first)
               verify {file, seq} | verify-kernels {seq} (the verification card: lab/verify_worker.py)
               perplexity {text, n_ctx, seq} (the perplexity card: lab/perplexity_worker.py, answered by
               perplexity-progress and perplexity; its cancel is "stop")
@@ -336,6 +336,8 @@ async def _profile(m: dict) -> None:
         _state.loaded = _loaded().fresh()
         eng = _state.loaded.engine
         t, pos, reps = int(m["t"]), int(m["pos"]), int(m.get("reps") or profile.REPS)
+        if m.get("warm_ms"):
+            await _warm(float(m["warm_ms"]), post_done=False)
         rng = random.Random(0)
         eng.step([rng.randrange(eng.cfg.n_vocab) for _ in range(t)], pos)     # checks t and pos; fills the ids
         if m.get("families"):
@@ -349,7 +351,7 @@ async def _profile(m: dict) -> None:
     post({**reply, "t": t, "pos": pos, "rows": rows})
 
 
-async def _warm(ms: float) -> None:
+async def _warm(ms: float, post_done: bool = True) -> None:
     """Prefill steps back to back for `ms`: a GPU idle for half a second drops its clocks (the H200 to 345 of 1,980
     MHz) and then runs a 512-token step up to 5x slower (scripts/idle_clock_probe.py). A native benchmark's steps
     follow each other; a page's turn follows seconds of typing, so a benchmark that compares them warms the page's
@@ -362,7 +364,8 @@ async def _warm(ms: float) -> None:
         eng.step(ids, 0)
         await eng.argmax()
         steps += 1
-    post({"type": "warm", "steps": steps})
+    if post_done:
+        post({"type": "warm", "steps": steps})
 
 
 def _reset() -> None:

@@ -321,7 +321,7 @@ function forgetAll(skip) {
 // - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
 //   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
-// - labProfile(t, pos, families, reps): GPU time of a step by timestamp queries (lab/profile.py; `lab bench
+// - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work (lab/profile.py; `lab bench
 //   --backend browser --profile` asks the worker directly). Drops the conversation.
 // labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps
 // its cells lit.
@@ -347,7 +347,7 @@ window.labKernelCheck = (cases) => ask("kernel-check", { cases });
 window.labKvRows = (positions) => ask("kv-rows", { positions });
 window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
 window.labLastLogits = (ids) => ask("last-logits", { ids });
-window.labProfile = (t, pos, families, reps) => ask("profile", { t, pos, families, reps });
+window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos, families, reps, warm_ms });
 window.labForgetSkipping = (label) => forgetAll(label);
 
 // ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------

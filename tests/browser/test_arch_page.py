@@ -52,8 +52,8 @@ def test_llama3_in_the_page_is_llama_cpps(browser, server_url):
         # `lab bench --backend browser --profile` on this adapter: the worker times its steps by timestamp queries
         # (web/worker.js labTimePass). As natively (tests/engine/test_profile.py): the families partition the
         # step's dispatches, and every pass took GPU time.
-        for t, pos in ((8, 0), (1, 12)):
-            m = page.evaluate("([t, pos]) => window.labProfile(t, pos, true, 1)", [t, pos])
+        for t, pos, warm_ms in ((8, 0, 0), (1, 12, 50)):
+            m = page.evaluate("([t, pos, w]) => window.labProfile(t, pos, true, 1, w)", [t, pos, warm_ms])
             whole, fams = m["rows"][0], m["rows"][1:]
             assert whole["family"] == "whole step" and sum(r["dispatches"] for r in fams) == whole["dispatches"] > 0
             assert all(r["gpu_us"] > 0 for r in m["rows"]), m["rows"]
