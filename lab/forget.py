@@ -1,17 +1,17 @@
 """Forget: clear every GPU buffer that holds conversation-derived data, and prove it by reading each one back.
 
 The buffers are found by kind in the device's registry (`device.buffers`, kind CONVERSATION: KV caches,
-activations, logits, sampling scratch, probe outputs, the step uniform, the browser's read-back staging buffer),
+activations, logits, sampling scratch, probe outputs, the step uniform, the read-back staging buffer),
 never from a hand-made list, so a buffer added later is covered as soon as it is registered with its kind.
 
-Order, because the browser reads through a staging buffer that is itself conversation data:
+Order, because reads go through a staging buffer that is itself conversation data:
   1. size the staging buffers now (a larger read later would replace one mid-walk), then list the buffers;
   2. before: read the staging buffers first, by mapping them (every other read overwrites them), then the rest;
   3. clear the rest, read them back (through staging);
   4. clear the staging buffers last and read them by mapping them.
 The report counts non-zero 32-bit words before and after; `wiped` is true only when there was something to wipe
-and nothing is left. Natively wgpu-py reads through a staging buffer of its own per read, made and dropped inside
-`read_buffer`: outside the registry, and outside what this module can check (docs/privacy.md).
+and nothing is left. Natively `read_sync` (benchmarks, tests) reads through wgpu-py's own staging buffer, made
+and dropped inside `read_buffer`: outside the registry, and outside what this module can check (docs/privacy.md).
 
 `drop_text_caches` empties the Python caches that keep pieces of typed text for speed (the BPE tokenizer's chunk
 cache, the pre-tokenizer's per-character tables); the caller drops the session's token lists itself.

@@ -136,9 +136,11 @@ class Session:
                 if not queued:
                     submit(n, len(self.cached))
                 read = eng.kept_ids(n)
-                queued = min(block, max_new - len(res.ids) - n) if block == AHEAD else 0
-                submit(queued, len(self.cached) + n)
-                ahead = await read
+                try:
+                    queued = min(block, max_new - len(res.ids) - n) if block == AHEAD else 0
+                    submit(queued, len(self.cached) + n)
+                finally:            # a read asked is always finished: its buffer stays mapped until then
+                    ahead = await read
                 block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
             if greedy:
                 tok = ahead.pop(0)

@@ -1,29 +1,52 @@
-"""Does the GPU's time for one step depend on how long it idled before (clock ramp)? Native, by timestamps."""
-import asyncio, json, random, sys, time
-from lab import gguf, profile
+"""Does a step's GPU time depend on how long the GPU idled before it? (An idle H200 drops to 345 of 1,980 MHz.)
+
+    python3 scripts/idle_clock_probe.py MODEL.gguf | smollm2 | qwen2.5 | ...   # a synthetic file for a name
+
+Native (wgpu-py); prints JSON: the GPU milliseconds of one 512-token prefill step (timestamp queries) back to back,
+then after idle pauses of 0.05-2 s, and of decode steps after 0.5 s. The results of the fourth session are in
+docs/results/h200_browser_run6/idle_clock_probe.json; they are why `lab bench --backend browser --warm-gpu` exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+
+from lab import gguf
 from lab.engine import Engine
 from lab.host.native import open_native
-path = sys.argv[1]
-if not path.endswith(".gguf"):
-    from lab.host import synthetic
-    path = str(synthetic.write(path, f"/tmp/{path}.gguf", vocab=True))
-dev = open_native()
-h = gguf.read_file(path)
-eng = Engine(dev, h, n_ctx=2200, max_batch=512)
-eng.weights.upload_file(path)
-rng = random.Random(0)
-eng.step([rng.randrange(eng.cfg.n_vocab) for _ in range(512)], 0)
-plan = eng.prepared(512)
-def t(pos=0, n=512):
-    return asyncio.run(dev.time_pass(eng.prepared(n, pos=pos), eng.step_writes(None, pos, n))) * 1e3
-out = {"warm": [round(t(), 2) for _ in range(5)]}
-for idle in (0.05, 0.2, 0.5, 1.0, 2.0):
-    vals = []
+
+
+def main(path: str) -> None:
+    if not path.endswith(".gguf"):
+        from lab.host import synthetic
+        path = str(synthetic.write(path, f"/tmp/{path}.gguf", vocab=True))
+    dev = open_native()
+    eng = Engine(dev, gguf.read_file(path), n_ctx=2200, max_batch=512)
+    eng.weights.upload_file(path)
+    rng = random.Random(0)
+    eng.step([rng.randrange(eng.cfg.n_vocab) for _ in range(512)], 0)
+
+    def ms(pos: int = 0, n: int = 512) -> float:
+        return round(asyncio.run(dev.time_pass(eng.prepared(n, pos=pos), eng.step_writes(None, pos, n))) * 1e3, 3)
+
+    out = {"warm": [ms() for _ in range(5)]}
+    for idle in (0.05, 0.2, 0.5, 1.0, 2.0):
+        vals = []
+        for _ in range(3):
+            time.sleep(idle)
+            vals.append(ms())
+        out[f"after {idle}s idle"] = vals
+    decode = []
     for _ in range(3):
-        time.sleep(idle); vals.append(round(t(), 2))
-    out[f"after {idle}s idle"] = vals
-dec = []
-for _ in range(3):
-    time.sleep(0.5); dec.append([round(t(31, 1), 3) for _ in range(6)])
-out["decode after 0.5s idle, 6 in a row"] = dec
-print(json.dumps(out))
+        time.sleep(0.5)
+        decode.append([ms(31, 1) for _ in range(6)])
+    out["decode after 0.5s idle, 6 in a row"] = decode
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -115,6 +115,7 @@ class Device:
         self.live_bytes = 0               # their sizes' sum, and its highest value so far (`lab bench` reports it)
         self.peak_bytes = 0
         self._owner: object = None
+        self._staging: Buffer | None = None   # the buffer `read` copies through (MAP_READ), grown as reads need
 
     @property
     def handle(self):
@@ -169,7 +170,22 @@ class Device:
             self.clear(buf)         # zeroed before its memory goes back to the driver (a reload, a grown staging)
         self.buffers.remove(buf)
         self.live_bytes -= buf.size
+        if buf is self._staging:
+            self._staging = None
         buf.handle.destroy()
+
+    def _staging_for(self, size: int) -> Buffer:
+        """The read-back buffer, at least `size` bytes: kind CONVERSATION (it holds whatever was read last), no
+        owner (the device's own); a larger read replaces it, zeroed first."""
+        if self._staging is None or self._staging.size < size:
+            if self._staging is not None:
+                self.destroy(self._staging)
+            size = max(size, 1 << 16)
+            self._staging = Buffer(self._create_staging(size), size, CONVERSATION, "readback")
+            self.buffers.append(self._staging)
+            self.live_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return self._staging
 
     def check_binding(self, size: int, label: str) -> None:
         limit = self.info.limits["max_storage_buffer_binding_size"]
@@ -224,8 +240,12 @@ class Device:
         """The registered buffers `read` copies through (kind CONVERSATION: they hold whatever was read last),
         grown now to take `size` bytes in one read, so that no later read replaces them. `read` maps these
         directly. Forget sizes them before it walks the registry, reads them first and clears them last.
-        None natively: wgpu-py's read_buffer makes and drops its own staging buffer on every read."""
-        return []
+        (`read_sync`, natively, goes through wgpu-py's own staging buffer, made and dropped inside each call.)"""
+        return [self._staging_for(size)]
+
+    def _create_staging(self, size: int):  # pragma: no cover - abstract
+        """A MAP_READ | COPY_DST buffer of `size` bytes (the backend's handle)."""
+        raise NotImplementedError
 
     async def flush_errors(self) -> None:
         """Raise the first shader or validation problem not yet reported (the browser reports late)."""

@@ -17,7 +17,6 @@ import js
 from pyodide.ffi import create_once_callable, to_js
 
 from . import (
-    CONVERSATION,
     FEATURES,
     LIMITS,
     AdapterInfo,
@@ -96,7 +95,6 @@ class BrowserDevice(Device):
         self._queue = device.queue
         self.info = info
         self._pending: list[tuple[str, object]] = []   # (label, shader module) not yet checked
-        self._staging: Buffer | None = None
         device.pushErrorScope("validation")
 
     def _create_buffer(self, size: int, label: str, uniform: bool):
@@ -172,18 +170,8 @@ class BrowserDevice(Device):
             raise GpuError("this adapter has no timestamp queries")
         return float(await js.labTimePass(self._device, *self._plan_and_writes(dispatches, writes))) * 1e-9
 
-    def _staging_for(self, size: int) -> Buffer:
-        if self._staging is None or self._staging.size < size:
-            if self._staging is not None:
-                self.destroy(self._staging)
-            size = max(size, 1 << 16)
-            handle = self._device.createBuffer(_obj({"size": size, "usage": _STAGING, "label": "readback"}))
-            self._staging = Buffer(handle, size, CONVERSATION, "readback")     # the device's own: no owner
-            self.buffers.append(self._staging)
-        return self._staging
-
-    def staging(self, size: int) -> list[Buffer]:
-        return [self._staging_for(size)]
+    def _create_staging(self, size: int):
+        return self._device.createBuffer(_obj({"size": size, "usage": _STAGING, "label": "readback"}))
 
     def read(self, buf: Buffer, offset: int = 0, size: int | None = None):
         size = buf.size - offset if size is None else size

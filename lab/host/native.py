@@ -26,6 +26,7 @@ _NATIVE_NAME = {"subgroups": "subgroup"}
 _STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 # COPY_SRC on uniforms too: Forget reads every conversation buffer back, the step uniform included.
 _UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+_STAGING_READ = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 
 
 class NativeDevice(Device):
@@ -117,15 +118,40 @@ class NativeDevice(Device):
         t0, t1 = memoryview(self._queue.read_buffer(out, 0, 16)).cast("Q")
         return (t1 - t0) * 1e-9
 
-    def read(self, buf: Buffer, offset: int = 0, size: int | None = None):
-        data = self.read_sync(buf, offset, size)     # here, not at the await (Device.read)
+    def _create_staging(self, size: int):
+        return self._device.create_buffer(size=size, usage=_STAGING_READ, label="readback")
 
-        async def done() -> bytes:
-            return data
-        return done()
+    def read(self, buf: Buffer, offset: int = 0, size: int | None = None):
+        size = buf.size - offset if size is None else size
+        if buf is not self._staging:
+            staging = self._staging_for(size)
+            enc = self._device.create_command_encoder()
+            enc.copy_buffer_to_buffer(buf.handle, offset, staging.handle, 0, size)
+            self._queue.submit([enc.finish()])
+            buf, offset = staging, 0
+        # Asked now (Device.read): wgpu-py's poll thread starts waiting for the queue as it stands, so work the
+        # caller submits before the await (the next greedy block) runs while this read completes.
+        mapping = buf.handle.map_async(wgpu.MapMode.READ, offset, size)
+        return self._mapped(buf, mapping, offset, size)
+
+    @staticmethod
+    async def _mapped(buf: Buffer, mapping, offset: int, size: int) -> bytes:
+        mapping.sync_wait()
+        try:
+            return bytes(buf.handle.read_mapped(offset, size))
+        finally:
+            buf.handle.unmap()
 
     def read_sync(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        """`read` at once, through wgpu-py's own staging buffer (benchmarks, tests); the read-back buffer itself
+        (MAP_READ, no COPY_SRC) is mapped."""
         size = buf.size - offset if size is None else size
+        if buf is self._staging:
+            buf.handle.map_sync(wgpu.MapMode.READ, offset, size)
+            try:
+                return bytes(buf.handle.read_mapped(offset, size))
+            finally:
+                buf.handle.unmap()
         return bytes(self._queue.read_buffer(buf.handle, offset, size))
 
 
