@@ -137,10 +137,7 @@ class NativeDevice(Device):
     @staticmethod
     async def _mapped(buf: Buffer, mapping, offset: int, size: int) -> bytes:
         mapping.sync_wait()
-        try:
-            return bytes(buf.handle.read_mapped(offset, size))
-        finally:
-            buf.handle.unmap()
+        return _take_mapped(buf, offset, size)
 
     def read_sync(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         """`read` at once, through wgpu-py's own staging buffer (benchmarks, tests); the read-back buffer itself
@@ -148,11 +145,16 @@ class NativeDevice(Device):
         size = buf.size - offset if size is None else size
         if buf is self._staging:
             buf.handle.map_sync(wgpu.MapMode.READ, offset, size)
-            try:
-                return bytes(buf.handle.read_mapped(offset, size))
-            finally:
-                buf.handle.unmap()
+            return _take_mapped(buf, offset, size)
         return bytes(self._queue.read_buffer(buf.handle, offset, size))
+
+
+def _take_mapped(buf: Buffer, offset: int, size: int) -> bytes:
+    """The mapped range's bytes, then the buffer unmapped (whatever happens), for the next copy into it."""
+    try:
+        return bytes(buf.handle.read_mapped(offset, size))
+    finally:
+        buf.handle.unmap()
 
 
 class RawPlan:
