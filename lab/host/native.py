@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import wgpu
 
+import os
+
 try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us of Python per dispatch
+    from wgpu.backends.wgpu_native import _api as _wgpu_api
     from wgpu.backends.wgpu_native._ffi import ffi as _ffi
     from wgpu.backends.wgpu_native._ffi import lib as _lib
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
-    _lib = _ffi = None
+    _lib = _ffi = _wgpu_api = None
 
 from ..gpu import (
     FEATURES,
@@ -30,8 +33,14 @@ _STAGING_READ = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 
 
 class NativeDevice(Device):
-    def __init__(self, disable: tuple[str, ...] = ()) -> None:
+    def __init__(self, disable: tuple[str, ...] = (), checks: bool | None = None) -> None:
         super().__init__()
+        # naga guards every index and wgpu bounds every loop in the code they emit: on the H200 that
+        # held our GEMMs to 3.1 TFLOP/s where the same WGSL runs at 7.5 without them (Dawn/Tint in the
+        # page emits faster code with its checks on). The kernels index within their bindings by
+        # construction, which the oracle tests hold on every shape class; LAB_SHADER_CHECKS=1 puts the
+        # checks back (for a kernel under suspicion). The page keeps Dawn's, which no page can drop.
+        self.shader_checks = os.environ.get("LAB_SHADER_CHECKS") == "1" if checks is None else checks
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         if adapter is None:
             raise GpuError("no WebGPU adapter: install a Vulkan driver (Debian: mesa-vulkan-drivers)")
@@ -65,12 +74,29 @@ class NativeDevice(Device):
 
     def kernel(self, source: str, label: str, entry: str = "main") -> Kernel:
         try:
-            module = self._device.create_shader_module(code=source, label=label)
+            module = self._module(source, label)
             pipeline = self._device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry}, label=label)
         except Exception as exc:  # wgpu raises on invalid WGSL with the compiler's message
             raise GpuError(f"kernel {label} does not compile: {exc}") from None
         return Kernel(pipeline, label)
+
+    def _module(self, source: str, label: str):
+        """A shader module without naga's runtime checks unless `shader_checks` (see __init__)."""
+        if _wgpu_api is None or self.shader_checks:
+            return self._device.create_shader_module(code=source, label=label)
+        api = _wgpu_api
+        wgsl = api.new_struct_p("WGPUShaderSourceWGSL *", code=api.to_c_string_view(source))
+        wgsl[0].chain.next = _ffi.NULL
+        wgsl[0].chain.sType = _lib.WGPUSType_ShaderSourceWGSL
+        desc = api.new_struct_p("WGPUShaderModuleDescriptor *",
+                                nextInChain=_ffi.cast("WGPUChainedStruct *", wgsl),
+                                label=api.to_c_string_view(label))
+        handle = api.libf.wgpuDeviceCreateShaderModuleTrusted(
+            self._device._internal, desc, _lib.WGPUShaderRuntimeChecks_None)
+        if handle == _ffi.NULL:
+            raise GpuError(f"kernel {label}: shader module creation failed")
+        return api.GPUShaderModule(label, handle, self._device)
 
     def _bind_group(self, kernel: Kernel, entries, label: str):
         return self._device.create_bind_group(
@@ -193,6 +219,7 @@ class RawPlan:
             dispatch(cpass, x, y, z)
 
 
-def open_native(disable: tuple[str, ...] = ()) -> NativeDevice:
-    """The wgpu-py device (CPython only). `disable` drops features, so fallbacks stay testable."""
-    return NativeDevice(disable=disable)
+def open_native(disable: tuple[str, ...] = (), checks: bool | None = None) -> NativeDevice:
+    """The wgpu-py device (CPython only). `disable` drops features, so fallbacks stay testable;
+    `checks` keeps naga's runtime checks in the shaders (default: LAB_SHADER_CHECKS=1)."""
+    return NativeDevice(disable=disable, checks=checks)
