@@ -7,6 +7,8 @@ the families' sum falls short of the whole pass by what the switches between ker
 
 from __future__ import annotations
 
+import time
+
 from . import ops
 from .engine import Engine
 
@@ -18,6 +20,19 @@ def family(label: str) -> str:
     """A pipeline label without the constants that only tune it (WG, DQ, SG switches)."""
     name, *consts = label.split(" ")
     return " ".join([name, *(c for c in consts if c.split("=")[0] in TUNING)])
+
+
+async def warm(engine: Engine, ms: float) -> int:
+    """Prefill steps back to back for `ms`; the number run. A GPU idle for half a second drops its clocks (the H200
+    to 345 of 1,980 MHz) and then runs a 512-token step up to 5x slower (scripts/idle_clock_probe.py): a benchmark
+    warms it first, as llama-bench does, and as a chat that is generating keeps it. The steps write K/V at 0..."""
+    ids = [0] * engine.max_batch
+    t0, steps = time.perf_counter(), 0
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        engine.step(ids, 0)
+        await engine.argmax()
+        steps += 1
+    return steps
 
 
 async def median_pass(device, dispatches, writes=(), reps: int = REPS) -> float:

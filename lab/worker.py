@@ -352,18 +352,10 @@ async def _profile(m: dict) -> None:
 
 
 async def _warm(ms: float, post_done: bool = True) -> None:
-    """Prefill steps back to back for `ms`: a GPU idle for half a second drops its clocks (the H200 to 345 of 1,980
-    MHz) and then runs a 512-token step up to 5x slower (scripts/idle_clock_probe.py). A native benchmark's steps
-    follow each other; a page's turn follows seconds of typing, so a benchmark that compares them warms the page's
-    GPU first. The steps write K/V, so the conversation goes first."""
+    """lab.profile.warm: a page's turn follows seconds of typing, so a benchmark that compares it with native steps
+    (which follow each other) warms the page's GPU first. The steps write K/V, so the conversation goes first."""
     _state.loaded = _loaded().fresh()
-    eng = _state.loaded.engine
-    ids = [0] * eng.max_batch
-    t0, steps = time.perf_counter(), 0
-    while (time.perf_counter() - t0) * 1e3 < ms:
-        eng.step(ids, 0)
-        await eng.argmax()
-        steps += 1
+    steps = await profile.warm(_state.loaded.engine, ms)
     if post_done:
         post({"type": "warm", "steps": steps})
 

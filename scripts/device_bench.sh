@@ -18,7 +18,7 @@ if [[ $what == *kernels* ]]; then
 fi
 if [[ $what == *models* ]]; then
   for m in ${MODELS:-smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b}; do
-    python3 -m lab.host.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --json \
+    python3 -m lab.host.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --warm-gpu "${WARM_GPU:-1}" --json \
       | tee "$OUT/bench_$m.json"
   done
 fi

@@ -6,7 +6,9 @@
 #   tar -xzf <files_at>/all.tgz -C DIR && python3 scripts/h200_table.py DIR
 # The llama.cpp build (about 4 minutes) runs in the background while the kernels are timed and the files written.
 # Environment: MODELS (default: the five synthetic models), CONTEXTS (0,2048), TORCH=0 skips PyTorch,
-# TORCH_S (its time limit, 200 s; it runs last). About 9 minutes in all; a device call allows 10.
+# TORCH_S (its time limit, 200 s; it runs last), WARM_GPU (seconds of GPU work before each timed prefill and decode,
+# default 1: llama-bench runs a warm-up before its repetitions too, and an idle H200 drops to 345 MHz).
+# About 9 minutes in all; a device call allows 10.
 set -uo pipefail
 MODELS=${MODELS:-smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b}
 export MODELS
@@ -30,7 +32,7 @@ bash scripts/device_llamacpp.sh wait "${BUILD_WAIT:-400}" || exit 1
 for m in $MODELS; do
   f=$D/models/$m.gguf
   python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts ${CONTEXTS:-0,2048} --decode 64 --batch "${BATCH:-512}" \
-    --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.log"
+    --warm-gpu "${WARM_GPU:-1}" --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.log"
   echo "lab $m: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('prefill 512', r['prefill']['512']['tok_s'], 'decode', {c: d['tok_s'] for c, d in r['decode'].items()}, 'GPU MB', r.get('gpu_memory_mb'))" "$OUT/bench_$m.json" 2>&1 | tail -1)"
 done
 bash scripts/device_llamacpp.sh bench

@@ -60,7 +60,8 @@ def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
 
 
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
-                disable=(), seed=0) -> dict:
+                disable=(), seed=0, warm_gpu_s: float = 0) -> dict:
+    """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.profile.warm)."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
@@ -78,7 +79,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
            "upload_s": round(t2 - t1, 3), "load_mb_s": round(nbytes / 1e6 / (t2 - t1), 1),
            "max_batch": engine.max_batch, "dispatches_per_decode_token": engine.dispatches_per_step(1),
            "dispatches_per_decode_token_past_whole": engine.dispatches_per_step(1, pos=engine.whole_keys),
-           "compute_passes_per_decode_token": 1, "prefill": {}, "decode": {}}
+           "compute_passes_per_decode_token": 1, "warm_gpu_s": warm_gpu_s, "prefill": {}, "decode": {}}
 
     def prefill(n: int) -> float:
         ids = [rng.randrange(vocab) for _ in range(n)]
@@ -88,8 +89,13 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
         _sync(engine)
         return _now() - t
 
+    def warm() -> None:
+        if warm_gpu_s:
+            asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
+
     prefill(min(prompts))                        # warm-up: pipelines compiled, caches hot
     for n in prompts:
+        warm()
         s = prefill(n)
         out["prefill"][n] = {"tok_s": round(n / s, 1), "ttft_ms": round(s * 1e3, 1)}
         if "timestamp-query" in device.info.features and n <= engine.max_batch:   # the step alone, on the GPU
@@ -98,6 +104,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
         # as the chat runs it (lab.session: greedy steps AHEAD at a time, one read-back per block)
         session = Session(engine, None)
         prompt = [rng.randrange(vocab) for _ in range(max(c, 1))]
+        warm()
         res = asyncio.run(session.generate(prompt, Settings(greedy=True), decode_tokens + 1))
         s = res.decode_s / res.decode_steps
         # and one step, one read-back at a time: what the blocks buy
@@ -130,13 +137,17 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
     return out
 
 
-def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=()) -> list[dict]:
-    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.profile)."""
+def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=(),
+                 warm_gpu_s: float = 0) -> list[dict]:
+    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.profile), after warm_gpu_s
+    of GPU work."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
     engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1),
                     host_values=_host_values(path, header))
+    if warm_gpu_s:
+        asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
     rng = random.Random(0)
     engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
     out = asyncio.run(profile.by_family(engine, t, pos))

@@ -159,11 +159,13 @@ def _bench(args) -> int:
             path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf", vocab=True)
         if args.profile:
             t = max(ints(args.prompts or "1"))
-            for row in bench.profile_step(path, t=t, context=max(ints(args.contexts) or (0,)), disable=args.disable):
+            for row in bench.profile_step(path, t=t, context=max(ints(args.contexts) or (0,)), disable=args.disable,
+                                          warm_gpu_s=args.warm_gpu):
                 print(json.dumps(row))
             return 0
         res = bench.bench_model(path, prompts=ints(args.prompts or "128,512"), contexts=ints(args.contexts),
-                                decode_tokens=args.decode or 32, max_batch=args.batch, disable=args.disable)
+                                decode_tokens=args.decode or 32, max_batch=args.batch, disable=args.disable,
+                                warm_gpu_s=args.warm_gpu)
     print(json.dumps(res, indent=None if args.json else 2))
     return 0
 
@@ -244,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--int8", action="store_true",
                    help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
     s.add_argument("--warm-gpu", type=float, default=0, metavar="SECONDS",
-                   help="browser: keep the GPU busy this long before each measured turn, as native steps follow each "
-                        "other (an idle GPU lowers its clocks; 0: turns as typed after a pause)")
+                   help="keep the GPU busy this long before each measured prefill, decode or profile, as llama-bench's "
+                        "warm-up run does (an idle GPU lowers its clocks; browser, 0: turns as typed after a pause)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
     s.add_argument("--json", action="store_true")

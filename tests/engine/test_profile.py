@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -48,3 +49,11 @@ def test_families_partition_the_step_and_each_took_gpu_time(engine, t, pos):
     assert any(r["family"].startswith("matmul" if t > 1 else "matvec") for r in fams)
     assert all(r["gpu_us"] > 0 for r in rows), rows
     assert asyncio.run(profile.whole_step(engine, t, pos, reps=3)) > 0
+
+
+def test_warm_keeps_the_gpu_busy_for_its_time(engine):
+    """`--warm-gpu` (lab bench, both backends): steps back to back until the time is up, each one awaited."""
+    t0 = time.perf_counter()
+    steps = asyncio.run(profile.warm(engine, 300))
+    assert steps >= 1 and time.perf_counter() - t0 >= 0.3
+    assert asyncio.run(profile.warm(engine, 0)) == 0

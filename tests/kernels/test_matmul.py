@@ -28,7 +28,7 @@ def cols_for(name: str) -> int:
     return 96 if BY_NAME[name].block == 32 else 264
 
 
-ROWS = 333   # not a multiple of 4 (matvec) or 32 (matmul tile)
+ROWS = 333   # not a multiple of 4 (matvec) or 64 (matmul tile)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_matmul(device, kernels, name, lanes):
     raw, W = tensor(name)
     with Rig(device, kernels) as r:
         w = r.weight(name, raw)
-        for t in (1, 5, 37):
+        for t in (1, 5, 37, 70):
             X = rand(t, W.shape[1], seed=t)
             Y = r.matmul(w, X, lanes=lanes)
             assert qo.dot_err(Y, W, X) <= DOT_TOL, f"t={t}"
