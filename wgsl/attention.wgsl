@@ -29,9 +29,12 @@
 //                         normalised in place (short contexts; no probe variant).
 //          prefill — one workgroup per block of BQ rows (row = token*GROUP + head in group) of one KV head, grid
 //                    (ceil(t*GROUP/BQ), n_kv_head); K and V tiles of BK keys shared by the rows in workgroup memory.
+//          prefill_rows — GPUs with subgroups, no probe: the same grid with WG / 4 rows a workgroup, four lanes a row
+//                    (see its section).
 // Both are correct for any t and pos (decode for t up to the token count its scratch was sized for); neither keeps
 // more than one tile of keys in workgroup memory.
 
+{{SG_ENABLE}}
 //!include common.wgsl
 
 struct Params {
@@ -55,6 +58,7 @@ const BQ: u32 = {{BQ}}u;                  // prefill: rows per workgroup
 const BK: u32 = {{BK}}u;                  // prefill: keys per tile
 const ACC: u32 = {{ACC}}u;                // prefill: vec4 accumulators per thread, ceil(BQ * HD4 / WG)
 const PROBE: bool = {{PROBE}};
+const RK: u32 = {{RK}}u;                  // prefill_rows: keys per tile
 const NEG: f32 = -3.0e38;                 // "no score yet"; never fed to exp unshifted
 
 @group(0) @binding({{B_Q_SRC}}) var<storage, read> q_src: array<f32>;
@@ -473,5 +477,93 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                 }
             }
         }
+    }
+}
+
+// ================================ prefill_rows ================================
+// Four lanes own a row: lane i holds its query's vec4s i, i + 4, .. (so the four read 64 contiguous bytes of a K or V
+// row, no bank twice), scores its part of each key, and two subgroup shuffles give all four the whole dot product
+// (rows start at multiples of 4 invocations, inside one subgroup: WebGPU's subgroups are at least 4 wide). Then each
+// lane keeps the row's softmax itself: the tile's RK scores in registers, one max, one rescale of its accumulators a
+// tile, and no barrier but the two around the tile's K and V. prefill, above, spends three barriers a tile of 16
+// keys and scores one (row, key) pair a thread from workgroup memory: 163 us a layer for SmolLM2's 512-token step on
+// the H200.
+const RL: u32 = HD4 / 4u;                 // vec4s of the row a lane holds
+var<workgroup> r_k: array<vec4<f32>, RK * HD4>;
+var<workgroup> r_v: array<vec4<f32>, RK * HD4>;
+
+fn row_sum(v: f32) -> f32 {
+{{SG}}    let a = v + subgroupShuffleXor(v, 1u);
+{{SG}}    return a + subgroupShuffleXor(a, 2u);
+{{NOSG}}    return v;     // never chosen without subgroups (lab/ops/attention.py)
+}
+
+@compute @workgroup_size(WG)
+fn prefill_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let kvh = wid.y;
+    let rows = step.n_tokens * GROUP;
+    let r0 = wid.x * (WG / 4u);
+    if (r0 >= rows || kvh >= N_KV) { return; }
+    let r_last = min(r0 + WG / 4u, rows) - 1u;
+    let lo = key_begin(step.pos + r0 / GROUP);
+    let hi = min(key_end(step.pos + r_last / GROUP), P.n_ctx);
+    let kb0 = kvh * HD4;
+    let lane = lid % 4u;
+    let r = r0 + lid / 4u;
+    let real = r < rows;                      // rows past the step compute on zeros and store nothing
+    let rc = min(r, rows - 1u);
+    let qpos = step.pos + rc / GROUP;
+    let h = q_head(kvh, rc % GROUP);
+
+    var q: array<vec4<f32>, RL>;
+    var acc: array<vec4<f32>, RL>;
+    for (var e = 0u; e < RL; e++) {
+        q[e] = select(vec4<f32>(0.0), load_q(rc / GROUP, h, 4u * e + lane), real);
+        acc[e] = vec4<f32>(0.0);
+    }
+    var m = NEG;
+    var l = 0.0;
+
+    for (var t0 = lo; t0 < hi; t0 += RK) {
+        let n = min(RK, hi - t0);
+        for (var i = lid; i < RK * HD4; i += WG) {
+            var kv = vec4<f32>(0.0);
+            var vv = vec4<f32>(0.0);
+            if (i / HD4 < n) {
+                let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
+                kv = k_cache[at];
+                vv = v_cache[at];
+            }
+            r_k[i] = kv;
+            r_v[i] = vv;
+        }
+        workgroupBarrier();
+        var s: array<f32, RK>;
+        var tmax = NEG;
+        for (var kk = 0u; kk < n; kk++) {
+            var d = 0.0;
+            for (var e = 0u; e < RL; e++) { d += dot(q[e], r_k[kk * HD4 + 4u * e + lane]); }
+            d = row_sum(d);
+            s[kk] = select(NEG, logit(d), visible(qpos, t0 + kk));
+            tmax = max(tmax, s[kk]);
+        }
+        let m_new = running_max(m, tmax);
+        let alpha = exp(m - m_new);           // 0 on the row's first visible tile, 1 while it sees none
+        l *= alpha;
+        for (var e = 0u; e < RL; e++) { acc[e] *= alpha; }
+        // Masked scores are NEG: exp gives 0 once the row has seen a key, and what a tile before that summed is
+        // wiped by the first visible tile's alpha = 0 (as in prefill).
+        for (var kk = 0u; kk < n; kk++) {
+            let pk = exp(s[kk] - m_new);
+            l += pk;
+            for (var e = 0u; e < RL; e++) { acc[e] += pk * r_v[kk * HD4 + 4u * e + lane]; }
+        }
+        m = m_new;
+        workgroupBarrier();                   // r_k and r_v are rewritten by the next tile
+    }
+
+    if (real) {
+        let o = (rc / GROUP) * P.n_head * HD4 + h * HD4;
+        for (var e = 0u; e < RL; e++) { out[o + 4u * e + lane] = acc[e] / l; }
     }
 }

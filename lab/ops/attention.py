@@ -32,6 +32,7 @@ import math
 import struct
 
 from .. import gpu
+from ..shaders import subgroup_consts
 from . import ATTENTION, KV_WRITE, Op, groups_1d
 
 KV_WG = 64
@@ -48,6 +49,10 @@ KV_FLOATS = 1024   # prefill: floats of one K or V tile (BK = KV_FLOATS / head_d
 # above, 7.2 ms with 4 rows and 1,024 floats of keys; Gemma 3's (head 256) the same either way.
 NARROW_ROWS = 4
 NARROW_KV_FLOATS = 1024
+# prefill_rows (GPUs with subgroups, no probe): WG / 4 query rows a workgroup, four lanes a row; K and V tiles of RK
+# keys fill WG_BYTES between them. SmolLM2's 512-token prefill attention on the H200: 163 us a layer with the narrow
+# tiles above, see docs/performance.md for this one.
+ROWS_LANES = 4
 
 # The resources of each entry, in binding order (binding i = the i-th one; the probe only in the probe variant).
 RESOURCES = ("q_src", "k_cache", "v_cache", "out", "step", "params", "scratch", "probe")
@@ -57,6 +62,7 @@ ENTRY_RESOURCES = {
     "decode_probs": ("q_src", "k_cache", "step", "params", "scratch", "probe"),
     "decode_whole": ("q_src", "k_cache", "v_cache", "out", "step", "params"),
     "prefill": ("q_src", "k_cache", "v_cache", "out", "step", "params", "probe"),
+    "prefill_rows": ("q_src", "k_cache", "v_cache", "out", "step", "params"),
 }
 
 _KV_PARAMS = struct.Struct("<8I")
@@ -113,6 +119,11 @@ def _tiles(head_dim: int, narrow: bool = False) -> tuple[int, int, int, int]:
     return hd4, max(1, WG // hd4), max(1, min(16, Q_FLOATS // head_dim)), max(1, min(32, KV_FLOATS // head_dim))
 
 
+def rows_keys(head_dim: int) -> int:
+    """prefill_rows' keys per tile: its K and V tiles fill WG_BYTES (at most 32 keys)."""
+    return max(1, min(32, WG_BYTES // (2 * 4 * head_dim)))
+
+
 def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int]:
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
     q = 16 * hpw * hd4
@@ -121,7 +132,8 @@ def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int
             "decode_whole": split,
             "decode_combine": 0,
             "decode_probs": q,
-            "prefill": 16 * bq * hd4 + 2 * 16 * bk * hd4 + 4 * bq * bk + 8 * bq}
+            "prefill": 16 * bq * hd4 + 2 * 16 * bk * hd4 + 4 * bq * bk + 8 * bq,
+            "prefill_rows": 2 * 16 * rows_keys(head_dim) * hd4}
 
 
 def heads_per_workgroup(head_dim: int, group: int, limit: int = WG_BYTES) -> int:
@@ -136,7 +148,7 @@ def workgroup_bytes(head_dim: int, hpw: int = 1, narrow: bool = False) -> dict[s
 
 
 def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str = "prefill",
-            hpw: int | None = None, narrow: bool = False) -> dict:
+            hpw: int | None = None, narrow: bool = False, sg: dict | None = None) -> dict:
     """The WGSL constants of one entry's variant, its binding numbers included: the resources the entry uses are
     0, 1, .. in ENTRY_RESOURCES order; every other resource gets a number past them that no layout asks for."""
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
@@ -146,14 +158,16 @@ def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str =
     binding = {r: i for i, r in enumerate(used)} | {r: len(RESOURCES) + i for i, r in enumerate(unused)}
     return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK, HPW=hpw,
                 NP=n_parts, DPT=-(-(hd4 * n_parts) // WG), BQ=bq, BK=bk, ACC=-(-(bq * hd4) // WG),
-                PROBE=probe, PROBE_OFF="" if probe else "//",
+                PROBE=probe, PROBE_OFF="" if probe else "//", RK=rows_keys(head_dim),
+                **(sg or {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}),
                 **{f"B_{r.upper()}": n for r, n in binding.items()})
 
 
 def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *, n_head: int, n_kv_head: int,
               head_dim: int, q_stride: int, q_offset: int, n_ctx: int, scale: float | None = None,
               window: int = 0, softcap: float = 0.0, probe=None, mode: str = "auto", max_tokens: int = 1,
-              chunk: int | None = None, narrow: bool = False, label: str = "attention") -> list[Op]:
+              chunk: int | None = None, narrow: bool = False, rows: bool | None = None,
+              label: str = "attention") -> list[Op]:
     """Attention of the step's t queries (Q of token j, head h at q_src[j*q_stride + q_offset + h*head_dim ..])
     over cache rows 0 .. pos+t-1, into `out` [t, n_head*head_dim]. `scale` defaults to 1/sqrt(head_dim);
     `window` W > 0 keeps keys with qpos - k < W; `softcap` c > 0 maps each scaled score s to c*tanh(s/c);
@@ -163,6 +177,8 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     Decode: `max_tokens` is the most tokens a decode step may have (its scratch is sized for them); `chunk` the keys
     per split workgroup (default decode_chunk(n_ctx)). Prefill: `narrow` tiles (NARROW_ROWS query rows per
     workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU adapter pays per workgroup.
+    `rows`: the prefill_rows entry (four lanes a query row, subgroup shuffles); default: narrow, no probe, the
+    device has subgroups and head_dim is a multiple of 16.
     Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps
     (decode_whole alone for "whole")."""
     if n_head % n_kv_head:
@@ -188,8 +204,13 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     if mode == "whole":
         entries = ["decode_whole"]
     else:
+        has_sg = "subgroups" in device.info.features
+        if rows is None:
+            rows = narrow and probe is None and has_sg and head_dim % 16 == 0
+        elif rows and (probe is not None or not has_sg or head_dim % 16):
+            raise ValueError(f"{label}: prefill_rows needs subgroups, no probe and head_dim a multiple of 16")
         entries = ([] if mode == "prefill" else ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])) \
-            + ([] if mode == "decode" else ["prefill"])
+            + ([] if mode == "decode" else ["prefill_rows" if rows else "prefill"])
     need = workgroup_bytes(head_dim, hpw, narrow)
     for entry in entries:
         if need[entry] > limit:
@@ -214,15 +235,17 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
         "decode_probs": lambda t: (-(-n_ctx // WG), n_head // hpw, decode_t(t)),
         "decode_whole": lambda t: (1, n_head // hpw, t),
         "prefill": lambda t: (-(-(t * group) // bq), n_kv_head, 1),
+        "prefill_rows": lambda t: (-(-(t * group) // (WG // ROWS_LANES)), n_kv_head, 1),
     }
     ops = []
+    sg = subgroup_consts(device)
     for entry in entries:
         kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw,
-                                                               narrow))
+                                                               narrow, sg))
         used = [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe is not None]
         bound = device.bind(kernel, [res[r] for r in used], f"{label}.{entry}")
         grid = grids[entry]
         if mode == "auto":
-            grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, entry != "prefill")
+            grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, not entry.startswith("prefill"))
         ops.append(Op(kernel, bound, grid, ATTENTION))
     return ops

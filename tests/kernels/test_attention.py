@@ -53,7 +53,7 @@ class BrokenKernels(KernelCache):
 
 
 def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto", window=0, softcap=0.0,
-             scale=None, probe=False, big=0.0, seed=0, chunk=None, narrow=False):
+             scale=None, probe=False, big=0.0, seed=0, chunk=None, narrow=False, rows=None):
     """Run kv_write + attention once; return the GPU results with the oracle's."""
     rng = np.random.default_rng(seed)
     width = (n_head + 2 * n_kv) * hd
@@ -95,7 +95,7 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
         ops += A.attention(device, kernels, b_src, b_k, b_v, b_out, step, n_head=n_head, n_kv_head=n_kv,
                            head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx, scale=scale, window=window,
                            softcap=softcap, probe=b_probe, mode=mode,
-                           max_tokens=t, chunk=chunk, narrow=narrow)
+                           max_tokens=t, chunk=chunk, narrow=narrow, rows=rows)
         device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
         got = np.frombuffer(device.read_sync(b_out), np.float32).reshape(t, n_head * hd)
         got_k = np.frombuffer(device.read_sync(b_k), np.float32).reshape(n_ctx, kvd)
@@ -204,6 +204,50 @@ def test_prefill_narrow_tiles(device, kernels, shape, t, pos):
     assert_ok(r)
     seen = np.minimum(4, pos + np.arange(t) + 1)             # keys in the window, fewer near the start
     assert np.all((r["probs"] > 0).sum(axis=-1) == seen[:, None])
+
+
+def need_subgroups(device):
+    if "subgroups" not in device.info.features:
+        pytest.skip("prefill_rows needs subgroups")
+
+
+@pytest.mark.parametrize("shape", [SMOL, QWEN, GEMMA, MHA], ids=["smol", "qwen", "gemma", "mha"])
+@pytest.mark.parametrize("t,pos", [(7, 0), (5, 11), (40, 3)])
+def test_prefill_rows(device, kernels, shape, t, pos):
+    """Four lanes a query row (16 rows a workgroup, so t * group rows end mid-workgroup), tiles of 8-32 keys."""
+    need_subgroups(device)
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=t, mode="prefill", seed=3 + pos, rows=True))
+
+
+def test_prefill_rows_options(device, kernels):
+    """The window, the soft-cap, scores near 250 and a long context through prefill_rows."""
+    need_subgroups(device)
+    assert_ok(run_case(device, kernels, **SMOL, pos=9, t=7, window=4, mode="prefill", seed=8, rows=True))
+    assert_ok(run_case(device, kernels, **QWEN, pos=11, t=5, softcap=50.0, big=60.0, mode="prefill", seed=9,
+                       rows=True))
+    assert_ok(run_case(device, kernels, **SMOL, pos=9, t=7, big=250.0, mode="prefill", seed=10, rows=True))
+    assert_ok(run_case(device, kernels, **GEMMA, pos=11, t=5, scale=0.2, mode="prefill", seed=11, rows=True))
+    assert_ok(run_case(device, kernels, **QWEN, pos=2040, t=8, n_ctx=2048, mode="prefill", seed=4, rows=True))
+
+
+def test_prefill_rows_is_the_gpus_choice(device, kernels):
+    """Narrow tiles, no probe, subgroups: prefill_rows; a probe keeps prefill (its probabilities pass)."""
+    buf = device.buffer(4 * 64 * 64, gpu.CONVERSATION, "t.any")
+    step = make_step(device, "t.step")
+    try:
+        def entry(**kw):
+            ops = A.attention(device, kernels, buf, buf, buf, buf, step, n_head=4, n_kv_head=2, head_dim=64,
+                              q_stride=256, q_offset=0, n_ctx=16, mode="prefill", **kw)
+            return ops[0].kernel.label.split(" ")[0]
+        want = "attention:prefill_rows" if "subgroups" in device.info.features else "attention:prefill"
+        assert entry(narrow=True) == want
+        assert entry(narrow=False) == "attention:prefill"
+        assert entry(narrow=True, probe=buf) == "attention:prefill"
+        with pytest.raises(ValueError, match="prefill_rows"):
+            entry(rows=True, probe=buf)
+    finally:
+        device.destroy(buf)
+        device.destroy(step)
 
 
 def test_prefill_long_context(device, kernels):
