@@ -2,8 +2,9 @@
 
 Both run the same layer sequence, written once in `PlanBuilder.build`; each subclass says only how its kind of
 step projects, feeds the GLU, attends and picks the rows of the output head. Decode folds what it can into its
-matvecs (the RMSNorm before a projection, the GLU before the down projection, the biases after QKV), because a
-decode step on a GPU is bound by the number of dependent kernels, not by bytes (docs/performance.md).
+matvecs (the RMSNorm before a projection, the GLU before the down projection, the biases after QKV, and for
+adjacent-pair RoPE the rotation and the KV write after QKV), because a decode step on a GPU is bound by the number
+of dependent kernels, not by bytes (docs/performance.md).
 
 Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
 the names lab/host/reference/forward.py traces and the panels key their data by.
@@ -73,10 +74,16 @@ class PlanBuilder:
     def mm(self, name: str, x: gpu.Buffer, y: gpu.Buffer, **opts) -> list[ops.Op]:
         raise NotImplementedError
 
-    def normed_proj(self, key: str, norm_w: str, y: gpu.Buffer, width: int, bias: str | None) -> list[list[ops.Op]]:
+    def normed_proj(self, key: str, norm_w: str, y: gpu.Buffer, width: int, bias: str | None,
+                    rotary: rope.QkvRope | None = None) -> list[list[ops.Op]]:
         """RMSNorm of x, then the stacked projections `key` into rows of `width` floats of y (plus a bias over the
-        whole row). Returns op lists; the first one leaves xn (the normed x) written."""
+        whole row; `rotary`: rotated, K and V cached, see qkv_rope). Returns op lists; the first one leaves xn (the
+        normed x) written."""
         raise NotImplementedError
+
+    def qkv_rope(self, il: int, base: float) -> rope.QkvRope | None:
+        """RoPE for layer il's QKV projection to apply in its own epilogue, or None for the rope op after it."""
+        return None
 
     def glu_then(self, act: str) -> tuple[gpu.Buffer, dict]:
         """The GLU of the [gate | up] rows: (the down projection's input, its fused options)."""
@@ -98,20 +105,24 @@ class PlanBuilder:
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
             # attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache -> attention
+            base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
+            fused = self.qkv_rope(il, base)
             self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
-                                              b + "attn_qkv.bias" if cfg.qkv_bias else None), f"attn_norm-{il}")
+                                              b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
             if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
                 self.add(norm.rms_norm(dev, kc, s.qkv, w.vectors[b + "attn_q_norm.weight"], s.qkv, step, Q + KV,
                                        cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
                                        w2=w.vectors[b + "attn_k_norm.weight"], split=cfg.n_head))
-            base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
-            # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
-            # rotated K and the V into the cache (role KV_WRITE).
-            self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
-                               cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
-                               col_offset=0, freq_factors=self.eng.rope_freqs,
-                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
-                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+            if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
+                self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+            else:
+                # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
+                # rotated K and the V into the cache (role KV_WRITE).
+                self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
+                                   cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
+                                   col_offset=0, freq_factors=self.eng.rope_freqs,
+                                   cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
+                         f"Qcur_rope-{il}", s.qkv, Q, W, 0)
             self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
             self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
             self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
@@ -174,7 +185,7 @@ class Prefill(PlanBuilder):
         return matmul.matmul(self.dev, self.kc, w, x, y, s.step, max_tokens=self.eng.max_batch,
                              accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
 
-    def normed_proj(self, key, norm_w, y, width, bias):
+    def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
         s, cfg = self.s, self.cfg
         out = [norm.rms_norm(self.dev, self.kc, s.x, self.w.vectors[norm_w], s.xn, s.step, cfg.n_embd, cfg.eps)]
         out += [self.mm(w.name, s.xn, y, y_offset=col, y_stride=width) for w, col in self.w.stacked[key]]
@@ -208,11 +219,27 @@ class Decode(PlanBuilder):
         return matmul.matvec(self.dev, self.kc, self.w.matrices[name], x, y, self.s.step, y_offset=y_offset,
                              accumulate=accumulate, **fused)
 
-    def normed_proj(self, key, norm_w, y, width, bias):
+    def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
         s = self.s
         return [self.mm(w.name, s.x, y, y_offset=col, norm=(self.w.vectors[norm_w], self.cfg.eps), xn=s.xn,
-                        write_xn=i == 0, **({"bias": self.w.vectors[bias], "bias_offset": col} if bias else {}))
+                        write_xn=i == 0, **({"bias": self.w.vectors[bias], "bias_offset": col} if bias else {}),
+                        **({"rope": rotary} if rotary else {}))
                 for i, (w, col) in enumerate(self.w.stacked[key])]
+
+    def qkv_rope(self, il, base):
+        # A decode step is bound by its dependent dispatches: the rotation and the KV write ride in the projection's
+        # epilogue where the pairs are adjacent (a workgroup's 4 rows hold whole pairs; NEOX pairs lie half a head
+        # apart) and nothing sits between projection and rotation (q/k norms), and the adapter allows the bindings.
+        cfg, s = self.cfg, self.s
+        stacked = self.w.stacked[f"blk.{il}.qkv"]
+        storage = 3 + 2 + bool(cfg.qkv_bias) + 1 + 2      # W, x, y, norm weight, xn, bias, a K loop's W4, caches
+        if cfg.rope_neox or cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
+                or storage > self.dev.info.limits["max_storage_buffers_per_shader_stage"] \
+                or any((col + p.first_row) % 2 for w, col in stacked for p in w.parts):
+            return None
+        freqs = rope.frequencies(cfg.n_rot, base, cfg.rope_scale, self.eng.rope_freqs)
+        return rope.QkvRope(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, tuple(freqs), s.step,
+                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx)
 
     def glu_then(self, act):
         # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's

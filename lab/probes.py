@@ -358,7 +358,8 @@ class Probes:
         bounds = sorted(set(range(0, cached, self.chunk)) | set(range(cached, end, self.chunk)) | {end})
         for a, b in itertools.pairwise(bounds):
             t, last = b - a, b == end
-            before, after = self._rope_variant(t > 1, a >= cached, layer)
+            # the batched plan even for one position: decode's projection may rotate in its epilogue (Decode.qkv_rope)
+            before, after = self._rope_variant(True, a >= cached, layer)
             dev.run(ops.dispatches(before, t), eng.step_writes(ids[a:b], a, t))
             rows = await dev.read(eng.scratch.qkv, 0, 4 * t * W)          # fused [q | k | v] rows, not yet rotated
             keys += [rows[4 * (r * W + Q): 4 * (r * W + Q + KV)] for r in range(t)]

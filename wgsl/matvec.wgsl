@@ -7,6 +7,8 @@
 //           3 p (uniform Params)
 //           NORM only: {{B_NW}} nw (norm weight, cols floats; declared with x), {{B_XN}} xn (read_write: the normed input)
 //           BIAS only: {{B_BIAS}} bias (f32, indexed by output row + bias_off)
+//           ROPE only: {{B_RP}} rp (uniform RopeParams), {{B_STEP}} step (uniform Step), {{B_KC}} k_cache and
+//             {{B_VC}} v_cache (read_write f32 [n_ctx, n_kv * head_dim])
 // Math: y[y_off + r] = (acc ? y[y_off + r] : 0) + sum_c W[r, c] * in(c) (+ bias[bias_off + r]),  r < n_rows,
 //   where in(c) is, by prologue ({{IN}}):
 //     in_plain: x[x_off + c]
@@ -16,6 +18,11 @@
 //               Workgroup 0 also stores the normed vector at xn[xn_off..] when write_xn, so traces and
 //               probes still see it)
 //     in_glu:   {{ACT}}(x[x_off + c]) * x[x_off + up_off + c]      (SwiGLU / GeGLU over a [gate | up] row)
+// Epilogue ROPE (decode's fused [q | k | v] projection, adjacent pairs): y is the token's row, output column
+//   c = y_off + r. Columns of the n_q + n_kv rotated heads leave rotated by RoPE at step.pos (pair (2i, 2i+1) of
+//   a head, i < n_rot / 2, angle pos * freqs[i]); the workgroup's 4 rows hold whole pairs (y_off is even), so the
+//   partner's sum is at hand. With write_kv, the K columns (rotated) and the V columns after them also go to cache
+//   row pos (not at or past n_ctx). Saves rope.wgsl's dispatch a layer.
 // Uniform fields: n_rows (rows of this part), cols, gpr (groups of 8 values per row = cols / 8),
 //   row_bytes, x_off, y_off (floats; y_off already includes the part's first row), acc (0 or 1),
 //   write_xn, eps, xn_off, bias_off (already includes the part's first row), up_off.
@@ -43,7 +50,16 @@ struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_
 @group(0) @binding(3) var<uniform> p: Params;
 {{NORM}}@group(0) @binding({{B_XN}}) var<storage, read_write> xn: array<f32>;
 {{BIAS}}@group(0) @binding({{B_BIAS}}) var<storage, read> bias: array<f32>;
+// freqs[i] = f[i / 4][i % 4]: in the uniform, a storage binding fewer (WebGPU's default is 8 a stage)
+struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, write_kv: u32, _p0: u32, _p1: u32,
+                    f: array<vec4<f32>, 32> };
+{{ROPE}}@group(0) @binding({{B_RP}}) var<uniform> rp: RopeParams;
+{{ROPE}}@group(0) @binding({{B_STEP}}) var<uniform> step: Step;
+{{ROPE}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<f32>;
+{{ROPE}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<f32>;
 
+//!include common.wgsl
+//!include rotary.wgsl
 //!include quant.wgsl
 //!include act.wgsl
 //!include {{XVIEW}}
@@ -85,6 +101,28 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return total;
 }
 
+{{ROPE}}// Row row0 + lane's output from its total v (bias included); `sums` holds its pair partner's sum (the part's rows
+{{ROPE}}// come in whole pairs, so the partner, row0 + (lane ^ 1), is inside it).
+{{ROPE}}fn rope_out(row0: u32, lane: u32, v: f32, sums: vec4<f32>) -> f32 {
+{{ROPE}}    let c = p.y_off + row0 + lane;
+{{ROPE}}    let q_end = rp.n_q * rp.head_dim;
+{{ROPE}}    let rot_end = q_end + rp.n_kv * rp.head_dim;
+{{ROPE}}    let d = c % rp.head_dim;
+{{ROPE}}    var o = v;
+{{ROPE}}    if (c < rot_end && d < rp.n_rot) {
+{{ROPE}}        var w = sums[lane ^ 1u];
+{{ROPE}}{{BIAS}}        w += bias[p.bias_off + row0 + (lane ^ 1u)];
+{{ROPE}}        let cs = cos_sin(f32(step.pos) * rp.f[d / 8u][(d / 2u) % 4u]);
+{{ROPE}}        if (d % 2u == 0u) { o = v * cs.x - w * cs.y; } else { o = w * cs.y + v * cs.x; }
+{{ROPE}}    }
+{{ROPE}}    if (rp.write_kv != 0u && step.pos < rp.n_ctx) {
+{{ROPE}}        let kvd = rp.n_kv * rp.head_dim;
+{{ROPE}}        if (c >= q_end && c < rot_end) { k_cache[step.pos * kvd + c - q_end] = o; }
+{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) { v_cache[step.pos * kvd + c - rot_end] = o; }
+{{ROPE}}    }
+{{ROPE}}    return o;
+{{ROPE}}}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>
@@ -110,6 +148,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (lid < 4u && row0 + lid < p.n_rows) {
         var total = sums[lid];
 {{BIAS}}        total += bias[p.bias_off + row0 + lid];
+{{ROPE}}        total = rope_out(row0, lid, total, sums);
         let o = p.y_off + row0 + lid;
         if (p.acc != 0u) { total += y[o]; }
         y[o] = total;

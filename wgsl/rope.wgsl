@@ -19,6 +19,7 @@
 //   unrotated (partial rotary); slot e < kvd/2 of the token also copies V elements 2e, 2e+1.
 
 //!include common.wgsl
+//!include rotary.wgsl
 
 struct Params { n_head: u32, head_dim: u32, half: u32, row_stride: u32,
                 col_offset: u32, n_q_head: u32, n_ctx: u32, _p: u32 };
@@ -35,27 +36,6 @@ const WG: u32 = {{WG}}u;
 // Indices (within the head) of the two elements pair i rotates.
 fn pair_adjacent(i: u32) -> vec2<u32> { return vec2<u32>(2u * i, 2u * i + 1u); }
 fn pair_neox(i: u32) -> vec2<u32> { return vec2<u32>(i, i + p.half); }
-
-// cos and sin of theta, accurate to ~1e-7 on any driver: WGSL only promises 2^-11 for sin/cos (SwiftShader
-// is off by up to 2e-4 on [-pi, pi]), so they are computed here. theta is reduced to r in [-pi/4, pi/4]
-// around a multiple k of pi/2 (Cody-Waite: pi/2 = C1 + C2 with C1 = 201/128, so k * C1 is exact for
-// k < 2^16, i.e. theta up to ~100k), then short Taylor series (truncation < 3e-8 at |r| = pi/4) and the
-// quadrant k mod 4 picks signs and order.
-fn cos_sin(theta: f32) -> vec2<f32> {
-    let k = round(theta * 0.6366197723675814);
-    let r = (theta - k * 1.5703125) - k * 4.838267948966e-4;
-    let r2 = r * r;
-    let s = r + r * r2 * (-0.16666666666666666 + r2 * (0.008333333333333333 + r2 * (-0.0001984126984126984
-            + r2 * 2.755731922398589e-6)));
-    let c = 1.0 + r2 * (-0.5 + r2 * (0.041666666666666664 + r2 * (-0.001388888888888889
-            + r2 * 2.48015873015873e-5)));
-    switch (i32(k) & 3) {
-        case 0: { return vec2<f32>(c, s); }
-        case 1: { return vec2<f32>(-s, c); }
-        case 2: { return vec2<f32>(-c, -s); }
-        default: { return vec2<f32>(s, -c); }
-    }
-}
 
 // Pair i of the head starting at float `base`, of token `row`, rotated in place; returns the pair's indices
 // within the head and the rotated values (shared by both entries' kinds, so the rotation is written once).

@@ -13,7 +13,8 @@ import struct
 
 from .. import gpu
 from ..shaders import KernelCache, subgroup_consts
-from . import Op, Weight, groups_1d
+from . import KV_WRITE, Op, Weight, groups_1d
+from .rope import QkvRope
 from .weights import dequant_consts
 
 MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the kernel)
@@ -72,14 +73,17 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            step: gpu.Buffer | None = None, *, x_offset: int = 0, y_offset: int = 0,
            accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
            xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
-           bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None) -> list[Op]:
+           bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None,
+           rope: QkvRope | None = None) -> list[Op]:
     """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
     accepted for a uniform signature and not used (the grid never depends on the token count).
 
     in(c) = x[x_offset + c], or with norm=(weight, eps) the RMSNorm of those cols floats (the normed
     vector is also stored at xn[xn_offset..], once, unless write_xn=False: several projections of one
     normed input bind the same xn and only one writes it), or with glu="swiglu"|"geglu" the GLU of a
-    [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests)."""
+    [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests).
+    `rope` (decode's fused QKV row, y_offset its column): the output leaves rotated and its K and V go to the cache
+    (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes."""
     if norm is not None and glu is not None:
         raise ValueError(f"{w.name} matvec: one input prologue at a time (norm or glu)")
     if (xn is not None) != (norm is not None):
@@ -97,6 +101,12 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
         _check(bias, bias_offset + w.rows, f"{w.name} matvec bias")
         extra.append(bias)
     n_extra = len(extra) - (bias is not None)
+    if rope is not None:
+        if glu or accumulate:
+            raise ValueError(f"{w.name} matvec: the rotary epilogue is for a plain QKV projection")
+        odd = [p.first_row for p in w.parts if (y_offset + p.first_row) % 2]
+        if odd or rope.head_dim % 2 or rope.n_rot % 2:
+            raise ValueError(f"{w.name} matvec: the rotary epilogue needs whole pairs in every part")
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias is not None else "// ", "B_BIAS": 4 + n_extra}
@@ -107,12 +117,24 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     w4 = loop == "matvec_k.wgsl"
     consts.update(loop_consts, LOOP=loop, XVIEW="matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
                   **({"B_W4": 4 + len(extra)} if w4 else {}))
+    b_rope = 4 + len(extra) + w4
+    consts.update(ROPE="" if rope else "// ", B_RP=b_rope, B_STEP=b_rope + 1, B_KC=b_rope + 2, B_VC=b_rope + 3)
+    if rope is not None:
+        storage = 3 + len(extra) + w4 + 2
+        if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
+            raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
+                               f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
     wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
     k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
                     **dequant_consts(w.type), **sg)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
     eps = float(norm[1]) if norm else 0.0
+    tail = {}
+    if rope is not None:
+        tail = {True: [device.uniform(rope.params(True), f"{w.name}.rope"), rope.step, rope.k_cache, rope.v_cache],
+                False: [device.uniform(rope.params(False), f"{w.name}.rope (no kv)"), rope.step, rope.k_cache,
+                        rope.v_cache]}
     ops = []
     for i, part in enumerate(w.parts):
         params = device.uniform(_MATVEC.pack(part.n_rows, w.cols, w.cols // 8, w.row_bytes, x_offset,
@@ -120,9 +142,14 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
                                              int(norm is not None and write_xn and i == 0), eps, xn_offset,
                                              bias_offset + part.first_row, w.cols),
                                 f"{part.buffer.label}.matvec")
-        bound = device.bind(k, [part.buffer, x, y, params] + extra + [part.buffer] * w4, f"{part.buffer.label}.matvec")
+        res = [part.buffer, x, y, params] + extra + [part.buffer] * w4
         grid = groups_1d(part.n_rows, MATVEC_ROWS, max_dim)
-        ops.append(Op(k, bound, lambda t, g=grid: g))
+        if rope is None:
+            ops.append(Op(k, device.bind(k, res, f"{part.buffer.label}.matvec"), lambda t, g=grid: g))
+            continue
+        plain = Op(k, device.bind(k, res + tail[False], f"{part.buffer.label}.matvec+rope"), lambda t, g=grid: g)
+        ops.append(Op(k, device.bind(k, res + tail[True], f"{part.buffer.label}.matvec+rope+kv"),
+                      lambda t, g=grid: g, KV_WRITE, without_kv=plain))
     return ops
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from .. import gpu
 from . import KV_WRITE, Op
@@ -71,3 +72,31 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     gxk = -(-(n_head * (head_dim // 2)) // WG)
     return [Op(kk, device.bind(kk, [x, table, params, step, k_cache, v_cache], entry), lambda t: (gxk, max(1, t), 1),
                KV_WRITE, without_kv=plain)]
+
+
+# -- RoPE in the QKV projection's epilogue (decode; wgsl/matvec.wgsl ROPE) -----------------------------------------
+MAX_FUSED_PAIRS = 128            # RopeParams.f holds 32 vec4s of frequencies
+FUSED_PARAMS = struct.Struct("<8I")      # n_q, n_kv, head_dim, n_rot, n_ctx, write_kv, pad, pad; then 128 f32
+
+
+@dataclass(frozen=True)
+class QkvRope:
+    """What matvec's ROPE epilogue needs to rotate a fused [q | k | v] row at step.pos (adjacent pairs) and write its
+    K and V into cache row pos: llama-family models without q/k norms (a norm would sit between projection and
+    rotation)."""
+    n_q: int                 # Q heads (rotated), then n_kv K heads (rotated and cached), then n_kv V heads (cached)
+    n_kv: int
+    head_dim: int
+    n_rot: int
+    freqs: tuple[float, ...]
+    step: gpu.Buffer
+    k_cache: gpu.Buffer
+    v_cache: gpu.Buffer
+    n_ctx: int
+
+    def params(self, write_kv: bool) -> bytes:
+        if len(self.freqs) > MAX_FUSED_PAIRS:
+            raise ValueError(f"rope: {len(self.freqs)} rotary pairs; the fused epilogue holds {MAX_FUSED_PAIRS}")
+        f = list(self.freqs) + [0.0] * (MAX_FUSED_PAIRS - len(self.freqs))
+        return FUSED_PARAMS.pack(self.n_q, self.n_kv, self.head_dim, self.n_rot, self.n_ctx, int(write_kv), 0, 0) \
+            + struct.pack(f"<{MAX_FUSED_PAIRS}f", *f)

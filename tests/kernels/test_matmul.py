@@ -299,6 +299,82 @@ def test_matvec_bias_epilogue_and_accumulate(device, kernels, name, x_at):
             _fused_rig(r, name, raw, cols, np.concatenate([x, x]), norm=x, glu="swiglu")
 
 
+def _rotate(y, pos, n_heads, hd, n_rot, freqs, sign=1.0):
+    """Adjacent-pair RoPE of the first n_heads heads of a row (sign -1: the inverse rotation), float64."""
+    y = np.array(y, np.float64)
+    th = sign * pos * np.asarray(freqs, np.float64)
+    c, s = np.cos(th), np.sin(th)
+    for h in range(n_heads):
+        a = h * hd + 2 * np.arange(n_rot // 2)
+        x0, x1 = y[a].copy(), y[a + 1].copy()
+        y[a], y[a + 1] = x0 * c - x1 * s, x0 * s + x1 * c
+    return y
+
+
+@pytest.mark.parametrize("name,x_at", [("Q8_0", 3), ("Q4_K", 4), ("F16", 4)])
+@pytest.mark.parametrize("nh,nkv,hd,n_rot,pos,parts", [(4, 2, 16, 16, 37, 1), (3, 1, 32, 16, 5, 1),
+                                                        (4, 2, 16, 16, 41, 3), (2, 2, 16, 16, 0, 1)])
+def test_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts):
+    """Decode's fused [q | k | v] projection with RoPE in its epilogue (adjacent pairs, partial rotary, GQA, a weight
+    in several parts, position 0): Q and K leave rotated, K and V land in cache row pos; the without_kv twin leaves
+    the caches alone."""
+    from lab.ops import KV_WRITE, make_step, step_bytes
+    from lab.ops.rope import QkvRope, frequencies
+    rows, cols, n_ctx = (nh + 2 * nkv) * hd, 256, 48
+    raw = qo.random_tensor(name, rows, cols, seed=20)
+    W = qo.dequant(raw, name)
+    x = rand(cols, seed=21) * 2 + 0.3
+    nw = rand(cols, seed=22)
+    xn_ref = (x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)) * nw
+    freqs = frequencies(n_rot, 10000.0, 1.0, [1.0 + 0.5 * i for i in range(n_rot // 2)])
+    kvd = nkv * hd
+    rng = np.random.default_rng(23)
+    k0, v0 = (rng.standard_normal((n_ctx, kvd)).astype(np.float32) for _ in range(2))
+    with Rig(device, kernels) as r:
+        per = ((rows + parts - 1) // parts + 1) // 2 * 2                  # even rows a part: whole pairs
+        limit = None if parts == 1 else per * raw.shape[1]
+        w = r.weight(name, raw, max_binding=limit)
+        assert len(w.parts) == parts
+        xb = r.buffer(qo.f32(np.concatenate([np.full(x_at, 1e6), x])), "x")
+        yb = r.buffer(4 * rows, "y")
+        nwb = r.buffer(qo.f32(nw), "norm w")
+        xnb = r.buffer(4 * cols, "xn")
+        kb, vb = r.buffer(k0.tobytes(), "k cache"), r.buffer(v0.tobytes(), "v cache")
+        step = make_step(device, "t.step")
+        spec = QkvRope(nh, nkv, hd, n_rot, tuple(freqs), step, kb, vb, n_ctx)
+        ops = matvec(device, kernels, w, xb, yb, x_offset=x_at, norm=(nwb, 1e-5), xn=xnb, rope=spec)
+        assert all(op.role == KV_WRITE and op.without_kv is not None for op in ops)
+        writes = [(step, 0, step_bytes(pos, 1, n_ctx))]
+        device.run([op.without_kv.at(1) for op in ops], writes=writes)
+        y_plain = r.read(yb, rows)
+        assert r.read(kb, n_ctx * kvd).tobytes() == k0.tobytes() and r.read(vb, n_ctx * kvd).tobytes() == v0.tobytes()
+        device.run([op.at(1) for op in ops], writes=writes)
+        y = r.read(yb, rows)
+        kc = r.read(kb, n_ctx * kvd).reshape(n_ctx, kvd)
+        vc = r.read(vb, n_ctx * kvd).reshape(n_ctx, kvd)
+        device.destroy(step)
+    np.testing.assert_array_equal(y, y_plain)
+    # rotated back with exact angles, the row is the projection: its rounding, plus the angle's (theta = pos * f in f32)
+    assert qo.dot_err(_rotate(y, pos, nh + nkv, hd, n_rot, freqs, -1.0), W, xn_ref) <= 2 * DOT_TOL
+    q_end = nh * hd
+    np.testing.assert_array_equal(kc[pos], y[q_end:q_end + kvd])      # the values the row holds, copied
+    np.testing.assert_array_equal(vc[pos], y[q_end + kvd:])
+    others = np.arange(n_ctx) != pos
+    np.testing.assert_array_equal(kc[others], k0[others])
+    np.testing.assert_array_equal(vc[others], v0[others])
+
+
+def test_matvec_rope_epilogue_refuses_split_pairs(device, kernels):
+    from lab.ops.rope import QkvRope
+    raw, _ = tensor("Q8_0", rows=48, cols=96)
+    with Rig(device, kernels) as r:
+        w = r.weight("Q8_0", raw)
+        b = r.buffer(4 * 256, "any")
+        spec = QkvRope(2, 1, 12, 12, tuple([1.0] * 6), b, b, b, 4)
+        with pytest.raises(ValueError, match="whole pairs"):
+            matvec(device, kernels, w, b, b, y_offset=1, rope=spec)
+
+
 # -- weights split over several bindings ---------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16"])
