@@ -12,8 +12,9 @@
 - `rope_inputs(ids, cached, pos, layer)`: a layer's queries at `pos` and keys at 0 .. pos, every head, as its rope op
   reads them (after the bias and the q/k norms, before the rotation), with the engine's own attention probabilities
   of that query, for the page's RoPE demo to rotate both ways (web/rope.js). Positions 0 .. pos run through the
-  engine's plans cut right before that layer's rope op; the fused QKV rows are read there; the chunk holding `pos`
-  then runs on through the rope, the KV write and the probe variant of that layer's attention.
+  engine's prefill plan (decode's may rotate inside its QKV projection) cut right before that layer's rope op; the
+  fused QKV rows are read there; the chunk holding `pos` then runs on through the rope, the KV write and the probe
+  variant of that layer's attention.
 
 Decode pays nothing: the probe variants are separate op lists, built the first time a panel asks, and run only
 between turns; the decode plan is never touched.

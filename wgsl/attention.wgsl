@@ -488,7 +488,8 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
 // tile, and no barrier but the two around the tile's K and V. prefill, above, spends three barriers a tile of 16
 // keys and scores one (row, key) pair a thread from workgroup memory: 163 us a layer for SmolLM2's 512-token step on
 // the H200.
-const RL: u32 = HD4 / 4u;                 // vec4s of the row a lane holds
+const RL: u32 = max(HD4 / 4u, 1u);       // vec4s of the row a lane holds (head_dim % 16 == 0 when it runs; the
+                                          // max keeps the module valid for the head sizes that never run it)
 var<workgroup> r_k: array<vec4<f32>, RK * HD4>;
 var<workgroup> r_v: array<vec4<f32>, RK * HD4>;
 

@@ -3,7 +3,8 @@
 KV cache, one layer: two f32 buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major; row p holds the
 key (value) of the token at position p, heads side by side (head g at columns g*head_dim ..). `kv_write` fills
 rows pos .. pos+t-1 of a step from any token-major source (the kernel checks' attention cases use it; the engine's
-plans write the cache in their rope op, lab/ops/rope.py `cache=`); `attention` reads rows 0 .. pos+t-1.
+plans write the cache in their rope op, lab/ops/rope.py `cache=`, or in decode's QKV projection, QkvRope);
+`attention` reads rows 0 .. pos+t-1.
 
 Attention, for token j of the step (position qpos = pos + j) and query head h, with GROUP = n_head / n_kv_head:
     kv = h // GROUP;  s_k = cap(scale * q . k_k), cap(x) = c * tanh(x / c) when softcap c > 0
@@ -51,7 +52,7 @@ NARROW_ROWS = 4
 NARROW_KV_FLOATS = 1024
 # prefill_rows (GPUs with subgroups, no probe): WG / 4 query rows a workgroup, four lanes a row; K and V tiles of RK
 # keys fill WG_BYTES between them. SmolLM2's 512-token prefill attention on the H200: 163 us a layer with the narrow
-# tiles above, see docs/performance.md for this one.
+# tiles above, 99 us with these (docs/performance.md).
 ROWS_LANES = 4
 
 # The resources of each entry, in binding order (binding i = the i-th one; the probe only in the probe variant).
