@@ -1,0 +1,33 @@
+"""Which op rotates Q and K in each plan (lab/plans.py): decode's QKV projection where the pairs are adjacent and no
+q/k norm sits in between (its epilogue rotates and writes the cache: one dispatch fewer a layer), the rope op
+everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import gguf
+from lab.engine import Engine, read_host_values
+from lab.host import synthetic_arch
+from lab.host.models import cache_dir
+from lab.model import from_gguf
+from lab.ops import KV_WRITE
+
+
+@pytest.mark.parametrize("arch,fused", [("llama3", True), ("mistral", True), ("qwen3", False), ("gemma3", False)])
+def test_decode_rotates_in_the_qkv_projection_where_it_can(device, arch, fused):
+    path = synthetic_arch.build(arch, "f32", cache_dir() / "synthetic")
+    header = gguf.read_file(path)
+    cfg = from_gguf(header)
+    eng = Engine(device, header, cfg, n_ctx=32, max_batch=8, host_values=read_host_values(path, header, cfg))
+    try:
+        decode, prefill = eng.plan_for(False), eng.plan_for(True)
+        for il in range(cfg.n_layer):
+            op = decode.ops[decode.at(f"Qcur_rope-{il}")]
+            assert op.role == KV_WRITE and op.without_kv is not None
+            assert op.kernel.label.split(":")[0] == ("matvec" if fused else "rope")
+            assert prefill.ops[prefill.at(f"Qcur_rope-{il}")].kernel.label.split(":")[0] == "rope"
+        rope_ops = sum(o.kernel.label.startswith("rope") for o in decode.ops)
+        assert rope_ops == (0 if fused else cfg.n_layer)
+    finally:
+        eng.close()
