@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import wgpu
-
 import os
+
+import wgpu
 
 try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us of Python per dispatch
     from wgpu.backends.wgpu_native import _api as _wgpu_api
