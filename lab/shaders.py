@@ -8,7 +8,7 @@ Two directives, nothing more:
 
 Shared includes: common.wgsl (the Step uniform every per-step kernel reads), matmul_io.wgsl (the prefill
 projections' bindings), reduce.wgsl (workgroup sum / max), rows.wgsl (row selection of softmax and sampling),
-quant.wgsl (GGUF dequantization), act.wgsl.
+quant.wgsl (GGUF dequantization), act.wgsl, rotary.wgsl (RoPE's cos and sin: rope.wgsl and matvec.wgsl's epilogue).
 
 Natively the files are read from the repository's wgsl/ folder; in the browser the worker copies
 the served /wgsl/ files into Pyodide's file system and calls `set_dir`.

@@ -36,7 +36,8 @@
 // Constants: WG (threads, power of two), LOOP (the loop's file; B_W4: the binding of its W4, where it has
 //   one), XVIEW (matvec_x1.wgsl or matvec_x4.wgsl: how x is read), DQ (dequant function, e.g. dq_q4_0), HALF (its group shape),
 //   IN (in_plain | in_norm | in_glu), ACT (silu | gelu_tanh), NORM / BIAS / ROPE: "" or "// " (bindings and
-//   code of that option; B_NW, B_XN, B_BIAS, B_RP, B_STEP, B_KC, B_VC their binding numbers), SG / NOSG: "" or "// " so that only the chosen reduction is compiled (a device
+//   code of that option; B_NW, B_XN, B_BIAS, B_RP, B_STEP, B_KC, B_VC their binding numbers), SG / NOSG: "" or
+//   "// " so that only the chosen reduction is compiled (a device
 //   without the subgroups feature rejects any subgroup builtin even in dead code); SG_ENABLE:
 //   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it.
 // Grid: groups_1d(ceil(n_rows / 4)): workgroup index = wid.x + wid.y * num_workgroups.x.
