@@ -363,6 +363,14 @@ fn decode_probs(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 // from the scores (the HD4 threads of a row do the same BK exps: cheaper than a softmax phase run by BQ threads
 // while the rest wait, and than its two barriers) and folds the tile into its accumulator. A slot's running max
 // and sum are the thread's own; the probe variant leaves them in p_m / p_l for its pass.
+// Element i (key i / HD4, vec4 i % HD4 of KV head kb0 / HD4) of a prefill tile of n keys from t0; zeros past n.
+struct KvPair { k: vec4<f32>, v: vec4<f32> };
+fn tile_kv(t0: u32, n: u32, kb0: u32, i: u32) -> KvPair {
+    if (i / HD4 >= n) { return KvPair(vec4<f32>(0.0), vec4<f32>(0.0)); }
+    let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
+    return KvPair(k_cache[at], v_cache[at]);
+}
+
 var<workgroup> p_q: array<vec4<f32>, BQ * HD4>;
 var<workgroup> p_k: array<vec4<f32>, BK * HD4>;
 var<workgroup> p_v: array<vec4<f32>, BK * HD4>;
@@ -396,15 +404,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
     for (var t0 = lo; t0 < hi; t0 += BK) {
         let n = min(BK, hi - t0);
         for (var i = lid; i < BK * HD4; i += WG) {
-            var kv = vec4<f32>(0.0);
-            var vv = vec4<f32>(0.0);
-            if (i / HD4 < n) {
-                let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
-                kv = k_cache[at];
-                vv = v_cache[at];
-            }
-            p_k[i] = kv;
-            p_v[i] = vv;
+            let e = tile_kv(t0, n, kb0, i);
+            p_k[i] = e.k;
+            p_v[i] = e.v;
         }
         workgroupBarrier();
         for (var i = lid; i < BQ * BK; i += WG) {
@@ -528,15 +530,9 @@ fn prefill_rows(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
     for (var t0 = lo; t0 < hi; t0 += RK) {
         let n = min(RK, hi - t0);
         for (var i = lid; i < RK * HD4; i += WG) {
-            var kv = vec4<f32>(0.0);
-            var vv = vec4<f32>(0.0);
-            if (i / HD4 < n) {
-                let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
-                kv = k_cache[at];
-                vv = v_cache[at];
-            }
-            r_k[i] = kv;
-            r_v[i] = vv;
+            let e = tile_kv(t0, n, kb0, i);
+            r_k[i] = e.k;
+            r_v[i] = e.v;
         }
         workgroupBarrier();
         var s: array<f32, RK>;
