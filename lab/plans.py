@@ -232,9 +232,10 @@ class Decode(PlanBuilder):
         # apart) and nothing sits between projection and rotation (q/k norms), and the adapter allows the bindings.
         cfg, s = self.cfg, self.s
         stacked = self.w.stacked[f"blk.{il}.qkv"]
-        storage = 3 + 2 + bool(cfg.qkv_bias) + 1 + 2      # W, x, y, norm weight, xn, bias, a K loop's W4, caches
+        limit = self.dev.info.limits["max_storage_buffers_per_shader_stage"]
         if cfg.rope_neox or cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
-                or storage > self.dev.info.limits["max_storage_buffers_per_shader_stage"] \
+                or any(matmul.matvec_storage(w.type.name, norm=True, bias=cfg.qkv_bias, rope=True) > limit
+                       for w, _ in stacked) \
                 or any((col + p.first_row) % 2 for w, col in stacked for p in w.parts):
             return None
         freqs = rope.frequencies(cfg.n_rot, base, cfg.rope_scale, self.eng.rope_freqs)

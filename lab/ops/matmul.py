@@ -64,6 +64,13 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
     return 256 if gpr >= 192 else 128
 
 
+def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True) -> int:
+    """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a K loop's second view of W,
+    the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
+    w4 = x4 and MATVEC_LOOPS.get(type_name, ("",))[0] == "matvec_k.wgsl"
+    return 3 + 2 * norm + bias + w4 + 2 * rope
+
+
 def _check(buf: gpu.Buffer, floats: int, what: str) -> None:
     if buf.size < 4 * floats:
         raise ValueError(f"{what}: buffer {buf.label} has {buf.size} bytes, needs {4 * floats}")
@@ -120,7 +127,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     b_rope = 4 + len(extra) + w4
     consts.update(ROPE="" if rope else "// ", B_RP=b_rope, B_STEP=b_rope + 1, B_KC=b_rope + 2, B_VC=b_rope + 3)
     if rope is not None:
-        storage = 3 + len(extra) + w4 + 2
+        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4)
         if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
             raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
                                f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")

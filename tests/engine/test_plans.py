@@ -31,3 +31,13 @@ def test_decode_rotates_in_the_qkv_projection_where_it_can(device, arch, fused):
         assert rope_ops == (0 if fused else cfg.n_layer)
     finally:
         eng.close()
+
+
+def test_the_epilogue_counts_its_storage_buffers():
+    """qkv_rope falls back to the rope op where the fused matvec would bind more than the adapter allows (8 by
+    WebGPU's default): a K loop reads W twice, a bias and the caches add theirs."""
+    from lab.ops.matmul import matvec_storage
+    assert matvec_storage("Q8_0", norm=True, bias=False, rope=True) == 7      # W, x, y, norm w, xn, k, v
+    assert matvec_storage("Q4_K", norm=True, bias=False, rope=True) == 8      # and W's vec4 view
+    assert matvec_storage("Q4_K", norm=True, bias=True, rope=True) == 9
+    assert matvec_storage("Q4_K", norm=True, bias=False, rope=True, x4=False) == 7   # the group loop: one view
