@@ -110,7 +110,7 @@ if [[ $mode == all || $mode == bench ]]; then
           timeout 240 python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts 0,2048 --decode 64 --batch 512 \
             --json 2> >(tee -a "$OUT/log.txt" >&2) \
             | sed "s/^/{\"name\": \"$m\", \"backend\": \"native\", \"result\": /; s/\$/}/" | tee -a "$OUT/bench.jsonl" | cut -c1-300
-          # the same steps by kernel family (lab/profile.py), to set beside the page's (`gpu` in its JSON)
+          # the same steps by kernel family (lab/instruments/profile.py), to set beside the page's (`gpu` in its JSON)
           for pc in "512 0" "1 31" "1 2048"; do
             set -- $pc
             timeout 120 python3 -m lab.host.cli bench "$f" --profile --prompts "$1" --contexts "$2" 2>>"$OUT/log.txt" \

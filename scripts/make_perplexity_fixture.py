@@ -1,6 +1,6 @@
 """Make tests/fixtures/perplexity.json: llama.cpp's own perplexity (its `llama-perplexity` tool) on
 tests/fixtures/perplexity_text.txt for each real model, the figures tests/engine/test_perplexity.py and the page's
-test hold lab/perplexity.py to. Not run in CI: it needs a llama.cpp build.
+test hold lab/instruments/perplexity.py to. Not run in CI: it needs a llama.cpp build.
 
     python scripts/make_perplexity_fixture.py [--bin PATH/llama-perplexity] [--ctx 128] [--models smollm2,...]
 

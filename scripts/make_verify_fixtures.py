@@ -12,7 +12,7 @@ at a time, as generation runs, and the final logits are written over the full vo
                                   dequantized by gguf-py), an F32 KV cache (type_k = type_v = 0), flash attention off
 
 then a greedy continuation of N_GEN tokens (stopping after an end-of-generation id, which is kept) with the top-2
-logit gap at each step. reference/index.json maps each model file's content hash (lab.verify.content_hash: the
+logit gap at each step. reference/index.json maps each model file's content hash (lab.instruments.verify.content_hash: the
 header and sampled tensor bytes, never the file name) to its prompt ids, continuations, gaps and logit files.
 The kernel checks' fixtures (reference/kernels.json) come from scripts/make_kernel_fixtures.py.
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_fixtures import f32_copy
 
-from lab import verify
+from lab.instruments import verify
 from lab.host import models
 
 OUT = ROOT / "reference"

@@ -25,10 +25,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from lab import __version__
-from lab.engine import DEFAULT_CTX
-from lab.host import models
-from lab.sampler import MAX_CANDIDATES, Settings
-from lab.session import MAX_NEW
+from lab.settings import DEFAULT_CTX, MAX_CANDIDATES, MAX_NEW, Settings
 
 from . import wheel
 
@@ -96,11 +93,13 @@ def _file(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> Response:
     return FileResponse(target, media_type=MIME.get(target.suffix, "application/octet-stream"), stat_result=st)
 
 
-def create_app(model_path: Path | None = None, *, web_dir: Path | None = None, wgsl_dir: Path | None = None,
+def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path | None = None,
                pyodide_dir: Path | None = None, reference_dir: Path | None = None) -> Starlette:
     """The app. The served folders default to the repository's web/, wgsl/ and web/node_modules/pyodide
-    (tests point them at a scratch tree); web/node_modules itself is never served under /web."""
-    model = Path(model_path) if model_path else models.path(models.DEFAULT)
+    (tests point them at a scratch tree); web/node_modules itself is never served under /web. `model_path`: the
+    file the page offers as its default model (`lab serve` passes lab.host.models' default); the page names it
+    only when it exists."""
+    model = Path(model_path)
     web_root = Path(web_dir or WEB).resolve()
     wgsl_root = Path(wgsl_dir or WGSL).resolve()
     pyodide_root = Path(pyodide_dir or web_root / "node_modules" / "pyodide").resolve()
@@ -264,7 +263,7 @@ def server_config(app, host: str = "127.0.0.1", port: int = 8000, header_timeout
     return uvicorn.Config(app, host=host, port=port, http=_protocol(header_timeout), **kwargs)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, model_path: Path | None = None) -> None:
+def serve(model_path: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     import uvicorn
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     app = create_app(model_path)

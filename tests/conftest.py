@@ -70,7 +70,7 @@ F16_NAN, F16_INF = b"\x00\x7e", b"\x00\x7c"
 def poisoned_copy(src: Path, dst: Path, tensor: str, value: bytes = F16_NAN, blocks: int = 64) -> Path:
     """A copy of the GGUF `src` whose tensor `tensor` has the f16 scale of its first `blocks` blocks set to `value`
     (NaN or infinity): a file whose metadata is fine and whose weights are not."""
-    from lab import gguf
+    from lab.format import gguf
     header = gguf.read_file(src)
     t = next(t for t in header.tensors if t.name == tensor)
     if t.type.block == 1:

@@ -1,5 +1,5 @@
 // The context length the user chooses in the model card, and the memory plan the worker made for it
-// (lab/memplan.py, in the "model-info" summary as `plan`). Changing the number loads the file again at that
+// (lab/engine/budget.py, in the "model-info" summary as `plan`). Changing the number loads the file again at that
 // context; the plan (weights, KV cache, activations against the adapter's limits) comes before any upload,
 // and a refusal names the buffer, its bytes and the limit. Also the test hook labWeightBytes.
 import { fmtBytes } from "/web/panels.js";
@@ -71,7 +71,7 @@ export function initContext(worker, getStore, reload) {
   }
 
   // Test hook (tests/browser/test_big_file.py): bytes [offset, offset + size) of a file tensor, read back from the
-  // GPU buffers it was uploaded into (lab/weightread.py), resolved as a base64 string.
+  // GPU buffers it was uploaded into (lab/instruments/weightread.py), resolved as a base64 string.
   const calls = new Map();
   let callId = 0;
   window.labWeightBytes = (name, offset, size) => new Promise((resolve, reject) => {

@@ -37,7 +37,7 @@ const store = {
   busy: { embedding: false, inspect: 0, forget: false },
 };
 
-// used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/kvview.py);
+// used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
 // after: the picture Forget drew from its read-back of the caches (the "forget" message's kv).
 function freshKv() {
   return { used: 0, columns: [], rev: 0, ms: null, after: null };
@@ -314,14 +314,14 @@ function forgetAll(skip) {
 // Test hooks: questions to the worker that tests ask through the page, each answered by a message of the same type
 // carrying the question's id (an `error` field rejects). The store, the page and the conversation's text are not
 // touched.
-// - labKernelCheck(cases) (tests/browser/test_kernels_in_worker.py): kernel cases through lab/kernelcheck.py on
+// - labKernelCheck(cases) (tests/browser/test_kernels_in_worker.py): kernel cases through lab/instruments/kernelcheck.py on
 //   inputs in base64; the worker makes and frees its own buffers for them.
 // - labKvRows(positions) (tests/browser/test_kv_page.py): the raw K and V rows of every layer at those positions,
 //   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
 // - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
 //   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
-// - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work (lab/profile.py; `lab bench
+// - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work (lab/instruments/profile.py; `lab bench
 //   --backend browser --profile` asks the worker directly). Drops the conversation.
 // labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps
 // its cells lit.
@@ -351,7 +351,7 @@ window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos
 window.labForgetSkipping = (label) => forgetAll(label);
 
 // ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------
-// Keyed by the message types lab/worker.py (and web/worker.js) post.
+// Keyed by the message types lab/worker/router.py (and web/worker.js) post.
 const onWorker = {
   status: (m) => { store.boot = m.text; },
   booted: (m) => { store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; },

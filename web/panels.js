@@ -1,5 +1,5 @@
 // The lab's panels: each renders one part of the store into its card. They compute nothing about the model;
-// the numbers come from the worker (lab/probes.py, lab/forget.py). Event wiring stays in main.js, which passes
+// the numbers come from the worker (lab/instruments/probes.py, lab/instruments/forget.py). Event wiring stays in main.js, which passes
 // the few callbacks a panel's own elements need (`act`).
 
 const $ = (id) => document.getElementById(id);
@@ -56,7 +56,7 @@ export function fillSelect(select, values, label, value) {
 
 const range = (n) => Array.from({ length: n }, (_, i) => i);
 
-// What a panel's last request cost: wall-clock time, and the work lab/probes.py says it did (on a CPU device the
+// What a panel's last request cost: wall-clock time, and the work lab/instruments/probes.py says it did (on a CPU device the
 // multiply-adds set the time, on a GPU the weight bytes read).
 function cost(testid, ms, macs, bytes) {
   const work = macs ? `: ${si(macs, "")} multiply-adds over ${si(bytes, "B")} of weights` : "";
@@ -252,7 +252,7 @@ function lensChoices(max) {
 }
 
 // The logit-lens positions to ask for: the chosen count, at most what the loaded model's probes cover
-// (the worker's `loaded` stats, from lab/probes.py); no choice yet means all of them.
+// (the worker's `loaded` stats, from lab/instruments/probes.py); no choice yet means all of them.
 export function lensPositions(store) {
   const max = store.loaded.probe.lens_positions;
   return Math.min(store.lens.positions ?? max, max);
@@ -282,7 +282,7 @@ export function renderLens(store) {
                textContent: piece(id), title: top.map(([i, q]) => `${piece(i)}  ${fmt(q, 3)}`).join("\n") };
     },
   });
-  const k = lens.lens[0][0].length;                        // candidates per cell (lab/probes.py LENS_K)
+  const k = lens.lens[0][0].length;                        // candidates per cell (lab/instruments/probes.py LENS_K)
   const where = sel >= lens.lens_start ? "" : ` The selected position ${sel} is left of these columns: choose more positions.`;
   body.replaceChildren(el("p", { class: "muted" }, [
     `top-1 next token after each layer, shaded by its probability; top-${k} on hover; pass ${lens.ms.pass} ms, lens `,
@@ -291,7 +291,7 @@ export function renderLens(store) {
 
 // ---- KV cache --------------------------------------------------------------------------------------------------
 // The cache as a picture: a row per layer, a column per position, each cell shaded by the L2 norm of that layer's
-// cached K row (top half, blue) and V row (bottom half, green), read from the GPU (lab/kvview.py). Shades are
+// cached K row (top half, blue) and V row (bottom half, green), read from the GPU (lab/instruments/kvview.py). Shades are
 // √(x / max) of the picture's largest |K| or |V|, so small rows stay visible and a zero row is white.
 export const KV_K = BLUE, KV_V = GREEN;
 const KV_MAX_COLS = 256;            // positions drawn (the last ones): 30 layers x 256 cells is about the DOM's comfort

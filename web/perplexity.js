@@ -1,5 +1,5 @@
 // The perplexity card: pasted text scored by the loaded model the way llama.cpp's llama-perplexity scores it
-// (lab/perplexity.py; the worker's side is lab/perplexity_worker.py). The worker does all of it; this card sends the
+// (lab/instruments/perplexity.py; the worker's side is lab/worker/perplexity.py). The worker does all of it; this card sends the
 // text and the window, shows "chunk i of n" and the running value as they come, and the result.
 // Cancel posts "stop", which web/worker.js records itself while Python is busy (labStopRequested); the run checks it
 // after every step and answers with the chunks it finished.

@@ -1,7 +1,7 @@
 // The RoPE demo card. Two parts:
 // 1. The relative-position identity, on random vectors: rotate q at position m and k at n, and the same pair at
 //    m + s, n + s; q·k is the same for every shift s, and changes when m − n does. All of it computed here.
-// 2. A real head: the worker (lab/rope_worker.py, lab/probes.py rope_inputs) hands back one layer's q at the
+// 2. A real head: the worker (lab/worker/rope.py, lab/instruments/probes.py rope_inputs) hands back one layer's q at the
 //    selected position and its k at every earlier one, before RoPE, plus the engine's own attention probabilities of
 //    that query. This card rotates them with both pairings and shows both score rows next to the engine's: the
 //    model's pairing reproduces the engine's row (a check mark, within MATCH_TOL), the other one does not.

@@ -1,4 +1,4 @@
-// The verification card: "Does it match llama.cpp?". It asks the worker (lab/verify_worker.py) to replay the fixed
+// The verification card: "Does it match llama.cpp?". It asks the worker (lab/worker/verify.py) to replay the fixed
 // prompt of the loaded file's reference and to run the kernel fixtures, and renders what comes back; it computes
 // nothing itself. Its state is its own: main.js calls fileLoaded(file) on a load, render() on every render, and
 // hands it the worker's "verify*" messages and errors (handles(m)).

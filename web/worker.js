@@ -1,5 +1,5 @@
 // The module worker: boots Pyodide from this origin, installs the lab wheel, copies the WGSL sources
-// into Pyodide's file system, then hands every message to Python (lab/worker.py).
+// into Pyodide's file system, then hands every message to Python (lab/worker/router.py).
 // Pyodide refuses classic workers: this file is loaded with {type: "module"}.
 import { loadPyodide } from "/pyodide/pyodide.mjs";
 
@@ -25,31 +25,34 @@ globalThis.labStopRequested = () => stopGeneration;
 globalThis.labStopClear = () => { stopGeneration = false; };
 const wasmHeap = () => (pyodide ? pyodide._module.HEAPU8.byteLength : 0);
 
-// Streams weights from the File to GPU buffers: plan = [fileOffset, size, buffer, bufferOffset, ...]
-// in file order, each piece at most `chunk` bytes. Consecutive pieces are read together, one
+// Streams weights from the File to GPU buffers: pieces = [{fileOffset, size, buffer, bufferOffset}, ...]
+// (lab.ops.weights.Upload) in file order, each at most `chunk` bytes. Consecutive pieces are read together, one
 // File.slice of at most `chunk` bytes at a time, so host memory holds about one chunk whatever the
 // model size, and nothing passes through wasm memory. Offsets stay JS numbers (exact past 2 GB).
 // Returns the bytes moved, or -1 when cancelled (the cancel button, or another file picked: `seq` is the load's).
-globalThis.labUpload = async (device, file, plan, chunk, seq) => {
-  const total = plan.reduce((acc, v, i) => (i % 4 === 1 ? acc + v : acc), 0);
+globalThis.labUpload = async (device, file, pieces, chunk, seq) => {
+  const total = pieces.reduce((acc, p) => acc + p.size, 0);
   const heap0 = wasmHeap();
   let heapPeak = heap0, done = 0, i = 0;
   const t0 = performance.now();
-  while (i < plan.length) {
+  while (i < pieces.length) {
     if (seq <= cancelledUpTo) return -1;
-    const start = plan[i];
+    const start = pieces[i].fileOffset;
     let j = i, end = start;
-    while (j < plan.length && plan[j] + plan[j + 1] - start <= chunk) { end = plan[j] + plan[j + 1]; j += 4; }
-    if (j === i) throw new Error(`a piece of ${plan[i + 1]} bytes is larger than the ${chunk}-byte chunk`);
+    while (j < pieces.length && pieces[j].fileOffset + pieces[j].size - start <= chunk) {
+      end = pieces[j].fileOffset + pieces[j].size;
+      j += 1;
+    }
+    if (j === i) throw new Error(`a piece of ${pieces[i].size} bytes is larger than the ${chunk}-byte chunk`);
     const bytes = await file.slice(start, end).arrayBuffer();
     if (bytes.byteLength < end - start) {
       throw new Error(`the file ends inside the tensor data (${file.size} bytes, tensors reach ${end}): it is truncated`);
     }
-    for (let k = i; k < j; k += 4) {
-      const size = plan[k + 1];
-      let data = new Uint8Array(bytes, plan[k] - start, size);
+    for (let k = i; k < j; k += 1) {
+      const { fileOffset, size, buffer, bufferOffset } = pieces[k];
+      let data = new Uint8Array(bytes, fileOffset - start, size);
       if (size % 4) { const padded = new Uint8Array(size + 4 - (size % 4)); padded.set(data); data = padded; }
-      device.queue.writeBuffer(plan[k + 2], plan[k + 3], data);
+      device.queue.writeBuffer(buffer, bufferOffset, data);
       done += size;
     }
     i = j;
@@ -86,7 +89,7 @@ globalThis.labEncode = (device, plan, writes, copies) => {
   device.queue.submit([enc.finish()]);
 };
 
-// The GPU's nanoseconds for one such pass, by timestamp queries (benchmarks only: lab/profile.py). The query set
+// The GPU's nanoseconds for one such pass, by timestamp queries (benchmarks only: lab/instruments/profile.py). The query set
 // and its two buffers hold timestamps, never conversation data, so they live here, outside the buffer registry.
 // Chromium rounds timestamps to 100 us unless started with --enable-webgpu-developer-features.
 let timer = null;
@@ -174,8 +177,8 @@ async function boot() {
   const names = await (await fetchOk("/wgsl/index.json")).json();
   pyodide.FS.mkdirTree("/lab/wgsl");
   await Promise.all(names.map(async (n) => pyodide.FS.writeFile(`/lab/wgsl/${n}`, await (await fetchOk(`/wgsl/${n}`)).text())));
-  pyodide.runPython("import lab.shaders; lab.shaders.set_dir('/lab/wgsl')");
-  const worker = pyodide.pyimport("lab.worker");
+  pyodide.runPython("import lab.gpu.shaders; lab.gpu.shaders.set_dir('/lab/wgsl')");
+  const worker = pyodide.pyimport("lab.worker.router");
   handle = (data) => worker.handle(data);
   postMessage({ type: "booted", ms: Math.round(performance.now() - t0), python: pyodide.version });
   for (const m of pending.splice(0)) handle(m);

@@ -258,7 +258,7 @@ fn decode_split(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id
 // Decode in one dispatch, for short contexts: one workgroup per (head block, token) walks every visible key and
 // writes the normalised output; no scratch, no combine. The engine runs it while a step's keys are few (its
 // serial walk over tiles loses to the split past a few tiles on a GPU) and always on a CPU adapter, where the
-// split already has one chunk (lab/engine.py whole_keys).
+// split already has one chunk (lab/engine/engine.py whole_keys).
 @compute @workgroup_size(WG)
 fn decode_whole(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let j = wid.z;

@@ -2,10 +2,10 @@
 // so its auto layout is bindings 0..k-1 (variables of different entries share binding numbers on purpose:
 // WGSL only forbids two variables at one (group, binding) within the SAME entry point).
 //
-// Callers: bias_to, last_row_to and softcap_to are the forward pass's (lab.ops.elementwise), scale_add is lab.selftest's;
+// Callers: bias_to, last_row_to and softcap_to are the forward pass's (lab.ops.elementwise), scale_add is lab.instruments.selftest's;
 // add_rows, mul_rows, add_to, mul_to, scale_to and fill_zero are built only by tests/kernels/elementwise_ops.py.
 //
-// Layout A, fixed n (lab.selftest relies on scale_add with exactly these bindings):
+// Layout A, fixed n (lab.instruments.selftest relies on scale_add with exactly these bindings):
 //   0 a (storage, read)   1 b (storage, read)   2 out (storage, read_write)   3 p (uniform Params)
 //   scale_add:  out[i] = a[i] + p.scale * b[i]  i < p.n
 // Layout B, per step (p.n = features per token, i < p.n * step.n_tokens):

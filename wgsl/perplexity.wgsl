@@ -1,4 +1,4 @@
-// Negative log-likelihood of each scored row's next token, from a step's rows of logits (lab/perplexity.py).
+// Negative log-likelihood of each scored row's next token, from a step's rows of logits (lab/instruments/perplexity.py).
 // Reading back only these floats, not the rows, is the point: a 128-token window of Gemma 3 has 64 x 262,144
 // logits (64 MB); its scores are 256 bytes.
 // Bindings: 0 logits (read, f32 [t, V]: row j is the head's output for the step's token j)

@@ -1,4 +1,4 @@
-// Probe kernels for the lab's panels (lab/probes.py). They copy or reduce what the forward pass has just computed
+// Probe kernels for the lab's panels (lab/instruments/probes.py). They copy or reduce what the forward pass has just computed
 // into small buffers the page reads; none of them writes anything the model reads.
 // Four entries; each uses its own bindings (auto layouts), sharing binding numbers on purpose as in elementwise.wgsl.
 //

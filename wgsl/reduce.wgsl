@@ -8,7 +8,7 @@
 //   shared-memory tree over all WG slots (WG a power of two).
 // Requires of the includer: `const WG: u32`; on the subgroup path every entry sets sg_lane and sg_size from
 //   its subgroup_invocation_id and subgroup_size builtins before the first call.
-// Constants: SG / NOSG from lab.shaders.subgroup_consts; its SG_ENABLE goes on the including file's first line
+// Constants: SG / NOSG from lab.gpu.shaders.subgroup_consts; its SG_ENABLE goes on the including file's first line
 //   (an enable directive must come before every declaration).
 
 var<workgroup> red: array<f32, WG>;

@@ -16,16 +16,7 @@ from __future__ import annotations
 import js
 from pyodide.ffi import create_once_callable, to_js
 
-from . import (
-    FEATURES,
-    LIMITS,
-    AdapterInfo,
-    Buffer,
-    Device,
-    Dispatch,
-    GpuError,
-    Kernel,
-)
+from lab.gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
 
 _STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
 _UNIFORM = 0x0040 | 0x0004 | 0x0008      # UNIFORM | COPY_SRC | COPY_DST (Forget reads the step uniform back)

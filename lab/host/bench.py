@@ -4,7 +4,7 @@
                          (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b: lab/host/synthetic.py)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
 
-Decode is timed as the chat loop runs it (lab.session: greedy steps submitted AHEAD at a time, then
+Decode is timed as the chat loop runs it (lab.engine.session: greedy steps submitted AHEAD at a time, then
 one read-back of their ids), and also one step and one 4-byte read-back at a time.
 "Weight bytes per token" counts every matrix once (decode reads each weight once per token), so
 weight bytes x tok/s is the effective bandwidth.
@@ -17,12 +17,14 @@ import random
 import resource
 import time
 
-from .. import gguf, gpu, ops, profile
-from ..engine import Engine, read_host_values
-from ..model import from_gguf
-from ..sampler import Settings
-from ..session import Session
-from .native import open_native
+from lab import gpu, ops
+from lab.engine.engine import Engine, read_host_values
+from lab.engine.session import Session
+from lab.format import gguf
+from lab.format.model import from_gguf
+from lab.host.native import open_native
+from lab.instruments import profile
+from lab.settings import Settings
 
 KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
     ("Q4_1", 1536, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576),                  # SmolLM2
@@ -61,7 +63,7 @@ def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
 
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
                 disable=(), seed=0, warm_gpu_s: float = 0) -> dict:
-    """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.profile.warm)."""
+    """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.instruments.profile.warm)."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
@@ -101,7 +103,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
         if "timestamp-query" in device.info.features and n <= engine.max_batch:   # the step alone, on the GPU
             out["prefill"][n]["gpu_step_ms"] = round(asyncio.run(profile.whole_step(engine, n, 0)) * 1e3, 3)
     for c in contexts:
-        # as the chat runs it (lab.session: greedy steps AHEAD at a time, one read-back per block)
+        # as the chat runs it (lab.engine.session: greedy steps AHEAD at a time, one read-back per block)
         session = Session(engine, None)
         prompt = [rng.randrange(vocab) for _ in range(max(c, 1))]
         warm()
@@ -139,7 +141,7 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
 
 def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=(),
                  warm_gpu_s: float = 0) -> list[dict]:
-    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.profile), after warm_gpu_s
+    """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.instruments.profile), after warm_gpu_s
     of GPU work."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
@@ -161,11 +163,11 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
     by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
     import numpy as np
 
-    from ..ggml import BY_NAME
-    from ..ops.matmul import matmul, matvec
-    from ..ops.weights import alloc_weight, upload_weight
-    from ..shaders import KernelCache
-    from .synthetic import random_blocks
+    from lab.format.ggml import BY_NAME
+    from lab.gpu.shaders import KernelCache
+    from lab.host.synthetic import random_blocks
+    from lab.ops.matmul import matmul, matvec
+    from lab.ops.weights import alloc_weight, upload_weight
     device = open_native(disable=tuple(disable))
     timestamps = "timestamp-query" in device.info.features
     kc = KernelCache(device)

@@ -33,8 +33,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import chat, gguf
-from ..tokenizer import from_metadata
+from lab.format import gguf
+from lab.text import chat
+from lab.text.tokenizer import from_metadata
 
 # Debian's Chromium, WebGPU on SwiftShader: the defaults, which tests/browser/conftest.py launches with too.
 CHROMIUM = "/usr/bin/chromium"
@@ -232,11 +233,11 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
     clock's ramp (a 512-token prefill up to 5x slower on the H200). 0: turns as a user types them.
     `profile` (passes per median, 0: none): after the turns, the GPU time of the page's steps by timestamp queries
     (`gpu` in the JSON): the whole prefill step of the largest prompt (up to the page's step) and decode at the
-    shortest and the longest turn's context, each by kernel family too (lab/profile.py, the same code as the native
+    shortest and the longest turn's context, each by kernel family too (lab/instruments/profile.py, the same code as the native
     `--profile`)."""
     from playwright.sync_api import sync_playwright
 
-    from ..engine import DEFAULT_CTX
+    from lab.settings import DEFAULT_CTX
     default_path, default_args = browser_command()
     chromium = chromium or default_path
     args = default_args if args is None else list(args)

@@ -33,7 +33,7 @@ def model_file(model: str, synthetic: str | None):
             raise ValueError("give a GGUF file, or --synthetic NAME")
         yield model
         return
-    from . import models, sameshape
+    from lab.host import models, sameshape
     real = models.path(synthetic)
     if not real.exists():
         raise ValueError(f"--synthetic {synthetic} with --backend browser keeps the real model's header and tokenizer "

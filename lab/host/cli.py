@@ -9,21 +9,22 @@ import sys
 
 
 def _serve(args) -> int:
+    from lab.host import models
     from server.app import serve
-    serve(args.host, args.port, args.model)
+    serve(args.model or models.path(models.DEFAULT), args.host, args.port)
     return 0
 
 
 def _info(args) -> int:
-    from lab import gguf
+    from lab.format import gguf
     header = gguf.read_file(args.model)
     print(json.dumps(gguf.summary(header), indent=2))
     return 0
 
 
 def _selftest(args) -> int:
-    from lab import selftest
     from lab.host.native import open_native
+    from lab.instruments import selftest
     device = open_native(disable=tuple(args.disable))
     print(json.dumps({"gpu": device.info.summary(), "selftest": asyncio.run(selftest.run(device))}, indent=2))
     return 0
@@ -33,10 +34,10 @@ def _load(model_path: str, n_ctx: int, disable=()):
     """Header, config, tokenizer and a native engine with the weights uploaded (timed)."""
     import time
 
-    from lab import gguf
-    from lab.engine import Engine, read_host_values
+    from lab.engine.engine import Engine, read_host_values
+    from lab.engine.load import validate
+    from lab.format import gguf
     from lab.host.native import open_native
-    from lab.validate import validate
     header = gguf.read_file(model_path)
     cfg, tok = validate(header)
     device = open_native(disable=tuple(disable))
@@ -47,9 +48,9 @@ def _load(model_path: str, n_ctx: int, disable=()):
 
 
 def _generate(args) -> int:
-    from lab import chat
-    from lab.sampler import Settings
-    from lab.session import Session
+    from lab.engine.session import Session
+    from lab.settings import Settings
+    from lab.text import chat
     header, tok, engine, load = _load(args.model, args.ctx, args.disable)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
@@ -75,7 +76,7 @@ def _generate(args) -> int:
 
 
 def _perplexity(args) -> int:
-    from lab.perplexity import Perplexity, tokens_of
+    from lab.instruments.perplexity import Perplexity, tokens_of
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
     _header, tok, engine, load = _load(args.model, args.ctx, args.disable)
@@ -100,8 +101,8 @@ def _perplexity(args) -> int:
 
 
 def _tokenize(args) -> int:
-    from lab import gguf
-    from lab.tokenizer import from_metadata
+    from lab.format import gguf
+    from lab.text.tokenizer import from_metadata
     tok = from_metadata(gguf.read_file(args.model).metadata)
     with open(args.file, encoding="utf-8", errors="surrogateescape") as f:
         text = f.read()
@@ -134,7 +135,7 @@ def _bench(args) -> int:
         return 0
     if args.backend == "browser":
         from lab.host import bench_browser, browser_args, models
-        from lab.profile import REPS
+        from lab.instruments.profile import REPS
         if args.synthetic and args.synthetic not in models.MODELS:
             print(f"lab bench: --synthetic {args.synthetic} has no real model to take the header and tokenizer from "
                   f"(the page chats): only {', '.join(models.MODELS)} run in the browser", file=sys.stderr)
@@ -171,8 +172,7 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab.engine import DEFAULT_CTX
-    from lab.sampler import Settings
+    from lab.settings import DEFAULT_CTX, PERPLEXITY_CTX, Settings
     sampling = Settings()        # the defaults' one home
     p = argparse.ArgumentParser(prog="lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("perplexity", help="perplexity of a text file in windows, as llama.cpp's llama-perplexity")
     s.add_argument("model")
     s.add_argument("text", help="a UTF-8 text file (at least 2 x --ctx tokens)")
-    s.add_argument("--ctx", type=int, default=128, help="window length in tokens (llama-perplexity's -c)")
+    s.add_argument("--ctx", type=int, default=PERPLEXITY_CTX, help="window length in tokens (llama-perplexity's -c)")
     s.add_argument("--chunks", type=int, default=None, help="score at most this many windows (llama's --chunks)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except Exception as exc:  # one clear line for the user, not a traceback
-        from lab.engine import EngineError
-        from lab.gguf import GGUFError
+        from lab.engine.engine import EngineError
+        from lab.format.gguf import GGUFError
+        from lab.format.model import ModelError
         from lab.gpu import GpuError
-        from lab.model import ModelError
         if isinstance(exc, (GGUFError, GpuError, ModelError, EngineError, FileNotFoundError, ValueError)):
             print(f"lab {args.cmd}: {exc}", file=sys.stderr)
             return 2

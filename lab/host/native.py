@@ -13,16 +13,7 @@ try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us 
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
     _lib = _ffi = _wgpu_api = None
 
-from ..gpu import (
-    FEATURES,
-    LIMITS,
-    AdapterInfo,
-    Buffer,
-    Device,
-    Dispatch,
-    GpuError,
-    Kernel,
-)
+from lab.gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
 
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}

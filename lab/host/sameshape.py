@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import gguf
-from .synthetic import random_blocks
+from lab.format import gguf
+from lab.host.synthetic import random_blocks
 
 
 def header_prefix(path) -> bytes:

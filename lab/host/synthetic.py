@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ggml import BY_NAME
+from lab.format.ggml import BY_NAME
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
     w.write_ti_data_to_file()
     for tname, type_name, rows, cols in table:
         if tname == "rope_freqs.weight":
-            from .synthetic_arch import llama3_factors
+            from lab.host.synthetic_arch import llama3_factors
             factor, low, high, orig = spec.rope_scaling
             base = spec.extra[f"{spec.arch}.rope.freq_base"]
             data = llama3_factors(2 * cols, base, factor, low, high, orig)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import models
+from lab.host import models
 
 # byte offsets of a block's f16 d and dmin (None: the type has no dmin)
 _D_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None),
@@ -105,7 +105,7 @@ _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "
            "ffn_down": ("Q4_K", "Q6_K")}
 # Type mixes: role -> type, or (type, type of the first and last layers) as llama.cpp's _M mixes give
 # attn_v and ffn_down more bits there. Mixes whose types the kernels do not read yet are left out by
-# `mixes()`, so adding a type to lab.ops.weights.KERNEL_TYPES adds its variant.
+# `mixes()`, so adding a type to lab.format.ggml.KERNEL_TYPES adds its variant.
 MIXES: dict[str, dict] = {
     "f32": {},                    # every tensor F32
     "q8_0": {"*": "Q8_0"},        # every matrix Q8_0, quantized from the F32 weights
@@ -124,8 +124,8 @@ def mix_types(mix: str) -> set[str]:
 
 
 def mixes() -> list[str]:
-    """The mixes whose every type the kernels read (lab.ops.weights.KERNEL_TYPES)."""
-    from lab.ops.weights import KERNEL_TYPES
+    """The mixes whose every type the kernels read (lab.format.ggml.KERNEL_TYPES)."""
+    from lab.format.ggml import KERNEL_TYPES
     return [m for m in MIXES if mix_types(m) <= set(KERNEL_TYPES)]
 
 

@@ -1,15 +1,16 @@
 """The verification card natively: a model file's references found by content, replayed through the engine on
-wgpu-py and compared (lab.verify); the same code the worker runs, fixtures read from disk instead of the server."""
+wgpu-py and compared (lab.instruments.verify); the same code the worker runs, fixtures read from disk instead of the server."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .. import gguf, verify
-from ..engine import Engine
-from ..shaders import KernelCache
-from ..tokenizer import from_metadata
+from lab.engine.engine import Engine
+from lab.format import gguf
+from lab.gpu.shaders import KernelCache
+from lab.instruments import verify
+from lab.text.tokenizer import from_metadata
 
 REFERENCE = Path(__file__).resolve().parent.parent.parent / "reference"
 

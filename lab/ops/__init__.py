@@ -16,8 +16,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import gpu
-from ..ggml import GgmlType
+from lab import gpu
+from lab.format.ggml import GgmlType
 
 # struct Step { pos: u32, n_tokens: u32, n_ctx: u32, _pad: u32 }  (uniform, 16 bytes)
 STEP = struct.Struct("<IIII")

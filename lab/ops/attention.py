@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 import struct
 
-from .. import gpu
-from ..shaders import subgroup_consts
-from . import ATTENTION, KV_WRITE, Op, groups_1d
+from lab import gpu
+from lab.gpu.shaders import subgroup_consts
+from lab.ops import ATTENTION, KV_WRITE, Op, groups_1d
 
 KV_WG = 64
 WG = 64            # threads per attention workgroup (a power of two)

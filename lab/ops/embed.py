@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import struct
 
-from .. import gpu
-from ..shaders import KernelCache
-from . import Op, Weight
-from .weights import dequant_consts
+from lab import gpu
+from lab.gpu.shaders import KernelCache
+from lab.ops import Op, Weight
+from lab.ops.weights import dequant_consts
 
 WG = 64
 _PARAMS = struct.Struct("<6IfI")   # first_row, n_rows, cols, gpr, row_bytes, out_off, scale, pad

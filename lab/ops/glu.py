@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from .. import gpu
-from . import Op
+from lab import gpu
+from lab.ops import Op
 
 WG = 64
 PARAMS = struct.Struct("<8I")   # n, gate_stride, gate_offset, up_stride, up_offset, out_stride, _p0, _p1

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import struct
 
-from .. import gpu
-from ..shaders import KernelCache, subgroup_consts
-from . import KV_WRITE, Op, Weight, groups_1d
-from .rope import QkvRope
-from .weights import dequant_consts
+from lab import gpu
+from lab.gpu.shaders import KernelCache, subgroup_consts
+from lab.ops import KV_WRITE, Op, Weight, groups_1d
+from lab.ops.rope import QkvRope
+from lab.ops.weights import dequant_consts
 
 MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the kernel)
 MATMUL_TR, MATMUL_TT = 64, 64   # rows x tokens per matmul workgroup (fixed in the kernel). 32-token tiles, twice

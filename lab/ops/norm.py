@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import struct
 
-from .. import gpu
-from ..shaders import subgroup_consts
-from . import Op
+from lab import gpu
+from lab.gpu.shaders import subgroup_consts
+from lab.ops import Op
 
 PARAMS = struct.Struct("<6IfI")   # group, n_groups, in_stride, in_offset, out_stride, out_offset, eps, split
 

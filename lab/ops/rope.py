@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .. import gpu
-from . import KV_WRITE, Op
+from lab import gpu
+from lab.ops import KV_WRITE, Op
 
 WG = 64
 PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, n_q_head, n_ctx, _p

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import struct
 
-from .. import gpu
-from ..shaders import subgroup_consts
-from . import Op
-from .rows import WGSL as ROWS_WGSL
-from .rows import Rows
-from .rows import check as check_rows
+from lab import gpu
+from lab.gpu.shaders import subgroup_consts
+from lab.ops import Op
+from lab.ops.rows import WGSL as ROWS_WGSL
+from lab.ops.rows import Rows
+from lab.ops.rows import check as check_rows
 
 WG = 256
 PARAMS = struct.Struct("<IIIf")   # n, rows, mode, scale

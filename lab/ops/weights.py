@@ -5,9 +5,6 @@ into parts of whole rows, each at most the storage binding limit (greedy: every 
 is as full as the limit allows), one buffer per part, each padded to a multiple of 4 bytes.
 `placements` is the pure byte-range mapping loaders use (native file reads, browser File.slice).
 
-`KERNEL_TYPES` is the table the WGSL kernels share (wgsl/quant.wgsl): for each supported type, the
-dequant function and the HALF of its 8-value groups. It is the one list of the types the lab reads.
-
 `ModelWeights` places a whole model: every tensor the config expects, projections that share an input
 stacked into one weight, and the list of file byte ranges (`Upload`) that fill them. It never holds
 weight bytes: the native loader (`upload_file`) and the browser's `labUpload` (web/worker.js) move them.
@@ -17,21 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import gpu
-from ..ggml import BY_NAME, GgmlType
-from ..gguf import GGUFError
-from . import Weight, WeightPart
+from lab import gpu
+from lab.format.ggml import KERNEL_TYPES, GgmlType
+from lab.format.gguf import GGUFError
+from lab.format.model import expected_tensors
+from lab.ops import Weight, WeightPart
 
-# type name -> (dequant function in quant.wgsl, HALF: a group is 4 values at e0 and 4 at e0 + HALF)
-KERNEL_TYPES: dict[str, tuple[str, int]] = {
-    "F32": ("dq_f32", 4), "F16": ("dq_f16", 4), "BF16": ("dq_bf16", 4), "Q8_0": ("dq_q8_0", 4),
-    "Q4_0": ("dq_q4_0", 16), "Q4_1": ("dq_q4_1", 16), "Q5_0": ("dq_q5_0", 16), "Q5_1": ("dq_q5_1", 16),
-    "Q2_K": ("dq_q2_k", 32), "Q3_K": ("dq_q3_k", 32), "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32),
-    "Q6_K": ("dq_q6_k", 32), "IQ4_NL": ("dq_iq4_nl", 16), "IQ4_XS": ("dq_iq4_xs", 16),
-}
-
-
-SUPPORTED = frozenset(BY_NAME[n].id for n in KERNEL_TYPES)     # type ids the kernels read
+UPLOAD_CHUNK = 32 << 20     # bytes a loader reads and writes at a time: host memory holds about one chunk
 
 
 def dequant_consts(type: GgmlType) -> dict:
@@ -120,6 +109,11 @@ class Upload:
     buffer: gpu.Buffer
     buffer_offset: int = 0
 
+    def record(self) -> dict:
+        """The piece as web/worker.js's labUpload reads it (the buffer as the backend's handle)."""
+        return {"fileOffset": self.file_offset, "size": self.size, "buffer": self.buffer.handle,
+                "bufferOffset": self.buffer_offset}
+
 
 class ModelWeights:
     """Every tensor of the model on the GPU, in GGUF block layout, and the uploads that fill them.
@@ -132,7 +126,6 @@ class ModelWeights:
     The stacked rows are the only copy of those tensors (never a second one)."""
 
     def __init__(self, device: gpu.Device, cfg, tensors: dict) -> None:
-        from ..model import expected_tensors
         self.device = device
         self.tensors = tensors              # name -> gguf.TensorInfo
         self.matrices: dict[str, Weight] = {}
@@ -205,7 +198,7 @@ class ModelWeights:
     def nbytes(self) -> int:
         return sum(u.size for u in self.uploads)
 
-    def pieces(self, chunk: int = 32 << 20) -> list[Upload]:
+    def pieces(self, chunk: int = UPLOAD_CHUNK) -> list[Upload]:
         """The uploads cut into pieces of at most `chunk` bytes, in file order (so a loader reads the file
         front to back). A piece starts at a multiple of `chunk` within its range, so every buffer offset
         stays a multiple of 4 (writeBuffer's rule); only a range's last piece can have a size that is
@@ -214,7 +207,7 @@ class ModelWeights:
                   for u in self.uploads for s in range(0, u.size, chunk)]
         return sorted(pieces, key=lambda u: u.file_offset)
 
-    def upload_file(self, path, chunk: int = 32 << 20) -> int:
+    def upload_file(self, path, chunk: int = UPLOAD_CHUNK) -> int:
         """Native loader: copy every piece from the file (the browser's is labUpload in web/worker.js)."""
         done = 0
         with open(path, "rb") as f:

@@ -1,7 +1,7 @@
 """Model files past 2 and 4 GB in the page, and models that do not fit the adapter.
 
 The large file is a real, valid GGUF of 5.5 GiB: a one-layer tiny llama whose `general.alignment` is 2^29
-(512 MiB; a power of two, which is all the GGUF spec, llama.cpp's gguf.cpp and lab/gguf.py ask of it). Every tensor
+(512 MiB; a power of two, which is all the GGUF spec, llama.cpp's gguf.cpp and lab/format/gguf.py ask of it). Every tensor
 then starts on its own 512 MiB boundary: the data section at 0.5 GiB, tensor i at (i + 1) x 0.5 GiB, so
 blk.0.attn_q sits at exactly 2^31 and token_embd at exactly 2^32 (the offsets that a 32-bit or sign-truncating
 conversion would turn into 0 or a negative number). The padding between tensors is left as holes (a sparse file on
@@ -10,7 +10,7 @@ Python and JS (the plan's to_js, File.slice in labUpload, the host-value slices)
 its own random contents, so an offset truncated mod 2^32 reads another tensor (or a hole of zeros) and the
 comparison names it.
 
-After loading, every byte of every tensor is read back from the GPU (window.labWeightBytes, lab/weightread.py) and
+After loading, every byte of every tensor is read back from the GPU (window.labWeightBytes, lab/instruments/weightread.py) and
 compared with what was written. The figures (file size, load MB/s, bytes compared) are printed (-s shows them).
 Not marked slow: 21 s and 47 s here at load average ~5 (110 s and 7 minutes at load average 25 from other jobs).
 """
@@ -111,7 +111,7 @@ def _facts(lab) -> dict:
 
 
 def test_file_past_4gb_loads_and_its_tensors_reach_the_gpu_intact(lab, big_file):
-    from lab import gguf
+    from lab.format import gguf
     path, data = big_file
     header = gguf.read_file(path)
     offsets = {t.name: t.offset for t in header.tensors}

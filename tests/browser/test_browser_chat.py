@@ -9,12 +9,13 @@ import concurrent.futures
 
 import pytest
 
-from lab import chat, gguf
-from lab.engine import Engine
+from lab.text import chat
+from lab.format import gguf
+from lab.engine.engine import Engine
 from lab.host.native import open_native
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 from tests.conftest import load_fixture
 
 LOAD_TIMEOUT_MS = 300_000

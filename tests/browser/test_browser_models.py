@@ -19,9 +19,10 @@ import re
 import numpy as np
 import pytest
 
-from lab import gguf, probes
+from lab.format import gguf
+from lab.instruments import probes
 from lab.host.reference.forward import Reference
-from lab.tokenizer import from_metadata
+from lab.text.tokenizer import from_metadata
 from tests.browser.conftest import open_lab
 from tests.conftest import load_fixture
 

@@ -1,5 +1,5 @@
 """Both backends run the same WGSL: kernel cases made here with numpy run inside the browser worker (Chromium,
-SwiftShader WebGPU) and natively (wgpu-py on lavapipe), both through lab/kernelcheck.py, i.e. through the engine's
+SwiftShader WebGPU) and natively (wgpu-py on lavapipe), both through lab/instruments/kernelcheck.py, i.e. through the engine's
 own op builders, and both are compared with the same expected values and tolerances as tests/kernels.
 
 Inputs are random and non-constant, sizes avoid multiples of the workgroups and tiles, positions are past 0.
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from lab import kernelcheck
-from lab.ggml import BY_NAME
-from lab.shaders import KernelCache
+from lab.instruments import kernelcheck
+from lab.format.ggml import BY_NAME
+from lab.gpu.shaders import KernelCache
 from tests.kernels import attention_oracle as attn_ref
 from tests.kernels import oracles as ref
 from tests.kernels import quant_oracle as qo
@@ -44,7 +44,7 @@ f32 = ref.f32
 @dataclass
 class Case:
     name: str
-    spec: dict                                       # lab/kernelcheck.py's case: op, parameters, input bytes
+    spec: dict                                       # lab/instruments/kernelcheck.py's case: op, parameters, input bytes
     check: Callable[[dict], tuple[float, float]]     # outputs {name: bytes} -> (error, tolerance)
 
 
@@ -320,7 +320,7 @@ def in_worker(worker_page) -> dict:
 
 @pytest.fixture(scope="module")
 def native(device) -> dict:
-    """name -> {"outputs", "kernels"} from the native device, through the same lab/kernelcheck.py."""
+    """name -> {"outputs", "kernels"} from the native device, through the same lab/instruments/kernelcheck.py."""
     kernels = KernelCache(device)
 
     async def run_all():

@@ -26,7 +26,7 @@ SLOW = 600_000                   # ms: a load or a reply on SwiftShader
 RTOL = 1e-5
 N_LAYER = 30
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
-SKIPPED = "k cache 3 [n_ctx, kv]"    # lab/engine.py Scratch.alloc's label of layer 3's K cache
+SKIPPED = "k cache 3 [n_ctx, kv]"    # lab/engine/engine.py Scratch.alloc's label of layer 3's K cache
 
 
 def _shot(lab, name: str) -> None:

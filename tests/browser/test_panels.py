@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab import gguf, probes
+from lab.format import gguf
+from lab.instruments import probes
 from lab.host.reference.forward import Reference
-from lab.tokenizer import from_metadata
+from lab.text.tokenizer import from_metadata
 from tests.browser.conftest import Lab, open_lab
 
 SYSTEM = "Answer the king briefly."

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from lab import gguf
-from lab.engine import Engine
+from lab.format import gguf
+from lab.engine.engine import Engine
 from lab.host.native import open_native
-from lab.perplexity import Perplexity, tokens_of
-from lab.tokenizer import from_metadata
+from lab.instruments.perplexity import Perplexity, tokens_of
+from lab.text.tokenizer import from_metadata
 from tests.conftest import FIXTURES
 
 LOAD_MS = 300_000

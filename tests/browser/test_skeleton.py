@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from lab import gguf
+from lab.format import gguf
 
 
 def _facts(page, testid: str) -> dict:

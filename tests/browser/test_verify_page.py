@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from lab import gguf, verify
+from lab.format import gguf
+from lab.instruments import verify
 from lab.host.verify_native import REFERENCE
 from tests.conftest import load_fixture
 

@@ -40,11 +40,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lab import gguf
-from lab.engine import Engine, read_host_values
+from lab.format import gguf
+from lab.engine.engine import Engine, read_host_values
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.validate import validate
+from lab.engine.load import validate
 from tests.conftest import FIXTURES
 
 ARCH_FIXTURES = FIXTURES / "arch"

@@ -1,4 +1,4 @@
-"""The GPU engine (lab.engine, driven by lab.session) on the three real models, natively (wgpu on
+"""The GPU engine (lab.engine, driven by lab.engine.session) on the three real models, natively (wgpu on
 whatever Vulkan the machine has: Mesa lavapipe, a CPU driver, in CI).
 
 Three kinds of evidence, strictest first:
@@ -46,14 +46,15 @@ import numpy as np
 import pytest
 from test_reference import GEMMA_LONG_BODY, GEMMA_LONG_GREEDY, GEMMA_LONG_TOP5, TOL
 
-from lab import chat, gguf
-from lab.engine import Engine, EngineError
+from lab.text import chat
+from lab.format import gguf
+from lab.engine.engine import Engine, EngineError
 from lab.host import cli
 from lab.host.reference import Reference
 from lab.host.reference.bisect import bisect, rel_error
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 from tests.conftest import FIXTURES
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}
@@ -371,14 +372,14 @@ def test_kv_reuse_follow_up_equals_fresh_session(m, request):
 
 def test_greedy_blocks_equal_one_step_at_a_time(m, monkeypatch):
     """Greedy steps run AHEAD at a time before one read-back on a fast GPU, the next block queued before that read
-    is awaited (lab.session). Forced here, they must give what one step at a time gives: the same ids, text, stop
+    is awaited (lab.engine.session). Forced here, they must give what one step at a time gives: the same ids, text, stop
     reason and cached ids, whether the turn ends on the length (a block never runs past it), mid-block on an
     end-of-generation id (with a queued block run for nothing), or runs through a queued block, and a follow-up
     turn after it must equal a fresh session's (the steps past the end left K/V beyond `cached`, to be
     overwritten)."""
     if m.name != "smollm2":
         pytest.skip("smollm2 only: the block logic does not depend on the model")
-    import lab.session as sess
+    import lab.engine.session as sess
     tok, md = m.tok, m.header.metadata
     prompt = chat.render_chat(tok, md, [{"role": "user", "content": "What is the capital of France?"}])
     long_prompt = chat.render_chat(tok, md, [{"role": "user", "content": "Write a long story about a dragon."}])

@@ -1,4 +1,4 @@
-"""lab/forget.py natively: every conversation buffer is found through the registry, cleared, and read back.
+"""lab/instruments/forget.py natively: every conversation buffer is found through the registry, cleared, and read back.
 
 The tests do not trust the report: they read every CONVERSATION buffer back themselves, add a buffer the engine
 does not know about, and break `clear` to prove the check reads the GPU rather than believing the wipe."""
@@ -11,12 +11,14 @@ import struct
 
 import pytest
 
-from lab import forget, gguf, gpu
-from lab.engine import Engine
-from lab.probes import Probes
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.instruments import forget
+from lab.format import gguf
+from lab import gpu
+from lab.engine.engine import Engine
+from lab.instruments.probes import Probes
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 
 N_CTX = 128
 
@@ -184,6 +186,6 @@ def test_the_engine_works_after_forget(made, device, tok):
 def test_text_caches_are_dropped(tok):
     tok.encode("a secret word: xylophone")
     assert any("xylophone" in k for k in tok._cache)
-    assert forget.drop_text_caches(tok) > 0
+    assert tok.drop_caches() > 0
     assert not tok._cache
-    assert forget.drop_text_caches(tok) == 0
+    assert tok.drop_caches() == 0

@@ -1,4 +1,4 @@
-"""lab/kvview.py natively on the real SmolLM2's cache: the norms kernel (wgsl/kvview.wgsl) against numpy on the same
+"""lab/instruments/kvview.py natively on the real SmolLM2's cache: the norms kernel (wgsl/kvview.wgsl) against numpy on the same
 cache read back, and the after-Forget picture computed in Python from Forget's own read-back.
 
 Tolerance: the kernel sums the squares of a row's 192 f32 values in f32, in order; numpy sums the same f32 values in
@@ -14,12 +14,13 @@ from array import array
 import numpy as np
 import pytest
 
-from lab import forget, gguf
-from lab.engine import Engine
-from lab.kvview import COLS, AfterPicture, KvView, row_norms
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.instruments import forget
+from lab.format import gguf
+from lab.engine.engine import Engine
+from lab.instruments.kvview import COLS, AfterPicture, KvView, row_norms
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 
 N_CTX = 512            # more than COLS, so a request can span two passes
 RTOL = 1e-5

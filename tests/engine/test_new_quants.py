@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from test_engine import check_trace, gpu_trace
 
-from lab import gguf as lab_gguf
-from lab.engine import Engine
+from lab.format import gguf as lab_gguf
+from lab.engine.engine import Engine
 from lab.host.reference import Reference
-from lab.model import ModelError, check_tensors, from_gguf
-from lab.ops.weights import KERNEL_TYPES
+from lab.format.model import ModelError, check_tensors, from_gguf
+from lab.format.ggml import KERNEL_TYPES
 from tests.kernels import quant_oracle as qo
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB, N_LAYER = 256, 4, 2, 64, 512, 320, 2
@@ -128,7 +128,7 @@ def test_prefill_and_decode_match_reference(model):
 def test_decode_with_the_glu_apart(model, device, tmp_path, monkeypatch):
     """Wide FFNs (8B-class) decode with the GLU as its own op before ffn_down (plans.GLU_APART); no real model
     here is that wide, so the threshold is lowered for this tiny one, and decode is held to the reference."""
-    from lab import plans
+    from lab.engine import plans
     header, _, ref = model
     monkeypatch.setattr(plans, "GLU_APART", N_FF)
     eng = Engine(device, header, n_ctx=64)

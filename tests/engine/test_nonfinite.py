@@ -10,11 +10,12 @@ import asyncio
 
 import pytest
 
-from lab import chat, gguf
-from lab.engine import Engine, EngineError
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.text import chat
+from lab.format import gguf
+from lab.engine.engine import Engine, EngineError
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 from tests.conftest import F16_INF, F16_NAN, poisoned_copy
 
 N_CTX = 128

@@ -1,4 +1,4 @@
-"""lab/perplexity.py natively on lavapipe: the windowing and scoring convention against a numpy computation from the
+"""lab/instruments/perplexity.py natively on lavapipe: the windowing and scoring convention against a numpy computation from the
 reference's full logits, and the figure against llama.cpp's own llama-perplexity (tests/fixtures/perplexity.json,
 made by scripts/make_perplexity_fixture.py).
 
@@ -20,11 +20,12 @@ import math
 import numpy as np
 import pytest
 
-from lab import gguf, gpu
-from lab.engine import Engine
+from lab.format import gguf
+from lab import gpu
+from lab.engine.engine import Engine
 from lab.host.reference.forward import Reference
-from lab.perplexity import Perplexity, PerplexityError, tokens_of, windows
-from lab.tokenizer import from_metadata
+from lab.instruments.perplexity import Perplexity, PerplexityError, tokens_of, windows
+from lab.text.tokenizer import from_metadata
 from tests.conftest import FIXTURES, load_fixture
 
 RTOL_REF = 1e-3
@@ -132,12 +133,12 @@ def test_whole_text_matches_llama_cpp(device, name, request):
 
 
 def test_worker_run_resets_the_session_and_stops(device, smollm2_path):
-    """lab/perplexity_worker.py (the page's run; pure Python, so it runs here too): the session no longer believes the
+    """lab/instruments/perplexity.py (the page's run; pure Python, so it runs here too): the session no longer believes the
     cache holds the chat, a stop between steps ends the run with the chunks finished, and no buffer of the run stays."""
     from types import SimpleNamespace
 
-    from lab import perplexity_worker
-    from lab.session import Session
+    from lab.worker import perplexity
+    from lab.engine.session import Session
     tok = from_metadata(gguf.read_file(smollm2_path).metadata)
     eng = _engine(device, smollm2_path, 8, 4)
     try:
@@ -146,7 +147,7 @@ def test_worker_run_resets_the_session_and_stops(device, smollm2_path):
         loaded = SimpleNamespace(engine=eng, tokenizer=tok, session=session)
         posted, polls = [], []
         stop = lambda: polls.append(1) or len(polls) >= 3
-        asyncio.run(perplexity_worker.run(loaded, {"text": TEXT.read_text()[:400], "n_ctx": 8, "seq": 7},
+        asyncio.run(perplexity.run(loaded, {"text": TEXT.read_text()[:400], "n_ctx": 8, "seq": 7},
                                           posted.append, stop, lambda: None))
         assert session.cached == []
         assert [m["type"] for m in posted] == ["perplexity-progress", "perplexity-progress", "perplexity"]

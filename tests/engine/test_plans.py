@@ -1,4 +1,4 @@
-"""Which op rotates Q and K in each plan (lab/plans.py): decode's QKV projection where the pairs are adjacent and no
+"""Which op rotates Q and K in each plan (lab/engine/plans.py): decode's QKV projection where the pairs are adjacent and no
 q/k norm sits in between (its epilogue rotates and writes the cache: one dispatch fewer a layer), the rope op
 everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from lab import gguf
-from lab.engine import Engine, read_host_values
+from lab.format import gguf
+from lab.engine.engine import Engine, read_host_values
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.model import from_gguf
+from lab.format.model import from_gguf
 from lab.ops import KV_WRITE
 
 

@@ -1,4 +1,4 @@
-"""lab/probes.py on the real SmolLM2 through the native device, against the numpy reference (lab/reference).
+"""lab/instruments/probes.py on the real SmolLM2 through the native device, against the numpy reference (lab/reference).
 
 Tolerances. Every probe here reads an f32 activation of the GPU forward pass, which follows the reference within
 a few f32 ulps per op (tests/engine/test_reference.py); measured here: attention probabilities 6.5e-6 absolute,
@@ -16,13 +16,14 @@ import time
 import numpy as np
 import pytest
 
-from lab import gguf, probes
-from lab.engine import Engine
+from lab.format import gguf
+from lab.instruments import probes
+from lab.engine.engine import Engine
 from lab.host.reference.forward import Reference
-from lab.probes import Probes
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.instruments.probes import Probes
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 
 ATTN_TOL = 1e-4          # absolute, probabilities
 RESID_RTOL = 5e-5        # relative, L2 norms

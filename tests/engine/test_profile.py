@@ -1,4 +1,4 @@
-"""`lab bench --profile` and the page's `profile` message (lab/profile.py): a step's GPU time by kernel family, from
+"""`lab bench --profile` and the page's `profile` message (lab/instruments/profile.py): a step's GPU time by kernel family, from
 timestamp queries. Speeds are never asserted; what is: the families partition the step's dispatches exactly (none
 lost, none counted twice), every timed pass took GPU time, and the labels drop only the tuning constants."""
 
@@ -10,11 +10,12 @@ import time
 
 import pytest
 
-from lab import gguf, profile
-from lab.engine import Engine, read_host_values
+from lab.format import gguf
+from lab.instruments import profile
+from lab.engine.engine import Engine, read_host_values
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.model import from_gguf
+from lab.format.model import from_gguf
 
 
 def test_family_keeps_what_changes_the_function_only():

@@ -23,12 +23,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from lab import gguf
-from lab.engine import Engine
-from lab.probes import Probes
-from lab.sampler import Settings
-from lab.session import Session
-from lab.tokenizer import from_metadata
+from lab.format import gguf
+from lab.engine.engine import Engine
+from lab.instruments.probes import Probes
+from lab.settings import Settings
+from lab.engine.session import Session
+from lab.text.tokenizer import from_metadata
 
 PROB_TOL = 1e-4
 WRONG_MIN = 0.02         # the wrong pairing's largest |dp| over a layer's heads must pass this (see above)

@@ -1,4 +1,4 @@
-"""The verification card natively (lab/verify.py through lab/host/verify_native.py on wgpu-py): the fixed prompt of
+"""The verification card natively (lab/instruments/verify.py through lab/host/verify_native.py on wgpu-py): the fixed prompt of
 each model's reference prefilled through the engine, and its final logits and 16-token greedy continuation (decode
 steps reading the prefill's KV cache) compared with llama.cpp's (reference/, scripts/make_verify_fixtures.py).
 
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from lab import verify
+from lab.instruments import verify
 from lab.host.verify_native import verify_file, verify_kernels
 
 MODELS = [pytest.param("smollm2", "smollm2_path"),
@@ -60,12 +60,13 @@ def test_kernel_fixtures_natively(device):
 def test_replay_leaves_the_chat_alone(device, smollm2_path):
     """A turn, the card's run, the same turn again: the same greedy ids. The replay overwrote the KV cache; without the
     session's reset the second turn would reuse all but the last prompt token of that overwritten cache."""
-    from lab import chat, gguf
-    from lab.engine import Engine
+    from lab.text import chat
+    from lab.format import gguf
+    from lab.engine.engine import Engine
     from lab.host.verify_native import _read, index
-    from lab.sampler import Settings
-    from lab.session import Session
-    from lab.tokenizer import from_metadata
+    from lab.settings import Settings
+    from lab.engine.session import Session
+    from lab.text.tokenizer import from_metadata
     header = gguf.read_file(smollm2_path)
     tok = from_metadata(header.metadata)
     engine = Engine(device, header, n_ctx=256)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from lab import gpu, shaders
+from lab import gpu
+from lab.gpu import shaders
 from lab.host.native import open_native
 from lab.ops import make_step, step_bytes
 from lab.ops.rows import ROWS_LAST, ROWS_TOKENS, Rows
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 
 # ---------------------------------------------------------------------------------------------- devices
 

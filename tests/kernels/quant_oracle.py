@@ -13,13 +13,14 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as GQ
 
-from lab import gpu, shaders
-from lab.ggml import BY_NAME
+from lab import gpu
+from lab.gpu import shaders
+from lab.format.ggml import BY_NAME
 from lab.ops import make_step, step_bytes
 from lab.ops.embed import get_rows
 from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, upload_weight
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
          "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
@@ -200,8 +201,8 @@ def mutated_wgsl(tmp_path: Path, fn: str, old: str, new: str, file: str = "quant
 
 def real_tensors(path) -> dict:
     """name -> (type name, raw uint8 array (rows, row_bytes), a read-only memory map) of a GGUF file.
-    The tensor table comes from lab.gguf (header only, fast); the bytes are the file's own."""
-    from lab import gguf as lab_gguf
+    The tensor table comes from lab.format.gguf (header only, fast); the bytes are the file's own."""
+    from lab.format import gguf as lab_gguf
     header = lab_gguf.read_file(path)
     mm = np.memmap(path, np.uint8, mode="r")
     out = {}

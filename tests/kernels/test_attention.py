@@ -23,10 +23,11 @@ import attention_oracle as oracle
 import numpy as np
 import pytest
 
-from lab import gpu, shaders
+from lab import gpu
+from lab.gpu import shaders
 from lab.ops import attention as A
 from lab.ops import make_step, step_bytes
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 
 EPS32 = float(np.finfo(np.float32).eps)
 

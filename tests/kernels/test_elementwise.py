@@ -35,7 +35,7 @@ def test_fill_zero_slices_past_binding_limit(env1, monkeypatch):  # noqa: F811
 
 
 def test_selftest_scale_add_unchanged(env1):  # noqa: F811
-    from lab import selftest
+    from lab.instruments import selftest
     r = asyncio.run(selftest.run(env1.device))
     assert r["ok"], r
 

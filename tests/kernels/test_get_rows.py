@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from lab.ggml import BY_NAME
+from lab.format.ggml import BY_NAME
 from lab.ops.embed import get_rows
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 from tests.kernels import quant_oracle as qo
 from tests.kernels.quant_oracle import DEQUANT_TOL, Rig
 

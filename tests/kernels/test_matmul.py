@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from lab import gpu
-from lab.ggml import BY_NAME
+from lab.format.ggml import BY_NAME
 from lab.host.native import open_native
 from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 from tests.kernels import quant_oracle as qo
 from tests.kernels.quant_oracle import DOT_TOL, Rig
 

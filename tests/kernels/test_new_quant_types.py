@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from lab import gpu
-from lab.ggml import BY_NAME
+from lab.format.ggml import BY_NAME
 from lab.host.native import open_native
-from lab.ops.weights import KERNEL_TYPES, alloc_weight, dequant_consts
-from lab.shaders import KernelCache
+from lab.format.ggml import KERNEL_TYPES
+from lab.ops.weights import alloc_weight, dequant_consts
+from lab.gpu.shaders import KernelCache
 from tests.kernels import quant_oracle as qo
 from tests.kernels.quant_oracle import DEQUANT_TOL, DOT_TOL, Rig
 

@@ -19,7 +19,7 @@ def test_argmax_last_row_nan_inf(env):  # noqa: F811
 
 
 def test_argmax_of_a_row_with_nothing_finite_is_none(env):  # noqa: F811
-    """A NaN or infinite logit never becomes a token id: a row of NaN and +-inf gives 0xffffffff (lab.session stops
+    """A NaN or infinite logit never becomes a token id: a row of NaN and +-inf gives 0xffffffff (lab.engine.session stops
     there and names the broken layer)."""
     import numpy as np
     from oracles import free, ops_step, read, run, upload

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lab.host.native import open_native
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 from tests.kernels import quant_oracle as qo
 from tests.kernels.quant_oracle import DOT_TOL, Rig
 

@@ -8,7 +8,7 @@ import pytest
 
 from lab import gpu, ops
 from lab.ops import elementwise
-from lab.shaders import KernelCache
+from lab.gpu.shaders import KernelCache
 
 
 @pytest.fixture(scope="module")

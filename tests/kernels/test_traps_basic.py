@@ -78,7 +78,7 @@ def test_subgroup_partials_misplaced():
 
 
 def test_paths_compile_differently(env):  # noqa: F811
-    from lab import shaders
+    from lab.gpu import shaders
     from lab.ops.rows import WGSL as ROWS_WGSL
     src = shaders.source("sample", WG=256, EPT=4, **ROWS_WGSL, **shaders.subgroup_consts(env.device))
     live = [ln for ln in src.splitlines() if "subgroupMax(" in ln and not ln.lstrip().startswith("//")]

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 from starlette.testclient import TestClient
 
-from lab.sampler import Settings
+from lab.settings import Settings
 from server import wheel
 from server.app import CSP, create_app
 
@@ -121,9 +121,9 @@ def test_traversal_and_unknown_paths_are_404(client, path):
 def test_wheel_holds_lab_and_no_native_only_code(client):
     z = zipfile.ZipFile(io.BytesIO(client.get(f"/wheel/{wheel.FILENAME}").content))
     names = set(z.namelist())
-    assert "lab/__init__.py" in names and "lab/gpu/browser.py" in names and "lab/worker.py" in names
+    assert "lab/__init__.py" in names and "lab/gpu/browser.py" in names and "lab/worker/router.py" in names
     assert not any(n.startswith("lab/host/") for n in names)    # reference, native backend, CLI, benchmarks
-    assert "lab/ops/matmul.py" in names and "lab/tokenizer/bpe.py" in names
+    assert "lab/ops/matmul.py" in names and "lab/text/tokenizer/bpe.py" in names
     assert f"llm_lab-{wheel.VERSION}.dist-info/RECORD" in names
     assert wheel.build() == wheel.build()   # reproducible bytes
 

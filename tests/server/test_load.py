@@ -40,7 +40,7 @@ def server(smollm2_path):
     with socket.socket() as s:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
-    code = f"from server.app import serve; serve({HOST!r}, {port}, {str(smollm2_path)!r})"
+    code = f"from server.app import serve; serve({str(smollm2_path)!r}, {HOST!r}, {port})"
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

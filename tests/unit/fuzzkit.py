@@ -5,7 +5,7 @@ into a failure.
 Seeds: `seed("smollm2" | "qwen2.5" | "gemma3")` is a GGUF file of a tiny model (2 blocks, width 32) of
 that model's architecture, carrying the first ~1000 tokens of its real vocabulary (with the merges
 among them, the scores, the token types, the special tokens and the chat template). It is built once
-per session with gguf-py's writer and read back with lab.gguf; the real file is only read.
+per session with gguf-py's writer and read back with lab.format.gguf; the real file is only read.
 
 Examples: a fixed seed and CI_EXAMPLES per property by default (derandomize=True: every run tries the
 same inputs). LAB_FUZZ_EXAMPLES=5000 runs that many per property with fresh random inputs:
@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from lab import chat, gguf
-from lab.gguf import GGUFError
+from lab.text import chat
+from lab.format import gguf
+from lab.format.gguf import GGUFError
 from lab.host import models
-from lab.model import ModelError
-from lab.validate import validate
+from lab.format.model import ModelError
+from lab.engine.load import validate
 
 DEEP = int(os.environ.get("LAB_FUZZ_EXAMPLES", "0") or 0)
 HANG_S = 20.0            # one example taking longer than this is a hang (a real load takes < 1 s here)
@@ -216,7 +217,7 @@ def use(checked, md: dict) -> None:
 
 
 def load(header: gguf.Header):
-    """The load-time path of the page and the CLI: validate, then use. Returns the Checked model or the
+    """The load-time path of the page and the CLI: validate, then use. Returns the Validated model or the
     user-facing error; any other exception, or a hang, propagates (and fails the test)."""
     with no_hang():
         gguf.summary(header)

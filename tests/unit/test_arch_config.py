@@ -2,7 +2,7 @@
 gemma3 1B-shaped), read as llama.cpp's loaders read them, and the refusals that name what is not supported.
 
 Headers are made in memory from lab.host.synthetic_arch's tensor tables (no file, no weights): what is tested
-is lab.model / lab.validate, which only ever see the header."""
+is lab.format.model / lab.format.checks, which only ever see the header."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from lab import gguf, model
-from lab.gguf import TensorInfo
+from lab.format import gguf, model
+from lab.format.gguf import TensorInfo
 from lab.host import synthetic_arch as sa
-from lab.validate import ModelError, check_config
+from lab.format.checks import ModelError, check_config
 
 N_VOCAB = 512
 

@@ -6,9 +6,10 @@ import functools
 
 import pytest
 
-from lab import chat, gguf
+from lab.text import chat
+from lab.format import gguf
 from lab.host import models
-from lab.tokenizer import UnsupportedTokenizer, from_metadata
+from lab.text.tokenizer import UnsupportedTokenizer, from_metadata
 from tests.conftest import load_fixture
 
 CHATML_MODELS = ["smollm2", "qwen2.5"]

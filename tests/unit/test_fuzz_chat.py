@@ -13,8 +13,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab import chat
-from lab.tokenizer import clean_text
+from lab.text import chat
+from lab.text.tokenizer.base import clean_text
 from tests.unit.fuzzkit import fuzz_settings, real_metadata
 from tests.unit.test_fuzz_tokenizer import (
     SPELLINGS,

@@ -1,5 +1,5 @@
 """Fuzzing the GGUF reader and what follows it (Hypothesis): random byte damage, truncation, extreme integers
-in every header field. The property: `gguf.read` then `lab.validate.validate` (then a short encode and
+in every header field. The property: `gguf.read` then `lab.engine.load.validate` (then a short encode and
 chat rendering) ends in a GGUFError or a ModelError with a message, or a model that works; never another
 exception, a hang or a crash. And reading through growing prefixes (as the page and `read_file` do)
 gives the same answer as reading the whole file.
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from lab import gguf
-from lab.gguf import GGUFError, NeedMoreBytes
-from lab.validate import Checked
+from lab.format import gguf
+from lab.format.gguf import GGUFError, NeedMoreBytes
+from lab.engine.load import Validated
 from tests.unit.fuzzkit import (
     fuzz_settings,
     load,
@@ -34,7 +34,7 @@ _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 
 def header_fields(data: bytes) -> list[tuple[int, int, str]]:
     """(offset, width in bytes, what) of every number in the header: counts, lengths, value types,
-    scalar values and array items, tensor dims, types and offsets. Walked here, not by lab.gguf."""
+    scalar values and array items, tensor dims, types and offsets. Walked here, not by lab.format.gguf."""
     out: list[tuple[int, int, str]] = []
     pos = 4
     assert len(data) < 1 << 24
@@ -105,7 +105,7 @@ def field_edits(draw):
 
 def outcome(out) -> str:
     """The kind of answer, for Hypothesis' statistics (--hypothesis-show-statistics)."""
-    return "a valid model" if isinstance(out, Checked) else type(out).__name__
+    return "a valid model" if isinstance(out, Validated) else type(out).__name__
 
 
 def read_by_prefixes(data: bytes, first: int = 256):
@@ -191,7 +191,7 @@ def test_the_field_walker_sees_every_field():
 
 def test_seeds_are_valid_models():
     for name in SEEDS:
-        assert isinstance(load(seed_header(name)), Checked)
+        assert isinstance(load(seed_header(name)), Validated)
 
 
 @pytest.mark.parametrize("value, word", [(struct.pack("<f", float("nan")), "finite"),

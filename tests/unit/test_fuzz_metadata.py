@@ -1,10 +1,10 @@
 """Fuzzing the metadata (Hypothesis): every key the lab reads set to the wrong type, an empty value, zero, a
 negative value, NaN, an infinity, a huge value, or removed; array items replaced, arrays cut or grown,
-tokens duplicated. The property, on the load-time path of the page and the CLI (`lab.validate.validate`,
+tokens duplicated. The property, on the load-time path of the page and the CLI (`lab.engine.load.validate`,
 then a short encode, decode and chat rendering): a ModelError whose message names one of the keys that
 were changed, or a model that works; never another exception or a hang.
 
-The mutations are made on the parsed header's metadata dict (what lab.gguf hands over); test_fuzz_gguf.py
+The mutations are made on the parsed header's metadata dict (what lab.format.gguf hands over); test_fuzz_gguf.py
 damages the bytes. Seeds and settings: tests/unit/fuzzkit.py (LAB_FUZZ_EXAMPLES=N for a deep run).
 """
 
@@ -15,9 +15,9 @@ import math
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from lab import validate
-from lab.model import ModelError
-from lab.validate import Checked
+from lab.format import checks
+from lab.format.model import ModelError
+from lab.engine.load import Validated, validate
 from tests.unit.fuzzkit import (
     ARCH,
     fuzz_settings,
@@ -37,7 +37,7 @@ ID_KEYS = [f"tokenizer.ggml.{n}_token_id" for n in
 def keys_read(name: str) -> list[str]:
     """Every key the lab reads for this seed's architecture, and every key the seed has."""
     arch = ARCH[name]
-    keys = ["general.architecture", *(f"{arch}.{k}" for k in validate.CONFIG_KEYS), *validate.TOKENIZER_KEYS,
+    keys = ["general.architecture", *(f"{arch}.{k}" for k in checks.CONFIG_KEYS), *checks.TOKENIZER_KEYS,
             *ID_KEYS, *seed_header(name).metadata]
     return sorted(set(keys))
 
@@ -115,7 +115,7 @@ def check(name: str, md: dict, changed: list[str]) -> object:
 
 
 def kind(out) -> str:
-    return "a valid model" if isinstance(out, Checked) else type(out).__name__
+    return "a valid model" if isinstance(out, Validated) else type(out).__name__
 
 
 @fuzz_settings(400)
@@ -138,7 +138,7 @@ def test_every_key_with_every_kind_of_bad_value():
                 else:
                     md[key] = v
                 out = check(name, md, [key])
-                kind = "valid" if isinstance(out, Checked) else "refused"
+                kind = "valid" if isinstance(out, Validated) else "refused"
                 outcomes[kind] = outcomes.get(kind, 0) + 1
     assert outcomes["refused"] > outcomes["valid"], outcomes
 
@@ -154,7 +154,7 @@ def test_the_issue_examples_are_refused_by_name():
         assert isinstance(out, ModelError) and key in str(out), out
     md = dict(h.metadata, **{"tokenizer.ggml.tokens": list(range(len(h.metadata["tokenizer.ggml.tokens"])))})
     out = load(with_metadata(h, md))
-    assert isinstance(out, validate.TokenizerError) and "tokenizer.ggml.tokens" in str(out) \
+    assert isinstance(out, checks.TokenizerError) and "tokenizer.ggml.tokens" in str(out) \
         and "must be an array of strings" in str(out), out
 
 
@@ -179,13 +179,13 @@ class Recording(dict):
 
 
 def test_no_key_is_read_that_the_rules_do_not_cover():
-    """Every key validate, the tokenizer and the chat template read is in lab.validate's tables: a
+    """Every key validate, the tokenizer and the chat template read is in lab.format.checks's tables: a
     new read without a rule fails here."""
     for name in SEEDS:
         md = Recording(seed_header(name).metadata)
-        checked = validate.validate(with_metadata(seed_header(name), md))
+        checked = validate(with_metadata(seed_header(name), md))
         use(checked, md)
         arch = ARCH[name]
-        covered = {"general.architecture", *(f"{arch}.{k}" for k in validate.CONFIG_KEYS), *validate.TOKENIZER_KEYS}
-        stray = {k for k in md.read if k not in covered and not validate.TOKEN_ID_KEY.fullmatch(k)}
+        covered = {"general.architecture", *(f"{arch}.{k}" for k in checks.CONFIG_KEYS), *checks.TOKENIZER_KEYS}
+        stray = {k for k in md.read if k not in covered and not checks.TOKEN_ID_KEY.fullmatch(k)}
         assert not stray, stray

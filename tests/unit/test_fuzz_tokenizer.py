@@ -21,8 +21,9 @@ import functools
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from lab.tokenizer import Tokenizer, clean_text, from_metadata
-from lab.tokenizer.bpe import BYTE_TO_CHAR
+from lab.text.tokenizer import Tokenizer, from_metadata
+from lab.text.tokenizer.base import clean_text
+from lab.text.tokenizer.bpe import BYTE_TO_CHAR
 from tests.unit.fuzzkit import fuzz_settings, real_metadata
 
 MODELS = ["smollm2", "qwen2.5", "gemma3"]
@@ -48,7 +49,7 @@ TEXT = st.one_of(st.lists(CHARS, max_size=40).map("".join),
 def bytes_without_token(name: str) -> frozenset[int]:
     tok = tokenizer(name)
     if tok.model != "gpt2":
-        return frozenset()           # SentencePiece: <0x00>..<0xFF> are required at load (lab.tokenizer.spm)
+        return frozenset()           # SentencePiece: <0x00>..<0xFF> are required at load (lab.text.tokenizer.spm)
     return frozenset(b for b in range(256) if BYTE_TO_CHAR[b] not in tok.token_to_id)
 
 

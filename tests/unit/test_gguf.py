@@ -1,6 +1,6 @@
-"""lab.gguf against the gguf package (reader and writer), on the real models and on files built here.
+"""lab.format.gguf against the gguf package (reader and writer), on the real models and on files built here.
 
-Corrupt files are built byte by byte with the small builder below (independent of lab.gguf), so each
+Corrupt files are built byte by byte with the small builder below (independent of lab.format.gguf), so each
 check is hit on purpose and its message asserted.
 """
 
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFWriter
 from gguf import GGUFValueType as V
 
-from lab import gguf
-from lab.gguf import GGUFError, NeedMoreBytes
+from lab.format import gguf
+from lab.format.gguf import GGUFError, NeedMoreBytes
 
 # ---------------------------------------------------------------- helpers
 

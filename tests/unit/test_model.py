@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from lab import gguf, model
+from lab.format import gguf, model
 
 
 def test_smollm2_config(smollm2_path):

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from lab.sampler import NONE, Pcg32, Sampler, Settings
+from lab.engine.sampler import NONE, Pcg32, Sampler
+from lab.settings import Settings
 
 CANDS = [(10, 5.0), (11, 4.5), (12, 4.0), (13, 2.0), (14, 1.0), (15, -3.0)]
 

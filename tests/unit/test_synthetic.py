@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from lab import gguf, model
+from lab.format import gguf, model
 from lab.host import bench, models, synthetic
 
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from lab import gguf
+from lab.format import gguf
 from lab.host import models
-from lab.tokenizer import StreamDecoder, Tokenizer, UnsupportedTokenizer, from_metadata
+from lab.text.tokenizer import StreamDecoder, Tokenizer, UnsupportedTokenizer, from_metadata
 from tests.conftest import FIXTURES, load_fixture
 
 MODELS = ["smollm2", "qwen2.5", "gemma3"]      # BPE, BPE, SPM

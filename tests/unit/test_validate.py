@@ -1,4 +1,4 @@
-"""lab.validate: one check per rule, each refusal naming its key and value; the real models pass; RoPE
+"""lab.format.checks: one check per rule, each refusal naming its key and value; the real models pass; RoPE
 scaling read as llama.cpp reads it. Seeds (tiny models with real tokenizer metadata): tests/unit/fuzzkit.py."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import struct
 
 import pytest
 
-from lab import gguf, validate
-from lab.gguf import TensorInfo
+from lab.engine.load import validate
+from lab.format import checks, gguf
+from lab.format.gguf import TensorInfo
 from lab.host import models
-from lab.model import ModelError
-from lab.tokenizer import TokenizerError
+from lab.format.model import ModelError
+from lab.text.tokenizer import TokenizerError
 from tests.unit.fuzzkit import seed, seed_header, with_metadata
 
 
@@ -32,7 +33,7 @@ def edit(name: str, **kv) -> gguf.Header:
 
 def refused(h: gguf.Header, *words: str, kind=ModelError) -> str:
     with pytest.raises(kind) as e:
-        validate.validate(h)
+        validate(h)
     for w in words:
         assert w in str(e.value), e.value
     return str(e.value)
@@ -40,7 +41,7 @@ def refused(h: gguf.Header, *words: str, kind=ModelError) -> str:
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5", "gemma3"])
 def test_real_models_pass(name):
-    cfg, tok = validate.validate(gguf.read_file(models.path(name)))
+    cfg, tok = validate(gguf.read_file(models.path(name)))
     assert cfg.n_vocab == tok.vocab_size
 
 
@@ -133,7 +134,7 @@ def test_rope_scaling_as_llama_cpp_reads_it():
     """Type "linear" when absent; factor from rope.scaling.factor, else rope.scale_linear; 0 means none;
     type "none" never scales."""
     def scale(**kv):
-        return validate.validate(edit("smollm2", **kv)).config.rope_scale
+        return validate(edit("smollm2", **kv)).config.rope_scale
     assert scale() == 1.0
     assert scale(llama__rope__scaling__factor=4.0) == 0.25                       # no type: linear
     assert scale(llama__rope__scale_linear=2.0) == 0.5                           # the older key
@@ -161,9 +162,9 @@ def test_messages_say_which_keys_made_a_shape():
 
 
 def test_show_abbreviates():
-    assert validate.show("x" * 100).endswith("... (100 characters)")
-    assert validate.show(list(range(10))) == "[0, 1, 2, ...] (10 items)"
-    assert validate.show([1, 2]) == "[1, 2]"
+    assert checks.show("x" * 100).endswith("... (100 characters)")
+    assert checks.show(list(range(10))) == "[0, 1, 2, ...] (10 items)"
+    assert checks.show([1, 2]) == "[1, 2]"
 
 
 def test_the_cli_names_the_key(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""lab/verify.py without a GPU: the content hash that picks a file's references, the comparison's verdicts (a
+"""lab/instruments/verify.py without a GPU: the content hash that picks a file's references, the comparison's verdicts (a
 perturbed logit vector must fail), and the kernel fixtures' pure-Python check."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from array import array
 
 import pytest
 
-from lab import gguf, verify
+from lab.format import gguf
+from lab.instruments import verify
 from lab.host.verify_native import REFERENCE, index
 
 

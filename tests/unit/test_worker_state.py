@@ -1,4 +1,4 @@
-"""The worker's state (lab/worker.py) outside the browser: `js` and `pyodide.ffi` are stood in for, so the state
+"""The worker's state (lab/worker/router.py) outside the browser: `js` and `pyodide.ffi` are stood in for, so the state
 transitions run in CPython. What is checked: after a lost device, Forget and a new chat nothing of the conversation
 is left on the Python side, in the state or in lists a handler may still hold."""
 
@@ -10,12 +10,17 @@ import types
 
 import pytest
 
-from lab.session import Session
+from lab.engine.session import Session
 
 
 class _Tok:
     def __init__(self) -> None:
         self._cache = {"the secret": [1, 2]}     # what BPE caches: chunks of typed text
+
+    def drop_caches(self) -> int:                # as lab.text.tokenizer.base.Tokenizer.drop_caches
+        n = len(self._cache)
+        self._cache.clear()
+        return n
 
 
 class _Engine:
@@ -38,12 +43,12 @@ def worker(monkeypatch):
     pyodide.ffi = ffi
     for name, mod in (("js", js), ("pyodide", pyodide), ("pyodide.ffi", ffi)):
         monkeypatch.setitem(sys.modules, name, mod)
-    for name in ("lab.worker", "lab.gpu.browser"):
+    for name in ("lab.worker.router", "lab.gpu.browser"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    w = importlib.import_module("lab.worker")
+    w = importlib.import_module("lab.worker.router")
     w.posted = posted
     yield w
-    for name in ("lab.worker", "lab.gpu.browser"):
+    for name in ("lab.worker.router", "lab.gpu.browser"):
         sys.modules.pop(name, None)
 
 

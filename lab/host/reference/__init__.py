@@ -11,7 +11,7 @@ re-exported here so that `python -m lab.host.reference.bisect` runs without runp
 warning.)
 """
 
-from .forward import Reference
-from .weights import Hparams, Weights
+from lab.host.reference.forward import Reference
+from lab.host.reference.weights import Hparams, Weights
 
 __all__ = ["Hparams", "Reference", "Weights"]

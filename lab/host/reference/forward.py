@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .weights import Hparams, Weights
+from lab.host.reference.weights import Hparams, Weights
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_COEF_A = 0.044715

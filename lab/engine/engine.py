@@ -1,0 +1,246 @@
+"""The GPU forward pass: weights resident, a KV cache, and two prebuilt plans (prefill of t tokens,
+decode of one), each run as one compute pass with one submit.
+
+    Config (lab.format.model)  ->  Engine: weights (lab.ops.weights.ModelWeights: GGUF blocks on the GPU),
+                                    scratch (activations, KV cache), plans (lab.engine.plans: Prefill and Decode,
+                                    lists of Ops with bind groups built once at load), step
+
+Per step the CPU writes only the step uniform (position, token count) and, for prefill or a sampled
+token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
+the ids buffer, so the following decode step needs no write of it).
+
+What it does not know: text (lab.text.tokenizer), turns and KV reuse (lab.engine.session), files (`weights.uploads`
+says which file bytes go where; `weights.upload_file` and the browser's JS helper move them).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from collections.abc import Awaitable
+
+from lab import gpu, ops
+from lab.engine import budget
+from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
+from lab.engine.scratch import AHEAD, DEFAULT_BATCH, Scratch
+from lab.format.gguf import Header
+from lab.format.model import Config, from_gguf, host_tensors, tensor_views
+from lab.gpu.shaders import KernelCache
+from lab.ops import attention as attn_ops
+from lab.ops import sample
+from lab.ops.weights import ModelWeights
+from lab.settings import DEFAULT_CTX, MIN_CTX
+
+MAX_PLANS = 32          # prepared dispatch lists kept (one per prefill length seen, plus decode)
+
+
+class EngineError(RuntimeError):
+    """A request the loaded engine cannot serve (context full, bad token id); the message says what to do."""
+
+
+def read_host_values(path, header: Header, cfg: Config) -> dict[str, bytes]:
+    """Native hosts: the bytes of the few tensors the engine needs as values (lab.format.model.HOST_TENSORS)."""
+    out = {}
+    with open(path, "rb") as f:
+        for t in host_tensors(cfg, header):
+            f.seek(t.offset)
+            out[t.name] = f.read(t.nbytes)
+    return out
+
+
+class Engine:
+    """weights (GGUF blocks on the GPU) -> scratch (activations, KV cache) -> plans (prefill, decode) -> step."""
+
+    def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
+                 n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
+                 host_values: dict[str, bytes] | None = None, int8_prefill: bool = False,
+                 counted: budget.Budget | None = None) -> None:
+        """host_values: the raw bytes of the tensors lab.format.model.host_tensors names (llama 3's rope_freqs), read by
+        the caller from the file (`read_host_values` natively; one File.slice in the browser worker).
+        int8_prefill: prefill's projections of the types lab.ops.matmul.I8_TYPES run on the tensor cores with 8-bit
+        inputs (wgsl/matmul_i8.wgsl), on adapters with AdapterInfo.int8_matrix only; decode is unchanged.
+        counted: the memory budget the caller already counted for these arguments (a page load counts once, to
+        show it on the model card); without it the engine counts its own."""
+        self.device = device
+        self.header = header
+        self.cfg = cfg = cfg or from_gguf(header)
+        if n_ctx < MIN_CTX or max_batch < 1:
+            raise EngineError(f"context {n_ctx} (at least {MIN_CTX}) and batch {max_batch} must be positive")
+        self.rope_freqs = None      # [n_rot/2] llama 3 frequency factors: theta_i / factor_i, every layer
+        for t in host_tensors(cfg, header):
+            raw = (host_values or {}).get(t.name)
+            if raw is None or len(raw) != t.nbytes:
+                raise EngineError(f"tensor {t.name}: its {t.nbytes} bytes were not read from the file (the engine "
+                                  f"needs its values before it builds the plans)")
+            self.rope_freqs = array("f", bytes(raw)).tolist()
+        self.n_ctx = n_ctx
+        self.max_batch = max_batch
+        # decode steps with at most this many keys run attention in one dispatch (plans.with_whole_attention); on a
+        # CPU adapter every step does, since its split has a single chunk anyway and the combine is pure overhead
+        self.whole_keys = n_ctx if device.info.software else attn_ops.WHOLE_KEYS
+        self.logits_all = logits_all
+        if int8_prefill and not device.info.int8_matrix:
+            raise EngineError(f"{device.info.name}: no int8 subgroup matrices, so no int8 prefill")
+        self.int8_prefill = int8_prefill
+        self.kernels = KernelCache(device)
+        self._prepared: dict[tuple[str, int, bool], object] = {}
+        # every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py):
+        # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
+        key = (n_ctx, max_batch, logits_all, int8_prefill)
+        if counted is None:
+            counted = budget.count(device.info.limits, header, cfg, n_ctx, max_batch=max_batch, logits_all=logits_all,
+                                   int8=int8_prefill)
+        elif counted.counted_for != key:
+            raise EngineError(f"the memory budget was counted for (n_ctx, max_batch, logits_all, int8) = "
+                              f"{counted.counted_for}, not {key}")
+        self.budget = budget.check(counted, bounded=False)
+        with device.owning(self):
+            try:
+                self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
+                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill)
+                self.prefill: Plan = Prefill(self).build()
+                self.decode: Plan = Decode(self).build()
+                self.decode_whole: Plan = with_whole_attention(self.decode, cfg.n_layer,
+                                                               lambda il: self.attention_op(il, False, whole=True))
+            except BaseException:
+                device.free(self)
+                raise
+
+    def close(self) -> None:
+        """Free every buffer this engine made (weights, activations, caches, parameters)."""
+        self.device.free(self)
+        self._prepared.clear()
+
+    # -- what the probes and panels use --------------------------------------------------------------------
+    @property
+    def kv_buffers(self) -> list[tuple[gpu.Buffer, gpu.Buffer]]:
+        """(K, V) cache buffers per layer, each [n_ctx, n_head_kv * head_dim] f32."""
+        return list(zip(self.scratch.k_cache, self.scratch.v_cache))
+
+    def plan_for(self, batched: bool) -> Plan:
+        """The plan the probes and panels build on: prefill, or decode with its split attention."""
+        return self.prefill if batched else self.decode
+
+    def step_plan(self, t: int, pos: int) -> Plan:
+        """The plan a step of t tokens at `pos` runs: decode steps with at most `whole_keys` keys take the
+        one-dispatch attention (`decode_whole`), the others the split."""
+        if t > 1:
+            return self.prefill
+        return self.decode_whole if pos + 1 <= self.whole_keys else self.decode
+
+    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None, whole: bool = False) -> list[ops.Op]:
+        """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.instruments.probes builds it again
+        with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
+        cfg, s = self.cfg, self.scratch
+        return attn_ops.attention(self.device, self.kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.att,
+                                  s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
+                                  q_stride=s.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
+                                  window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
+                                  probe=probe, mode="prefill" if batched else "whole" if whole else "decode",
+                                  # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU
+                                  # adapter pays per workgroup, so there the keys stay in one chunk and the
+                                  # tiles wide (measured on lavapipe: narrow tiles made prefill attention 4x slower)
+                                  chunk=self.n_ctx if self.device.info.software else None,
+                                  narrow=not self.device.info.software)
+
+    def step_writes(self, ids: list[int] | None, pos: int, t: int) -> list[tuple[gpu.Buffer, int, bytes]]:
+        """The CPU's only writes of a step: the step uniform, and the ids unless the previous argmax feeds it."""
+        writes = [(self.scratch.step, 0, ops.step_bytes(pos, t, self.n_ctx))]
+        if ids is not None:
+            writes.append((self.scratch.ids, 0, struct.pack(f"<{t}I", *ids)))
+        return writes
+
+    # -- plans ----------------------------------------------------------------------------------------------
+    def ops_for(self, t: int, sampled: bool = False, pos: int = 0) -> list[ops.Op]:
+        plan = self.step_plan(t, pos)
+        return plan.ops + plan.tails[sampled]
+
+    def prepared(self, t: int, sampled: bool = False, pos: int = 0):
+        """The backend's prepared dispatch list for a step of t tokens at `pos` (prefill for t > 1), cached per
+        (plan, t, sampled)."""
+        plan = self.step_plan(t, pos)
+        key = ("prefill" if t > 1 else "whole" if plan is self.decode_whole else "decode", t, sampled)
+        p = self._prepared.get(key)
+        if p is None:
+            p = self.device.prepare(ops.dispatches(plan.ops + plan.tails[sampled], t))
+            if len(self._prepared) > MAX_PLANS:
+                self._prepared.pop(next(iter(k for k in self._prepared if k[0] == "prefill")))
+            self._prepared[key] = p
+        return p
+
+    # -- steps ------------------------------------------------------------------------------------------
+    def _check(self, ids, pos: int) -> None:
+        t = len(ids)
+        if not 1 <= t <= self.max_batch:
+            raise EngineError(f"a step takes 1 to {self.max_batch} tokens, not {t}")
+        if pos + t > self.n_ctx:
+            raise EngineError(f"the conversation would reach {pos + t} tokens, past the context of {self.n_ctx} "
+                              f"made at load: start a new chat, or load with a larger context")
+        bad = [i for i in ids if not 0 <= i < self.cfg.n_vocab]
+        if bad:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.n_vocab}")
+
+    def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,
+             keep: int | None = None) -> None:
+        """Submit one step of t tokens at `pos`. ids=None reuses ids[0] (the previous greedy argmax).
+        sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`).
+        keep=i also copies the argmax to slot i of `kept`, so that several greedy steps can run before
+        one read-back (`kept_ids`): each overwrites ids[0]."""
+        t = len(ids) if ids is not None else (t or 1)
+        self._check(ids if ids is not None else [0] * t, pos)
+        s = self.scratch
+        copies = ()
+        if keep is not None:
+            if sampled or not 0 <= keep < AHEAD:
+                raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
+            copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
+        self.device.run(self.prepared(t, sampled, pos), self.step_writes(ids, pos, t), copies)
+
+    def kept_ids(self, n: int) -> Awaitable[list[int]]:
+        """The first n kept greedy ids, as of the steps submitted so far (the read is ordered here, see
+        Device.read: steps submitted before the await do not change them)."""
+        raw = self.device.read(self.scratch.kept, 0, 4 * n)
+
+        async def ids() -> list[int]:
+            return list(struct.unpack(f"<{n}I", await raw))
+        return ids()
+
+    async def argmax(self) -> int:
+        return struct.unpack("<I", await self.device.read(self.scratch.ids, 0, 4))[0]
+
+    async def top_k(self) -> list[tuple[int, float]]:
+        raw = await self.device.read(self.scratch.topk, 0, 8 * sample.MAX_K)
+        pairs = [sample.PAIR.unpack_from(raw, 8 * i) for i in range(sample.MAX_K)]
+        return [(i, v) for i, v in pairs if i != sample.NONE]
+
+    async def traced(self, ids: list[int], pos: int) -> dict[str, bytes]:
+        """Run one step op by op and read every traced activation: {name: raw f32 bytes, [rows, width]}."""
+        t = len(ids)
+        self._check(ids, pos)
+        op_list, trace = self.ops_for(t, pos=pos), self.step_plan(t, pos).trace
+        out: dict[str, bytes] = {}
+        done = 0
+        writes = self.step_writes(ids, pos, t)
+        for tr in sorted(trace, key=lambda r: r.after):
+            if tr.after >= done:
+                self.device.run(ops.dispatches(op_list[done:tr.after + 1], t), writes)
+                writes, done = [], tr.after + 1
+            rows = 1 if tr.rows == "one" else t
+            raw = await self.device.read(tr.buffer, 4 * tr.offset, 4 * ((rows - 1) * tr.stride + tr.width))
+            out[tr.name] = b"".join(raw[4 * r * tr.stride: 4 * (r * tr.stride + tr.width)] for r in range(rows))
+        if done < len(op_list):
+            self.device.run(ops.dispatches(op_list[done:], t), writes)
+        return out
+
+    async def first_nonfinite(self, ids: list[int], pos: int) -> str | None:
+        """Replay a step of `ids` at `pos` op by op and name the first traced tensor, in plan order, that holds a NaN
+        or an infinity (None if all are finite): where a broken weight or setting first shows."""
+        for name, raw in (await self.traced(ids, pos)).items():
+            if not all(map(math.isfinite, array("f", raw))):
+                return name
+        return None
+
+    def dispatches_per_step(self, t: int, sampled: bool = False, pos: int = 0) -> int:
+        """Dispatches of a step of t tokens at `pos` (decode: at pos 0 the short-context plan)."""
+        return len(ops.dispatches(self.ops_for(t, sampled, pos), t))

@@ -1,0 +1,277 @@
+"""The two step plans of an engine: `Prefill` (t tokens through matmuls) and `Decode` (one token through matvecs).
+
+Both run the same layer sequence, written once in `PlanBuilder.build`; each subclass says only how its kind of
+step projects, feeds the GLU, attends and picks the rows of the output head. Decode folds what it can into its
+matvecs (the RMSNorm before a projection, the GLU before the down projection, the biases after QKV, and for
+adjacent-pair RoPE the rotation and the KV write after QKV), because a decode step on a GPU is bound by the number
+of dependent kernels, not by bytes (docs/performance.md).
+
+Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
+the names lab/host/reference/forward.py traces and the panels key their data by.
+
+What it does not know: files, tokens, sessions. It reads the engine's weights and scratch buffers, and builds ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from lab import gpu, ops
+from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample
+from lab.ops.rows import Rows
+
+
+@dataclass(frozen=True)
+class Traced:
+    """An activation recorded under llama.cpp's eval-callback name after op `after` of a plan."""
+    name: str
+    after: int              # index into the plan's op list
+    buffer: gpu.Buffer
+    width: int              # floats per token row
+    stride: int             # floats between rows
+    offset: int = 0         # floats before the first element of row 0
+    rows: str = "tokens"    # "tokens" (t rows) or "one" (a single row)
+
+
+@dataclass
+class Plan:
+    ops: list[ops.Op] = field(default_factory=list)
+    trace: list[Traced] = field(default_factory=list)
+    tails: dict[bool, list[ops.Op]] = field(default_factory=dict)   # sampled? -> the ops that pick the next token
+
+    def at(self, name: str) -> int:
+        """Index of the op after which the traced tensor `name` is complete."""
+        for tr in self.trace:
+            if tr.name == name:
+                return tr.after
+        raise KeyError(f"no traced tensor {name!r} in this plan")
+
+
+class PlanBuilder:
+    batched: bool
+
+    def __init__(self, engine) -> None:
+        self.eng = engine
+        self.cfg = engine.cfg
+        self.dev = engine.device
+        self.kc = engine.kernels
+        self.s = engine.scratch
+        self.w = engine.weights
+        self.plan = Plan()
+
+    # -- recording ------------------------------------------------------------------------------------------
+    def add(self, op_list, name=None, buf=None, width=0, stride=None, offset=0, rows="tokens") -> None:
+        self.plan.ops.extend(op_list)
+        if name:
+            self.trace(name, buf, width, stride, offset, rows)
+
+    def trace(self, name, buf, width, stride=None, offset=0, rows="tokens") -> None:
+        """Record `name` as complete after the last op added so far."""
+        self.plan.trace.append(Traced(name, len(self.plan.ops) - 1, buf, width, stride or width, offset, rows))
+
+    # -- what differs between prefill and decode ------------------------------------------------------------
+    def mm(self, name: str, x: gpu.Buffer, y: gpu.Buffer, **opts) -> list[ops.Op]:
+        raise NotImplementedError
+
+    def normed_proj(self, key: str, norm_w: str, y: gpu.Buffer, width: int, bias: str | None,
+                    rotary: rope.QkvRope | None = None) -> list[list[ops.Op]]:
+        """RMSNorm of x, then the stacked projections `key` into rows of `width` floats of y (plus a bias over the
+        whole row; `rotary`: rotated, K and V cached, see qkv_rope). Returns op lists; the first one leaves xn (the
+        normed x) written."""
+        raise NotImplementedError
+
+    def qkv_rope(self, il: int, base: float) -> rope.QkvRope | None:
+        """RoPE for layer il's QKV projection to apply in its own epilogue, or None for the rope op after it."""
+        return None
+
+    def glu_then(self, act: str) -> tuple[gpu.Buffer, dict]:
+        """The GLU of the [gate | up] rows: (the down projection's input, its fused options)."""
+        raise NotImplementedError
+
+    def head(self) -> Rows:
+        """Add the output head; returns the row selection its logits leave for the tail."""
+        raise NotImplementedError
+
+    # -- the layer sequence ---------------------------------------------------------------------------------
+    def build(self) -> Plan:
+        cfg, dev, kc, s, w = self.cfg, self.dev, self.kc, self.s, self.w
+        step = s.step
+        E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, s.qkv_width
+        act = "geglu" if cfg.gelu else "swiglu"
+        # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
+        self.add(embed.get_rows(dev, kc, w.embedding, s.ids, s.x, step, scale=cfg.embd_scale),
+                 "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", s.x, E)
+        for il in range(cfg.n_layer):
+            b = f"blk.{il}."
+            # attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache -> attention
+            base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
+            fused = self.qkv_rope(il, base)
+            self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
+                                              b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
+            if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
+                self.add(norm.rms_norm(dev, kc, s.qkv, w.vectors[b + "attn_q_norm.weight"], s.qkv, step, Q + KV,
+                                       cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
+                                       w2=w.vectors[b + "attn_k_norm.weight"], split=cfg.n_head))
+            if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
+                self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+            else:
+                # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
+                # rotated K and the V into the cache (role KV_WRITE).
+                self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
+                                   cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
+                                   col_offset=0, freq_factors=self.eng.rope_freqs,
+                                   cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
+                         f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+            self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
+            self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
+            self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
+            # output projection; the residual add is folded into it unless gemma3's post-norm sits between
+            if cfg.post_norms:
+                self.add(self.mm(b + "attn_output.weight", s.att, s.tmp))
+                self.add(norm.rms_norm(dev, kc, s.tmp, w.vectors[b + "post_attention_norm.weight"], s.tmp, step, E,
+                                       cfg.eps, residual=s.x), f"attn_post_norm-{il}", s.tmp, E)
+                self.trace(f"ffn_inp-{il}", s.x, E)
+            else:
+                self.add(self.mm(b + "attn_output.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
+            # feed-forward: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down (+ residual)
+            self._add_normed(self.normed_proj(b + "gate_up", b + "ffn_norm.weight", s.gate_up, 2 * cfg.n_ff, None),
+                             f"ffn_norm-{il}")
+            down_in, down_opts = self.glu_then(act)
+            if cfg.post_norms:
+                self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
+                self.add(norm.rms_norm(dev, kc, s.tmp, w.vectors[b + "post_ffw_norm.weight"], s.tmp, step, E,
+                                       cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
+                self.trace(f"l_out-{il}", s.x, E)
+            else:
+                self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts),
+                         f"l_out-{il}", s.x, E)
+        # output: final norm, then the head. The head keeps its own norm op: folded in, each of its n_vocab / 4
+        # workgroups would re-read x.
+        self.add(norm.rms_norm(dev, kc, s.x, w.vectors["output_norm.weight"], s.xn, step, E, cfg.eps),
+                 "result_norm", s.xn, E)
+        rows = self.head()
+        if cfg.final_softcap:   # gemma2: logits = c * tanh(logits / c), before the tail picks a token
+            self.add(elementwise.softcap(dev, kc, s.logits, step, cfg.n_vocab, cfg.final_softcap,
+                                         rows=0 if rows == Rows.last() else 1))
+            head = self.plan.trace.pop(next(i for i, tr in enumerate(self.plan.trace) if tr.name == "result_output"))
+            self.plan.trace.append(dataclasses.replace(head, after=len(self.plan.ops) - 1))
+        # The tail picks the next token: greedy's argmax lands in ids[0], ready to be the next decode step's
+        # input; sampling reads back the top-k candidates instead (the top-k pass costs 13% of a decode
+        # step on lavapipe, so greedy plans leave it out).
+        self.plan.tails = {
+            False: sample.argmax(dev, kc, s.logits, s.ids, step, cfg.n_vocab, rows=rows),
+            True: sample.top_k(dev, kc, s.logits, s.topk, step, cfg.n_vocab, sample.MAX_K, rows=rows)}
+        return self.plan
+
+    def _add_normed(self, op_lists, name) -> None:
+        self.add(op_lists[0], name, self.s.xn, self.cfg.n_embd)
+        for o in op_lists[1:]:
+            self.add(o)
+
+
+GLU_APART = 8192        # decode: FFNs at least this wide run their GLU as its own op (Decode.glu_then)
+
+
+class Prefill(PlanBuilder):
+    """t tokens: a norm op, matmuls, a bias op, a GLU op; the head on the last row (every row for logits_all)."""
+    batched = True
+
+    def mm(self, name, x, y, *, y_offset=0, y_stride=None, accumulate=False):
+        w, s = self.w.matrices[name], self.s
+        if self.eng.int8_prefill and w.type.name in matmul.I8_TYPES:
+            return matmul.matmul_i8(self.dev, self.kc, w, x, y, s.step, s.xq, s.xd, max_tokens=self.eng.max_batch,
+                                    accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+        return matmul.matmul(self.dev, self.kc, w, x, y, s.step, max_tokens=self.eng.max_batch,
+                             accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+
+    def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
+        s, cfg = self.s, self.cfg
+        out = [norm.rms_norm(self.dev, self.kc, s.x, self.w.vectors[norm_w], s.xn, s.step, cfg.n_embd, cfg.eps)]
+        out += [self.mm(w.name, s.xn, y, y_offset=col, y_stride=width) for w, col in self.w.stacked[key]]
+        if bias:
+            out.append(elementwise.add_bias(self.dev, self.kc, y, self.w.vectors[bias], s.step, width, stride=width,
+                                            offset=0))
+        return out
+
+    def glu_then(self, act):
+        s = self.s
+        self.add(glu.glu(self.dev, self.kc, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+        return s.h, {}
+
+    def head(self):
+        s, cfg = self.s, self.cfg
+        if self.eng.logits_all:
+            self.add(matmul.matmul(self.dev, self.kc, self.w.head, s.xn, s.logits, s.step,
+                                   max_tokens=self.eng.max_batch), "result_output", s.logits, cfg.n_vocab)
+            return Rows.last()
+        self.add(elementwise.last_row(self.dev, self.kc, s.xn, s.last, s.step, cfg.n_embd))
+        self.add(matmul.matvec(self.dev, self.kc, self.w.head, s.last, s.logits, s.step), "result_output", s.logits,
+                 cfg.n_vocab, rows="one")
+        return Rows.fixed(1)
+
+
+class Decode(PlanBuilder):
+    """One token: matvecs with the norm, the GLU and the bias folded in; the head on the one row."""
+    batched = False
+
+    def mm(self, name, x, y, *, y_offset=0, accumulate=False, **fused):
+        return matmul.matvec(self.dev, self.kc, self.w.matrices[name], x, y, self.s.step, y_offset=y_offset,
+                             accumulate=accumulate, **fused)
+
+    def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
+        s = self.s
+        return [self.mm(w.name, s.x, y, y_offset=col, norm=(self.w.vectors[norm_w], self.cfg.eps), xn=s.xn,
+                        write_xn=i == 0, **({"bias": self.w.vectors[bias], "bias_offset": col} if bias else {}),
+                        **({"rope": rotary} if rotary else {}))
+                for i, (w, col) in enumerate(self.w.stacked[key])]
+
+    def qkv_rope(self, il, base):
+        # A decode step is bound by its dependent dispatches: the rotation and the KV write ride in the projection's
+        # epilogue where the pairs are adjacent (a workgroup's 4 rows hold whole pairs; NEOX pairs lie half a head
+        # apart) and nothing sits between projection and rotation (q/k norms), and the adapter allows the bindings.
+        cfg, s = self.cfg, self.s
+        stacked = self.w.stacked[f"blk.{il}.qkv"]
+        limit = self.dev.info.limits["max_storage_buffers_per_shader_stage"]
+        if cfg.rope_neox or cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
+                or any(matmul.matvec_storage(w.type.name, norm=True, bias=cfg.qkv_bias, rope=True) > limit
+                       for w, _ in stacked) \
+                or any((col + p.first_row) % 2 for w, col in stacked for p in w.parts):
+            return None
+        freqs = rope.frequencies(cfg.n_rot, base, cfg.rope_scale, self.eng.rope_freqs)
+        return rope.QkvRope(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, tuple(freqs), s.step,
+                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx)
+
+    def glu_then(self, act):
+        # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's
+        # 14,336-wide FFN that made ffn_down 46 us a layer on the H200. FFNs that wide take one GLU op first;
+        # narrower ones keep the fold, which saves a dispatch where dispatches bound the step.
+        if self.cfg.n_ff >= GLU_APART:
+            s = self.s
+            self.add(glu.glu(self.dev, self.kc, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+            return s.h, {}
+        return self.s.gate_up, {"glu": act}
+
+    def head(self):
+        s = self.s
+        self.add(matmul.matvec(self.dev, self.kc, self.w.head, s.xn, s.logits, s.step), "result_output", s.logits,
+                 self.cfg.n_vocab, rows="one")
+        return Rows.fixed(1)
+
+
+def with_whole_attention(decode: Plan, n_layer: int, whole) -> Plan:
+    """The decode plan with each layer's run of ATTENTION ops (split, combine) replaced by `whole(il)` (one
+    decode_whole op): the engine's plan for steps with few keys. Every other op is the same object; the traced
+    points move with their ops. The probes keep using the split plan (its combine leaves what their pass reads)."""
+    last = {decode.at(f"kqv_out-{il}"): il for il in range(n_layer)}
+    ops_out: list[ops.Op] = []
+    index: dict[int, int] = {}
+    for i, op in enumerate(decode.ops):
+        if op.role == ops.ATTENTION:
+            if i in last:
+                ops_out += whole(last[i])
+        else:
+            ops_out.append(op)
+        index[i] = len(ops_out) - 1
+    trace = [dataclasses.replace(tr, after=index[tr.after]) for tr in decode.trace]
+    return Plan(ops_out, trace, decode.tails)

@@ -1,0 +1,86 @@
+"""What the engine keeps between the ops of a step and between steps: the activations and the KV cache (`Scratch`),
+and the sizes they are made at (the prefill step's rows, the greedy steps run ahead of a read-back).
+
+    Scratch.alloc(device, cfg, n_ctx, B, ...)   every buffer kind CONVERSATION, each with its shape
+
+lab.engine.budget runs `Scratch.alloc` against a device that only records sizes, so the memory budget and the engine
+share one allocation. What it does not know: the weights (lab.ops.weights) or the plans that use these buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lab import gpu, ops
+from lab.format.model import Config
+from lab.ops import attention as attn_ops
+from lab.ops import matmul as matmul_ops
+from lab.ops import sample
+
+DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
+GPU_BATCH = 512         # the same on a GPU adapter, as the native benchmarks run (a 2,048-token prompt in 4 steps,
+                        # not 32); on the H200 page it left the 512-token prefill at 0.39-0.66 of native, within
+                        # the 64-token steps' spread (docs/performance.md, run 4). A CPU adapter gains nothing
+                        # from wider steps and pays for the larger scratch
+AHEAD = 8               # greedy decode steps submitted before one read-back (lab.engine.session)
+
+
+def prefill_batch(info) -> int:
+    """The prefill step a page load uses on this adapter (lab.gpu.AdapterInfo)."""
+    return DEFAULT_BATCH if info.software else GPU_BATCH
+
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Activations and the KV cache, allocated once per engine; every buffer is kind CONVERSATION (Forget wipes
+    them). B = max_batch rows; decode uses row 0."""
+    step: gpu.Buffer            # the per-step uniform: pos, n_tokens, n_ctx (lab.ops.STEP)
+    ids: gpu.Buffer             # [B] u32 token ids; greedy's argmax lands in ids[0]
+    x: gpu.Buffer               # [B, n_embd] the residual stream
+    xn: gpu.Buffer              # [B, n_embd] normed residual
+    qkv: gpu.Buffer             # [B, q + 2 kv] the fused projection row [q | k | v]
+    att: gpu.Buffer             # [B, q] attention output
+    tmp: gpu.Buffer | None      # [B, n_embd] branch output before gemma3's post-norm (None without post-norms)
+    gate_up: gpu.Buffer         # [B, 2 n_ff] the fused row [gate | up]
+    h: gpu.Buffer               # [B, n_ff] GLU output (prefill; decode folds it into the down projection)
+    last: gpu.Buffer            # [n_embd] the last row, the only one prefill's head reads
+    logits: gpu.Buffer          # [1 or B, n_vocab]
+    topk: gpu.Buffer            # [K] (u32 id, f32 logit) pairs for sampling
+    kept: gpu.Buffer            # [AHEAD] u32 ids of greedy steps run ahead of one read-back
+    k_cache: tuple[gpu.Buffer, ...]   # per layer [n_ctx, n_head_kv * head_dim]
+    v_cache: tuple[gpu.Buffer, ...]
+    qkv_width: int              # floats per fused qkv row
+    xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
+    xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
+
+    @classmethod
+    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
+              int8: bool = False) -> Scratch:
+        conv, f32 = gpu.CONVERSATION, 4
+        W = cfg.q_dim + 2 * cfg.kv_dim
+        rows = B if logits_all else 1
+        kv_bytes = attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv, cfg.head_dim)
+        return cls(
+            step=ops.make_step(dev, "step"),
+            ids=dev.buffer(4 * B, conv, "ids [B] u32"),
+            x=dev.buffer(f32 * B * cfg.n_embd, conv, "x residual [B, n_embd]"),
+            xn=dev.buffer(f32 * B * cfg.n_embd, conv, "xn normed [B, n_embd]"),
+            qkv=dev.buffer(f32 * B * W, conv, "qkv [B, q + 2 kv]"),
+            att=dev.buffer(f32 * B * cfg.q_dim, conv, "attention out [B, q]"),
+            tmp=dev.buffer(f32 * B * cfg.n_embd, conv, "branch out [B, n_embd]") if cfg.post_norms else None,
+            gate_up=dev.buffer(f32 * B * 2 * cfg.n_ff, conv, "gate|up [B, 2 n_ff]"),
+            h=dev.buffer(f32 * B * cfg.n_ff, conv, "glu out [B, n_ff]"),
+            last=dev.buffer(f32 * cfg.n_embd, conv, "last row [n_embd]"),
+            logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
+            topk=dev.buffer(8 * sample.MAX_K, conv, "top-k pairs [K] (u32, f32)"),
+            kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
+            k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
+            v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
+            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}))
+
+    @staticmethod
+    def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:
+        q_bytes, d_bytes = matmul_ops.i8_scratch_bytes(B, max(cfg.n_embd, cfg.q_dim, cfg.n_ff))
+        return {"xq": dev.buffer(q_bytes, gpu.CONVERSATION, "prefill input int8 [B, widest]"),
+                "xd": dev.buffer(d_bytes, gpu.CONVERSATION, "prefill input scales [B, widest / 32] (d, d sum q)")}

@@ -1,0 +1,182 @@
+"""A conversation with one loaded engine: KV-cache reuse across turns, the generation loop, timings.
+
+What it does not know: how the prompt was made (lab.text.chat renders turns into ids) or where the text
+goes (callers pass `on_token`). It is the same code natively and in the browser's worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from lab.engine.engine import Engine, EngineError
+from lab.engine.sampler import Sampler
+from lab.engine.scratch import AHEAD
+from lab.ops.sample import NONE
+from lab.settings import Settings
+
+FAST_STEP_S = 0.02      # greedy steps quicker than this run AHEAD at a time (below: one, for streaming)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest run of ids `a` and `b` share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Result:
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)       # generated ids (an end-of-generation id is not included)
+    text: str = ""
+    reused: int = 0             # prompt tokens whose K/V were already cached
+    prefilled: int = 0          # prompt tokens run through prefill this turn
+    ttft_s: float = 0.0         # time to first token
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0       # one-token steps run (the first generated token comes from prefill)
+    stop: str = ""              # "eog", "length", "stopped"
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefilled / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "ids": self.ids, "text": self.text, "reused": self.reused,
+                "prefilled": self.prefilled, "ttft_s": round(self.ttft_s, 4),
+                "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
+                "stop": self.stop}
+
+
+class Session:
+    def __init__(self, engine: Engine, tokenizer) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.cached: list[int] = []      # ids whose K/V sit in the cache at positions 0..len-1
+
+    def reset(self) -> None:
+        self.cached.clear()      # in place: whoever else holds the list sees it empty too (Forget)
+
+    def cached_prefix(self, ids: list[int]) -> int:
+        """How many leading `ids` the KV cache already holds at their positions."""
+        return common_prefix(self.cached, ids)
+
+    def _reuse(self, prompt: list[int]) -> int:
+        # at least one prompt token must run, to produce the logits of the next token
+        return min(self.cached_prefix(prompt), len(prompt) - 1)
+
+    async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
+                       should_stop=None) -> Result:
+        """Run the prompt (reusing the cached prefix) and generate up to max_new tokens.
+        on_token(id, text_piece) is called for every generated token (an awaitable it returns is awaited before the
+        next step); should_stop() is polled between steps."""
+        if not prompt:
+            raise ValueError("an empty prompt: nothing to continue from")
+        eng = self.engine
+        if len(prompt) + max_new > eng.n_ctx:
+            max_new = max(0, eng.n_ctx - len(prompt))
+        if len(prompt) > eng.n_ctx:
+            raise ValueError(f"the prompt has {len(prompt)} tokens, more than the context of {eng.n_ctx}")
+        sampler = Sampler(settings)
+        greedy = settings.greedy or settings.temperature == 0
+        res = Result(prompt_ids=list(prompt))
+        decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
+        t0 = time.perf_counter()
+
+        # 1. prefill what the cache does not hold yet, in chunks of the engine's batch
+        res.reused = self._reuse(prompt)
+        self.cached = self.cached[:res.reused]
+        pos = res.reused
+        while pos < len(prompt):
+            chunk = prompt[pos:pos + eng.max_batch]
+            eng.step(chunk, pos, sampled=not greedy)
+            pos += len(chunk)
+            self.cached += chunk
+        res.prefilled = len(prompt) - res.reused
+        tok = await self._next(sampler, greedy)
+        if tok == NONE:
+            await self._nonfinite(chunk, pos - len(chunk))
+        res.prefill_s = res.ttft_s = time.perf_counter() - t0
+
+        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request.
+        # Greedy steps need nothing from the CPU (each argmax feeds the next step on the GPU), so once a
+        # step is known to be quick, AHEAD of them are submitted before one read-back: the CPU encodes
+        # while the GPU runs, and the read's round trip is paid once. And the block after is queued before
+        # that read is awaited, so the GPU never waits for the round trip or the next block's encoding
+        # (the read is ordered before it: Device.read). Steps past an end-of-generation id, a stop or the
+        # length are wasted work only: their K/V lie beyond `cached` and are overwritten later.
+        t1 = time.perf_counter()
+        eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
+        ahead: list[int] = []       # greedy ids read back, not yet emitted
+        block = 1
+        queued = 0                  # greedy steps submitted whose ids are not read yet
+
+        def submit(n: int, first: int) -> None:
+            for i in range(n):
+                eng.step(None, first + i, keep=i)
+        while True:
+            if tok in eog:
+                res.stop = "eog"
+                break
+            res.ids.append(tok)
+            if decoder is not None:
+                piece = decoder.feed(tok)
+                res.text += piece
+            else:
+                piece = ""
+            if on_token is not None and (more := on_token(tok, piece)) is not None:
+                await more           # an awaitable: reads between steps (the worker's KV panel reads the cache)
+            if len(res.ids) >= max_new:
+                res.stop = "length"
+                break
+            if should_stop is not None and should_stop():
+                res.stop = "stopped"
+                break
+            if greedy and not ahead:
+                tb = time.perf_counter()
+                n = queued or min(block, max_new - len(res.ids))
+                if not queued:
+                    submit(n, len(self.cached))
+                read = eng.kept_ids(n)
+                try:
+                    queued = min(block, max_new - len(res.ids) - n) if block == AHEAD else 0
+                    submit(queued, len(self.cached) + n)
+                finally:            # a read asked is always finished: its buffer stays mapped until then
+                    ahead = await read
+                block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
+            if greedy:
+                tok = ahead.pop(0)
+            else:
+                eng.step([tok], len(self.cached), sampled=True)
+                tok = sampler.pick(await eng.top_k())
+            if tok == NONE:
+                await self._nonfinite([res.ids[-1]], len(self.cached))
+            self.cached.append(res.ids[-1])
+            res.decode_steps += 1
+        if decoder is not None:
+            res.text += decoder.flush()
+        res.decode_s = time.perf_counter() - t1
+        return res
+
+    async def _nonfinite(self, ids: list[int], pos: int) -> None:
+        """No logit was finite: the GPU's argmax and top-k skip NaN and infinities, so no token id comes of them.
+        Stop with the first tensor where the values broke, found by replaying the step (ids at pos) traced."""
+        self.cached = []             # the cache holds the broken values: the next turn starts afresh
+        where = await self.engine.first_nonfinite(ids, pos)
+        raise EngineError(f"the model's logits at position {pos + len(ids) - 1} are all NaN or infinite, so no token "
+                          f"can be chosen"
+                          + (f"; the first non-finite values appear in {where}" if where else "")
+                          + ": the file's weights or its metadata (norm epsilon, RoPE base) are broken")
+
+    async def _next(self, sampler: Sampler, greedy: bool) -> int:
+        if greedy:
+            return await self.engine.argmax()
+        return sampler.pick(await self.engine.top_k())

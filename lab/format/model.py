@@ -1,0 +1,334 @@
+"""Model configs, one frozen dataclass for every architecture, built from GGUF metadata by `from_gguf`;
+and the tensor table each config expects, checked against the file before a byte is uploaded.
+
+The values come from `lab.format.checks.check_config` (type and range of every key); what is checked here
+is their consistency with each other and with the tensors, and every message names the keys behind
+a number (`tensor blk.0.attn_k.weight has shape [64, 32], expected [64, 16] = [n_embd, n_head_kv *
+head_dim] from llama.embedding_length = 64, ...`). `lab.engine.load.validate` is the entry point that
+also checks the tokenizer.
+
+Two tables: `stored_tensors` is what the FILE holds (phi3's fused `attn_qkv` and `ffn_up`, llama 3's
+`rope_freqs`), checked by `check_tensors`; `expected_tensors` is what the ENGINE reads, where a fused tensor
+appears as its row ranges (`tensor_views`: phi3's attn_qkv as attn_q/attn_k/attn_v, its ffn_up as ffn_gate
+(the first n_ff rows, as ggml_swiglu splits a fused row) and ffn_up): views of the same file bytes, so the
+GPU still holds one copy. `HOST_TENSORS` are the only tensors whose values Python reads (rope_freqs: n_rot/2
+floats, read before the plans are built, natively from the path, in the browser with one File.slice).
+
+What it does not know: how tensors reach the GPU (lab.engine) or how tokens are made (lab.text.tokenizer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from lab.format.checks import ModelError, check_config, show
+from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
+from lab.format.gguf import Header, TensorInfo
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
+GEMMA = ("gemma2", "gemma3")
+# Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
+HOST_TENSORS = ("rope_freqs.weight",)
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str
+    n_layer: int            # transformer blocks
+    n_embd: int             # residual width
+    n_head: int             # query heads
+    n_head_kv: int          # key/value heads (grouped-query: n_head / n_head_kv queries share one)
+    head_dim: int           # width of one head (key length = value length)
+    n_ff: int               # feed-forward inner width
+    n_vocab: int            # rows of token_embd
+    n_ctx_train: int        # context length the model was trained for
+    eps: float              # RMSNorm epsilon
+    rope_base: float        # RoPE frequency base (global layers)
+    rope_base_local: float  # RoPE base of sliding-window layers (gemma3), else rope_base
+    rope_scale: float       # position multiplier (1 / linear scaling factor)
+    n_rot: int              # rotated dimensions of each head (<= head_dim)
+    rope_neox: bool         # pairs (i, i + n_rot/2) as in NeoX/Qwen/Gemma, else adjacent (2i, 2i+1) as llama GGUFs
+    qkv_bias: bool          # biases on Q, K, V (qwen2)
+    tied_output: bool       # no output.weight: the head is token_embd
+    qk_norm: bool           # per-head RMSNorm on Q and K (gemma3)
+    post_norms: bool        # RMSNorm after attention and after the feed-forward as well (gemma3)
+    gelu: bool              # GeGLU with tanh GELU (gemma3) instead of SwiGLU
+    embd_scale: float       # inp_embd multiplier: sqrt(n_embd) for gemma3, else 1
+    attn_scale: float       # multiplier of q.k
+    sliding_window: int     # keys a sliding layer sees (0: none)
+    sliding: tuple[bool, ...]  # per layer: True when the layer uses the sliding window
+    attn_softcap: float     # 0: none; else scores become c * tanh(s / c) (gemma2)
+    final_softcap: float    # 0: none; else logits become c * tanh(l / c) (gemma2)
+    rope_freqs: bool = False        # rope_freqs.weight [n_rot/2] f32 (llama 3): theta_i / factor_i on every layer
+    fused_qkv: bool = False         # attn_qkv.weight [n_embd, q + 2 kv] instead of attn_q/k/v (phi3)
+    fused_gate_up: bool = False     # ffn_up.weight [n_embd, 2 n_ff] = [gate | up] rows, no ffn_gate (phi3)
+
+    @property
+    def rope_pairs(self) -> int:
+        return self.n_rot // 2
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Floats in one cached K or V row: n_head_kv x head_dim."""
+        return self.n_head_kv * self.head_dim
+
+    def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
+        """2 (K and V) x layers x KV heads x head size x bytes per value."""
+        return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_value
+
+
+def from_gguf(header: Header) -> Config:
+    md = header.metadata
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
+                         f"{', '.join(ARCHITECTURES)}")
+    a = arch + "."
+    kv = check_config(md, arch)
+    tensors = {t.name: t for t in header.tensors}
+    emb = tensors.get("token_embd.weight")
+    if emb is None:
+        raise ModelError("tensor token_embd.weight is missing")
+    n_embd = kv["embedding_length"]
+    if len(emb.shape) != 2 or emb.shape[0] != n_embd:
+        raise ModelError(f"tensor token_embd.weight has shape {list(emb.shape)}, expected [{n_embd}, vocabulary] "
+                         f"from {a}embedding_length = {n_embd}")
+    n_vocab = emb.shape[1]
+    if kv.get("vocab_size", n_vocab) != n_vocab:
+        raise ModelError(f"{a}vocab_size = {kv['vocab_size']}, but token_embd.weight has {n_vocab} rows")
+    # Where each size comes from, for the messages of check_tensors.
+    why = {"n_embd": f"{a}embedding_length = {n_embd}", "n_vocab": f"token_embd.weight rows = {n_vocab}"}
+
+    n_head = kv["attention.head_count"]
+    why["n_head"] = f"{a}attention.head_count = {n_head}"
+    n_head_kv = kv.get("attention.head_count_kv", n_head)
+    why["n_head_kv"] = (f"{a}attention.head_count_kv = {n_head_kv}" if "attention.head_count_kv" in kv
+                        else f"{a}attention.head_count_kv absent, so {a}attention.head_count = {n_head}")
+    if n_head % n_head_kv:
+        raise ModelError(f"{a}attention.head_count = {n_head} is not a multiple of "
+                         f"{a}attention.head_count_kv = {n_head_kv}")
+    if "attention.key_length" in kv:
+        head_dim = kv["attention.key_length"]
+        why["head_dim"] = f"{a}attention.key_length = {head_dim}"
+    else:
+        if n_embd % n_head:
+            raise ModelError(f"{a}attention.head_count = {n_head} does not divide {a}embedding_length = {n_embd} "
+                             f"(and {a}attention.key_length, the head size, is absent)")
+        head_dim = n_embd // n_head
+        why["head_dim"] = (f"{a}attention.key_length absent, so head size {head_dim} = {a}embedding_length {n_embd} "
+                           f"/ {a}attention.head_count {n_head}")
+    if kv.get("attention.value_length", head_dim) != head_dim:
+        raise ModelError(f"{a}attention.value_length = {kv['attention.value_length']} differs from the key length "
+                         f"{head_dim} ({why['head_dim']}): this lab needs them equal")
+    n_layer = kv["block_count"]
+    why["n_layer"] = f"{a}block_count = {n_layer}"
+    per_block = 6 if arch == "phi3" else 9      # phi3 fuses q/k/v into one tensor and gate/up into another
+    if per_block * n_layer > len(tensors):        # checked before anything loops over the layers
+        raise ModelError(f"{a}block_count = {n_layer} needs at least {per_block * n_layer} tensors ({per_block} a "
+                         f"block); the file has {len(tensors)}")
+    n_ff = kv["feed_forward_length"]
+    why["n_ff"] = f"{a}feed_forward_length = {n_ff}"
+    n_rot = kv.get("rope.dimension_count", head_dim)
+    if n_rot % 2 or n_rot > head_dim:
+        raise ModelError(f"{a}rope.dimension_count = {n_rot}: must be even and at most the head size {head_dim} "
+                         f"({why['head_dim']})")
+    if arch == "llama" and n_rot != head_dim:   # llama.cpp: "invalid n_rot"
+        raise ModelError(f"{a}rope.dimension_count = {n_rot}: a llama model rotates the whole head of {head_dim} "
+                         f"({why['head_dim']})")
+
+    # RoPE scaling as llama.cpp reads it: type "linear" when absent; factor from rope.scaling.factor, else
+    # the older rope.scale_linear; 0 or absent means 1; type "none" never scales. yarn and longrope are
+    # refused by name in lab.format.checks.
+    factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if k in kv), None)
+    factor = kv[factor_key] if factor_key else 0.0
+    rope_scale = 1.0 if kv.get("rope.scaling.type", "linear") == "none" or factor == 0 else 1.0 / factor
+    gemma = arch in GEMMA
+    if arch == "gemma3" and rope_scale != 1.0:
+        # llama.cpp scales gemma3's global layers only (rope_freq_scale_train_swa = 1); Config has one scale.
+        raise ModelError(f"{a}{factor_key} = {show(factor)}: linear RoPE scaling of gemma3's global layers only "
+                         f"is not supported by this lab yet")
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in tensors:
+            # llama.cpp picks long or short by the context asked for, with YaRN-like attention scaling (LongRoPE).
+            raise ModelError(f"tensor {name}: long-context RoPE factors (LongRoPE, Phi-3 128k) are not supported "
+                             f"by this lab")
+    rope_base = float(kv.get("rope.freq_base", 10000.0))
+    # Sliding windows, as each llama.cpp loader sets them. llama: the key is never read (full causal attention:
+    # llama.cpp runs Mistral-style files without a window, and so does this lab). phi3: read, then switched off
+    # ("Phi SWA is currently disabled"). gemma2: always on, 4096 unless the key says otherwise, every other
+    # layer (pattern 2: even layers slide). gemma3: only when the key is present and > 0, pattern 6.
+    if arch == "gemma2":
+        window = kv.get("attention.sliding_window", 4096)
+        period = kv.get("attention.sliding_window_pattern", 2)
+    elif arch == "gemma3":
+        window = kv.get("attention.sliding_window", 0)
+        period = kv.get("attention.sliding_window_pattern", 6)
+    else:
+        window, period = 0, 1
+    # llama_hparams::set_swa_pattern(n, dense_first=false): layer il slides iff n == 0 or il % n < n - 1.
+    sliding = tuple(window > 0 and (period == 0 or il % period < period - 1) for il in range(n_layer))
+    # Sliding layers' RoPE base: gemma2 defaults to the global base, gemma3 to 10000 (rope_freq_base_train_swa).
+    base_local = float(kv.get("rope.freq_base_swa", rope_base if arch == "gemma2" else 10000.0)) if gemma \
+        else rope_base
+    # Query scale (f_attention_scale): 1/sqrt(head size), except the 27B gemmas (46 / 62 layers), which
+    # use 1/sqrt(n_embd / n_head); llama.cpp decides by layer count and ignores query_pre_attn_scalar.
+    big_gemma = (arch, n_layer) in (("gemma2", 46), ("gemma3", 62))
+    attn_scale = 1.0 / math.sqrt(n_embd // n_head if big_gemma else head_dim)
+    # Soft-capping: gemma2 always caps (llama_hparams defaults 50 / 30 when the keys are absent); gemma3's
+    # final cap only where the key is present and the model has no sliding window (its non-SWA graph).
+    if arch == "gemma2":
+        attn_cap = float(kv.get("attn_logit_softcapping", 50.0))
+        final_cap = float(kv.get("final_logit_softcapping", 30.0))
+    elif arch == "gemma3":
+        attn_cap, final_cap = 0.0, 0.0 if window > 0 else float(kv.get("final_logit_softcapping", 0.0))
+    else:
+        attn_cap, final_cap = 0.0, 0.0
+    phi3 = arch == "phi3"
+    cfg = Config(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=kv["context_length"],
+        eps=float(kv["attention.layer_norm_rms_epsilon"]),
+        rope_base=rope_base,
+        rope_base_local=base_local,
+        rope_scale=rope_scale,
+        n_rot=n_rot,
+        rope_neox=arch in NEOX,
+        qkv_bias=arch == "qwen2",
+        # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
+        tied_output=arch == "gemma2" or "output.weight" not in tensors,
+        qk_norm=arch in ("gemma3", "qwen3"), post_norms=gemma, gelu=gemma,
+        embd_scale=math.sqrt(n_embd) if gemma else 1.0,
+        attn_scale=attn_scale,
+        sliding_window=window if any(sliding) else 0,
+        sliding=sliding,
+        attn_softcap=attn_cap,
+        final_softcap=final_cap,
+        # llama.cpp loads rope_freqs for llama (and applies it to every layer); any other arch's file with one is
+        # refused by check_tensors as a tensor it does not read.
+        rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
+        fused_qkv=phi3, fused_gate_up=phi3,
+    )
+    check_tensors(cfg, header, why)
+    return cfg
+
+
+def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (ne0 first) in Config field names.
+    stored=True: as the file holds them (fused tensors whole, rope_freqs included); else as the engine reads
+    them (fused tensors as their row views, see tensor_views; rope_freqs read by the host, not uploaded)."""
+    e, q, kv, ff, v = "n_embd", "n_head * head_dim", "n_head_kv * head_dim", "n_ff", "n_vocab"
+    shapes = {"token_embd.weight": (e, v), "output_norm.weight": (e,)}
+    if not cfg.tied_output:
+        shapes["output.weight"] = (e, v)
+    if stored and cfg.rope_freqs:
+        shapes["rope_freqs.weight"] = ("rope_pairs",)
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        shapes[b + "attn_norm.weight"] = (e,)
+        if stored and cfg.fused_qkv:
+            shapes[b + "attn_qkv.weight"] = (e, "qkv_rows")
+        else:
+            shapes.update({b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv)})
+        shapes.update({b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,)})
+        if stored and cfg.fused_gate_up:
+            shapes[b + "ffn_up.weight"] = (e, "gate_up_rows")
+        else:
+            shapes.update({b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff)})
+        shapes[b + "ffn_down.weight"] = (ff, e)
+        if cfg.qkv_bias:
+            shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
+        if cfg.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": ("head_dim",), b + "attn_k_norm.weight": ("head_dim",)})
+        if cfg.post_norms:
+            shapes.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
+    return shapes
+
+
+def stored_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the file must hold, with its GGUF shape (ne0 first)."""
+    return {name: tuple(_size(cfg, d) for d in dims) for name, dims in _symbolic_tensors(cfg, True).items()}
+
+
+def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """The file's tensors as the engine reads them: phi3's fused attn_qkv as three row ranges (attn_q, attn_k,
+    attn_v) and its ffn_up [gate | up] as ffn_gate (rows 0..n_ff-1, the half ggml_swiglu puts through SiLU) and
+    ffn_up (rows n_ff..2 n_ff-1). A view is the same file bytes (rows are contiguous), so the engine stacks
+    them back into one weight without a second copy."""
+    out = dict(tensors)
+
+    def split(name: str, parts: list[tuple[str, int]]) -> None:
+        t = out.pop(name)
+        row_bytes = t.type.row_bytes(t.shape[0])
+        first = 0
+        for part, rows in parts:
+            out[part] = replace(t, name=part, shape=(t.shape[0], rows), offset=t.offset + first * row_bytes,
+                                nbytes=rows * row_bytes)
+            first += rows
+
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        if cfg.fused_qkv:
+            split(b + "attn_qkv.weight", [(b + "attn_q.weight", cfg.q_dim), (b + "attn_k.weight", cfg.kv_dim),
+                                          (b + "attn_v.weight", cfg.kv_dim)])
+        if cfg.fused_gate_up:
+            split(b + "ffn_up.weight", [(b + "ffn_gate.weight", cfg.n_ff), (b + "ffn_up.weight", cfg.n_ff)])
+    return out
+
+
+def host_tensors(cfg: Config, header: Header) -> list[TensorInfo]:
+    """The tensors whose values the host must read and hand to the engine (HOST_TENSORS the model uses)."""
+    return [t for t in header.tensors if t.name in HOST_TENSORS and cfg.rope_freqs]
+
+
+def _size(cfg: Config, dim: str) -> int:
+    if dim == "qkv_rows":
+        return cfg.q_dim + 2 * cfg.kv_dim
+    if dim == "gate_up_rows":
+        return 2 * cfg.n_ff
+    n = 1
+    for f in dim.split(" * "):
+        n *= getattr(cfg, f)
+    return n
+
+
+def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward pass reads, with its GGUF shape (ne0 first)."""
+    return {name: tuple(_size(cfg, d) for d in dims) for name, dims in _symbolic_tensors(cfg).items()}
+
+
+def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None) -> None:
+    """Every expected tensor present with its shape and a type we can read; 1-D tensors in F32; no
+    other tensor (llama.cpp refuses a file with tensors it does not read, and so does this lab: an
+    unread rope_freqs or bias would change the output). why: Config field -> the keys it came from."""
+    why = why or {}
+    have = {t.name: t for t in header.tensors}
+    layers = why.get("n_layer", f"{cfg.n_layer} blocks")
+    expected = _symbolic_tensors(cfg, stored=True)
+    for name, dims in expected.items():
+        t = have.get(name)
+        if t is None:
+            raise ModelError(f"tensor {name} is missing (a {cfg.arch} model needs it"
+                             f"{f'; {layers}' if name.startswith('blk.') else ''})")
+        shape = tuple(_size(cfg, d) for d in dims)
+        if tuple(t.shape) != shape:
+            fields = dict.fromkeys(f for d in dims for f in d.split(" * "))
+            src = "; ".join(why[f] for f in fields if f in why)
+            raise ModelError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} = "
+                             f"[{', '.join(dims)}]{f' from {src}' if src else ''}")
+        if t.type_id not in SUPPORTED:
+            raise ModelError(f"tensor {name} has type {type_name(t.type_id)}, which this lab cannot read yet "
+                             f"(it reads {', '.join(KERNEL_TYPES)})")
+        if len(shape) == 1 and t.type.name != "F32":
+            raise ModelError(f"tensor {name} is {t.type.name}; 1-D tensors must be F32")
+    for t in header.tensors:
+        if t.name not in expected:
+            block = t.name.split(".")[1] if t.name.startswith("blk.") else ""
+            extra = f" ({layers})" if block.isdigit() and int(block) >= cfg.n_layer else ""
+            raise ModelError(f"tensor {t.name} is not one a {cfg.arch} model reads here{extra}: refused rather "
+                             f"than ignored")

@@ -1,0 +1,65 @@
+"""What a user chooses, and the defaults and bounds of each: the context, a turn's length, the sampler, the
+perplexity window. One home for each of these numbers: the engine, the worker, the CLI and the page (through the
+server's template) read them here.
+
+What it does not know: the model or the GPU (a model's own context bounds the context: `context_for`). Standard
+library only: the asset server imports it for the page's defaults without importing the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+DEFAULT_CTX = 2048      # tokens of KV cache made at load: 2 x 30 x 3 x 64 x 4 B x 2048 = 94 MB for SmolLM2
+MIN_CTX = 2             # the smallest context the engine makes (one prompt token and one generated)
+MAX_NEW = 256           # tokens a turn may generate when the caller does not say (the page's default)
+PERPLEXITY_CTX = 128    # perplexity window in tokens (llama-perplexity's -c) when the caller does not say
+PERPLEXITY_MIN_CTX = 4  # the smallest window: its second half, the scored part, holds at least two tokens
+PERPLEXITY_MAX_CTX = 4096   # the page's and CLI's upper bound on a window (the engine's context bounds it too)
+MAX_CANDIDATES = 64     # tokens the GPU's top-k reads back for sampling: the sampler sees no others
+
+
+def context_for(n_ctx_train: int, requested: int | None = None) -> int:
+    """The context a load makes: the one asked for (by default DEFAULT_CTX), at most the model's own
+    (`n_ctx_train`), at least MIN_CTX."""
+    return max(MIN_CTX, min(DEFAULT_CTX if requested is None else requested, n_ctx_train))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The sampler's settings (lab.engine.sampler); the page's inputs and the CLI's flags default to these."""
+    greedy: bool = True
+    temperature: float = 0.8
+    top_k: int = 40         # 0: off (bounded by MAX_CANDIDATES)
+    top_p: float = 0.95     # 1: off
+    min_p: float = 0.05     # 0: off
+    seed: int = 0
+
+    def check(self) -> Settings:
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min-p must be in [0, 1), not {self.min_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, not {self.top_k}")
+        return self
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Settings:
+        """Settings from a message or form: missing fields take the defaults above (their only home), each value is
+        converted to its field's type, and the whole is checked."""
+        kw = {}
+        for f in fields(cls):
+            if d.get(f.name) is not None:
+                try:
+                    kw[f.name] = {"bool": bool, "int": int, "float": float}[f.type](d[f.name])
+                except (TypeError, ValueError):
+                    raise ValueError(f"{f.name} must be a {f.type}, not {d[f.name]!r}") from None
+        return cls(**kw).check()
+
+    @property
+    def candidates(self) -> int:
+        return min(self.top_k or MAX_CANDIDATES, MAX_CANDIDATES)

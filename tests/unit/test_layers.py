@@ -1,0 +1,141 @@
+"""The import graph follows the layer order of docs/architecture.md: no module imports a group above its own, the
+graph has no cycle (imports inside functions included), and no module of the wheel imports the lab inside a
+function (the habit that hid the last cycles). The asset server imports nothing of the engine."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Lowest first: a module may import its own group and the groups before it (docs/architecture.md, "Layers").
+LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops", "lab.engine", "lab.instruments",
+          "lab.worker", "server", "lab.host"]
+# What the asset server may import of the lab: the version, the page's defaults, the model files.
+SERVER_MAY_IMPORT = {"lab", "lab.settings", "lab.host.models"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for d in ("lab", "server") for p in sorted((ROOT / d).rglob("*.py"))}
+
+
+def layer(mod: str) -> int:
+    """The index of the longest LAYERS entry that is `mod` or a package above it."""
+    best = max((g for g in LAYERS if mod == g or mod.startswith(g + ".")), key=len)
+    return LAYERS.index(best)
+
+
+def imports(mod: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of a project module in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base_mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base_mod = node.module or ""
+            names = [f"{base_mod}.{a.name}" if f"{base_mod}.{a.name}" in known else base_mod for a in node.names]
+        for n in names:
+            if n in known:
+                out.append((n, node.lineno, id(node) in nested))
+    return out
+
+
+def graph() -> dict[str, list[tuple[str, int, bool]]]:
+    src = sources()
+    known = set(src)
+    return {m: imports(m, p, known) for m, p in src.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), and modules that import themselves."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in edges.get(v, ()):
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_goes_up_the_layers():
+    wrong = [f"{m} (layer {LAYERS[layer(m)]}) imports {t} (layer {LAYERS[layer(t)]}) at line {line}"
+             for m, es in graph().items() for t, line, _ in es if layer(t) > layer(m)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    edges = {m: {t for t, _, _ in es if t != m} for m, es in graph().items()}
+    assert not cycles(edges)
+
+
+def test_the_wheel_imports_the_lab_at_the_top():
+    """Inside a function, an import of the lab is how a cycle hides: the wheel's modules (lab/ less lab/host/) import
+    the lab only at module level. (The CLI and host tools may defer theirs for start-up time.)"""
+    wrong = [f"{m} imports {t} inside a function (line {line})"
+             for m, es in graph().items() if layer(m) < LAYERS.index("lab.host") for t, line, inner in es if inner]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_server_imports_nothing_of_the_engine():
+    wrong = [f"{m} imports {t}" for m, es in graph().items() if m.startswith("server")
+             for t, _, _ in es if not t.startswith("server") and t not in SERVER_MAY_IMPORT]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("edges, found", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"a"}}, [["a"]]),
+    ({"a": {"b"}, "b": set()}, []),
+])
+def test_the_cycle_finder_finds_cycles(edges, found):
+    assert cycles(edges) == found
+
+
+def test_an_upward_import_is_caught(tmp_path):
+    """The layer check on a planted module: lab.format importing lab.engine, at the top and inside a function."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from lab.engine import budget\n\ndef f():\n    from lab.worker import router\n")
+    found = imports("lab.format.planted", planted, set(sources()))
+    assert [(t, inner) for t, _, inner in found] == [("lab.engine.budget", False), ("lab.worker.router", True)]
+    assert all(layer(t) > layer("lab.format.planted") for t, _, _ in found)
