@@ -1,5 +1,6 @@
 """Read a byte range of one file tensor back from the GPU buffers it was uploaded into (tests: the large-file
-test compares what landed on the GPU with the file, tensor by tensor, past 2 and 4 GB).
+test compares what landed on the GPU with the file, tensor by tensor, past 2 and 4 GB, through the worker's
+weight-bytes message: lab/worker/hooks.py).
 
 A tensor may be split over several buffers (row ranges, lab.ops.weights) or stacked with others into one
 (qkv, gate|up): `ModelWeights.uploads` records every file range and where it went, so the bytes of tensor
@@ -34,17 +35,3 @@ async def tensor_bytes(device, weights, name: str, offset: int, size: int) -> by
         raise ValueError(f"{name}: only {covered} of the {size} bytes asked for were uploaded")
     return bytes(out)
 
-
-async def answer(msg: dict, device, engine, post) -> None:
-    """The worker's `weight-bytes {id, name, offset, size}` message: answered under its id, bytes in base64,
-    or an error (so the caller's promise settles either way)."""
-    import base64
-    reply = {"type": "weight-bytes", "id": msg["id"]}
-    try:
-        if engine is None:
-            raise RuntimeError("load a model first")
-        raw = await tensor_bytes(device, engine.weights, msg["name"], int(msg["offset"]), int(msg["size"]))
-    except Exception as exc:
-        post({**reply, "error": f"{type(exc).__name__}: {exc}"})
-        return
-    post({**reply, "bytes": base64.b64encode(raw).decode()})

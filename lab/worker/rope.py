@@ -13,15 +13,19 @@ What it does not know: the page, which pairing the user picked (the page rotates
 
 from __future__ import annotations
 
+from lab.worker.state import Worker
 
-async def run(probes, loaded, req: dict, post, f32) -> None:
-    """Answer one probe-rope request; `f32` turns raw f32 bytes into a Float32Array the page receives."""
-    ids = loaded.context
+
+async def run(msg: dict, w: Worker) -> None:
+    """Answer one probe-rope request."""
+    lo, probes = w.loaded(), w.probes()
+    ids = lo.context
     if not ids:
         raise RuntimeError("no conversation to take q and k from")
-    pos = int(req.get("pos", len(ids) - 1))
-    r = await probes.rope_inputs(ids, loaded.session.cached_prefix(ids), pos, int(req.get("layer", 0)))
-    post({"type": "rope", "seq": req.get("seq"), "n": len(ids), "pos": r.pos, "layer": r.layer, "n_head": r.n_head,
-          "n_head_kv": r.n_head_kv, "head_dim": r.head_dim, "n_rot": r.n_rot, "freq_base": r.freq_base,
-          "freq_scale": r.freq_scale, "factors": r.factors, "neox": r.neox, "scale": r.scale, "window": r.window,
-          "softcap": r.softcap, "q": f32(r.q), "k": f32(r.k), "probs": f32(r.probs), "ms": r.ms})
+    pos = int(msg.get("pos", len(ids) - 1))
+    r = await probes.rope_inputs(ids, lo.session.cached_prefix(ids), pos, int(msg.get("layer", 0)))
+    f32 = w.f32
+    w.post({"type": "rope", "seq": msg.get("seq"), "n": len(ids), "pos": r.pos, "layer": r.layer, "n_head": r.n_head,
+            "n_head_kv": r.n_head_kv, "head_dim": r.head_dim, "n_rot": r.n_rot, "freq_base": r.freq_base,
+            "freq_scale": r.freq_scale, "factors": r.factors, "neox": r.neox, "scale": r.scale, "window": r.window,
+            "softcap": r.softcap, "q": f32(r.q), "k": f32(r.k), "probs": f32(r.probs), "ms": r.ms})

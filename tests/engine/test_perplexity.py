@@ -20,9 +20,9 @@ import math
 import numpy as np
 import pytest
 
-from lab.format import gguf
 from lab import gpu
 from lab.engine.engine import Engine
+from lab.format import gguf
 from lab.host.reference.forward import Reference
 from lab.instruments.perplexity import Perplexity, PerplexityError, tokens_of, windows
 from lab.text.tokenizer import from_metadata
@@ -133,12 +133,13 @@ def test_whole_text_matches_llama_cpp(device, name, request):
 
 
 def test_worker_run_resets_the_session_and_stops(device, smollm2_path):
-    """lab/instruments/perplexity.py (the page's run; pure Python, so it runs here too): the session no longer believes the
+    """lab/worker/perplexity.py (the page's run; pure Python, so it runs here too): the session no longer believes the
     cache holds the chat, a stop between steps ends the run with the chunks finished, and no buffer of the run stays."""
     from types import SimpleNamespace
 
-    from lab.worker import perplexity
     from lab.engine.session import Session
+    from lab.worker import perplexity
+    from lab.worker.state import State, Worker
     tok = from_metadata(gguf.read_file(smollm2_path).metadata)
     eng = _engine(device, smollm2_path, 8, 4)
     try:
@@ -147,8 +148,9 @@ def test_worker_run_resets_the_session_and_stops(device, smollm2_path):
         loaded = SimpleNamespace(engine=eng, tokenizer=tok, session=session)
         posted, polls = [], []
         stop = lambda: polls.append(1) or len(polls) >= 3
-        asyncio.run(perplexity.run(loaded, {"text": TEXT.read_text()[:400], "n_ctx": 8, "seq": 7},
-                                          posted.append, stop, lambda: None))
+        w = Worker(post=posted.append, f32=bytes, stop_requested=stop, stop_clear=lambda: None,
+                   state=State(loaded=loaded))
+        asyncio.run(perplexity.run({"text": TEXT.read_text()[:400], "n_ctx": 8, "seq": 7}, w))
         assert session.cached == []
         assert [m["type"] for m in posted] == ["perplexity-progress", "perplexity-progress", "perplexity"]
         assert [m["chunk"] for m in posted[:2]] == [0, 1] and all(m["seq"] == 7 for m in posted)

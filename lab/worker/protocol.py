@@ -1,0 +1,104 @@
+"""The messages between the page and the worker: every type named once here, with what it carries and what answers it.
+
+lab/worker/router.py routes by the names in INCOMING, and tests/unit/test_worker_protocol.py fails when a routed type
+is not catalogued here, a catalogued one is not routed, or the worker posts a type OUTGOING does not list. The page
+(web/main.js, web/worker.js) spells the same strings.
+
+An id-answered question (tests and benchmarks ask them): the page sends {type, id, ...}; the worker answers
+{type, id, ...fields}, or {type, id, error: "Kind: message"} when it fails, so the asker's promise settles either way.
+`answered` declares a handler one. Any other handler's failure reaches the page as error {where: type, message, seq}.
+
+What it does not know: how any message is handled (router.py and the modules it routes to).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what answers it
+    # the product
+    "init": "open the GPU device and run the self-test -> gpu, selftest",
+    "load": "{file, n_ctx?, int8?, seq}: read the header, validate, budget, upload (web/worker.js labUpload) "
+            "-> model-info, loaded",
+    "chat": "{messages, settings, max_new, kv_view?}: one turn -> prompt, token..., kv-view..., done",
+    "reset": "new chat: the conversation dropped, the model kept -> reset",
+    "probe-embedding": "{id (a token id), index}: its embedding row and neighbours -> embedding",
+    "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
+    "forget": "{skip?}: wipe and check every conversation buffer (skip: tests, one buffer left) -> forget",
+    "probe-rope": "{pos, layer, seq}: the RoPE card's q, k and probabilities (lab/worker/rope.py) -> rope",
+    "verify": "{file, seq}: the verification card's replay (lab/worker/verify.py) -> verify-progress, verify",
+    "verify-kernels": "{seq}: the verification card's kernel fixtures -> verify-kernels",
+    "perplexity": "{text, n_ctx, seq}: the perplexity card (lab/worker/perplexity.py); its cancel is stop "
+                  "-> perplexity-progress..., perplexity",
+    # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
+    "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
+    "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
+    "greedy-ids": "{id, ids, n}: n greedy ids after raw ids, no template, no stop (answered)",
+    "kernel-check": "{id, cases}: kernel cases through lab/instruments/kernelcheck.py, base64 both ways (answered)",
+    "weight-bytes": "{id, name, offset, size}: a tensor's bytes read back from the GPU, base64 (answered)",
+    "profile": "{id?, t, pos, families, reps, warm_ms}: GPU time of a step by timestamp queries, on random ids; "
+               "drops the conversation (answered)",
+    "warm": "{ms}: the GPU kept busy before a measured turn; drops the conversation -> warm",
+    "ffi-cost": "{n}: what one Python->JS call, one small to_js and one idle read-back cost -> ffi-cost",
+}
+# The routing table's keys: IN.INIT is "init", IN.PROBE_ROPE is "probe-rope"; a name not in INCOMING fails at import.
+IN = SimpleNamespace(**{name.upper().replace("-", "_"): name for name in INCOMING})
+
+OUTGOING: dict[str, str] = {      # type -> what it carries
+    "gpu": "{info}: the adapter's summary",
+    "selftest": "{result}: the self-test's checks",
+    "model-info": "{summary, seq}: the header's summary and the memory budget, for the model card",
+    "loaded": "{seq, stats}: the load's timings, sizes and what the panels need to know of the model",
+    "prompt": "{ids, pieces}: the rendered prompt",
+    "token": "{id, piece, text, index, kv_used}: one generated token",
+    "kv-view": "{start, end, n_layer, norms, ms}: the KV panel's new columns",
+    "done": "{result}: the turn's ids, text and timings",
+    "reset": "{}: the conversation is gone",
+    "embedding": "{index, id, piece, values, norm, neighbours, ...}",
+    "inspection": "{n, start, end, attention, residual, lens, pieces, ...}",
+    "forget": "{report, kv}: the wipe's proof and the KV caches as read back after it",
+    "rope": "{seq, n, pos, layer, q, k, probs, ...}: see lab/worker/rope.py",
+    "verify-progress": "{seq, model, prompt, steps}: a reference was found; the replay starts",
+    "verify": "{seq, hash, result | null, kv_used?}",
+    "verify-kernels": "{seq, rows, adapter, buffers}",
+    "perplexity-progress": "{seq, chunk, chunks, ppl, n_tokens}",
+    "perplexity": "{seq, result}",
+    "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
+             "lost) or boot (web/worker.js)",
+    "kv-rows": "{id, kvd, n_layer, rows}",
+    "last-logits": "{id, logits}",
+    "greedy-ids": "{id, ids}",
+    "kernel-check": "{id, results, adapter, buffers {before, after}}",
+    "weight-bytes": "{id, bytes}",
+    "profile": "{id, t, pos, rows [{family, dispatches, gpu_us, ...}]}",
+    "warm": "{steps}",
+    "ffi-cost": "{n, call_us, to_js_us, read_ms}",
+}
+
+# web/worker.js takes these itself, since Python is busy (a load, a turn) when they matter.
+BY_WORKER_JS: dict[str, str] = {
+    "stop": "in: end the turn or the perplexity run at its next step (labStopRequested)",
+    "cancel-load": "in: stop every load asked for so far at its next chunk",
+    "memory": "in and out: the wasm heap's size and the call counts",
+    "count-calls": "in: start counting WebGPU and lab* calls (lab bench --backend browser)",
+    "status": "out: boot progress",
+    "booted": "out: Python is ready",
+    "load-progress": "out: {seq, done, total, seconds, mb_s, eta_s, wasm_heap_growth} during labUpload",
+}
+
+
+def answered(ask):
+    """Declare an id-answered question: `ask(msg, w)` returns the answer's fields, which go out as {type, id,
+    ...fields} under the question's type and id; an exception goes out as {type, id, error: "Kind: message"}."""
+    @functools.wraps(ask)
+    async def handler(msg: dict, w) -> None:
+        reply = {"type": msg["type"], "id": msg.get("id")}
+        try:
+            fields = await ask(msg, w)
+        except Exception as exc:  # answered under the question's id, so the asker's promise settles
+            w.post({**reply, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        w.post({**reply, **fields})
+    handler.answers_by_id = True     # these answer under the question's own type (tests/unit/test_worker_protocol.py)
+    return handler
