@@ -25,7 +25,16 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from lab import __version__
-from lab.settings import DEFAULT_CTX, MAX_CANDIDATES, MAX_NEW, Settings
+from lab.settings import (
+    DEFAULT_CTX,
+    MAX_CANDIDATES,
+    MAX_NEW,
+    MIN_CTX,
+    PERPLEXITY_CTX,
+    PERPLEXITY_MAX_CTX,
+    PERPLEXITY_MIN_CTX,
+    Settings,
+)
 
 from . import wheel
 
@@ -113,7 +122,9 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
             version=__version__, wheel=f"/wheel/{wheel.FILENAME}",
             default_model=model.name if model.exists() else None,
             sampler=Settings(), max_candidates=MAX_CANDIDATES,    # the sampling inputs' defaults and top-k bound
-            max_new=MAX_NEW, default_ctx=DEFAULT_CTX)   # the context input's default: the engine's
+            max_new=MAX_NEW, default_ctx=DEFAULT_CTX, min_ctx=MIN_CTX,    # the context input's default and minimum
+            # the perplexity window's default and bounds
+            perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX)
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:

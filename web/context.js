@@ -1,97 +1,98 @@
-// The context length the user chooses in the model card, and the memory plan the worker made for it
-// (lab/engine/budget.py, in the "model-info" summary as `plan`). Changing the number loads the file again at that
-// context; the plan (weights, KV cache, activations against the adapter's limits) comes before any upload,
-// and a refusal names the buffer, its bytes and the limit. Also the test hook labWeightBytes.
+// The context length the user chooses in the model card, and the memory budget the worker counted for it
+// (lab/engine/budget.py, in the "model-info" summary as `budget`). Changing the number loads the file again at that
+// context; the budget (weights, KV cache, activations against the adapter's limits) comes before any upload,
+// and a refusal names the buffer, its bytes and the limit.
+// Its state is store.contextLength (freshContextLength; store.context is the conversation's tokens): main.js calls
+// contextFileLoaded on every load and contextUploaded with the load's progress, and renderContext on every render.
 import { fmtBytes } from "/web/panels.js";
 
 const $ = (id) => document.getElementById(id);
 
-export function initContext(worker, getStore, reload) {
-  const input = $("context-length"), out = $("context-plan");
-  const engineDefault = Number(input.value);   // the template writes the engine's DEFAULT_CTX
-  // chosen: null until the user picks a number; sent: the n_ctx the last load asked for
-  const st = { file: null, chosen: null, sent: null, uploaded: 0 };
+// ---- the card's state: store.contextLength ------------------------------------------------------------------------
+export function freshContextLength() {
+  return {
+    file: null,        // the file loaded last, loaded again when the number changes
+    chosen: null,      // null until the user picks a number
+    sent: null,        // the n_ctx the last load asked for
+    uploaded: 0,       // bytes the current load has moved (0 until its upload starts)
+  };
+}
 
-  // The tensor-core prefill (lab/ops/matmul.py matmul_i8): offered where the adapter has int8 subgroup matrices.
-  // Its inputs are rounded to 8 bits, so its replies may differ from the exact path's at near-ties.
+// A load starts; the answer is the load message's n_ctx (null: the worker's default, DEFAULT_CTX at most the
+// model's own).
+export function contextFileLoaded(s, file) {
+  s.file = file;
+  s.uploaded = 0;
+  s.sent = s.chosen;
+  return s.chosen;
+}
+
+// A "load-progress" of the current load.
+export function contextUploaded(s, m) {
+  s.uploaded = Math.max(s.uploaded, m.done);
+}
+
+// The load message's int8 flag. The tensor-core prefill (lab/ops/matmul.py matmul_i8) is offered where the adapter
+// has int8 subgroup matrices; its inputs are rounded to 8 bits, so its replies may differ from the exact path's at
+// near-ties.
+export function int8Prefill() {
   const int8 = $("int8-prefill");
-  int8.addEventListener("change", () => { if (st.file) reload(st.file); render(); });
+  return int8.checked && !int8.disabled;
+}
 
-  input.addEventListener("input", () => render());
-  input.addEventListener("change", () => {
-    const plan = getStore().model?.plan;
-    let n = Math.round(Number(input.value));
-    if (!(n >= 2)) n = 2;
-    if (plan) n = Math.min(n, plan.n_ctx_train);      // bounded by the model's own
-    input.value = String(n);
-    st.chosen = n;
-    // a second change with the same number (the browser fires one on blur after a scripted one) loads nothing:
-    // it would also disable the buttons under the click that blurred the input
-    if (st.file && n !== st.sent) reload(st.file);
-    render();
-  });
+// ---- events -------------------------------------------------------------------------------------------------------
+// The number typed: at least the input's min (the template writes lab.settings MIN_CTX), at most the model's own.
+function choose(store, reload) {
+  const input = $("context-length"), s = store.contextLength;
+  const budget = store.model?.budget;
+  let n = Math.round(Number(input.value));
+  if (!(n >= Number(input.min))) n = Number(input.min);
+  if (budget) n = Math.min(n, budget.n_ctx_train);
+  input.value = String(n);
+  s.chosen = n;
+  // a second change with the same number (the browser fires one on blur after a scripted one) loads nothing:
+  // it would also disable the buttons under the click that blurred the input
+  if (s.file && n !== s.sent) reload(s.file);
+}
 
-  // main.js calls this on every load; the answer is the load message's n_ctx (null: the worker's default,
-  // DEFAULT_CTX at most the model's own)
-  function fileLoaded(file) {
-    st.file = file;
-    st.uploaded = 0;
-    st.sent = st.chosen;
-    return st.chosen;
+// `reload(file)` loads the file again (main.js load). The card re-renders alone on its own events.
+export function wireContext(store, reload) {
+  const input = $("context-length"), int8 = $("int8-prefill");
+  const render = () => renderContext(store);
+  int8.addEventListener("change", () => { if (store.contextLength.file) reload(store.contextLength.file); render(); });
+  input.addEventListener("input", render);
+  input.addEventListener("change", () => { choose(store, reload); render(); });
+}
+
+// ---- rendering ----------------------------------------------------------------------------------------------------
+function renderInt8(gpu) {
+  const int8 = $("int8-prefill");
+  int8.disabled = !gpu?.int8_matrix;
+  if (int8.disabled) int8.checked = false;
+  $("int8-note").textContent = gpu?.int8_matrix ? (int8.checked ? "on: prompts run through int8 tensor cores"
+    : "off: exact f32 prefill") : "not on this adapter (no int8 subgroup matrices)";
+}
+
+export function renderContext(store) {
+  renderInt8(store.gpu);
+  const input = $("context-length"), out = $("context-plan");
+  const budget = store.model?.budget;
+  out.dataset.uploaded = String(store.contextLength.uploaded);
+  if (!budget) {
+    out.textContent = "the KV cache size shows once a file's header is read";
+    out.dataset.kvBytes = "";
+    out.dataset.fits = "";
+    return;
   }
-
-  // the load message's int8 flag
-  const int8Prefill = () => int8.checked && !int8.disabled;
-
-  function render() {
-    const gpu = getStore().gpu;
-    int8.disabled = !gpu?.int8_matrix;
-    if (int8.disabled) int8.checked = false;
-    $("int8-note").textContent = gpu?.int8_matrix ? (int8.checked ? "on: prompts run through int8 tensor cores"
-      : "off: exact f32 prefill") : "not on this adapter (no int8 subgroup matrices)";
-    const plan = getStore().model?.plan;
-    out.dataset.uploaded = String(st.uploaded);   // bytes the current load has moved (0 until its upload starts)
-    if (!plan) {
-      out.textContent = "the KV cache size shows once a file's header is read";
-      out.dataset.kvBytes = "";
-      out.dataset.fits = "";
-      return;
-    }
-    input.max = String(plan.n_ctx_train);
-    if (st.chosen == null && document.activeElement !== input) input.value = String(plan.n_ctx);
-    const n = Number(input.value) || engineDefault;
-    const kv = plan.kv_bytes_per_token * n;
-    out.dataset.kvBytes = String(kv);
-    out.dataset.fits = n === plan.n_ctx ? String(plan.fits) : "";     // the plan is for plan.n_ctx
-    out.textContent = `KV cache ${fmtBytes(kv)} (${fmtBytes(plan.kv_bytes_per_token)} per token × ${n}); `
-      + `weights ${fmtBytes(plan.weight_bytes)}, activations ${fmtBytes(plan.scratch_bytes)}; `
-      + `largest buffer ${fmtBytes(plan.largest.bytes)} of ${fmtBytes(plan.max_buffer_size)} allowed; `
-      + `the model's own context: ${plan.n_ctx_train}`
-      + (n === plan.n_ctx && !plan.fits ? " (does not fit: see the error)" : "");
-  }
-
-  // Test hook (tests/browser/test_big_file.py): bytes [offset, offset + size) of a file tensor, read back from the
-  // GPU buffers it was uploaded into (lab/instruments/weightread.py), resolved as a base64 string.
-  const calls = new Map();
-  let callId = 0;
-  window.labWeightBytes = (name, offset, size) => new Promise((resolve, reject) => {
-    const id = ++callId;
-    calls.set(id, { resolve, reject });
-    worker.postMessage({ type: "weight-bytes", id, name, offset, size });
-  });
-
-  // Messages this card takes: its hook's answers (consumed), and load progress (watched, passed on).
-  function handles(m) {
-    if (m.type === "load-progress") {
-      if (m.seq === getStore().loadSeq) st.uploaded = Math.max(st.uploaded, m.done);
-      return false;
-    }
-    if (m.type !== "weight-bytes") return false;
-    const p = calls.get(m.id);
-    calls.delete(m.id);
-    if (p) m.error ? p.reject(new Error(m.error)) : p.resolve(m.bytes);
-    return true;
-  }
-
-  return { fileLoaded, int8Prefill, render, handles };
+  input.max = String(budget.n_ctx_train);
+  if (store.contextLength.chosen == null && document.activeElement !== input) input.value = String(budget.n_ctx);
+  const n = Number(input.value) || Number(input.defaultValue);   // the template writes the engine's DEFAULT_CTX
+  const kv = budget.kv_bytes_per_token * n;
+  out.dataset.kvBytes = String(kv);
+  out.dataset.fits = n === budget.n_ctx ? String(budget.fits) : "";     // the budget is for budget.n_ctx
+  out.textContent = `KV cache ${fmtBytes(kv)} (${fmtBytes(budget.kv_bytes_per_token)} per token × ${n}); `
+    + `weights ${fmtBytes(budget.weight_bytes)}, activations ${fmtBytes(budget.scratch_bytes)}; `
+    + `largest buffer ${fmtBytes(budget.largest.bytes)} of ${fmtBytes(budget.max_buffer_size)} allowed; `
+    + `the model's own context: ${budget.n_ctx_train}`
+    + (n === budget.n_ctx && !budget.fits ? " (does not fit: see the error)" : "");
 }

@@ -1,4 +1,7 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
+// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js) keep it here, under their key:
+// each module makes its key (fresh*), changes only that key through the functions main.js calls with it (the worker's
+// messages, a load, a dropped conversation) and its own event handlers (wire*), and renders from the store.
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
 import {
   fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
@@ -6,10 +9,16 @@ import {
 } from "/web/panels.js";
 import { refreshExports, registerExport, revokeExports } from "/web/export.js";
 import { probeExports } from "/web/probe-exports.js";
-import { initVerify } from "/web/verify.js";
-import { initRope } from "/web/rope.js";
-import { initPerplexity } from "/web/perplexity.js";
-import { initContext } from "/web/context.js";
+import {
+  freshVerify, renderVerify, verifyFailed, verifyFileLoaded, verifyKernels, verifyProgress, verifyResult, wireVerify,
+} from "/web/verify.js";
+import { drawRope, dropRope, freshRope, renderRope, ropeAnswer, ropeData, ropeFailed, wireRope } from "/web/rope.js";
+import {
+  dropPerplexity, freshPerplexity, pplFailed, pplProgress, pplResult, renderPerplexity, wirePerplexity,
+} from "/web/perplexity.js";
+import {
+  contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, renderContext, wireContext,
+} from "/web/context.js";
 
 const store = {
   boot: "starting", gpu: null, selftest: null, error: null,
@@ -35,6 +44,11 @@ const store = {
   kv: freshKv(),                                         // the KV cache: rows held and their magnitudes (kv-view)
   forget: null,                                          // the last Forget report
   busy: { embedding: false, inspect: 0, forget: false },
+  // The cards with state of their own: each module owns the shape of its key and the functions that update it.
+  contextLength: freshContextLength(),                   // web/context.js: the context the next load makes, its budget
+  verify: freshVerify(),                                 // web/verify.js: the llama.cpp checks
+  rope: freshRope(),                                     // web/rope.js: the RoPE demo
+  perplexity: freshPerplexity(),                         // web/perplexity.js: a pasted text's perplexity
 };
 
 // used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
@@ -48,11 +62,6 @@ function freshProbe() {
 }
 const worker = new Worker("/web/worker.js", { type: "module" });
 const $ = (id) => document.getElementById(id);
-const verifyCard = initVerify(worker, () => store, () => render());   // web/verify.js: the llama.cpp checks
-const ropeCard = initRope(worker, () => store, () => render());       // web/rope.js: the RoPE demo
-// web/perplexity.js; a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
-const pplCard = initPerplexity(worker, () => store, () => render(), () => { store.kv = freshKv(); });
-const ctxCard = initContext(worker, () => store, (file) => load(file));   // web/context.js: context length, memory plan
 
 // Tokens per second; slow devices (a CPU rasterizer) run under one, where a single decimal would read 0.0.
 const rate = (x) => x.toFixed(x < 1 ? 2 : 1);
@@ -199,10 +208,10 @@ function render() {
   renderLens(store);
   renderKv(store);
   renderForget(store);
-  verifyCard.render();
-  ctxCard.render();
-  ropeCard.render();
-  pplCard.render();
+  renderVerify(store);
+  renderContext(store);
+  renderRope(store);
+  renderPerplexity(store);
   refreshExports();
 }
 
@@ -296,8 +305,8 @@ function clearConversation() {
   store.messages = []; store.context = []; store.timings = null;
   store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv = freshKv();
   revokeExports();
-  ropeCard.clear();
-  pplCard.clear();
+  dropRope(store.rope);
+  dropPerplexity(store.perplexity, worker);
 }
 
 // `skip` is for tests only (window.labForgetSkipping): the label of one buffer the wipe must leave alone.
@@ -323,6 +332,8 @@ function forgetAll(skip) {
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
 // - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work (lab/instruments/profile.py; `lab bench
 //   --backend browser --profile` asks the worker directly). Drops the conversation.
+// - labWeightBytes(name, offset, size) (tests/browser/test_big_file.py): bytes [offset, offset + size) of a file
+//   tensor, read back from the GPU buffers it was uploaded into (lab/instruments/weightread.py), as base64.
 // labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps
 // its cells lit.
 const questions = new Map();      // id -> {type, resolve, reject}
@@ -348,6 +359,7 @@ window.labKvRows = (positions) => ask("kv-rows", { positions });
 window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
 window.labLastLogits = (ids) => ask("last-logits", { ids });
 window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos, families, reps, warm_ms });
+window.labWeightBytes = (name, offset, size) => ask("weight-bytes", { name, offset, size }).then((m) => m.bytes);
 window.labForgetSkipping = (label) => forgetAll(label);
 
 // ---- worker messages: each handler updates the store; the page is then re-rendered from it ----------------------
@@ -358,7 +370,7 @@ const onWorker = {
   gpu: (m) => { if (store.boot === "GPU lost") store.boot = "ready: a new GPU device"; store.gpu = m.info; },
   selftest: (m) => { store.selftest = m.result; },
   "model-info": (m) => { if (current(m)) { store.model = m.summary; store.error = null; } },
-  "load-progress": (m) => { if (current(m)) store.loading = m; },
+  "load-progress": (m) => { if (current(m)) { store.loading = m; contextUploaded(store.contextLength, m); } },
   loaded: (m) => {
     if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
@@ -405,6 +417,15 @@ const onWorker = {
     for (let p = m.start; p < m.end; p++) cols.push(m.norms.subarray((p - m.start) * w, (p - m.start + 1) * w));
     store.kv.ms = m.ms; store.kv.after = null; store.kv.rev++;
   },
+  // the cards' own messages: each updates its card's key; what they mean for the rest of the store is said here
+  "verify-progress": (m) => verifyProgress(store.verify, m),
+  "verify-kernels": (m) => verifyKernels(store.verify, m),
+  // a replay that ran overwrote the KV cache: the next turn prefills again
+  verify: (m) => { if (verifyResult(store.verify, m)) store.kv.used = 0; },
+  rope: (m) => ropeAnswer(store.rope, m, store.context.length),
+  // a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
+  "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) store.kv = freshKv(); },
+  perplexity: (m) => pplResult(store.perplexity, m),
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -421,7 +442,6 @@ function loadFailed(m) {
 
 // Keyed by `where`: the type of the message whose handling failed, or "device" when the GPU was lost.
 const onError = {
-  "read-header": (m) => { if (current(m)) { loadFailed(m); store.model = null; } },
   load: loadFailed,
   init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
   device: (m) => {   // the worker asks for a new device at once: its "gpu" message makes loading possible again
@@ -437,15 +457,15 @@ const onError = {
   "probe-inspect": (m) => { store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1); },
   "probe-embedding": (m) => { store.error = `embedding: ${m.message}`; store.busy.embedding = false; },
   forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
+  "probe-rope": (m) => { store.error = `RoPE demo: ${m.message}`; ropeFailed(store.rope); },
+  verify: (m) => verifyFailed(store.verify, m),
+  "verify-kernels": (m) => verifyFailed(store.verify, m),
+  perplexity: (m) => pplFailed(store.perplexity, m),
 };
 
 worker.onmessage = (e) => {
   const m = e.data;
   if (answered(m)) return;
-  if (ctxCard.handles(m)) { render(); return; }
-  if (verifyCard.handles(m)) { render(); return; }
-  if (ropeCard.handles(m)) { render(); return; }
-  if (pplCard.handles(m)) { render(); return; }
   if (onWorker[m.type]) onWorker[m.type](m);
   render();
 };
@@ -457,8 +477,8 @@ function load(file) {
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
   newChat();
-  verifyCard.fileLoaded(file);
-  worker.postMessage({ type: "load", file, n_ctx: ctxCard.fileLoaded(file), int8: ctxCard.int8Prefill(),
+  verifyFileLoaded(store.verify, file);
+  worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
                        seq: ++store.loadSeq });
   render();
 }
@@ -518,7 +538,11 @@ $("tokens").addEventListener("click", (e) => {
 });
 $("tokens").addEventListener("keydown", stripKey);
 for (const [id, exp] of probeExports(store)) registerExport(id, exp);
-registerExport("rope", ropeCard.exports);
+registerExport("rope", { data: () => ropeData(store), draw: (canvas) => drawRope(canvas, store), ready: () => true });
+wireContext(store, load);
+wireVerify(store, worker, render);
+wireRope(store, worker, render);
+wirePerplexity(store, worker, render);
 watchPanels();
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });

@@ -72,7 +72,8 @@ export const GREEN = [43, 138, 62]; // logit-lens probability (the page's --good
 const WHITE = 255;
 const DARK_TEXT_ABOVE = 0.6;        // a cell's text turns white on shades more opaque than this
 
-const rgba = ([r, g, b], a) => `rgba(${r}, ${g}, ${b}, ${a})`;
+// One colour at opacity a, as CSS: rgba(BLUE, 0.5). The canvas pictures (web/pictures.js) and the cards use it too.
+export const rgba = ([r, g, b], a) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
 // The grid of the attention and logit-lens panels: a corner, a label per column, then per row a label and a
 // cell per column. cols, rows: [{textContent, title}]; cell(r, c) -> the cell's element props and `alpha`, its

@@ -1,6 +1,7 @@
 // Canvas pictures of the cards, for their PNG export (web/export.js). The shading is drawn again from the data, not
 // captured from the page: the page's Content-Security-Policy allows no data: or blob: image, which painting the DOM
 // into a canvas would need.
+import { rgba } from "/web/panels.js";
 
 const SCALE = 2;                                   // canvas pixels per CSS pixel: text stays crisp in the PNG
 const PAD = 14;                                    // margin around the picture
@@ -18,8 +19,6 @@ export function textWidth(texts, font) {
   for (const t of texts) w = Math.max(w, scratch.measureText(t).width);
   return Math.ceil(w);
 }
-
-export const rgba = ([r, g, b], a) => `rgba(${r}, ${g}, ${b}, ${a})`;
 
 // Sizes the canvas for `width` x `height` CSS pixels of content below a title and lines of notes, paints it white,
 // writes them, and returns a context whose origin is the content's top-left corner.

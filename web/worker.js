@@ -65,24 +65,24 @@ globalThis.labUpload = async (device, file, pieces, chunk, seq) => {
   return done;
 };
 
-// Encodes a prepared step in one call from Python: plan = [pipeline, group, x, y, z, ...];
-// writes = [buffer, offset, Uint8Array, ...] applied first. One compute pass, one submit.
-const encodeStep = (device, plan, writes, passDescriptor) => {
+// Encodes a prepared step in one call from Python: dispatches = [pipeline, group, x, y, z, ...] (lab/gpu/browser.py
+// prepare); writes = [buffer, offset, Uint8Array, ...] applied first. One compute pass, one submit.
+const encodeStep = (device, dispatches, writes, passDescriptor) => {
   if (writes) {
     for (let i = 0; i < writes.length; i += 3) device.queue.writeBuffer(writes[i], writes[i + 1], writes[i + 2]);
   }
   const enc = device.createCommandEncoder();
   const pass = enc.beginComputePass(passDescriptor);
-  for (let i = 0; i < plan.length; i += 5) {
-    pass.setPipeline(plan[i]);
-    pass.setBindGroup(0, plan[i + 1]);
-    pass.dispatchWorkgroups(plan[i + 2], plan[i + 3], plan[i + 4]);
+  for (let i = 0; i < dispatches.length; i += 5) {
+    pass.setPipeline(dispatches[i]);
+    pass.setBindGroup(0, dispatches[i + 1]);
+    pass.dispatchWorkgroups(dispatches[i + 2], dispatches[i + 3], dispatches[i + 4]);
   }
   pass.end();
   return enc;
 };
-globalThis.labEncode = (device, plan, writes, copies) => {
-  const enc = encodeStep(device, plan, writes);
+globalThis.labEncode = (device, dispatches, writes, copies) => {
+  const enc = encodeStep(device, dispatches, writes);
   if (copies) {
     for (let i = 0; i < copies.length; i += 5) enc.copyBufferToBuffer(copies[i], copies[i + 1], copies[i + 2], copies[i + 3], copies[i + 4]);
   }
@@ -93,13 +93,13 @@ globalThis.labEncode = (device, plan, writes, copies) => {
 // and its two buffers hold timestamps, never conversation data, so they live here, outside the buffer registry.
 // Chromium rounds timestamps to 100 us unless started with --enable-webgpu-developer-features.
 let timer = null;
-globalThis.labTimePass = async (device, plan, writes) => {
+globalThis.labTimePass = async (device, dispatches, writes) => {
   if (!timer || timer.device !== device) {
     timer = { device, queries: device.createQuerySet({ type: "timestamp", count: 2 }),
               resolved: device.createBuffer({ size: 16, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC }),
               read: device.createBuffer({ size: 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST }) };
   }
-  const enc = encodeStep(device, plan, writes, {
+  const enc = encodeStep(device, dispatches, writes, {
     timestampWrites: { querySet: timer.queries, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1 } });
   enc.resolveQuerySet(timer.queries, 0, 2, timer.resolved, 0);
   enc.copyBufferToBuffer(timer.resolved, 0, timer.read, 0, 16);

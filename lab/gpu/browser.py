@@ -141,25 +141,27 @@ class BrowserDevice(Device):
             flat += [d.kernel.handle, d.bound.handle, *d.groups]
         return to_js(flat)
 
-    def _plan_and_writes(self, dispatches, writes):
-        plan = dispatches if hasattr(dispatches, "length") else self.prepare(dispatches)
+    def _flat(self, dispatches, writes):
+        """The JS arrays labEncode and labTimePass read: the flat dispatch list (as `prepare` makes it, unless it
+        is one already) and the writes [buffer, offset, Uint8Array, ...], or None."""
+        flat = dispatches if hasattr(dispatches, "length") else self.prepare(dispatches)
         w = None
         if writes:
             w = []
             for buf, offset, data in writes:
                 w += [buf.handle, offset, to_js(bytes(data))]
             w = to_js(w)
-        return plan, w
+        return flat, w
 
     def run(self, dispatches, writes=(), copies=()) -> None:
-        plan, w = self._plan_and_writes(dispatches, writes)
+        flat, w = self._flat(dispatches, writes)
         c = to_js([x for src, so, dst, do, n in copies for x in (src.handle, so, dst.handle, do, n)]) if copies else None
-        js.labEncode(self._device, plan, w, c)
+        js.labEncode(self._device, flat, w, c)
 
     async def time_pass(self, dispatches, writes=()) -> float:
         if "timestamp-query" not in self.info.features:
             raise GpuError("this adapter has no timestamp queries")
-        return float(await js.labTimePass(self._device, *self._plan_and_writes(dispatches, writes))) * 1e-9
+        return float(await js.labTimePass(self._device, *self._flat(dispatches, writes))) * 1e-9
 
     def _create_staging(self, size: int):
         return self._device.createBuffer(_obj({"size": size, "usage": _STAGING, "label": "readback"}))

@@ -9,12 +9,12 @@ import concurrent.futures
 
 import pytest
 
-from lab.text import chat
-from lab.format import gguf
 from lab.engine.engine import Engine
+from lab.engine.session import Session
+from lab.format import gguf
 from lab.host.native import open_native
 from lab.settings import Settings
-from lab.engine.session import Session
+from lab.text import chat
 from lab.text.tokenizer import from_metadata
 from tests.conftest import load_fixture
 

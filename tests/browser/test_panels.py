@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from lab.format import gguf
-from lab.instruments import probes
 from lab.host.reference.forward import Reference
+from lab.instruments import probes
 from lab.text.tokenizer import from_metadata
 from tests.browser.conftest import Lab, open_lab
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.format import gguf
 from lab.engine.engine import Engine
+from lab.format import gguf
 from lab.host.native import open_native
 from lab.instruments.perplexity import Perplexity, tokens_of
 from lab.text.tokenizer import from_metadata

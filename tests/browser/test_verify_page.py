@@ -13,8 +13,6 @@ Screenshots of the card go to $LAB_SHOTS (default /tmp/llm-lab-shots).
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import shutil
@@ -22,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from lab.format import gguf
-from lab.instruments import verify
 from lab.host.verify_native import REFERENCE
+from lab.instruments import verify
 from tests.conftest import load_fixture
 
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
