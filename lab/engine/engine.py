@@ -2,8 +2,9 @@
 decode of one), each run as one compute pass with one submit.
 
     Config (lab.format.model)  ->  Engine: weights (lab.ops.weights.ModelWeights: GGUF blocks on the GPU),
-                                    scratch (activations, KV cache), plans (lab.engine.plans: Prefill and Decode,
-                                    lists of Ops with bind groups built once at load), step
+                                    scratch (lab.engine.scratch.Scratch: activations, KV cache),
+                                    plans (lab.engine.plans: Prefill and Decode, lists of Ops with bind groups
+                                    built once at load), step
 
 Per step the CPU writes only the step uniform (position, token count) and, for prefill or a sampled
 token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
@@ -129,9 +130,10 @@ class Engine:
             return self.prefill
         return self.decode_whole if pos + 1 <= self.whole_keys else self.decode
 
-    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None, whole: bool = False) -> list[ops.Op]:
-        """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.instruments.probes builds it again
-        with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
+    def attention_op(self, il: int, batched: bool, probe: gpu.Buffer | None = None,
+                     whole: bool = False) -> list[ops.Op]:
+        """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.instruments.probes builds it
+        again with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
         cfg, s = self.cfg, self.scratch
         return attn_ops.attention(self.device, self.kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.att,
                                   s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
@@ -153,8 +155,7 @@ class Engine:
 
     # -- plans ----------------------------------------------------------------------------------------------
     def ops_for(self, t: int, sampled: bool = False, pos: int = 0) -> list[ops.Op]:
-        plan = self.step_plan(t, pos)
-        return plan.ops + plan.tails[sampled]
+        return self.step_plan(t, pos).with_tail(sampled)
 
     def prepared(self, t: int, sampled: bool = False, pos: int = 0):
         """The backend's prepared dispatch list for a step of t tokens at `pos` (prefill for t > 1), cached per
@@ -163,13 +164,20 @@ class Engine:
         key = ("prefill" if t > 1 else "whole" if plan is self.decode_whole else "decode", t, sampled)
         p = self._prepared.get(key)
         if p is None:
-            p = self.device.prepare(ops.dispatches(plan.ops + plan.tails[sampled], t))
+            p = self.device.prepare(ops.dispatches(plan.with_tail(sampled), t))
             if len(self._prepared) > MAX_PLANS:
                 self._prepared.pop(next(iter(k for k in self._prepared if k[0] == "prefill")))
             self._prepared[key] = p
         return p
 
     # -- steps ------------------------------------------------------------------------------------------
+    def check_ids(self, ids, error: type[Exception] = EngineError, prefix: str = "") -> None:
+        """Refuse ids outside the vocabulary: raises `error` naming the first one (its message after `prefix`).
+        Every path that writes ids for the GPU checks here: a step, the probes, perplexity."""
+        bad = next((i for i in ids if not 0 <= i < self.cfg.n_vocab), None)
+        if bad is not None:
+            raise error(f"{prefix}token id {bad} is outside the vocabulary of {self.cfg.n_vocab}")
+
     def _check(self, ids, pos: int) -> None:
         t = len(ids)
         if not 1 <= t <= self.max_batch:
@@ -177,9 +185,7 @@ class Engine:
         if pos + t > self.n_ctx:
             raise EngineError(f"the conversation would reach {pos + t} tokens, past the context of {self.n_ctx} "
                               f"made at load: start a new chat, or load with a larger context")
-        bad = [i for i in ids if not 0 <= i < self.cfg.n_vocab]
-        if bad:
-            raise EngineError(f"token id {bad[0]} is outside the vocabulary of {self.cfg.n_vocab}")
+        self.check_ids(ids)
 
     def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,
              keep: int | None = None) -> None:

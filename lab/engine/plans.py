@@ -34,11 +34,22 @@ class Traced:
     rows: str = "tokens"    # "tokens" (t rows) or "one" (a single row)
 
 
+@dataclass(frozen=True)
+class Tails:
+    """The ops that end a step by picking the next token, one list per kind of step."""
+    greedy: list[ops.Op] = field(default_factory=list)    # argmax into ids[0]: the next decode step's input
+    sampled: list[ops.Op] = field(default_factory=list)   # top-k candidates into topk, for the CPU's sampler
+
+
 @dataclass
 class Plan:
     ops: list[ops.Op] = field(default_factory=list)
     trace: list[Traced] = field(default_factory=list)
-    tails: dict[bool, list[ops.Op]] = field(default_factory=dict)   # sampled? -> the ops that pick the next token
+    tails: Tails = field(default_factory=Tails)
+
+    def with_tail(self, sampled: bool) -> list[ops.Op]:
+        """The whole op list of a step: the plan's ops, then the tail that picks its token."""
+        return self.ops + (self.tails.sampled if sampled else self.tails.greedy)
 
     def at(self, name: str) -> int:
         """Index of the op after which the traced tensor `name` is complete."""
@@ -55,9 +66,9 @@ class PlanBuilder:
         self.eng = engine
         self.cfg = engine.cfg
         self.dev = engine.device
-        self.kc = engine.kernels
-        self.s = engine.scratch
-        self.w = engine.weights
+        self.kernels = engine.kernels
+        self.scratch = engine.scratch
+        self.weights = engine.weights
         self.plan = Plan()
 
     # -- recording ------------------------------------------------------------------------------------------
@@ -89,83 +100,103 @@ class PlanBuilder:
         """The GLU of the [gate | up] rows: (the down projection's input, its fused options)."""
         raise NotImplementedError
 
-    def head(self) -> Rows:
-        """Add the output head; returns the row selection its logits leave for the tail."""
+    def head(self) -> bool:
+        """Add the output head's ops; returns whether its logits are one row per token of the step (else one row,
+        the last token's)."""
         raise NotImplementedError
 
     # -- the layer sequence ---------------------------------------------------------------------------------
     def build(self) -> Plan:
-        cfg, dev, kc, s, w = self.cfg, self.dev, self.kc, self.s, self.w
-        step = s.step
-        E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, s.qkv_width
-        act = "geglu" if cfg.gelu else "swiglu"
-        # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
-        self.add(embed.get_rows(dev, kc, w.embedding, s.ids, s.x, step, scale=cfg.embd_scale),
-                 "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", s.x, E)
-        for il in range(cfg.n_layer):
-            b = f"blk.{il}."
-            # attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache -> attention
-            base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
-            fused = self.qkv_rope(il, base)
-            self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
-                                              b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
-            if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
-                self.add(norm.rms_norm(dev, kc, s.qkv, w.vectors[b + "attn_q_norm.weight"], s.qkv, step, Q + KV,
-                                       cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
-                                       w2=w.vectors[b + "attn_k_norm.weight"], split=cfg.n_head))
-            if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
-                self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-            else:
-                # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
-                # rotated K and the V into the cache (role KV_WRITE).
-                self.add(rope.rope(dev, kc, s.qkv, step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot, base,
-                                   cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
-                                   col_offset=0, freq_factors=self.eng.rope_freqs,
-                                   cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
-                         f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-            self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
-            self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
-            self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
-            # output projection; the residual add is folded into it unless gemma3's post-norm sits between
-            if cfg.post_norms:
-                self.add(self.mm(b + "attn_output.weight", s.att, s.tmp))
-                self.add(norm.rms_norm(dev, kc, s.tmp, w.vectors[b + "post_attention_norm.weight"], s.tmp, step, E,
-                                       cfg.eps, residual=s.x), f"attn_post_norm-{il}", s.tmp, E)
-                self.trace(f"ffn_inp-{il}", s.x, E)
-            else:
-                self.add(self.mm(b + "attn_output.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
-            # feed-forward: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down (+ residual)
-            self._add_normed(self.normed_proj(b + "gate_up", b + "ffn_norm.weight", s.gate_up, 2 * cfg.n_ff, None),
-                             f"ffn_norm-{il}")
-            down_in, down_opts = self.glu_then(act)
-            if cfg.post_norms:
-                self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
-                self.add(norm.rms_norm(dev, kc, s.tmp, w.vectors[b + "post_ffw_norm.weight"], s.tmp, step, E,
-                                       cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
-                self.trace(f"l_out-{il}", s.x, E)
-            else:
-                self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts),
-                         f"l_out-{il}", s.x, E)
-        # output: final norm, then the head. The head keeps its own norm op: folded in, each of its n_vocab / 4
-        # workgroups would re-read x.
-        self.add(norm.rms_norm(dev, kc, s.x, w.vectors["output_norm.weight"], s.xn, step, E, cfg.eps),
-                 "result_norm", s.xn, E)
-        rows = self.head()
-        if cfg.final_softcap:   # gemma2: logits = c * tanh(logits / c), before the tail picks a token
-            self.add(elementwise.softcap(dev, kc, s.logits, step, cfg.n_vocab, cfg.final_softcap,
-                                         rows=0 if rows == Rows.last() else 1))
-            head = self.plan.trace.pop(next(i for i, tr in enumerate(self.plan.trace) if tr.name == "result_output"))
-            self.plan.trace.append(dataclasses.replace(head, after=len(self.plan.ops) - 1))
-        # The tail picks the next token: greedy's argmax lands in ids[0], ready to be the next decode step's
-        # input; sampling reads back the top-k candidates instead (the top-k pass costs 13% of a decode
-        # step on lavapipe, so greedy plans leave it out).
-        self.plan.tails = {
-            False: sample.argmax(dev, kc, s.logits, s.ids, step, cfg.n_vocab, rows=rows),
-            True: sample.top_k(dev, kc, s.logits, s.topk, step, cfg.n_vocab, sample.MAX_K, rows=rows)}
+        """Embedding, then each layer's attention and feed-forward blocks, then the output: the whole step."""
+        self._embedding()
+        for il in range(self.cfg.n_layer):
+            self._attention(il)
+            self._feed_forward(il)
+        self._output()
         return self.plan
 
+    def _embedding(self) -> None:
+        # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
+        cfg, s = self.cfg, self.scratch
+        self.add(embed.get_rows(self.dev, self.kernels, self.weights.embedding, s.ids, s.x, s.step,
+                                scale=cfg.embd_scale),
+                 "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", s.x, cfg.n_embd)
+
+    def _attention(self, il: int) -> None:
+        """Layer il's attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache ->
+        attention -> output projection, added to x."""
+        cfg, dev, kernels, s, vec = self.cfg, self.dev, self.kernels, self.scratch, self.weights.vectors
+        E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, s.qkv_width
+        b = f"blk.{il}."
+        base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
+        fused = self.qkv_rope(il, base)
+        self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
+                                          b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
+        if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
+            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[b + "attn_q_norm.weight"], s.qkv, s.step, Q + KV,
+                                   cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
+                                   w2=vec[b + "attn_k_norm.weight"], split=cfg.n_head))
+        if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
+            self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+        else:
+            # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
+            # rotated K and the V into the cache (role KV_WRITE).
+            self.add(rope.rope(dev, kernels, s.qkv, s.step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot,
+                               base, cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
+                               col_offset=0, freq_factors=self.eng.rope_freqs,
+                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
+                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+        self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
+        self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
+        self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
+        # output projection; the residual add is folded into it unless gemma3's post-norm sits between
+        if cfg.post_norms:
+            self.add(self.mm(b + "attn_output.weight", s.att, s.tmp))
+            self.add(norm.rms_norm(dev, kernels, s.tmp, vec[b + "post_attention_norm.weight"], s.tmp, s.step, E,
+                                   cfg.eps, residual=s.x), f"attn_post_norm-{il}", s.tmp, E)
+            self.trace(f"ffn_inp-{il}", s.x, E)
+        else:
+            self.add(self.mm(b + "attn_output.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
+
+    def _feed_forward(self, il: int) -> None:
+        """Layer il's feed-forward block: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down, added to x."""
+        cfg, s = self.cfg, self.scratch
+        E = cfg.n_embd
+        b = f"blk.{il}."
+        self._add_normed(self.normed_proj(b + "gate_up", b + "ffn_norm.weight", s.gate_up, 2 * cfg.n_ff, None),
+                         f"ffn_norm-{il}")
+        down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu")
+        if cfg.post_norms:
+            self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
+            self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[b + "post_ffw_norm.weight"],
+                                   s.tmp, s.step, E, cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
+            self.trace(f"l_out-{il}", s.x, E)
+        else:
+            self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts), f"l_out-{il}", s.x, E)
+
+    def _output(self) -> None:
+        """The final norm, the head (soft-capped for gemma2), and the tails that pick the next token from it."""
+        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
+        # The head keeps its own norm op: folded in, each of its n_vocab / 4 workgroups would re-read x.
+        self.add(norm.rms_norm(dev, kernels, s.x, self.weights.vectors["output_norm.weight"], s.xn, s.step,
+                               cfg.n_embd, cfg.eps),
+                 "result_norm", s.xn, cfg.n_embd)
+        per_token = self.head()
+        if cfg.final_softcap:   # gemma2: logits = c * tanh(logits / c), before the tail picks a token
+            self.add(elementwise.softcap(dev, kernels, s.logits, s.step, cfg.n_vocab, cfg.final_softcap,
+                                         rows=0 if per_token else 1))
+        # the logits as the tail reads them: complete after the head and its soft-cap
+        self.trace("result_output", s.logits, cfg.n_vocab, rows="tokens" if per_token else "one")
+        # The tail picks the next token (from the last token's row where the head left one per token): greedy's
+        # argmax lands in ids[0], ready to be the next decode step's input; sampling reads back the top-k
+        # candidates instead (the top-k pass costs 13% of a decode step on lavapipe, so greedy plans leave it out).
+        rows = Rows.last() if per_token else Rows.fixed(1)
+        self.plan.tails = Tails(
+            greedy=sample.argmax(dev, kernels, s.logits, s.ids, s.step, cfg.n_vocab, rows=rows),
+            sampled=sample.top_k(dev, kernels, s.logits, s.topk, s.step, cfg.n_vocab, sample.MAX_K, rows=rows))
+
     def _add_normed(self, op_lists, name) -> None:
-        self.add(op_lists[0], name, self.s.xn, self.cfg.n_embd)
+        self.add(op_lists[0], name, self.scratch.xn, self.cfg.n_embd)
         for o in op_lists[1:]:
             self.add(o)
 
@@ -178,37 +209,37 @@ class Prefill(PlanBuilder):
     batched = True
 
     def mm(self, name, x, y, *, y_offset=0, y_stride=None, accumulate=False):
-        w, s = self.w.matrices[name], self.s
+        w, s = self.weights.matrices[name], self.scratch
         if self.eng.int8_prefill and w.type.name in matmul.I8_TYPES:
-            return matmul.matmul_i8(self.dev, self.kc, w, x, y, s.step, s.xq, s.xd, max_tokens=self.eng.max_batch,
-                                    accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
-        return matmul.matmul(self.dev, self.kc, w, x, y, s.step, max_tokens=self.eng.max_batch,
+            return matmul.matmul_i8(self.dev, self.kernels, w, x, y, s.step, s.xq, s.xd,
+                                    max_tokens=self.eng.max_batch, accumulate=accumulate, y_offset=y_offset,
+                                    y_stride=y_stride)
+        return matmul.matmul(self.dev, self.kernels, w, x, y, s.step, max_tokens=self.eng.max_batch,
                              accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
 
     def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
-        s, cfg = self.s, self.cfg
-        out = [norm.rms_norm(self.dev, self.kc, s.x, self.w.vectors[norm_w], s.xn, s.step, cfg.n_embd, cfg.eps)]
-        out += [self.mm(w.name, s.xn, y, y_offset=col, y_stride=width) for w, col in self.w.stacked[key]]
+        s, cfg, vec = self.scratch, self.cfg, self.weights.vectors
+        out = [norm.rms_norm(self.dev, self.kernels, s.x, vec[norm_w], s.xn, s.step, cfg.n_embd, cfg.eps)]
+        out += [self.mm(w.name, s.xn, y, y_offset=col, y_stride=width) for w, col in self.weights.stacked[key]]
         if bias:
-            out.append(elementwise.add_bias(self.dev, self.kc, y, self.w.vectors[bias], s.step, width, stride=width,
+            out.append(elementwise.add_bias(self.dev, self.kernels, y, vec[bias], s.step, width, stride=width,
                                             offset=0))
         return out
 
     def glu_then(self, act):
-        s = self.s
-        self.add(glu.glu(self.dev, self.kc, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+        s = self.scratch
+        self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
         return s.h, {}
 
     def head(self):
-        s, cfg = self.s, self.cfg
+        s, cfg = self.scratch, self.cfg
         if self.eng.logits_all:
-            self.add(matmul.matmul(self.dev, self.kc, self.w.head, s.xn, s.logits, s.step,
-                                   max_tokens=self.eng.max_batch), "result_output", s.logits, cfg.n_vocab)
-            return Rows.last()
-        self.add(elementwise.last_row(self.dev, self.kc, s.xn, s.last, s.step, cfg.n_embd))
-        self.add(matmul.matvec(self.dev, self.kc, self.w.head, s.last, s.logits, s.step), "result_output", s.logits,
-                 cfg.n_vocab, rows="one")
-        return Rows.fixed(1)
+            self.add(matmul.matmul(self.dev, self.kernels, self.weights.head, s.xn, s.logits, s.step,
+                                   max_tokens=self.eng.max_batch))
+            return True
+        self.add(elementwise.last_row(self.dev, self.kernels, s.xn, s.last, s.step, cfg.n_embd))
+        self.add(matmul.matvec(self.dev, self.kernels, self.weights.head, s.last, s.logits, s.step))
+        return False
 
 
 class Decode(PlanBuilder):
@@ -216,22 +247,22 @@ class Decode(PlanBuilder):
     batched = False
 
     def mm(self, name, x, y, *, y_offset=0, accumulate=False, **fused):
-        return matmul.matvec(self.dev, self.kc, self.w.matrices[name], x, y, self.s.step, y_offset=y_offset,
-                             accumulate=accumulate, **fused)
+        return matmul.matvec(self.dev, self.kernels, self.weights.matrices[name], x, y, self.scratch.step,
+                             y_offset=y_offset, accumulate=accumulate, **fused)
 
     def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
-        s = self.s
-        return [self.mm(w.name, s.x, y, y_offset=col, norm=(self.w.vectors[norm_w], self.cfg.eps), xn=s.xn,
-                        write_xn=i == 0, **({"bias": self.w.vectors[bias], "bias_offset": col} if bias else {}),
+        s, vec = self.scratch, self.weights.vectors
+        return [self.mm(w.name, s.x, y, y_offset=col, norm=(vec[norm_w], self.cfg.eps), xn=s.xn,
+                        write_xn=i == 0, **({"bias": vec[bias], "bias_offset": col} if bias else {}),
                         **({"rope": rotary} if rotary else {}))
-                for i, (w, col) in enumerate(self.w.stacked[key])]
+                for i, (w, col) in enumerate(self.weights.stacked[key])]
 
     def qkv_rope(self, il, base):
         # A decode step is bound by its dependent dispatches: the rotation and the KV write ride in the projection's
         # epilogue where the pairs are adjacent (a workgroup's 4 rows hold whole pairs; NEOX pairs lie half a head
         # apart) and nothing sits between projection and rotation (q/k norms), and the adapter allows the bindings.
-        cfg, s = self.cfg, self.s
-        stacked = self.w.stacked[f"blk.{il}.qkv"]
+        cfg, s = self.cfg, self.scratch
+        stacked = self.weights.stacked[f"blk.{il}.qkv"]
         limit = self.dev.info.limits["max_storage_buffers_per_shader_stage"]
         if cfg.rope_neox or cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
                 or any(matmul.matvec_storage(w.type.name, norm=True, bias=cfg.qkv_bias, rope=True) > limit
@@ -246,17 +277,16 @@ class Decode(PlanBuilder):
         # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's
         # 14,336-wide FFN that made ffn_down 46 us a layer on the H200. FFNs that wide take one GLU op first;
         # narrower ones keep the fold, which saves a dispatch where dispatches bound the step.
+        s = self.scratch
         if self.cfg.n_ff >= GLU_APART:
-            s = self.s
-            self.add(glu.glu(self.dev, self.kc, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+            self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
             return s.h, {}
-        return self.s.gate_up, {"glu": act}
+        return s.gate_up, {"glu": act}
 
     def head(self):
-        s = self.s
-        self.add(matmul.matvec(self.dev, self.kc, self.w.head, s.xn, s.logits, s.step), "result_output", s.logits,
-                 self.cfg.n_vocab, rows="one")
-        return Rows.fixed(1)
+        s = self.scratch
+        self.add(matmul.matvec(self.dev, self.kernels, self.weights.head, s.xn, s.logits, s.step))
+        return False
 
 
 def with_whole_attention(decode: Plan, n_layer: int, whole) -> Plan:

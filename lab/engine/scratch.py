@@ -20,8 +20,8 @@ from lab.ops import sample
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
 GPU_BATCH = 512         # the same on a GPU adapter, as the native benchmarks run (a 2,048-token prompt in 4 steps,
                         # not 32); on the H200 page it left the 512-token prefill at 0.39-0.66 of native, within
-                        # the 64-token steps' spread (docs/performance.md, run 4). A CPU adapter gains nothing
-                        # from wider steps and pays for the larger scratch
+                        # the 64-token steps' spread (docs/results/2026-12-01-h200-page-run4.md). A CPU adapter
+                        # gains nothing from wider steps and pays for the larger scratch
 AHEAD = 8               # greedy decode steps submitted before one read-back (lab.engine.session)
 
 

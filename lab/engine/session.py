@@ -28,6 +28,44 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+class GreedyAhead:
+    """The greedy decode steps of one turn, submitted ahead of their read-back.
+
+    Greedy steps need nothing from the CPU (each argmax feeds the next step on the GPU), so once a step is known to be
+    quick, AHEAD of them are submitted before one read-back: the CPU encodes while the GPU runs, and the read's round
+    trip is paid once. And the block after is queued before that read is awaited, so the GPU never waits for the
+    round trip or the next block's encoding (the read is ordered before it: Device.read). Steps past an
+    end-of-generation id, a stop or the length are wasted work only: their K/V lie beyond the session's `cached` and
+    are overwritten later."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.ids: list[int] = []    # greedy ids read back, not yet handed out
+        self.block = 1              # steps a read-back covers: AHEAD once steps are quick, else 1 (for streaming)
+        self.queued = 0             # steps submitted whose ids are not read yet
+
+    async def next(self, pos: int, wanted: int) -> int:
+        """The id the greedy step at `pos` makes; `wanted`: how many more ids the turn may take, this one included
+        (no step is submitted past it)."""
+        if not self.ids:
+            tb = time.perf_counter()
+            n = self.queued or min(self.block, wanted)
+            if not self.queued:
+                self._submit(n, pos)
+            read = self.engine.kept_ids(n)
+            try:
+                self.queued = min(self.block, wanted - n) if self.block == AHEAD else 0
+                self._submit(self.queued, pos + n)
+            finally:            # a read asked is always finished: its buffer stays mapped until then
+                self.ids = await read
+            self.block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
+        return self.ids.pop(0)
+
+    def _submit(self, n: int, first: int) -> None:
+        for i in range(n):
+            self.engine.step(None, first + i, keep=i)
+
+
 @dataclass
 class Result:
     prompt_ids: list[int]
@@ -92,6 +130,48 @@ class Session:
         t0 = time.perf_counter()
 
         # 1. prefill what the cache does not hold yet, in chunks of the engine's batch
+        tok = await self._prefill(prompt, res, sampler, greedy)
+        res.prefill_s = res.ttft_s = time.perf_counter() - t0
+
+        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request. Greedy
+        # steps run ahead of their read-back (GreedyAhead); a sampled step waits for the CPU's pick.
+        t1 = time.perf_counter()
+        eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
+        ahead = GreedyAhead(eng) if greedy else None
+        while True:
+            # 2a. emit the token, or stop before it
+            if tok in eog:
+                res.stop = "eog"
+                break
+            res.ids.append(tok)
+            piece = decoder.feed(tok) if decoder is not None else ""
+            res.text += piece
+            if on_token is not None and (more := on_token(tok, piece)) is not None:
+                await more           # an awaitable: reads between steps (the worker's KV panel reads the cache)
+            if len(res.ids) >= max_new:
+                res.stop = "length"
+                break
+            if should_stop is not None and should_stop():
+                res.stop = "stopped"
+                break
+            # 2b. the next token, from a step of this one at the cache's end
+            pos = len(self.cached)
+            if ahead is not None:
+                tok = await ahead.next(pos, max_new - len(res.ids))
+            else:
+                tok = await self._sampled_next(tok, pos, sampler)
+            if tok == NONE:
+                await self._nonfinite([res.ids[-1]], pos)
+            self.cached.append(res.ids[-1])
+            res.decode_steps += 1
+        if decoder is not None:
+            res.text += decoder.flush()
+        res.decode_s = time.perf_counter() - t1
+        return res
+
+    async def _prefill(self, prompt: list[int], res: Result, sampler: Sampler, greedy: bool) -> int:
+        """Run the prompt's ids past the cached prefix, in steps of the engine's batch; returns the first new token."""
+        eng = self.engine
         res.reused = self._reuse(prompt)
         self.cached = self.cached[:res.reused]
         pos = res.reused
@@ -104,67 +184,12 @@ class Session:
         tok = await self._next(sampler, greedy)
         if tok == NONE:
             await self._nonfinite(chunk, pos - len(chunk))
-        res.prefill_s = res.ttft_s = time.perf_counter() - t0
+        return tok
 
-        # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request.
-        # Greedy steps need nothing from the CPU (each argmax feeds the next step on the GPU), so once a
-        # step is known to be quick, AHEAD of them are submitted before one read-back: the CPU encodes
-        # while the GPU runs, and the read's round trip is paid once. And the block after is queued before
-        # that read is awaited, so the GPU never waits for the round trip or the next block's encoding
-        # (the read is ordered before it: Device.read). Steps past an end-of-generation id, a stop or the
-        # length are wasted work only: their K/V lie beyond `cached` and are overwritten later.
-        t1 = time.perf_counter()
-        eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
-        ahead: list[int] = []       # greedy ids read back, not yet emitted
-        block = 1
-        queued = 0                  # greedy steps submitted whose ids are not read yet
-
-        def submit(n: int, first: int) -> None:
-            for i in range(n):
-                eng.step(None, first + i, keep=i)
-        while True:
-            if tok in eog:
-                res.stop = "eog"
-                break
-            res.ids.append(tok)
-            if decoder is not None:
-                piece = decoder.feed(tok)
-                res.text += piece
-            else:
-                piece = ""
-            if on_token is not None and (more := on_token(tok, piece)) is not None:
-                await more           # an awaitable: reads between steps (the worker's KV panel reads the cache)
-            if len(res.ids) >= max_new:
-                res.stop = "length"
-                break
-            if should_stop is not None and should_stop():
-                res.stop = "stopped"
-                break
-            if greedy and not ahead:
-                tb = time.perf_counter()
-                n = queued or min(block, max_new - len(res.ids))
-                if not queued:
-                    submit(n, len(self.cached))
-                read = eng.kept_ids(n)
-                try:
-                    queued = min(block, max_new - len(res.ids) - n) if block == AHEAD else 0
-                    submit(queued, len(self.cached) + n)
-                finally:            # a read asked is always finished: its buffer stays mapped until then
-                    ahead = await read
-                block = AHEAD if (time.perf_counter() - tb) / n < FAST_STEP_S else 1
-            if greedy:
-                tok = ahead.pop(0)
-            else:
-                eng.step([tok], len(self.cached), sampled=True)
-                tok = sampler.pick(await eng.top_k())
-            if tok == NONE:
-                await self._nonfinite([res.ids[-1]], len(self.cached))
-            self.cached.append(res.ids[-1])
-            res.decode_steps += 1
-        if decoder is not None:
-            res.text += decoder.flush()
-        res.decode_s = time.perf_counter() - t1
-        return res
+    async def _sampled_next(self, tok: int, pos: int, sampler: Sampler) -> int:
+        """A sampled decode step: `tok` at `pos` through the plan with the top-k tail, then the CPU's pick."""
+        self.engine.step([tok], pos, sampled=True)
+        return sampler.pick(await self.engine.top_k())
 
     async def _nonfinite(self, ids: list[int], pos: int) -> None:
         """No logit was finite: the GPU's argmax and top-k skip NaN and infinities, so no token id comes of them.

@@ -3,9 +3,9 @@
 - `KvView(engine).norms(a, b)`: the L2 norm of every layer's K row and V row at positions a .. b-1 (over all KV heads
   x head_dim of the layer), computed on the GPU by wgsl/kvview.wgsl: one dispatch per layer in one pass, then one
   read of 2 x n_layer x (b - a) floats. The chat calls it as tokens arrive, so the picture grows with the cache.
-- `AfterPicture`: the same picture computed in Python from the bytes Forget read back after its wipe (lab/instruments/forget.py
-  `wipe(on_after=...)`), so the page can redraw the heatmap from what the GPU holds once the cache is cleared. It
-  shares nothing with the kernel: a wrong kernel cannot make a dirty cache look clean.
+- `AfterPicture`: the same picture computed in Python from the bytes Forget read back after its wipe
+  (lab/instruments/forget.py `wipe(on_after=...)`), so the page can redraw the heatmap from what the GPU holds once
+  the cache is cleared. It shares nothing with the kernel: a wrong kernel cannot make a dirty cache look clean.
 
 Layout of a picture: f32 [positions, n_layer, 2], [p, l, 0] = |K| and [p, l, 1] = |V| of layer l at position p.
 

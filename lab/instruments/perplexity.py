@@ -16,10 +16,10 @@ norm; a step holding scored positions then projects its rows through the output 
 kernel (wgsl/perplexity.wgsl) reduces each row to one float, its nll. A chunk reads back n_ctx floats, never a row of
 logits. Steps wholly before `first` skip the head: their logits are never looked at.
 
-What it does not know: sessions and pages. It overwrites the engine's KV cache from position 0, so the caller must
-drop whatever its session believed the cache held (lab/worker/router.py, lab/host/cli.py do), and it polls `should_stop`
-between steps, so a caller can cancel. Its buffers are kind CONVERSATION (they hold the text's ids and scores), owned
-by the `Perplexity` object, freed by `close`.
+What it does not know: sessions and pages. It overwrites the engine's KV cache from position 0, so a caller with a
+session must drop whatever it believed the cache held (the page's adapter, lab/worker/perplexity.py, does), and it
+polls `should_stop` between steps, so a caller can cancel. Its buffers are kind CONVERSATION (they hold the text's
+ids and scores), owned by the `Perplexity` object, freed by `close`.
 """
 
 from __future__ import annotations
@@ -72,13 +72,6 @@ def windows(tokens: list[int], n_ctx: int, bos_id: int | None, add_bos: bool,
             w[0] = bos_id
         out.append(w)
     return out
-
-
-def score_window(nll_at, window: list[int]) -> list[float]:
-    """The nll of each scored position of one window, given nll_at(q, target) for position q predicting `target`
-    (the convention alone: which positions, which targets)."""
-    n_ctx = len(window)
-    return [nll_at(q, window[q + 1]) for q in range(first_scored(n_ctx), n_ctx - 1)]
 
 
 @dataclass
@@ -184,9 +177,7 @@ class Perplexity:
         if n_ctx > eng.n_ctx:
             raise PerplexityError(f"a window of {n_ctx} tokens is past the context of {eng.n_ctx} made at load")
         chunks = windows(tokens, n_ctx, bos_id, add_bos, n_chunks)
-        bad = [i for i in tokens if not 0 <= i < eng.cfg.n_vocab]
-        if bad:
-            raise PerplexityError(f"token id {bad[0]} is outside the vocabulary of {eng.cfg.n_vocab}")
+        eng.check_ids(tokens, PerplexityError)
         if self._plans is None:
             self._build()
             await dev.flush_errors()

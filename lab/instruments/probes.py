@@ -40,6 +40,7 @@ import itertools
 import struct
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lab import gpu, ops
 from lab.ops import attention as attn_ops
@@ -110,6 +111,24 @@ class RopeInputs:
     ms: float
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which probe variant of the engine's plan a chunk of the pass runs (the variants are cached by it)."""
+    batched: bool       # the prefill plan (else decode's, with its split attention)
+    write_kv: bool      # keep the ops' KV writes (positions past the session's cache) or leave the cache as it is
+    attention: bool     # each layer's attention through its probe twin, gathered into the window
+    lens: bool          # each layer's residual copied for the logit lens
+    residual: bool      # the residual's norm after the embedding and after every layer
+
+
+class Sites(NamedTuple):
+    """Where the probe ops go in one of the engine's plans (op indices), with the probe twins of its attention."""
+    embd: int                                   # the op leaving the residual that enters layer 0
+    attention: dict[int, tuple[int, bool]]      # each ATTENTION op -> (its layer, whether it is the layer's last)
+    l_out: dict[int, int]                       # the op leaving a layer's output -> that layer
+    probed: list[list[ops.Op]]                  # per layer: its attention with the probe buffer bound
+
+
 def neighbours_work(table) -> tuple[int, int]:
     """(multiply-adds, weight bytes read) of one neighbours query: the matvec reads the whole quantized table once,
     n_vocab x n_embd multiply-adds (the row norms, made on the first query only, cost about as much again)."""
@@ -142,7 +161,7 @@ class Probes:
         self.lens_positions = lens_positions
         self._emb = None
         self._pass = None
-        self._variants: dict[tuple, list[ops.Op]] = {}
+        self._variants: dict[Variant, list[ops.Op]] = {}
         self._rope_cuts: dict[tuple, tuple[list[ops.Op], list[ops.Op]]] = {}
 
     def close(self) -> None:
@@ -191,13 +210,13 @@ class Probes:
 
     async def embedding(self, token_id: int) -> Embedding:
         eng, dev = self.engine, self.device
-        if not 0 <= token_id < eng.cfg.n_vocab:
-            raise ValueError(f"token id {token_id} is outside the vocabulary of {eng.cfg.n_vocab}")
+        eng.check_ids([token_id], ValueError)
         if self._emb is None:
             self._build_embedding()
             await dev.flush_errors()         # the browser reports shader problems late: name them now
         t0 = time.perf_counter()
-        dev.run(ops.dispatches(self._emb, 1), eng.step_writes(None, 0, 1) + [(self.q_id, 0, struct.pack("<I", token_id))])
+        dev.run(ops.dispatches(self._emb, 1),
+                eng.step_writes(None, 0, 1) + [(self.q_id, 0, struct.pack("<I", token_id))])
         values = await dev.read(self.q_row)
         nb = _pairs(await dev.read(self.nb), 0, NEIGHBOURS)
         (norm_,) = struct.unpack("<f", await dev.read(self.norms, 4 * token_id, 4))
@@ -244,10 +263,10 @@ class Probes:
                       for slot in range(L + 1)]
         # The lens: per layer, the kept rows through the final norm, the head, softmax, top-k into the layer's slice
         # of lens_top. The head is one matmul, so its weights are read once per layer, not once per row; but the
-        # matmul computes a whole tile of 32 rows, so one row goes through the decode path's matvec instead (the
-        # same single read, 1/32 of the arithmetic). Measured with the earlier 16-token tiles, 30 layers: lavapipe
-        # 22 s for any count up to 16 (one tile), a matvec 2.2 s per position; SwiftShader in Chromium: matvecs for
-        # 8 positions took minutes.
+        # matmul computes a whole tile of matmul.MATMUL_TT rows, so one row goes through the decode path's matvec
+        # instead (the same single read, 1/MATMUL_TT of the arithmetic). Measured with the earlier 16-token tiles,
+        # 30 layers: lavapipe 22 s for any count up to 16 (one tile), a matvec 2.2 s per position; SwiftShader in
+        # Chromium: matvecs for 8 positions took minutes.
         self.head = eng.weights.head
         self._lens, self._lens_one = [], []
         for il in range(L):
@@ -262,55 +281,56 @@ class Probes:
                                                  max_tokens=P, x_offset=off) + top
             self._lens_one += normed + matmul.matvec(dev, kc, self.head, self.lens_xn, self.lens_logits,
                                                      x_offset=off) + top
-        # Where the probe ops go in the engine's plans, found by the trace names the plans record and the ops'
-        # roles. A layer's attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its
-        # last one, and the run of ATTENTION ops ending there is what the probe variant replaces.
-        self._where = {}
-        for batched in (True, False):
-            plan = eng.plan_for(batched)
-            attn = {}
-            for il in range(L):
-                last = first = plan.at(f"kqv_out-{il}")
-                if plan.ops[last].role != ops.ATTENTION:
-                    raise RuntimeError(f"probes: op {last} of the engine's plan is {plan.ops[last].kernel.label}, "
-                                       f"not the attention its trace names")
-                while first > 0 and plan.ops[first - 1].role == ops.ATTENTION:
-                    first -= 1
-                attn.update({i: (il, i == last) for i in range(first, last + 1)})
-            # the residual entering layer 0 is llama.cpp's inp_scaled where the model scales the embedding (gemma3)
-            embd = plan.at("inp_scaled" if cfg.embd_scale != 1.0 else "inp_embd")
-            self._where[batched] = (embd, attn, {plan.at(f"l_out-{il}"): il for il in range(L)},
-                                    [eng.attention_op(il, batched, self.attn_probe) for il in range(L)])
+        self._sites = {batched: self._find_sites(batched) for batched in (True, False)}
 
-    def _variant(self, batched: bool, write_kv: bool, attention: bool, lens: bool, residual: bool) -> list[ops.Op]:
-        key = (batched, write_kv, attention, lens, residual)
-        plan = self._variants.get(key)
+    def _find_sites(self, batched: bool) -> Sites:
+        """Where the probe ops go in the engine's plan, found by the trace names the plans record and the ops'
+        roles. A layer's attention may be several ops (split-K decode: split, combine); `kqv_out-il` names its last
+        one, and the run of ATTENTION ops ending there is what the probe variant replaces."""
+        eng, n_layer = self.engine, self.engine.cfg.n_layer
+        plan = eng.plan_for(batched)
+        attention = {}
+        for il in range(n_layer):
+            last = first = plan.at(f"kqv_out-{il}")
+            if plan.ops[last].role != ops.ATTENTION:
+                raise RuntimeError(f"probes: op {last} of the engine's plan is {plan.ops[last].kernel.label}, "
+                                   f"not the attention its trace names")
+            while first > 0 and plan.ops[first - 1].role == ops.ATTENTION:
+                first -= 1
+            attention.update({i: (il, i == last) for i in range(first, last + 1)})
+        # the residual entering layer 0 is llama.cpp's inp_scaled where the model scales the embedding (gemma3)
+        return Sites(embd=plan.at("inp_scaled" if eng.cfg.embd_scale != 1.0 else "inp_embd"), attention=attention,
+                     l_out={plan.at(f"l_out-{il}"): il for il in range(n_layer)},
+                     probed=[eng.attention_op(il, batched, self.attn_probe) for il in range(n_layer)])
+
+    def _variant(self, v: Variant) -> list[ops.Op]:
+        plan = self._variants.get(v)
         if plan is not None:
             return plan
-        base = self.engine.plan_for(batched).ops
-        at_embd, at_attn, at_lout, probed = self._where[batched]
-        end = max(at_lout) + 1        # the residual after the last layer; the output head is not needed
+        base = self.engine.plan_for(v.batched).ops
+        sites = self._sites[v.batched]
+        end = max(sites.l_out) + 1        # the residual after the last layer; the output head is not needed
         plan = []
         for i, op in enumerate(base[:end]):
-            if not write_kv and op.role == ops.KV_WRITE:
+            if not v.write_kv and op.role == ops.KV_WRITE:
                 if op.without_kv is not None:
                     plan.append(op.without_kv)
                 continue
-            if attention and i in at_attn:
-                il, last = at_attn[i]
+            if v.attention and i in sites.attention:
+                il, last = sites.attention[i]
                 if last:
-                    plan += probed[il] + [self._gather[il]]
+                    plan += sites.probed[il] + [self._gather[il]]
                 continue
             plan.append(op)
-            if residual and i == at_embd:
+            if v.residual and i == sites.embd:
                 plan.append(self._norm[0])
-            if i in at_lout:
-                il = at_lout[i]
-                if residual:
+            if i in sites.l_out:
+                il = sites.l_out[i]
+                if v.residual:
                     plan.append(self._norm[il + 1])
-                if lens:
+                if v.lens:
                     plan.append(self._copy[il])
-        self._variants[key] = plan
+        self._variants[v] = plan
         return plan
 
     def _rope_variant(self, batched: bool, write_kv: bool, layer: int) -> tuple[list[ops.Op], list[ops.Op]]:
@@ -322,14 +342,14 @@ class Probes:
             return cut
         plan = self.engine.plan_for(batched)
         at_rope = plan.at(f"Qcur_rope-{layer}")      # the one op that rotates the layer's Q and K heads
-        _, at_attn, _, probed = self._where[batched]
-        first_attn = min(i for i, (il, _) in at_attn.items() if il == layer)
+        sites = self._sites[batched]
+        first_attn = min(i for i, (il, _) in sites.attention.items() if il == layer)
         def keep(part: list[ops.Op]) -> list[ops.Op]:
             if write_kv:
                 return part
             return [o for o in (op.without_kv if op.role == ops.KV_WRITE else op for op in part) if o is not None]
 
-        cut = (keep(plan.ops[:at_rope]), keep(plan.ops[at_rope:first_attn]) + probed[layer])
+        cut = (keep(plan.ops[:at_rope]), keep(plan.ops[at_rope:first_attn]) + sites.probed[layer])
         self._rope_cuts[key] = cut
         return cut
 
@@ -345,9 +365,7 @@ class Probes:
             raise ValueError(f"rope: position {pos} of {len(ids)} (context {eng.n_ctx})")
         if not 0 <= layer < cfg.n_layer:
             raise ValueError(f"rope: layer {layer} of {cfg.n_layer}")
-        bad = [i for i in ids[:pos + 1] if not 0 <= i < cfg.n_vocab]
-        if bad:
-            raise ValueError(f"rope: token id {bad[0]} is outside the vocabulary")
+        eng.check_ids(ids[:pos + 1], ValueError, "rope: ")
         if self._pass is None:
             self._build_pass()
             await dev.flush_errors()
@@ -398,9 +416,7 @@ class Probes:
             raise ValueError(f"inspect: a window of {end - start} positions; at most {self.window}")
         if not 0 <= lens <= min(self.lens_positions, end):
             raise ValueError(f"inspect: {lens} lens positions; at most {min(self.lens_positions, end)}")
-        bad = [i for i in ids[:end] if not 0 <= i < cfg.n_vocab]
-        if bad:
-            raise ValueError(f"inspect: token id {bad[0]} is outside the vocabulary")
+        eng.check_ids(ids[:end], ValueError, "inspect: ")
         if self._pass is None:
             self._build_pass()
             await dev.flush_errors()
@@ -416,7 +432,8 @@ class Probes:
         bounds = sorted(set(range(first, cached, self.chunk)) | set(range(max(first, cached), end, self.chunk))
                         | {end})
         for a, b in zip(bounds, bounds[1:]):
-            plan = self._variant(b - a > 1, a >= cached, attention, bool(lens), residual)
+            plan = self._variant(Variant(batched=b - a > 1, write_kv=a >= cached, attention=attention,
+                                         lens=bool(lens), residual=residual))
             self._run(plan, ids[a:b], a)
         # (native submits return at once: the first read waits for the GPU, so it closes the pass's timing)
         att = await dev.read(self.attn, 0, 4 * L * H * w * (w + 1)) if attention else await dev.read(self.win)

@@ -16,13 +16,13 @@ import time
 import numpy as np
 import pytest
 
-from lab.format import gguf
-from lab.instruments import probes
 from lab.engine.engine import Engine
+from lab.engine.session import Session
+from lab.format import gguf
 from lab.host.reference.forward import Reference
+from lab.instruments import probes
 from lab.instruments.probes import Probes
 from lab.settings import Settings
-from lab.engine.session import Session
 from lab.text.tokenizer import from_metadata
 
 ATTN_TOL = 1e-4          # absolute, probabilities
@@ -242,14 +242,15 @@ def test_probe_variant_is_the_engine_plan_plus_probes(engine, probe, tok, batche
     split-K run) replaced whole by its probe twin, and only the probe ops added."""
     run(probe.inspect(tok.encode("a b"), 0, lens=0))         # builds the pass
     base = engine.plan_for(batched).ops
-    plan = probe._variant(batched, True, True, True, True)
-    probed = probe._where[batched][3]
+    plan = probe._variant(probes.Variant(batched, write_kv=True, attention=True, lens=True, residual=True))
+    sites = probe._sites[batched]
+    probed = sites.probed
     extra = set(map(id, probe._gather + probe._copy + probe._norm + [op for p in probed for op in p]))
     ours = [op for op in plan if id(op) not in extra]
     engine_attn = [op for op in base if op.kernel.label.startswith("attention:")]
     assert all(op in base for op in ours)
     assert not any(op in ours for op in engine_attn)
-    assert len(ours) + len(engine_attn) == max(probe._where[batched][2]) + 1
+    assert len(ours) + len(engine_attn) == max(sites.l_out) + 1
     assert sum(op.kernel.label.startswith("attention:") for op in plan) == sum(map(len, probed))
 
 
