@@ -3,7 +3,7 @@
 //           1 ids (storage, read: array<u32>, one token id per token of the step)
 //           2 out (storage, read_write: array<f32>, token i's row at out_off + i * cols)
 //           3 p (uniform Params)
-//           4 stp (uniform Step: pos, n_tokens, n_ctx; t = n_tokens)
+//           4 step (uniform Step: pos, n_tokens, n_ctx; t = n_tokens)
 // Math: out[i, c] = scale * W[ids[i], c] for i < t, when first_row <= ids[i] < first_row + n_rows
 //   (ids held by another part are left to that part's dispatch).
 // Uniform fields: first_row, n_rows, cols, gpr (= cols / 8), row_bytes, out_off, scale (f32).
@@ -19,7 +19,7 @@ struct Params { first_row: u32, n_rows: u32, cols: u32, gpr: u32, row_bytes: u32
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<uniform> stp: Step;
+@group(0) @binding(4) var<uniform> step: Step;
 
 //!include quant.wgsl
 
@@ -30,7 +30,7 @@ const HALF: u32 = {{HALF}}u;
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let i = wid.y;
     let g = wid.x * WG + lid;
-    if (i >= stp.n_tokens || g >= p.gpr) { return; }
+    if (i >= step.n_tokens || g >= p.gpr) { return; }
     let id = ids[i];
     if (id < p.first_row || id - p.first_row >= p.n_rows) { return; }
     let v = {{DQ}}((id - p.first_row) * p.row_bytes, g);

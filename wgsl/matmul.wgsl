@@ -41,7 +41,7 @@ fn put_w(e: u32, r: u32, v: vec4<f32>) {    // chunk columns e..e+3 of tile row 
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.x * TR;
     let tok0 = wid.y * TT;
-    let nt = stp.n_tokens;
+    let nt = step.n_tokens;
     let last = p.n_rows - 1u;
     let tr = lid % 16u;     // rows 4 tr .. 4 tr + 3 of the tile
     let tq = lid / 16u;     // tokens 4 tq .. 4 tq + 3 of the tile

@@ -9,7 +9,7 @@ enable subgroups;
 //           2 xd (storage, read: array<vec2<f32>>, q8_rows.wgsl's (d, d * sum q) per token and block)
 //           3 y (storage, read_write: array<f32>, token i's output at y_off + i * y_stride)
 //           4 p (uniform Params)
-//           5 stp (uniform Step; t = n_tokens)
+//           5 step (uniform Step; t = n_tokens)
 // Math: a weight block of 32 is w = a * q + c with small integers q (this file's IQ function per type:
 //   Q8_0 a = d, c = 0; Q4_0 q = nibble, c = -8 d; Q4_1 c = m; Q5_0 q = 5 bits, c = -16 d; Q5_1 c = m), and the
 //   input block x ~ dx * qx, so sum_k w_k x_k = a dx (sum_k q_k qx_k) + c (dx sum_k qx_k): the integer dot
@@ -37,7 +37,7 @@ struct Params { n_rows: u32, cols: u32, nb: u32, row_bytes: u32, y_off: u32, y_s
 @group(0) @binding(2) var<storage, read> xd: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
-@group(0) @binding(5) var<uniform> stp: Step;
+@group(0) @binding(5) var<uniform> step: Step;
 
 //!include quant.wgsl
 
@@ -118,7 +118,7 @@ fn unpack(buf: u32, b: u32, lid: u32, row0: u32, last: u32, tok0: u32, nt: u32) 
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let row0 = wid.x * TR;
     let tok0 = wid.y * 32u;
-    let nt = stp.n_tokens;
+    let nt = step.n_tokens;
     let last = p.n_rows - 1u;
     // This lane's results in quarter (ti, ri): element lid + 32 e is token 16 ti + lid / 16 + 2 e, row 16 ri + n.
     let n = lid % 16u;

@@ -17,7 +17,7 @@ const WG: u32 = 4u;
 
 // Four inputs of token t from element e; a token past the step reads the last one (its sums are never stored).
 fn xin(t: u32, e: u32) -> vec4<f32> {
-    let o = p.x_off + min(t, stp.n_tokens - 1u) * p.x_stride + e;
+    let o = p.x_off + min(t, step.n_tokens - 1u) * p.x_stride + e;
     return vec4<f32>(x[o], x[o + 1u], x[o + 2u], x[o + 3u]);
 }
 
@@ -31,7 +31,7 @@ fn dots(w: Dq, l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: v
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let row0 = gid.x * 4u;
     let tok0 = gid.y * 4u;
-    if (row0 >= p.n_rows || tok0 >= stp.n_tokens) { return; }
+    if (row0 >= p.n_rows || tok0 >= step.n_tokens) { return; }
     let last = p.n_rows - 1u;
     let rb = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * p.row_bytes;
     var a0 = vec4<f32>(0.0);   // row0, tokens tok0 .. tok0 + 3

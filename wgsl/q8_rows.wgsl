@@ -4,7 +4,7 @@
 //             i * cols / 4: the row-major [t, cols] int8 matrix the GEMM's left operand loads)
 //           2 xd (storage, read_write: array<vec2<f32>>, per token and block b: (d, d * sum of its q))
 //           3 p (uniform Params)
-//           4 stp (uniform Step; t = n_tokens)
+//           4 step (uniform Step; t = n_tokens)
 // Math: per block of 32 inputs, d = max|x| / 127 and q = round(x * (127 / max|x|)) in -127..127 (all zero for a zero
 //   block), so x ~ d * q. The GEMM's offset term (Q4_1's min, Q4_0's -8) multiplies d * sum(q), the sum of the
 //   quantized inputs, as llama.cpp's q8_1 `s` field does.
@@ -18,13 +18,13 @@ struct Params { cols: u32, nb: u32, x_off: u32, x_stride: u32 };
 @group(0) @binding(1) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(2) var<storage, read_write> xd: array<vec2<f32>>;
 @group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<uniform> stp: Step;
+@group(0) @binding(4) var<uniform> step: Step;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let tok = gid.x / p.nb;
     let b = gid.x % p.nb;
-    if (tok >= stp.n_tokens) { return; }
+    if (tok >= step.n_tokens) { return; }
     let base = p.x_off + tok * p.x_stride + 32u * b;
     var amax = 0.0;
     for (var k = 0u; k < 32u; k++) { amax = max(amax, abs(x[base + k])); }

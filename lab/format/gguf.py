@@ -243,7 +243,22 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
     if file_size is not None and file_size < len(buf):
         raise GGUFError(f"prefix of {len(buf)} bytes is longer than the file size {file_size}")
     p = _Parser(buf, file_size)
+    # The file in order: magic and version, the two counts, the metadata, the tensor table, then (aligned) the data.
+    version = _version(p)
+    tensor_count, kv_count = _counts(p)
+    metadata, types = _metadata(p, kv_count)
+    alignment = _alignment(metadata, types)
+    table = _tensor_table(p, tensor_count)
+    header_bytes = p.pos
+    data_offset = -(-header_bytes // alignment) * alignment
+    tensors = _place(table, data_offset, alignment, file_size)
+    _check_overlaps(tensors)
+    return Header(version, metadata, tensors, alignment, data_offset, header_bytes, file_size, types)
 
+
+def _version(p: _Parser) -> int:
+    """The magic (offset 0) and the version (offset 4), with a message for each kind of file this reader refuses."""
+    buf = p.buf
     head = buf[:4]
     if head != MAGIC[:len(head)]:
         raise GGUFError(f"not a GGUF file: the first bytes are {buf[:8]!r}, expected b'GGUF'")
@@ -258,7 +273,11 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
             raise GGUFError("GGUF version 1 is not supported (only versions 2 and 3): version 1 used "
                             "32-bit counts and lengths; re-convert the model with a current llama.cpp")
         raise GGUFError(f"unsupported GGUF version {version} at offset 4 (only versions 2 and 3)")
+    return version
 
+
+def _counts(p: _Parser) -> tuple[int, int]:
+    """The tensor count (offset 8) and the kv count (offset 16), each against its cap and both against the file."""
     tensor_count = p.u64("tensor count")
     kv_count = p.u64("kv count")
     p.pos = 8
@@ -266,10 +285,14 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
     p.pos = 16
     p.check_count(kv_count, MAX_KVS, _MIN_KV, "", "kv count")
     p.pos = 24
-    if file_size is not None and tensor_count * _MIN_TENSOR_INFO + kv_count * _MIN_KV > file_size - 24:
+    if p.file_size is not None and tensor_count * _MIN_TENSOR_INFO + kv_count * _MIN_KV > p.file_size - 24:
         raise GGUFError(f"tensor count {tensor_count} and kv count {kv_count} together cannot fit in a "
-                        f"file of {file_size} bytes: truncated or corrupt")
+                        f"file of {p.file_size} bytes: truncated or corrupt")
+    return tensor_count, kv_count
 
+
+def _metadata(p: _Parser, kv_count: int) -> tuple[dict[str, object], dict[str, int | tuple[str, int]]]:
+    """The key-value pairs: each key's value, and its value type (Header.metadata_types)."""
     metadata: dict[str, object] = {}
     types: dict[str, int | tuple[str, int]] = {}
     for i in range(kv_count):
@@ -281,58 +304,72 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
         if vtype == ARRAY:
             # Peek the element type for metadata_types; array() reads and checks it again.
             p.need(4, f"element type of key {key!r}")
-            types[key] = ("array", _U32.unpack_from(buf, p.pos)[0])
+            types[key] = ("array", _U32.unpack_from(p.buf, p.pos)[0])
         else:
             types[key] = vtype
         metadata[key] = p.value(vtype, f"key {key!r}")
+    return metadata, types
 
-    alignment = DEFAULT_ALIGNMENT
-    if "general.alignment" in metadata:
-        alignment = metadata["general.alignment"]
-        if types["general.alignment"] not in _INTEGERS:
-            raise GGUFError(f"general.alignment has value type "
-                            f"{VALUE_TYPE_NAMES.get(types['general.alignment'], types['general.alignment'])}"
-                            f", expected an unsigned integer")
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFError(f"general.alignment {alignment} is not a power of two")
 
-    raw: list[tuple[str, tuple[int, ...], GgmlType, int, int, int]] = []
-    names: dict[str, int] = {}
-    for i in range(tensor_count):
-        start = p.pos
-        name = p.name(f"name of tensor #{i}")
-        if name in names:
-            raise GGUFError(f"duplicate tensor name {name!r} at offset {start} (first at offset {names[name]})")
-        names[name] = start
-        n_dims = p.u32(f"n_dims of tensor {name!r}")
-        if not 1 <= n_dims <= MAX_DIMS:
-            raise GGUFError(f"tensor {name!r} at offset {start}: n_dims {n_dims} is not in 1..{MAX_DIMS}")
-        shape = tuple(p.u64(f"dimension {j} of tensor {name!r}") for j in range(n_dims))
-        for j, d in enumerate(shape):
-            if d == 0 or d >= 1 << 63:
-                shown = d if d < 1 << 63 else d - (1 << 64)
-                raise GGUFError(f"tensor {name!r} at offset {start}: dimension {j} is {shown}, "
-                                f"not a positive size")
-        type_id = p.u32(f"ggml type of tensor {name!r}")
-        t = TYPES.get(type_id)
-        if t is None:
-            raise GGUFError(f"tensor {name!r} at offset {start}: unknown ggml type id {type_id}")
-        rel = p.u64(f"data offset of tensor {name!r}")
-        if shape[0] % t.block:
-            raise GGUFError(f"tensor {name!r}: a row of {shape[0]} elements is not a whole number of "
-                            f"{t.block}-element {t.name} blocks")
-        nbytes = t.row_bytes(shape[0])
-        for d in shape[1:]:
-            nbytes *= d
-        if nbytes >= 1 << 63:
-            raise GGUFError(f"tensor {name!r} at offset {start}: shape {shape} makes {nbytes} bytes, "
-                            f"more than 64-bit offsets can address")
-        raw.append((name, shape, t, rel, nbytes, start))
-    header_bytes = p.pos
-    data_offset = -(-header_bytes // alignment) * alignment
+def _alignment(metadata: dict[str, object], types: dict[str, int | tuple[str, int]]) -> int:
+    """general.alignment, an integer power of two, or DEFAULT_ALIGNMENT where the file has none."""
+    if "general.alignment" not in metadata:
+        return DEFAULT_ALIGNMENT
+    alignment = metadata["general.alignment"]
+    if types["general.alignment"] not in _INTEGERS:
+        raise GGUFError(f"general.alignment has value type "
+                        f"{VALUE_TYPE_NAMES.get(types['general.alignment'], types['general.alignment'])}"
+                        f", expected an unsigned integer")
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"general.alignment {alignment} is not a power of two")
+    return alignment
 
+
+def _tensor_table(p: _Parser, count: int) -> list[tuple[str, tuple[int, ...], GgmlType, int, int]]:
+    """The tensor infos in file order, as (name, shape, type, data offset relative to the data section, bytes)."""
+    first_at: dict[str, int] = {}   # name -> offset of its info, for a duplicate's message
+    return [_tensor_info(p, i, first_at) for i in range(count)]
+
+
+def _tensor_info(p: _Parser, i: int, first_at: dict[str, int]) -> tuple[str, tuple[int, ...], GgmlType, int, int]:
+    """Tensor info #i: name, n_dims, the dimensions, the ggml type and the data offset; shape checked against the
+    type's block and the bytes it makes against 64-bit offsets."""
+    start = p.pos
+    name = p.name(f"name of tensor #{i}")
+    if name in first_at:
+        raise GGUFError(f"duplicate tensor name {name!r} at offset {start} (first at offset {first_at[name]})")
+    first_at[name] = start
+    n_dims = p.u32(f"n_dims of tensor {name!r}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise GGUFError(f"tensor {name!r} at offset {start}: n_dims {n_dims} is not in 1..{MAX_DIMS}")
+    shape = tuple(p.u64(f"dimension {j} of tensor {name!r}") for j in range(n_dims))
+    for j, d in enumerate(shape):
+        if d == 0 or d >= 1 << 63:
+            shown = d if d < 1 << 63 else d - (1 << 64)
+            raise GGUFError(f"tensor {name!r} at offset {start}: dimension {j} is {shown}, "
+                            f"not a positive size")
+    type_id = p.u32(f"ggml type of tensor {name!r}")
+    t = TYPES.get(type_id)
+    if t is None:
+        raise GGUFError(f"tensor {name!r} at offset {start}: unknown ggml type id {type_id}")
+    rel = p.u64(f"data offset of tensor {name!r}")
+    if shape[0] % t.block:
+        raise GGUFError(f"tensor {name!r}: a row of {shape[0]} elements is not a whole number of "
+                        f"{t.block}-element {t.name} blocks")
+    nbytes = t.row_bytes(shape[0])
+    for d in shape[1:]:
+        nbytes *= d
+    if nbytes >= 1 << 63:
+        raise GGUFError(f"tensor {name!r} at offset {start}: shape {shape} makes {nbytes} bytes, "
+                        f"more than 64-bit offsets can address")
+    return name, shape, t, rel, nbytes
+
+
+def _place(table: list[tuple[str, tuple[int, ...], GgmlType, int, int]], data_offset: int, alignment: int,
+           file_size: int | None) -> list[TensorInfo]:
+    """The tensors at their absolute offsets, each aligned and (with file_size) inside the file."""
     tensors = []
-    for name, shape, t, rel, nbytes, _start in raw:
+    for name, shape, t, rel, nbytes in table:
         if rel % alignment:
             raise GGUFError(f"tensor {name!r}: data offset {rel} is not aligned to {alignment} bytes "
                             f"(general.alignment)")
@@ -341,14 +378,16 @@ def read(prefix: bytes | bytearray | memoryview, file_size: int | None = None) -
             raise GGUFError(f"tensor {name!r}: data [{offset}, {offset + nbytes}) lies outside the file "
                             f"of {file_size} bytes: truncated or corrupt")
         tensors.append(TensorInfo(name, shape, t.id, offset, nbytes))
+    return tensors
 
+
+def _check_overlaps(tensors: list[TensorInfo]) -> None:
+    """No two tensors' data share a byte."""
     by_offset = sorted(tensors, key=lambda x: x.offset)
     for a, b in zip(by_offset, by_offset[1:]):
         if b.offset < a.offset + a.nbytes:
             raise GGUFError(f"tensors {a.name!r} [{a.offset}, {a.offset + a.nbytes}) and {b.name!r} "
                             f"[{b.offset}, {b.offset + b.nbytes}) overlap")
-
-    return Header(version, metadata, tensors, alignment, data_offset, header_bytes, file_size, types)
 
 
 def read_file(path: str | os.PathLike) -> Header:

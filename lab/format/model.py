@@ -84,14 +84,60 @@ class Config:
 
 
 def from_gguf(header: Header) -> Config:
+    """The model's Config from its GGUF header, read as llama.cpp's loader reads it: the architecture, the config
+    keys (type and range: lab.format.checks), the sizes and their agreement, RoPE, the architecture's quirks
+    (sliding windows, query scale, soft-caps), then the tensor table against all of it (check_tensors)."""
     md = header.metadata
     arch = md.get("general.architecture")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
                          f"{', '.join(ARCHITECTURES)}")
-    a = arch + "."
     kv = check_config(md, arch)
     tensors = {t.name: t for t in header.tensors}
+    why: dict[str, str] = {}    # Config field -> the keys its size came from, for the messages of check_tensors
+    n_embd, n_vocab = _embedding(arch, kv, tensors, why)
+    n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
+    n_layer = _layers(arch, kv, tensors, why)
+    n_ff = kv["feed_forward_length"]
+    why["n_ff"] = f"{arch}.feed_forward_length = {n_ff}"
+    n_rot, rope_scale, rope_base = _rope(arch, kv, head_dim, tensors, why)
+    window, sliding, base_local = _sliding(arch, kv, n_layer, rope_base)
+    attn_cap, final_cap = _softcaps(arch, kv, window)
+    gemma = arch in GEMMA
+    phi3 = arch == "phi3"
+    cfg = Config(
+        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=kv["context_length"],
+        eps=float(kv["attention.layer_norm_rms_epsilon"]),
+        rope_base=rope_base,
+        rope_base_local=base_local,
+        rope_scale=rope_scale,
+        n_rot=n_rot,
+        rope_neox=arch in NEOX,
+        qkv_bias=arch == "qwen2",
+        # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
+        tied_output=arch == "gemma2" or "output.weight" not in tensors,
+        qk_norm=arch in ("gemma3", "qwen3"), post_norms=gemma, gelu=gemma,
+        embd_scale=math.sqrt(n_embd) if gemma else 1.0,
+        attn_scale=_attention_scale(arch, n_layer, n_embd, n_head, head_dim),
+        sliding_window=window if any(sliding) else 0,
+        sliding=sliding,
+        attn_softcap=attn_cap,
+        final_softcap=final_cap,
+        # llama.cpp loads rope_freqs for llama (and applies it to every layer); any other arch's file with one is
+        # refused by check_tensors as a tensor it does not read.
+        rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
+        fused_qkv=phi3, fused_gate_up=phi3,
+    )
+    check_tensors(cfg, header, why)
+    return cfg
+
+
+# -- from_gguf's steps: each reads its keys, checks them, and records in `why` the keys behind each size ----------
+
+def _embedding(arch: str, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, str]) -> tuple[int, int]:
+    """(n_embd, n_vocab): the residual width from the keys, the vocabulary from token_embd's rows."""
+    a = arch + "."
     emb = tensors.get("token_embd.weight")
     if emb is None:
         raise ModelError("tensor token_embd.weight is missing")
@@ -102,9 +148,14 @@ def from_gguf(header: Header) -> Config:
     n_vocab = emb.shape[1]
     if kv.get("vocab_size", n_vocab) != n_vocab:
         raise ModelError(f"{a}vocab_size = {kv['vocab_size']}, but token_embd.weight has {n_vocab} rows")
-    # Where each size comes from, for the messages of check_tensors.
-    why = {"n_embd": f"{a}embedding_length = {n_embd}", "n_vocab": f"token_embd.weight rows = {n_vocab}"}
+    why.update(n_embd=f"{a}embedding_length = {n_embd}", n_vocab=f"token_embd.weight rows = {n_vocab}")
+    return n_embd, n_vocab
 
+
+def _heads(arch: str, kv: dict, n_embd: int, why: dict[str, str]) -> tuple[int, int, int]:
+    """(n_head, n_head_kv, head_dim): query heads, key/value heads (a divisor of them) and the head size, which
+    is the key length, or n_embd / n_head where the file has none; the value length must equal it."""
+    a = arch + "."
     n_head = kv["attention.head_count"]
     why["n_head"] = f"{a}attention.head_count = {n_head}"
     n_head_kv = kv.get("attention.head_count_kv", n_head)
@@ -126,14 +177,26 @@ def from_gguf(header: Header) -> Config:
     if kv.get("attention.value_length", head_dim) != head_dim:
         raise ModelError(f"{a}attention.value_length = {kv['attention.value_length']} differs from the key length "
                          f"{head_dim} ({why['head_dim']}): this lab needs them equal")
+    return n_head, n_head_kv, head_dim
+
+
+def _layers(arch: str, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, str]) -> int:
+    """n_layer, refused when the file cannot hold that many blocks (checked before anything loops over them)."""
+    a = arch + "."
     n_layer = kv["block_count"]
     why["n_layer"] = f"{a}block_count = {n_layer}"
     per_block = 6 if arch == "phi3" else 9      # phi3 fuses q/k/v into one tensor and gate/up into another
-    if per_block * n_layer > len(tensors):        # checked before anything loops over the layers
+    if per_block * n_layer > len(tensors):
         raise ModelError(f"{a}block_count = {n_layer} needs at least {per_block * n_layer} tensors ({per_block} a "
                          f"block); the file has {len(tensors)}")
-    n_ff = kv["feed_forward_length"]
-    why["n_ff"] = f"{a}feed_forward_length = {n_ff}"
+    return n_layer
+
+
+def _rope(arch: str, kv: dict, head_dim: int, tensors: dict[str, TensorInfo],
+          why: dict[str, str]) -> tuple[int, float, float]:
+    """(n_rot, rope_scale, rope_base): the rotated dimensions of a head, the position multiplier and the
+    frequency base, refusing what this lab does not rotate as llama.cpp would."""
+    a = arch + "."
     n_rot = kv.get("rope.dimension_count", head_dim)
     if n_rot % 2 or n_rot > head_dim:
         raise ModelError(f"{a}rope.dimension_count = {n_rot}: must be even and at most the head size {head_dim} "
@@ -141,14 +204,12 @@ def from_gguf(header: Header) -> Config:
     if arch == "llama" and n_rot != head_dim:   # llama.cpp: "invalid n_rot"
         raise ModelError(f"{a}rope.dimension_count = {n_rot}: a llama model rotates the whole head of {head_dim} "
                          f"({why['head_dim']})")
-
     # RoPE scaling as llama.cpp reads it: type "linear" when absent; factor from rope.scaling.factor, else
     # the older rope.scale_linear; 0 or absent means 1; type "none" never scales. yarn and longrope are
     # refused by name in lab.format.checks.
     factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear") if k in kv), None)
     factor = kv[factor_key] if factor_key else 0.0
     rope_scale = 1.0 if kv.get("rope.scaling.type", "linear") == "none" or factor == 0 else 1.0 / factor
-    gemma = arch in GEMMA
     if arch == "gemma3" and rope_scale != 1.0:
         # llama.cpp scales gemma3's global layers only (rope_freq_scale_train_swa = 1); Config has one scale.
         raise ModelError(f"{a}{factor_key} = {show(factor)}: linear RoPE scaling of gemma3's global layers only "
@@ -158,7 +219,12 @@ def from_gguf(header: Header) -> Config:
             # llama.cpp picks long or short by the context asked for, with YaRN-like attention scaling (LongRoPE).
             raise ModelError(f"tensor {name}: long-context RoPE factors (LongRoPE, Phi-3 128k) are not supported "
                              f"by this lab")
-    rope_base = float(kv.get("rope.freq_base", 10000.0))
+    return n_rot, rope_scale, float(kv.get("rope.freq_base", 10000.0))
+
+
+def _sliding(arch: str, kv: dict, n_layer: int, rope_base: float) -> tuple[int, tuple[bool, ...], float]:
+    """(window, sliding, rope_base_local): the keys a sliding layer sees (0: none), which layers slide, and
+    their RoPE base."""
     # Sliding windows, as each llama.cpp loader sets them. llama: the key is never read (full causal attention:
     # llama.cpp runs Mistral-style files without a window, and so does this lab). phi3: read, then switched off
     # ("Phi SWA is currently disabled"). gemma2: always on, 4096 unless the key says otherwise, every other
@@ -174,48 +240,27 @@ def from_gguf(header: Header) -> Config:
     # llama_hparams::set_swa_pattern(n, dense_first=false): layer il slides iff n == 0 or il % n < n - 1.
     sliding = tuple(window > 0 and (period == 0 or il % period < period - 1) for il in range(n_layer))
     # Sliding layers' RoPE base: gemma2 defaults to the global base, gemma3 to 10000 (rope_freq_base_train_swa).
-    base_local = float(kv.get("rope.freq_base_swa", rope_base if arch == "gemma2" else 10000.0)) if gemma \
+    base_local = float(kv.get("rope.freq_base_swa", rope_base if arch == "gemma2" else 10000.0)) if arch in GEMMA \
         else rope_base
-    # Query scale (f_attention_scale): 1/sqrt(head size), except the 27B gemmas (46 / 62 layers), which
-    # use 1/sqrt(n_embd / n_head); llama.cpp decides by layer count and ignores query_pre_attn_scalar.
+    return window, sliding, base_local
+
+
+def _attention_scale(arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
+    """The query scale (f_attention_scale): 1/sqrt(head size), except the 27B gemmas (46 / 62 layers), which
+    use 1/sqrt(n_embd / n_head); llama.cpp decides by layer count and ignores query_pre_attn_scalar."""
     big_gemma = (arch, n_layer) in (("gemma2", 46), ("gemma3", 62))
-    attn_scale = 1.0 / math.sqrt(n_embd // n_head if big_gemma else head_dim)
-    # Soft-capping: gemma2 always caps (llama_hparams defaults 50 / 30 when the keys are absent); gemma3's
-    # final cap only where the key is present and the model has no sliding window (its non-SWA graph).
+    return 1.0 / math.sqrt(n_embd // n_head if big_gemma else head_dim)
+
+
+def _softcaps(arch: str, kv: dict, window: int) -> tuple[float, float]:
+    """(attention cap, final cap), 0 for none: gemma2 always caps (llama_hparams defaults 50 / 30 when the keys
+    are absent); gemma3's final cap only where the key is present and the model has no sliding window (its
+    non-SWA graph)."""
     if arch == "gemma2":
-        attn_cap = float(kv.get("attn_logit_softcapping", 50.0))
-        final_cap = float(kv.get("final_logit_softcapping", 30.0))
-    elif arch == "gemma3":
-        attn_cap, final_cap = 0.0, 0.0 if window > 0 else float(kv.get("final_logit_softcapping", 0.0))
-    else:
-        attn_cap, final_cap = 0.0, 0.0
-    phi3 = arch == "phi3"
-    cfg = Config(
-        arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-        n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=kv["context_length"],
-        eps=float(kv["attention.layer_norm_rms_epsilon"]),
-        rope_base=rope_base,
-        rope_base_local=base_local,
-        rope_scale=rope_scale,
-        n_rot=n_rot,
-        rope_neox=arch in NEOX,
-        qkv_bias=arch == "qwen2",
-        # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
-        tied_output=arch == "gemma2" or "output.weight" not in tensors,
-        qk_norm=arch in ("gemma3", "qwen3"), post_norms=gemma, gelu=gemma,
-        embd_scale=math.sqrt(n_embd) if gemma else 1.0,
-        attn_scale=attn_scale,
-        sliding_window=window if any(sliding) else 0,
-        sliding=sliding,
-        attn_softcap=attn_cap,
-        final_softcap=final_cap,
-        # llama.cpp loads rope_freqs for llama (and applies it to every layer); any other arch's file with one is
-        # refused by check_tensors as a tensor it does not read.
-        rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
-        fused_qkv=phi3, fused_gate_up=phi3,
-    )
-    check_tensors(cfg, header, why)
-    return cfg
+        return float(kv.get("attn_logit_softcapping", 50.0)), float(kv.get("final_logit_softcapping", 30.0))
+    if arch == "gemma3":
+        return 0.0, 0.0 if window > 0 else float(kv.get("final_logit_softcapping", 0.0))
+    return 0.0, 0.0
 
 
 def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str, ...]]:

@@ -80,18 +80,15 @@ def probe_bytes(max_tokens: int, n_head: int, n_ctx: int) -> int:
     return 4 * max_tokens * n_head * n_ctx
 
 
-def _size(buf) -> int:
-    return buf.size
-
-
 def kv_write(device: gpu.Device, kernels, src, k_cache, v_cache, step, *, n_kv_head: int, head_dim: int,
              src_stride: int, k_offset: int, v_offset: int, n_ctx: int, label: str = "kv_write") -> list[Op]:
     """Copy the step's t K rows (at src[j*src_stride + k_offset ..]) and V rows (at v_offset) into cache rows
     pos .. pos+t-1. Strides and offsets are in floats."""
     kvd = n_kv_head * head_dim
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if _size(buf) < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
-            raise ValueError(f"{label}: {name} holds {_size(buf)} bytes, needs {kv_cache_bytes(n_ctx, n_kv_head, head_dim)}")
+        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
+            raise ValueError(f"{label}: {name} holds {buf.size} bytes, "
+                             f"needs {kv_cache_bytes(n_ctx, n_kv_head, head_dim)}")
     if max(k_offset, v_offset) + kvd > src_stride:
         raise ValueError(f"{label}: K/V columns run past the source row ({src_stride} floats)")
     kernel = kernels.get("kv", "kv_write", WG=KV_WG)
@@ -125,7 +122,8 @@ def rows_keys(head_dim: int) -> int:
     return max(1, min(32, WG_BYTES // (2 * 4 * head_dim)))
 
 
-def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int]:
+def workgroup_bytes(head_dim: int, hpw: int = 1, narrow: bool = False) -> dict[str, int]:
+    """Workgroup memory of each entry, for the limit check (WebGPU's default limit is 16 KiB)."""
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
     q = 16 * hpw * hd4
     split = q + 4 * hpw * TK + 4 * hpw * WG + 16 * hpw * hd4 * n_parts
@@ -139,13 +137,13 @@ def _entry_bytes(head_dim: int, hpw: int, narrow: bool = False) -> dict[str, int
 
 def heads_per_workgroup(head_dim: int, group: int, limit: int = WG_BYTES) -> int:
     """Decode's HPW: the largest divisor of the GQA group whose split workgroup fits `limit` bytes (at least 1)."""
-    fits = [d for d in range(1, group + 1) if group % d == 0 and _entry_bytes(head_dim, d)["decode_split"] <= limit]
+    fits = [d for d in range(1, group + 1) if group % d == 0 and workgroup_bytes(head_dim, d)["decode_split"] <= limit]
     return max(fits, default=1)
 
 
-def workgroup_bytes(head_dim: int, hpw: int = 1, narrow: bool = False) -> dict[str, int]:
-    """Workgroup memory of each entry, for the limit check (WebGPU's default limit is 16 KiB)."""
-    return _entry_bytes(head_dim, hpw, narrow)
+def _bound(entry: str, probe: bool) -> list[str]:
+    """The resources an entry binds, in binding order: ENTRY_RESOURCES, the probe only in the probe variant."""
+    return [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe]
 
 
 def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str = "prefill",
@@ -154,7 +152,7 @@ def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str =
     0, 1, .. in ENTRY_RESOURCES order; every other resource gets a number past them that no layout asks for."""
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
     hpw = heads_per_workgroup(head_dim, group) if hpw is None else hpw
-    used = [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe]
+    used = _bound(entry, probe)
     unused = [r for r in RESOURCES if r not in used]
     binding = {r: i for i, r in enumerate(used)} | {r: len(RESOURCES) + i for i, r in enumerate(unused)}
     return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK, HPW=hpw,
@@ -182,6 +180,51 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     device has subgroups and head_dim is a multiple of 16.
     Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps
     (decode_whole alone for "whole")."""
+    _check_arguments(label, k_cache, v_cache, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                     q_stride=q_stride, q_offset=q_offset, n_ctx=n_ctx, probe=probe, mode=mode)
+    group = n_head // n_kv_head
+    chunk = decode_chunk(n_ctx) if chunk is None else int(chunk)
+    if chunk < 1 or max_tokens < 1:
+        raise ValueError(f"{label}: chunk {chunk} and max_tokens {max_tokens} must be positive")
+    n_chunks = -(-n_ctx // chunk)
+
+    # 1. The variant: the entries that run, and how many query heads a decode workgroup takes within the limit.
+    limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
+    hpw = heads_per_workgroup(head_dim, group, limit)
+    entries = _entries(device, mode, probe is not None, narrow, rows, head_dim, label)
+    need = workgroup_bytes(head_dim, hpw, narrow)
+    for entry in entries:
+        if need[entry] > limit:
+            raise gpu.GpuError(f"{label}: {entry} needs {need[entry]} bytes of workgroup memory, the limit is {limit}")
+
+    # 2. What the entries bind: the parameters, and decode's scratch (sized for max_tokens).
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    params = device.uniform(_ATTN_PARAMS.pack(q_stride, q_offset, n_head, n_ctx, window, scale, float(softcap),
+                                              chunk, n_chunks, 0, 0, 0), f"{label}.params")
+    res = dict(q_src=q_src, k_cache=k_cache, v_cache=v_cache, out=out, step=step, params=params, probe=probe)
+    if mode in ("auto", "decode"):
+        res["scratch"] = device.buffer(scratch_bytes(max_tokens, n_head, head_dim, n_chunks), gpu.CONVERSATION,
+                                       f"{label}.scratch [{max_tokens}, n_head, 1 + {n_chunks} chunks * (1 + hd/4)]")
+
+    # 3. One op per entry: its kernel variant, its bind group and its grid.
+    grids = _grids(label, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, narrow=narrow, hpw=hpw,
+                   n_ctx=n_ctx, n_chunks=n_chunks, max_tokens=max_tokens)
+    sg = subgroup_consts(device)
+    ops = []
+    for entry in entries:
+        kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw,
+                                                               narrow, sg))
+        bound = device.bind(kernel, [res[r] for r in _bound(entry, probe is not None)], f"{label}.{entry}")
+        grid = grids[entry]
+        if mode == "auto":
+            grid = _auto(grid, decode=not entry.startswith("prefill"))
+        ops.append(Op(kernel, bound, grid, ATTENTION))
+    return ops
+
+
+def _check_arguments(label: str, k_cache, v_cache, *, n_head: int, n_kv_head: int, head_dim: int, q_stride: int,
+                     q_offset: int, n_ctx: int, probe, mode: str) -> None:
+    """attention's checks of its arguments, before anything is built."""
     if n_head % n_kv_head:
         raise ValueError(f"{label}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
     if head_dim % 4:
@@ -190,39 +233,34 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
         raise ValueError(f"{label}: unknown mode {mode!r}")
     if mode == "whole" and probe is not None:
         raise ValueError(f"{label}: the whole decode has no probe variant (the probes use the split)")
-    group = n_head // n_kv_head
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if _size(buf) < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
+        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
             raise ValueError(f"{label}: {name} is smaller than {n_ctx} rows")
     if q_offset + n_head * head_dim > q_stride:
         raise ValueError(f"{label}: Q columns run past the source row ({q_stride} floats)")
-    chunk = decode_chunk(n_ctx) if chunk is None else int(chunk)
-    if chunk < 1 or max_tokens < 1:
-        raise ValueError(f"{label}: chunk {chunk} and max_tokens {max_tokens} must be positive")
-    n_chunks = -(-n_ctx // chunk)
-    limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
-    hpw = heads_per_workgroup(head_dim, group, limit)
+
+
+def _entries(device: gpu.Device, mode: str, probe: bool, narrow: bool, rows: bool | None, head_dim: int,
+             label: str) -> list[str]:
+    """The entries attention dispatches, in order: decode_whole alone for mode "whole"; else decode_split,
+    decode_combine (and decode_probs with a probe) unless mode is "prefill", then prefill or prefill_rows unless
+    mode is "decode" (`rows` as attention's docstring says)."""
     if mode == "whole":
-        entries = ["decode_whole"]
-    else:
-        has_sg = "subgroups" in device.info.features
-        if rows is None:
-            rows = narrow and probe is None and has_sg and head_dim % 16 == 0
-        elif rows and (probe is not None or not has_sg or head_dim % 16):
-            raise ValueError(f"{label}: prefill_rows needs subgroups, no probe and head_dim a multiple of 16")
-        entries = ([] if mode == "prefill" else ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])) \
-            + ([] if mode == "decode" else ["prefill_rows" if rows else "prefill"])
-    need = workgroup_bytes(head_dim, hpw, narrow)
-    for entry in entries:
-        if need[entry] > limit:
-            raise gpu.GpuError(f"{label}: {entry} needs {need[entry]} bytes of workgroup memory, the limit is {limit}")
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    params = device.uniform(_ATTN_PARAMS.pack(q_stride, q_offset, n_head, n_ctx, window, scale, float(softcap),
-                                              chunk, n_chunks, 0, 0, 0), f"{label}.params")
-    res = dict(q_src=q_src, k_cache=k_cache, v_cache=v_cache, out=out, step=step, params=params, probe=probe)
-    if mode in ("auto", "decode"):
-        res["scratch"] = device.buffer(scratch_bytes(max_tokens, n_head, head_dim, n_chunks), gpu.CONVERSATION,
-                                       f"{label}.scratch [{max_tokens}, n_head, 1 + {n_chunks} chunks * (1 + hd/4)]")
+        return ["decode_whole"]
+    has_sg = "subgroups" in device.info.features
+    if rows is None:
+        rows = narrow and not probe and has_sg and head_dim % 16 == 0
+    elif rows and (probe or not has_sg or head_dim % 16):
+        raise ValueError(f"{label}: prefill_rows needs subgroups, no probe and head_dim a multiple of 16")
+    decode = ["decode_split", "decode_combine"] + (["decode_probs"] if probe else [])
+    prefill = ["prefill_rows" if rows else "prefill"]
+    return ([] if mode == "prefill" else decode) + ([] if mode == "decode" else prefill)
+
+
+def _grids(label: str, *, n_head: int, n_kv_head: int, head_dim: int, narrow: bool, hpw: int, n_ctx: int,
+           n_chunks: int, max_tokens: int) -> dict:
+    """Each entry's workgroups for a step of t tokens; the split decode refuses more tokens than its scratch holds."""
+    group = n_head // n_kv_head
     bq = _tiles(head_dim, narrow)[2]
 
     def decode_t(t: int) -> int:
@@ -230,7 +268,7 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
             raise ValueError(f"{label}: a decode step of {t} tokens, its scratch holds {max_tokens}")
         return t
 
-    grids = {
+    return {
         "decode_split": lambda t: (n_chunks, n_head // hpw, decode_t(t)),
         "decode_combine": lambda t: (n_head, decode_t(t), 1),
         "decode_probs": lambda t: (-(-n_ctx // WG), n_head // hpw, decode_t(t)),
@@ -238,15 +276,9 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
         "prefill": lambda t: (-(-(t * group) // bq), n_kv_head, 1),
         "prefill_rows": lambda t: (-(-(t * group) // (WG // ROWS_LANES)), n_kv_head, 1),
     }
-    ops = []
-    sg = subgroup_consts(device)
-    for entry in entries:
-        kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw,
-                                                               narrow, sg))
-        used = [r for r in ENTRY_RESOURCES[entry] if r != "probe" or probe is not None]
-        bound = device.bind(kernel, [res[r] for r in used], f"{label}.{entry}")
-        grid = grids[entry]
-        if mode == "auto":
-            grid = (lambda g, one: (lambda t: g(t) if (t == 1) == one else (0, 0, 0)))(grid, not entry.startswith("prefill"))
-        ops.append(Op(kernel, bound, grid, ATTENTION))
-    return ops
+
+
+def _auto(grid, decode: bool):
+    """mode "auto": a decode entry works on steps of one token, a prefill entry on longer ones; the other steps
+    dispatch nothing (a grid of (0, 0, 0))."""
+    return lambda t: grid(t) if (t == 1) == decode else (0, 0, 0)

@@ -91,41 +91,14 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests).
     `rope` (decode's fused QKV row, y_offset its column): the output leaves rotated and its K and V go to the cache
     (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes."""
-    if norm is not None and glu is not None:
-        raise ValueError(f"{w.name} matvec: one input prologue at a time (norm or glu)")
-    if (xn is not None) != (norm is not None):
-        raise ValueError(f"{w.name} matvec: norm and xn (where the normed input goes) come together")
-    if glu is not None and glu not in GLU_ACTS:
-        raise ValueError(f"{w.name} matvec: unknown glu {glu!r} ({', '.join(GLU_ACTS)})")
-    _check(x, x_offset + (2 if glu else 1) * w.cols, f"{w.name} matvec x")
-    _check(y, y_offset + w.rows, f"{w.name} matvec y")
-    extra = []
-    if norm is not None:
-        _check(norm[0], w.cols, f"{w.name} matvec norm weight")
-        _check(xn, xn_offset + w.cols, f"{w.name} matvec xn")
-        extra += [norm[0], xn]
-    if bias is not None:
-        _check(bias, bias_offset + w.rows, f"{w.name} matvec bias")
-        extra.append(bias)
-    n_extra = len(extra) - (bias is not None)
-    if rope is not None:
-        if glu or accumulate:
-            raise ValueError(f"{w.name} matvec: the rotary epilogue is for a plain QKV projection")
-        odd = [p.first_row for p in w.parts if (y_offset + p.first_row) % 2]
-        if odd or rope.head_dim % 2 or rope.n_rot % 2:
-            raise ValueError(f"{w.name} matvec: the rotary epilogue needs whole pairs in every part")
-    consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
-              "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
-              "BIAS": "" if bias is not None else "// ", "B_BIAS": 4 + n_extra}
+    _check_matvec(w, x, y, x_offset=x_offset, y_offset=y_offset, accumulate=accumulate, norm=norm, xn=xn,
+                  xn_offset=xn_offset, glu=glu, bias=bias, bias_offset=bias_offset, rope=rope)
+
+    # 1. The variant: the input prologue, the weight type's loop, the epilogues, and the kernel.
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
     x4 = x_offset % 4 == 0
-    loops = MATVEC_LOOPS if x4 else {}
-    loop, loop_consts = loops.get(w.type.name, ("matvec_groups.wgsl", {}))
-    w4 = loop == "matvec_k.wgsl"
-    consts.update(loop_consts, LOOP=loop, XVIEW="matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
-                  **({"B_W4": 4 + len(extra)} if w4 else {}))
-    b_rope = 4 + len(extra) + w4
-    consts.update(ROPE="" if rope else "// ", B_RP=b_rope, B_STEP=b_rope + 1, B_KC=b_rope + 2, B_VC=b_rope + 3)
+    consts, w4 = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
+                                rope=rope is not None)
     if rope is not None:
         storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4)
         if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
@@ -135,13 +108,19 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     sg = subgroup_consts(device)
     k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
                     **dequant_consts(w.type), **sg)
-    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    eps = float(norm[1]) if norm else 0.0
+
+    # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters; the rotary
+    # epilogue's last, its parameters with the cache writes (True) and without (False).
+    extra = ([norm[0], xn] if norm is not None else []) + ([bias] if bias is not None else [])
     tail = {}
     if rope is not None:
         tail = {True: [device.uniform(rope.params(True), f"{w.name}.rope"), rope.step, rope.k_cache, rope.v_cache],
                 False: [device.uniform(rope.params(False), f"{w.name}.rope (no kv)"), rope.step, rope.k_cache,
                         rope.v_cache]}
+
+    # 3. One op per weight part, each writing its own rows of y (only the first writes xn).
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    eps = float(norm[1]) if norm else 0.0
     ops = []
     for i, part in enumerate(w.parts):
         params = device.uniform(_MATVEC.pack(part.n_rows, w.cols, w.cols // 8, w.row_bytes, x_offset,
@@ -158,6 +137,49 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
         ops.append(Op(k, device.bind(k, res + tail[True], f"{part.buffer.label}.matvec+rope+kv"),
                       lambda t, g=grid: g, KV_WRITE, without_kv=plain))
     return ops
+
+
+def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_offset: int, accumulate: bool,
+                  norm: tuple[gpu.Buffer, float] | None, xn: gpu.Buffer | None, xn_offset: int, glu: str | None,
+                  bias: gpu.Buffer | None, bias_offset: int, rope: QkvRope | None) -> None:
+    """matvec's checks of its arguments: one prologue at a time, every buffer long enough, whole rotary pairs."""
+    if norm is not None and glu is not None:
+        raise ValueError(f"{w.name} matvec: one input prologue at a time (norm or glu)")
+    if (xn is not None) != (norm is not None):
+        raise ValueError(f"{w.name} matvec: norm and xn (where the normed input goes) come together")
+    if glu is not None and glu not in GLU_ACTS:
+        raise ValueError(f"{w.name} matvec: unknown glu {glu!r} ({', '.join(GLU_ACTS)})")
+    _check(x, x_offset + (2 if glu else 1) * w.cols, f"{w.name} matvec x")
+    _check(y, y_offset + w.rows, f"{w.name} matvec y")
+    if norm is not None:
+        _check(norm[0], w.cols, f"{w.name} matvec norm weight")
+        _check(xn, xn_offset + w.cols, f"{w.name} matvec xn")
+    if bias is not None:
+        _check(bias, bias_offset + w.rows, f"{w.name} matvec bias")
+    if rope is not None:
+        if glu or accumulate:
+            raise ValueError(f"{w.name} matvec: the rotary epilogue is for a plain QKV projection")
+        odd = [p.first_row for p in w.parts if (y_offset + p.first_row) % 2]
+        if odd or rope.head_dim % 2 or rope.n_rot % 2:
+            raise ValueError(f"{w.name} matvec: the rotary epilogue needs whole pairs in every part")
+
+
+def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
+                   rope: bool) -> tuple[dict, bool]:
+    """matvec.wgsl's constants for one variant, and whether its loop binds W a second time as vec4<u32> (B_W4).
+    Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in this order: the norm's weight and xn,
+    the bias, W as vec4s, the rotary epilogue's parameters, step, K cache and V cache."""
+    loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
+    w4 = loop == "matvec_k.wgsl"
+    b_rope = 4 + 2 * norm + bias + w4
+    consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
+              "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
+              "BIAS": "" if bias else "// ", "B_BIAS": 4 + 2 * norm,
+              **loop_consts, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
+              **({"B_W4": 4 + 2 * norm + bias} if w4 else {}),
+              "ROPE": "" if rope else "// ", "B_RP": b_rope, "B_STEP": b_rope + 1, "B_KC": b_rope + 2,
+              "B_VC": b_rope + 3}
+    return consts, w4
 
 
 def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,
