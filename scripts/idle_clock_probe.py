@@ -15,8 +15,8 @@ import random
 import sys
 import time
 
-from lab.format import gguf
 from lab.engine.engine import Engine
+from lab.format import gguf
 from lab.host.native import open_native
 
 

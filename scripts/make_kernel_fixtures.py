@@ -2,18 +2,17 @@
 
     .venv/bin/python scripts/make_kernel_fixtures.py
 
-The cases are the ones tests/browser/test_kernels_in_worker.py runs in the worker (same builders, same seeds, same
-inputs); their expected outputs come from the numpy oracles (tests/kernels/oracles.py, quant_oracle.py,
-attention_oracle.py) and are written with a per-element scale, so that the worker can compare in pure Python
-(lab.verify_kernels.check): error = max |got - want| / scale over the output, held to the case's tolerance; a scale
-of 0 means the element must come back bit-identical (selections, the dims RoPE leaves alone).
+The cases are lab/host/kernel_cases.py's, the ones tests/browser/test_kernels_in_worker.py runs in the worker (same
+builders, same seeds, same inputs); their expected outputs come from the float64 references in lab/host/reference
+(kernels.py, quant.py, attention.py) and are written with a per-element scale, so that the worker can compare in pure
+Python (lab.instruments.verify.kernel_error): error = max |got - want| / scale over the output, held to the case's
+tolerance; a scale of 0 means the element must come back bit-identical (selections, the dims RoPE leaves alone).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -21,10 +20,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.browser.test_kernels_in_worker import EPS32, make_cases
-from tests.kernels import attention_oracle as attn_ref
-from tests.kernels import oracles as ref
-from tests.kernels import quant_oracle as qo
+from lab.host.kernel_cases import attention_expected, make_cases
+from lab.host.reference import kernels as ref
+from lab.host.reference import quant as qo
+from lab.host.reference.ops import argmax
 
 OUT = ROOT / "reference" / "kernels.json"
 
@@ -92,20 +91,11 @@ def expected(spec: dict) -> tuple[str, str, np.ndarray, np.ndarray, float, str]:
         tol = ref.rope_tol((spec["pos"] + t) * spec.get("freq_scale", 1.0))
         return "x", "f32", want, scale, tol, "of each head's magnitude: f32 angle pos x freq, sin/cos (+ 1.5e-7 per radian)"
     if op == "attention":
-        nh, nkv, hd, n_ctx, pos = spec["n_head"], spec["n_kv_head"], spec["head_dim"], spec["n_ctx"], spec["pos"]
-        k_off, v_off = nh * hd, (nh + nkv) * hd
-        src = np.frombuffer(inp["src"], np.float32).reshape(t, -1)
-        kc0 = np.frombuffer(inp["k_cache"], np.float32).reshape(n_ctx, -1)
-        vc0 = np.frombuffer(inp["v_cache"], np.float32).reshape(n_ctx, -1)
-        sc = 1.0 / math.sqrt(hd)
-        kc, vc = attn_ref.kv_write(kc0, vc0, src, pos, n_kv_head=nkv, head_dim=hd, k_offset=k_off, v_offset=v_off)
-        want, _, _ = attn_ref.attention(src[:, :k_off], kc, vc, pos, n_head=nh, n_kv_head=nkv, head_dim=hd,
-                                        scale=sc, window=spec.get("window", 0))
-        q = np.abs(src[:, :k_off].astype(np.float64)).reshape(t, nh, hd)
-        kk = np.abs(kc.astype(np.float64)).reshape(n_ctx, nkv, hd)
-        l1 = max(float((q[:, h] @ kk[:, h // (nh // nkv)].T).max()) for h in range(nh)) * sc
-        return ("out", "f32", want, np.full(want.shape, float(np.abs(vc).max())), 8 * EPS32 * (l1 + 16),
-                "of max |V|: scores rounded relative to their L1 size, 8 eps (L1 + 16)")
+        want, vmax, tol = attention_expected(spec)
+        why = "of max |V|: scores rounded relative to their L1 size, 8 eps (L1 + 16)"
+        if spec.get("rope"):
+            why += ", plus 2 rope_tol of |q| |k| (the rotated q and k)"
+        return "out", "f32", want, np.full(want.shape, vmax), tol, why
     if op == "softmax":
         x = np.frombuffer(inp["x"], np.float32).reshape(t, spec["n"])
         s = spec.get("scale", 1.0)
@@ -116,12 +106,12 @@ def expected(spec: dict) -> tuple[str, str, np.ndarray, np.ndarray, float, str]:
     if op == "glu":
         g = np.frombuffer(inp["gate"], np.float32).reshape(t, spec["n"])
         u = np.frombuffer(inp["up"], np.float32).reshape(t, spec["n"])
-        want = (ref.silu(g) if spec["act"] == "swiglu" else ref.gelu_tanh(g)) * u
+        want = ref.glu_ref(g, u, spec["act"])
         return ("out", "f32", want, np.full(want.shape, np.abs(want).max()), ref.GLU_TOL,
                 "of the largest value: exp / tanh within a few ulp")
     if op == "argmax":
         x = np.frombuffer(inp["x"], np.float32).reshape(spec["rows"], spec["n"])
-        want = np.array([ref.argmax_ref(r) for r in x], np.uint32)
+        want = np.array([argmax(r) for r in x], np.uint32)
         return "out", "u32", want, np.zeros(want.shape), 0.0, "exact: a selection"
     if op == "top_k":
         x = np.frombuffer(inp["x"], np.float32).reshape(spec["rows"], spec["n"])

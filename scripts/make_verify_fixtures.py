@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_fixtures import f32_copy
 
-from lab.instruments import verify
 from lab.host import models
+from lab.instruments import verify
 
 OUT = ROOT / "reference"
 PROMPT = "Once upon a time, in a small village by the sea, there lived"

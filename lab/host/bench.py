@@ -43,9 +43,11 @@ def _sync(engine: Engine) -> None:
     engine.device.read_sync(engine.scratch.ids, 0, 4)
 
 
-def _host_values(path, header) -> dict[str, bytes]:
-    """The few tensors the engine reads as values (llama 3's rope_freqs), as `lab generate` passes them."""
-    return read_host_values(path, header, from_gguf(header))
+def _engine(device, path, header, **kw) -> Engine:
+    """A native engine of the file at `path`, its config built once and the few tensors it reads as values (llama 3's
+    rope_freqs) passed as `lab generate` passes them."""
+    cfg = from_gguf(header)
+    return Engine(device, header, cfg, host_values=read_host_values(path, header, cfg), **kw)
 
 
 def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
@@ -68,8 +70,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
     device = open_native(disable=tuple(disable))
     n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
     t0 = _now()
-    engine = Engine(device, header, n_ctx=n_ctx, host_values=_host_values(path, header),
-                    **({"max_batch": max_batch} if max_batch else {}))
+    engine = _engine(device, path, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
     nbytes = engine.weights.upload_file(path)
     _sync(engine)
@@ -146,8 +147,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
-    engine = Engine(device, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1),
-                    host_values=_host_values(path, header))
+    engine = _engine(device, path, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
     if warm_gpu_s:
         asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
     rng = random.Random(0)

@@ -40,11 +40,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lab.format import gguf
 from lab.engine.engine import Engine, read_host_values
+from lab.engine.load import validate
+from lab.format import gguf
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.engine.load import validate
 from tests.conftest import FIXTURES
 
 ARCH_FIXTURES = FIXTURES / "arch"

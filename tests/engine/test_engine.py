@@ -46,14 +46,14 @@ import numpy as np
 import pytest
 from test_reference import GEMMA_LONG_BODY, GEMMA_LONG_GREEDY, GEMMA_LONG_TOP5, TOL
 
-from lab.text import chat
-from lab.format import gguf
 from lab.engine.engine import Engine, EngineError
+from lab.engine.session import Session
+from lab.format import gguf
 from lab.host import cli
 from lab.host.reference import Reference
 from lab.host.reference.bisect import bisect, rel_error
 from lab.settings import Settings
-from lab.engine.session import Session
+from lab.text import chat
 from lab.text.tokenizer import from_metadata
 from tests.conftest import FIXTURES
 

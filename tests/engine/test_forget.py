@@ -11,13 +11,13 @@ import struct
 
 import pytest
 
-from lab.instruments import forget
-from lab.format import gguf
 from lab import gpu
 from lab.engine.engine import Engine
+from lab.engine.session import Session
+from lab.format import gguf
+from lab.instruments import forget
 from lab.instruments.probes import Probes
 from lab.settings import Settings
-from lab.engine.session import Session
 from lab.text.tokenizer import from_metadata
 
 N_CTX = 128

@@ -14,12 +14,12 @@ from array import array
 import numpy as np
 import pytest
 
-from lab.instruments import forget
-from lab.format import gguf
 from lab.engine.engine import Engine
+from lab.engine.session import Session
+from lab.format import gguf
+from lab.instruments import forget
 from lab.instruments.kvview import COLS, AfterPicture, KvView, row_norms
 from lab.settings import Settings
-from lab.engine.session import Session
 from lab.text.tokenizer import from_metadata
 
 N_CTX = 512            # more than COLS, so a request can span two passes

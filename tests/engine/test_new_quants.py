@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from test_engine import check_trace, gpu_trace
 
-from lab.format import gguf as lab_gguf
 from lab.engine.engine import Engine
-from lab.host.reference import Reference
-from lab.format.model import ModelError, check_tensors, from_gguf
+from lab.format import gguf as lab_gguf
 from lab.format.ggml import KERNEL_TYPES
-from tests.kernels import quant_oracle as qo
+from lab.format.model import ModelError, check_tensors, from_gguf
+from lab.host.reference import Reference
+from lab.host.reference import quant as qo
 
 N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_VOCAB, N_LAYER = 256, 4, 2, 64, 512, 320, 2
 # role -> type in layer 0, layer 1 (the brief's mix: attn_v Q3_K, ffn_down Q2_K, attn_q IQ4_XS, token_embd IQ4_NL)

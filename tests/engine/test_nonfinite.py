@@ -10,11 +10,11 @@ import asyncio
 
 import pytest
 
-from lab.text import chat
-from lab.format import gguf
 from lab.engine.engine import Engine, EngineError
-from lab.settings import Settings
 from lab.engine.session import Session
+from lab.format import gguf
+from lab.settings import Settings
+from lab.text import chat
 from lab.text.tokenizer import from_metadata
 from tests.conftest import F16_INF, F16_NAN, poisoned_copy
 

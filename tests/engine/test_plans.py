@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from lab.format import gguf
 from lab.engine.engine import Engine, read_host_values
+from lab.format import gguf
+from lab.format.model import from_gguf
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.format.model import from_gguf
 from lab.ops import KV_WRITE
 
 

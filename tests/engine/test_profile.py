@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from lab.format import gguf
-from lab.instruments import profile
 from lab.engine.engine import Engine, read_host_values
+from lab.format import gguf
+from lab.format.model import from_gguf
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
-from lab.format.model import from_gguf
+from lab.instruments import profile
 
 
 def test_family_keeps_what_changes_the_function_only():

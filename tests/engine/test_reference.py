@@ -36,7 +36,7 @@ import pytest
 
 from lab.host.reference import Hparams, Reference
 from lab.host.reference.bisect import bisect, rel_error
-from lab.host.reference.forward import rms_norm, rope, softmax
+from lab.host.reference.ops import rms_norm, rope, softmax
 from tests.conftest import FIXTURES
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}

@@ -23,11 +23,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from lab.format import gguf
 from lab.engine.engine import Engine
+from lab.engine.session import Session
+from lab.format import gguf
 from lab.instruments.probes import Probes
 from lab.settings import Settings
-from lab.engine.session import Session
 from lab.text.tokenizer import from_metadata
 
 PROB_TOL = 1e-4

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from lab.instruments import verify
 from lab.host.verify_native import verify_file, verify_kernels
+from lab.instruments import verify
 
 MODELS = [pytest.param("smollm2", "smollm2_path"),
           pytest.param("qwen2.5", "qwen_path", marks=pytest.mark.slow),
@@ -60,12 +60,12 @@ def test_kernel_fixtures_natively(device):
 def test_replay_leaves_the_chat_alone(device, smollm2_path):
     """A turn, the card's run, the same turn again: the same greedy ids. The replay overwrote the KV cache; without the
     session's reset the second turn would reuse all but the last prompt token of that overwritten cache."""
-    from lab.text import chat
-    from lab.format import gguf
     from lab.engine.engine import Engine
+    from lab.engine.session import Session
+    from lab.format import gguf
     from lab.host.verify_native import _read, index
     from lab.settings import Settings
-    from lab.engine.session import Session
+    from lab.text import chat
     from lab.text.tokenizer import from_metadata
     header = gguf.read_file(smollm2_path)
     tok = from_metadata(header.metadata)

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import math
 
-import attention_oracle as oracle
 import numpy as np
 import pytest
 
 from lab import gpu
 from lab.gpu import shaders
+from lab.gpu.shaders import KernelCache
+from lab.host.reference import attention as oracle
 from lab.ops import attention as A
 from lab.ops import make_step, step_bytes
-from lab.gpu.shaders import KernelCache
 
 EPS32 = float(np.finfo(np.float32).eps)
 

@@ -4,7 +4,7 @@ builders (elementwise_ops.py), the bias add and last-row copy through lab.ops.el
 import asyncio
 
 import pytest
-from oracles import check_elementwise, check_fill_zero, env1  # noqa: F401
+from checks import check_elementwise, check_fill_zero, env1  # noqa: F401
 
 
 @pytest.mark.parametrize("op", ["add", "mul"])
@@ -43,7 +43,7 @@ def test_selftest_scale_add_unchanged(env1):  # noqa: F811
 def test_bias_into_a_slice_of_fused_rows(env1):  # noqa: F811
     # qwen2's K bias added into columns [q, q+kv) of a fused [t, q+2kv] row; other columns untouched.
     import numpy as np
-    from oracles import ops_step, read, run, upload
+    from checks import ops_step, read, run, upload
 
     from lab.ops.elementwise import add_bias
     rng = np.random.default_rng(3)
@@ -59,7 +59,7 @@ def test_bias_into_a_slice_of_fused_rows(env1):  # noqa: F811
 
 def test_last_row_follows_the_step(env1):  # noqa: F811
     import numpy as np
-    from oracles import ops_step, read, run, upload
+    from checks import ops_step, read, run, upload
 
     from lab.ops.elementwise import last_row
     rng = np.random.default_rng(4)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from lab.format.ggml import BY_NAME
-from lab.ops.embed import get_rows
 from lab.gpu.shaders import KernelCache
-from tests.kernels import quant_oracle as qo
-from tests.kernels.quant_oracle import DEQUANT_TOL, Rig
+from lab.host.reference import quant as qo
+from lab.host.reference.quant import DEQUANT_TOL
+from lab.ops.embed import get_rows
+from tests.kernels.quant_rig import Rig
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """SwiGLU / GeGLU (wgsl/glu.wgsl via lab.ops.glu) against numpy, separate and fused [gate | up] inputs."""
 
 import pytest
-from oracles import check_glu, env1  # noqa: F401
+from checks import check_glu, env1  # noqa: F401
 
 
 @pytest.mark.parametrize("act", ["swiglu", "geglu"])
@@ -18,7 +18,7 @@ def test_large_gate_finite(env1, act):  # noqa: F811
 
 def test_out_must_differ(env1):  # noqa: F811
     import numpy as np
-    from oracles import upload
+    from checks import upload
 
     from lab.ops.glu import glu
     b = upload(env1.device, np.zeros(8, np.float32))

@@ -12,12 +12,13 @@ import pytest
 
 from lab import gpu
 from lab.format.ggml import BY_NAME
+from lab.gpu.shaders import KernelCache
 from lab.host.native import open_native
+from lab.host.reference import quant as qo
+from lab.host.reference.quant import DOT_TOL
 from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
-from lab.gpu.shaders import KernelCache
-from tests.kernels import quant_oracle as qo
-from tests.kernels.quant_oracle import DOT_TOL, Rig
+from tests.kernels.quant_rig import Rig
 
 
 def cols_for(name: str) -> int:

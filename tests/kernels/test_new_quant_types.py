@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from lab import gpu
-from lab.format.ggml import BY_NAME
-from lab.host.native import open_native
-from lab.format.ggml import KERNEL_TYPES
-from lab.ops.weights import alloc_weight, dequant_consts
+from lab.format.ggml import BY_NAME, KERNEL_TYPES
 from lab.gpu.shaders import KernelCache
-from tests.kernels import quant_oracle as qo
-from tests.kernels.quant_oracle import DEQUANT_TOL, DOT_TOL, Rig
+from lab.host.native import open_native
+from lab.host.reference import quant as qo
+from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
+from lab.ops.weights import alloc_weight, dequant_consts
+from tests.kernels.quant_rig import Rig
 
 NEW = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 ROWS = 97                                   # 97 % 4 == 1, 97 % 32 == 1

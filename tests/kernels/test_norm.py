@@ -1,7 +1,7 @@
 """RMSNorm (wgsl/norm.wgsl via lab.ops.norm) against numpy, on the subgroup and the fallback reduction path."""
 
 import pytest
-from oracles import check_rms_norm, env  # noqa: F401  (env: fixture over both reduction paths)
+from checks import check_rms_norm, env  # noqa: F401  (env: fixture over both reduction paths)
 
 
 def test_rows(env):  # noqa: F811
@@ -36,18 +36,9 @@ def test_residual_add(env, inplace):  # noqa: F811
     """Gemma's post-norm and the residual add in one dispatch: y = norm(x) * w and res += y; rows past the
     step's tokens untouched in both."""
     import numpy as np
-    from oracles import (
-        NORM_TOL,
-        assert_close,
-        f32,
-        free,
-        ops_step,
-        read,
-        rms_norm_ref,
-        run,
-        upload,
-    )
+    from checks import assert_close, free, ops_step, read, run, upload
 
+    from lab.host.reference.kernels import NORM_TOL, f32, rms_norm_ref
     from lab.ops.norm import rms_norm
     rng = np.random.default_rng(3)
     dev, t, n = env.device, 5, 640
@@ -70,18 +61,9 @@ def test_two_weights_q_then_k_heads(env):  # noqa: F811
     """Gemma's q and k norms in one op: per head over Q heads (weight wq) then K heads (wk) of a fused row,
     in place; V untouched."""
     import numpy as np
-    from oracles import (
-        NORM_TOL,
-        assert_close,
-        f32,
-        free,
-        ops_step,
-        read,
-        rms_norm_ref,
-        run,
-        upload,
-    )
+    from checks import assert_close, free, ops_step, read, run, upload
 
+    from lab.host.reference.kernels import NORM_TOL, f32, rms_norm_ref
     from lab.ops.norm import rms_norm
     rng = np.random.default_rng(4)
     dev, t, nh, nkv, hd = env.device, 3, 4, 1, 256

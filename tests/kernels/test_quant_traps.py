@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lab.host.reference import quant as qo
+from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
 from lab.ops.matmul import MATVEC_LOOPS
-from tests.kernels import quant_oracle as qo
-from tests.kernels.quant_oracle import DEQUANT_TOL, DOT_TOL, Rig
+from tests.kernels.quant_rig import Rig, mutated_wgsl
 
 # (id, type, function in quant.wgsl, snippet, broken replacement)
 TRAPS = [
@@ -110,7 +111,7 @@ def test_trap_is_caught(device, tmp_path, trap):
     file = file[0] if file else "quant.wgsl"
     good = _checks(device, name)
     assert all(v <= (DEQUANT_TOL if k == "dequant" else DOT_TOL) for k, v in good.items()), good
-    with qo.mutated_wgsl(tmp_path, fn, old, new, file):
+    with mutated_wgsl(tmp_path, fn, old, new, file):
         bad = _checks(device, name)
     missed = [k for k in _must_catch(name, fn, file) if bad[k] <= (DEQUANT_TOL if k == "dequant" else DOT_TOL)]
     assert not missed, f"{trap[0]}: missed by {missed} ({bad})"

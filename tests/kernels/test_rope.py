@@ -1,7 +1,7 @@
 """RoPE (wgsl/rope.wgsl via lab.ops.rope) against numpy: both pairings, partial rotary dims, fused QKV rows."""
 
 import pytest
-from oracles import check_rope, env1  # noqa: F401
+from checks import check_rope, env1  # noqa: F401
 
 
 @pytest.mark.parametrize("mode", ["adjacent", "neox"])
@@ -55,17 +55,9 @@ def test_bad_n_rot(env1):  # noqa: F811
 def test_one_op_prefill_then_decode(env1):  # noqa: F811
     """The op is built once; prefill (t=5 at pos 0) and decode (t=1 at pos 5) differ only in the step buffer."""
     import numpy as np
-    from oracles import (
-        assert_close,
-        f32,
-        ops_step,
-        read,
-        rope_ref,
-        rope_tol,
-        run,
-        upload,
-    )
+    from checks import assert_close, ops_step, read, run, upload
 
+    from lab.host.reference.kernels import f32, rope_ref, rope_tol
     from lab.ops.rope import rope
     dev = env1.device
     rng = np.random.default_rng(9)

@@ -1,7 +1,7 @@
 """Argmax and top-k (wgsl/sample.wgsl via lab.ops.sample) against numpy, on both reduction paths."""
 
 import pytest
-from oracles import check_argmax, check_topk, env  # noqa: F401
+from checks import check_argmax, check_topk, env  # noqa: F401
 
 from lab.ops.rows import Rows
 
@@ -22,7 +22,7 @@ def test_argmax_of_a_row_with_nothing_finite_is_none(env):  # noqa: F811
     """A NaN or infinite logit never becomes a token id: a row of NaN and +-inf gives 0xffffffff (lab.engine.session stops
     there and names the broken layer)."""
     import numpy as np
-    from oracles import free, ops_step, read, run, upload
+    from checks import free, ops_step, read, run, upload
 
     from lab.ops.sample import NONE, argmax
     x = np.full((2, 3000), np.nan, np.float32)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab.host.native import open_native
 from lab.gpu.shaders import KernelCache
-from tests.kernels import quant_oracle as qo
-from tests.kernels.quant_oracle import DOT_TOL, Rig
+from lab.host.native import open_native
+from lab.host.reference import quant as qo
+from lab.host.reference.quant import DOT_TOL
+from tests.kernels.quant_rig import Rig
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from lab import gpu, ops
-from lab.ops import elementwise
 from lab.gpu.shaders import KernelCache
+from lab.ops import elementwise
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Row softmax (wgsl/softmax.wgsl via lab.ops.softmax) against numpy, on both reduction paths."""
 
-from oracles import check_softmax, env  # noqa: F401
+from checks import check_softmax, env  # noqa: F401
 
 from lab.ops.rows import Rows
 

@@ -2,9 +2,19 @@
 refuses a substitution whose text is missing) and requires the corresponding check to fail."""
 
 import pytest
-
-from oracles import (check_argmax, check_fill_zero, check_glu, check_rms_norm, check_rope, check_softmax,
-                     check_topk, env, env1, open_env, patched)  # noqa: F401
+from checks import (
+    check_argmax,
+    check_fill_zero,
+    check_glu,
+    check_rms_norm,
+    check_rope,
+    check_softmax,
+    check_topk,
+    env,  # noqa: F401  (fixtures)
+    env1,  # noqa: F401
+    open_env,
+    patched,
+)
 
 from lab.ops.rows import Rows
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from lab.text import chat
+from lab.engine.load import validate
 from lab.format import gguf
 from lab.format.gguf import GGUFError
-from lab.host import models
 from lab.format.model import ModelError
-from lab.engine.load import validate
+from lab.host import models
+from lab.text import chat
 
 DEEP = int(os.environ.get("LAB_FUZZ_EXAMPLES", "0") or 0)
 HANG_S = 20.0            # one example taking longer than this is a hang (a real load takes < 1 s here)

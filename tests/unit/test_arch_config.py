@@ -12,9 +12,9 @@ import math
 import pytest
 
 from lab.format import gguf, model
+from lab.format.checks import ModelError, check_config
 from lab.format.gguf import TensorInfo
 from lab.host import synthetic_arch as sa
-from lab.format.checks import ModelError, check_config
 
 N_VOCAB = 512
 

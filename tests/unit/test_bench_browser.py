@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from lab.text import chat
 from lab.format import gguf
 from lab.host import bench_browser, cli, models, sameshape, synthetic
+from lab.text import chat
 from lab.text.tokenizer import from_metadata
 
 NV = "--enable-unsafe-webgpu --ignore-gpu-blocklist --enable-features=Vulkan --use-angle=vulkan 'x y'"

@@ -6,9 +6,9 @@ import functools
 
 import pytest
 
-from lab.text import chat
 from lab.format import gguf
 from lab.host import models
+from lab.text import chat
 from lab.text.tokenizer import UnsupportedTokenizer, from_metadata
 from tests.conftest import load_fixture
 

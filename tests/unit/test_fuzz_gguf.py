@@ -16,9 +16,9 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from lab.engine.load import Validated
 from lab.format import gguf
 from lab.format.gguf import GGUFError, NeedMoreBytes
-from lab.engine.load import Validated
 from tests.unit.fuzzkit import (
     fuzz_settings,
     load,

@@ -15,9 +15,9 @@ import math
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from lab.engine.load import Validated, validate
 from lab.format import checks
 from lab.format.model import ModelError
-from lab.engine.load import Validated, validate
 from tests.unit.fuzzkit import (
     ARCH,
     fuzz_settings,

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Lowest first: a module may import its own group and the groups before it (docs/architecture.md, "Layers").
 LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops", "lab.engine", "lab.instruments",
           "lab.worker", "server", "lab.host"]
-# What the asset server may import of the lab: the version, the page's defaults, the model files.
-SERVER_MAY_IMPORT = {"lab", "lab.settings", "lab.host.models"}
+# What the asset server may import of the lab: the version and the page's defaults (`lab serve` passes the model path).
+SERVER_MAY_IMPORT = {"lab", "lab.settings"}
 
 
 def module_name(path: Path) -> str:

@@ -12,8 +12,8 @@ import pytest
 from lab.engine.load import validate
 from lab.format import checks, gguf
 from lab.format.gguf import TensorInfo
-from lab.host import models
 from lab.format.model import ModelError
+from lab.host import models
 from lab.text.tokenizer import TokenizerError
 from tests.unit.fuzzkit import seed, seed_header, with_metadata
 

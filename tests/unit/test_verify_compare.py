@@ -11,8 +11,8 @@ from array import array
 import pytest
 
 from lab.format import gguf
-from lab.instruments import verify
 from lab.host.verify_native import REFERENCE, index
+from lab.instruments import verify
 
 
 @pytest.fixture(scope="module")

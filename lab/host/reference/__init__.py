@@ -1,4 +1,6 @@
-"""numpy reference forward pass (CPython only): the oracle the GPU engine is checked against.
+"""numpy references (CPython only): the forward pass the GPU engine is checked against (forward.py, on weights.py's
+dequantized GGUF), and the float64 references its kernels are checked against (kernels.py, attention.py, quant.py).
+The forward pass and the kernels' references share one implementation of each op (ops.py).
 
     from lab.host.reference import Reference
     from lab.host.reference.bisect import bisect

@@ -4,6 +4,8 @@ Follows llama.cpp's graph builders op for op (src/models/llama.cpp, qwen2.cpp, q
 gemma2.cpp, gemma3.cpp and
 llm_graph_context::build_norm / build_ffn / build_attn in src/llama-graph.cpp), on weights
 dequantized by gguf-py, in float32 (or float64: `Reference(path, dtype=np.float64)`).
+The ops themselves (RMSNorm, RoPE, softmax, the activations, the mask) are ops.py's, the same the kernels'
+references use.
 
 Trace names (`ref.trace`, filled when `forward(..., trace=True)`; `ref.trace_order` lists them in
 the order they were computed). They are llama.cpp's eval-callback (cb_eval) names with "-{il}" for
@@ -51,62 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.host.reference.ops import argmax, gelu_tanh, rms_norm, rope, silu, softcap, softmax, visible
 from lab.host.reference.weights import Hparams, Weights
-
-SQRT_2_OVER_PI = 0.7978845608028654
-GELU_COEF_A = 0.044715
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
-    """ggml_rms_norm over the last axis, then (build_norm) times the weight as stored in the GGUF."""
-    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-    y = x * (1.0 / np.sqrt(ms + eps)).astype(x.dtype)
-    return y * w if w is not None else y
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """ggml_gelu: the tanh approximation."""
-    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):          # exp(-x) -> inf for very negative x gives -0, right
-        return x / (1.0 + np.exp(-x))
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - m)
-    return e / np.sum(e, axis=axis, keepdims=True)
-
-
-def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str, scale: float = 1.0,
-         factors: np.ndarray | None = None) -> np.ndarray:
-    """ggml_rope_ext with linear scaling and frequency factors (no YaRN): x [t, heads, hd]; rotates the first
-    n_rot dims of each head.
-
-    theta_i = scale * pos * base^(-2i/n_rot) / factors[i], i < n_rot/2.  mode "norm": pairs (x[2i], x[2i+1]);
-    mode "neox": pairs (x[i], x[i + n_rot/2]).  Angles in float64, then cast.
-    """
-    half = n_rot // 2
-    inv = scale * base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
-    if factors is not None:
-        inv = inv / np.asarray(factors, dtype=np.float64)
-    ang = pos.astype(np.float64)[:, None] * inv[None, :]              # [t, half]
-    cos = np.cos(ang).astype(x.dtype)[:, None, :]
-    sin = np.sin(ang).astype(x.dtype)[:, None, :]
-    out = x.copy()
-    if mode == "norm":
-        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        out[..., 0:n_rot:2] = x0 * cos - x1 * sin
-        out[..., 1:n_rot:2] = x0 * sin + x1 * cos
-    elif mode == "neox":
-        x0, x1 = x[..., :half], x[..., half:n_rot]
-        out[..., :half] = x0 * cos - x1 * sin
-        out[..., half:n_rot] = x0 * sin + x1 * cos
-    else:
-        raise ValueError(f"rope mode {mode!r}")
-    return out
 
 
 class Reference:
@@ -150,10 +98,7 @@ class Reference:
     def _head(self, x: np.ndarray) -> np.ndarray:
         """result_norm -> logits: output projection (+ final softcapping)."""
         logits = self._mm(x, self.output_name)
-        cap = self.hp.final_softcap
-        if cap:
-            logits = np.tanh(logits / cap) * cap
-        return logits
+        return softcap(logits, self.hp.final_softcap) if self.hp.final_softcap else logits
 
     def _mm(self, x: np.ndarray, name: str) -> np.ndarray:
         """x @ W.T for the GGUF tensor `name` (W dequantized, (out, in))."""
@@ -176,14 +121,8 @@ class Reference:
         return out
 
     def _mask(self, il: int, pos_q: np.ndarray, n_kv: int) -> np.ndarray:
-        """True where query (row) may attend key (col): causal, plus the sliding window on SWA layers
-        (llama_hparams::is_masked_swa, STANDARD: masked when p_q - p_k >= n_swa)."""
-        pk = np.arange(n_kv)[None, :]
-        pq = pos_q[:, None]
-        ok = pk <= pq
-        if self.hp.is_swa(il) and self.hp.n_swa > 0:
-            ok &= (pq - pk) < self.hp.n_swa
-        return ok
+        """True where query (row) may attend key (col): causal, plus the sliding window on SWA layers."""
+        return visible(pos_q, n_kv, self.hp.n_swa if self.hp.is_swa(il) else 0)
 
     # -- the forward pass -----------------------------------------------------------------------
     def forward(self, ids, start_pos: int | None = None, trace: bool = False,
@@ -260,7 +199,7 @@ class Reference:
             Vr = np.repeat(V, rep, axis=0) if rep > 1 else V
             kq = np.matmul(qh, Kr.transpose(0, 2, 1)) * dt.type(hp.attn_scale)
             if hp.attn_softcap:      # gemma2 (build_attn_mha: scale, tanh, scale back)
-                kq = np.tanh(kq / dt.type(hp.attn_softcap)) * dt.type(hp.attn_softcap)
+                kq = softcap(kq, hp.attn_softcap)
             mask = self._mask(il, pos, n_kv)
             kq = np.where(mask[None], kq, -np.inf)
             p = softmax(kq, axis=-1).astype(dt)
@@ -301,7 +240,7 @@ class Reference:
         logits = self.forward(list(ids), all_logits=False)
         out: list[int] = []
         while len(out) < n:
-            nxt = int(np.argmax(logits[-1]))
+            nxt = argmax(logits[-1])
             out.append(nxt)
             if len(out) == n or (stop and nxt in stop):
                 break
@@ -321,7 +260,7 @@ class Reference:
         rows = np.arange(len(ids))
         for il in range(hp.n_layer):
             logits = self._head(rms_norm(self.trace[f"l_out-{il}"], norm_w, hp.eps)).astype(np.float64)
-            i = np.argmax(logits, axis=-1)
+            i = argmax(logits)
             top_ids[il] = i
             top_p[il] = 1.0 / np.sum(np.exp(logits - logits[rows, i][:, None]), axis=-1)
         return top_ids, top_p

@@ -94,9 +94,6 @@ class Weights:
         else:
             self._cache.pop(name, None)
 
-    def cached_bytes(self) -> int:
-        return sum(a.nbytes for a in self._cache.values())
-
 
 @dataclass
 class Hparams:

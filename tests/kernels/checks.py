@@ -1,14 +1,13 @@
-"""numpy references and GPU checks for the basic kernel families (norm, rope, glu, softmax, sample, elementwise).
+"""GPU checks for the basic kernel families (norm, rope, glu, softmax, sample, elementwise) on the native device.
 
-Each `check_*` runs one op family on the device against a float64 numpy reference computed from the same
-f32 inputs and raises AssertionError when the error passes its tolerance; the tolerance and its reason sit
-next to each check. tests/kernels/test_*.py call the checks; test_traps_basic.py runs them on deliberately
-broken WGSL (`Patched`) and requires them to fail.
+Each `check_*` runs one op family on the device against its float64 reference (lab/host/reference/kernels.py, where
+each tolerance sits with its reason) computed from the same f32 inputs, and raises AssertionError when the error
+passes the tolerance. tests/kernels/test_*.py call the checks; test_traps_basic.py runs them on deliberately broken
+WGSL (`Patched`) and requires them to fail.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,10 +15,24 @@ import pytest
 
 from lab import gpu
 from lab.gpu import shaders
+from lab.gpu.shaders import KernelCache
 from lab.host.native import open_native
+from lab.host.reference.kernels import (
+    GLU_TOL,
+    NORM_TOL,
+    f32,
+    glu_ref,
+    rel_err,
+    rms_norm_ref,
+    rope_ref,
+    rope_tol,
+    softmax_ref,
+    softmax_tol,
+    topk_ref,
+)
+from lab.host.reference.ops import argmax as argmax_ref
 from lab.ops import make_step, step_bytes
 from lab.ops.rows import ROWS_LAST, ROWS_TOKENS, Rows
-from lab.gpu.shaders import KernelCache
 
 # ---------------------------------------------------------------------------------------------- devices
 
@@ -83,10 +96,6 @@ def patched(env: Env, name: str, old: str, new: str) -> Env:
 # ---------------------------------------------------------------------------------------------- buffers
 
 
-def f32(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 def upload(device: gpu.Device, arr: np.ndarray, label: str = "test") -> gpu.Buffer:
     arr = np.ascontiguousarray(arr)
     buf = device.buffer(max(4, arr.nbytes), gpu.CONVERSATION, label)
@@ -118,16 +127,6 @@ def free(device: gpu.Device, *bufs) -> None:
             device.destroy(b)
 
 
-def rel_err(got, want, axis=None) -> float:
-    """Largest |got - want| over the largest |want|, within each slice along `axis` (the worst slice)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if axis is None:
-        return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
-    err = np.max(np.abs(got - want), axis=axis)
-    mag = np.maximum(np.max(np.abs(want), axis=axis), 1e-30)
-    return float(np.max(err / mag))
-
-
 def assert_close(got, want, tol: float, what: str, axis=None) -> None:
     got = np.asarray(got)
     if not np.all(np.isfinite(got)):
@@ -137,84 +136,7 @@ def assert_close(got, want, tol: float, what: str, axis=None) -> None:
         raise AssertionError(f"{what}: error {e:.3g} relative to magnitude exceeds {tol:.3g}")
 
 
-# ---------------------------------------------------------------------------------------------- references
-
-
-def rms_norm_ref(x, w, eps, group):
-    x = np.asarray(x, np.float64)
-    g = x.reshape(x.shape[0], -1, group)
-    y = g / np.sqrt(np.mean(g * g, axis=-1, keepdims=True) + eps) * np.asarray(w, np.float64)
-    return y.reshape(x.shape)
-
-
-def rope_ref(x, pos, n_head, head_dim, n_rot, base, scale, mode, col_offset=0, factors=None):
-    """x: [t, row_stride] float; returns a rotated float64 copy (heads at col_offset + h*head_dim)."""
-    y = np.array(x, np.float64)
-    half = n_rot // 2
-    i = np.arange(half)
-    freq = scale * base ** (-2.0 * i / n_rot)
-    if factors is not None:
-        freq = freq / np.asarray(factors, np.float64)
-    for j in range(y.shape[0]):
-        th = (pos + j) * freq
-        c, s = np.cos(th), np.sin(th)
-        for h in range(n_head):
-            b = col_offset + h * head_dim
-            if mode == "adjacent":
-                a_idx, b_idx = b + 2 * i, b + 2 * i + 1
-            else:
-                a_idx, b_idx = b + i, b + i + half
-            x0, x1 = y[j, a_idx].copy(), y[j, b_idx].copy()
-            y[j, a_idx] = x0 * c - x1 * s
-            y[j, b_idx] = x0 * s + x1 * c
-    return y
-
-
-def softmax_ref(x, scale=1.0):
-    z = np.asarray(x, np.float64) * scale
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def silu(g):
-    g = np.asarray(g, np.float64)
-    return g / (1.0 + np.exp(-g))
-
-
-def gelu_tanh(g):
-    g = np.asarray(g, np.float64)
-    return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3)))
-
-
-def argmax_ref(row) -> int:
-    """Index of the largest finite element, lowest index among ties (llama.cpp greedy); NaN and +-inf never win,
-    and a row with no finite element gives 0xFFFFFFFF."""
-    v = np.asarray(row, np.float64)
-    ok = np.isfinite(v)
-    if not ok.any():
-        return 0xFFFFFFFF
-    return int(np.flatnonzero(ok & (v == v[ok].max()))[0])
-
-
-def topk_ref(row, k):
-    """[(index, value)] of the k best, value descending then index ascending; NaN / +-inf never chosen."""
-    v = np.asarray(row, np.float32)
-    idx = np.flatnonzero(np.isfinite(v))
-    order = idx[np.lexsort((idx, -v[idx].astype(np.float64)))][:k]
-    pairs = [(int(i), float(v[i])) for i in order]
-    return pairs + [(0xFFFFFFFF, float(np.float32(-3.4028234663852886e38)))] * (k - len(pairs))
-
-
 # ---------------------------------------------------------------------------------------------- checks
-
-# RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w. The sum of squares runs per invocation (<= n/WG terms) then
-# through a subgroup/tree reduction, so its relative error is at most ~(n/WG + log2 WG) * 2^-24 ~ 1.2e-6 for
-# n <= 3000 (halved by the square root); rsqrt (2 ulp) and the two products add ~2.5e-7. 2e-6 of each group's
-# magnitude is that worst case with margin (lavapipe measures ~1.5e-7); the eps-outside-sqrt trap errs by a
-# factor ~3 on the small-magnitude row.
-NORM_TOL = 2e-6
-
 
 def check_rms_norm(env: Env, t=5, pos=7, n=1000, eps=1e-5, group=None, inplace=False,
                    n_rows=8, seed=0, fused=None) -> None:
@@ -265,16 +187,6 @@ def check_rms_norm(env: Env, t=5, pos=7, n=1000, eps=1e-5, group=None, inplace=F
                 and np.array_equal(xo[t:], x[t:])):
             raise AssertionError("rms_norm touched Q, V or rows past t in the fused buffer")
         free(dev, xb, wb, qb)
-
-
-# RoPE: each output is x0*cos - x1*sin with theta = f32(pos) * f32(freq): theta carries up to ~1.5 ulp
-# (freq and product roundings, 2^-24 relative each), i.e. |theta| * 1e-7 radians, which moves an output by
-# that times the pair's magnitude; Cody-Waite reduction is exact to ~1e-7 rad for |theta| < 1e4, and
-# lavapipe's sin/cos on [-pi, pi] are within ~1e-7. So tolerance = 1e-6 + 1.5e-7 * max|theta| of each head's
-# magnitude (measured: 2.6e-7 at pos 7, 7.6e-5 against 2.3e-4 at theta 1500), far below the O(1) error of the
-# other pairing. (Vulkan only promises sin/cos to 2^-11 absolute: a GPU using that freedom would need ~5e-4.)
-def rope_tol(max_theta: float) -> float:
-    return 1e-6 + 1.5e-7 * max_theta
 
 
 def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=None, base=10000.0, scale=1.0,
@@ -331,15 +243,6 @@ def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=N
     free(dev, xb)
 
 
-# Softmax: each probability is exp(s*x - m) / S. s*x is rounded to f32 (0.5 ulp ~ 6e-8 * |s x| absolute),
-# which exp turns into the same relative error; exp itself and the n-term sum of S (per-invocation then
-# reduction, ~(n/WG + log2 WG) * 6e-8) add a few 1e-7. Tolerance 3e-6 + 2e-7 * max|s*x| of each row's largest
-# probability (measured: 2e-7 to 4.4e-7). Without the max subtraction, logits of 100..1000 overflow exp to
-# inf and the output is NaN.
-def softmax_tol(max_abs: float) -> float:
-    return 3e-6 + 2e-7 * max_abs
-
-
 def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows=Rows.per_token(), inplace=False,
                   n_rows=8, seed=2) -> None:
     from lab.ops.softmax import softmax
@@ -367,13 +270,6 @@ def check_softmax(env: Env, t=5, pos=7, n=1000, lo=-3.0, hi=3.0, scale=1.0, rows
     free(dev, xb, yb)
 
 
-# GLU: out = act(g) * u. silu's exp may carry 3 + 2|g| ulp (Vulkan's exp bound), ~2e-6 relative for the
-# |g| <= ~16 drawn here, and silu passes at most that on; tanh in gelu, the cubic and the products add a few
-# ulp. 3e-6 of the tensor's magnitude covers that bound (lavapipe measures ~6e-8); swapping gate and up
-# (silu(u) * g) or clamping tanh's argument too tightly errs by O(1e-2..1).
-GLU_TOL = 3e-6
-
-
 def check_glu(env: Env, act="swiglu", fused=False, t=5, pos=7, n=300, amp=4.0, n_rows=8, seed=3) -> None:
     from lab.ops.glu import glu
     rng = np.random.default_rng(seed)
@@ -388,14 +284,12 @@ def check_glu(env: Env, act="swiglu", fused=False, t=5, pos=7, n=300, amp=4.0, n
     ops = glu(dev, env.kernels, gb, ub, ob, ops_step(env), n, act)
     run(env, ops, pos, t)
     out = read(dev, ob).reshape(n_rows, n)
-    f = silu if act == "swiglu" else gelu_tanh
-    assert_close(out[:t], f(g[:t]) * u[:t], GLU_TOL, f"{act} fused={fused} amp={amp}")
+    assert_close(out[:t], glu_ref(g[:t], u[:t], act), GLU_TOL, f"{act} fused={fused} amp={amp}")
     if not np.all(out[t:] == 7.0):
         raise AssertionError(f"{act} wrote rows past t")
     free(dev, *(b for b in (gb, ub, ob) if b is not None))
 
 
-# Argmax / top-k select and copy: indices and values must match the reference exactly (no arithmetic).
 def check_argmax(env: Env, n=262_144, rows=Rows.fixed(1), t=1, pos=7, ties=True, special=False, seed=4) -> None:
     from lab.ops.sample import argmax
     rng = np.random.default_rng(seed)

@@ -1,26 +1,19 @@
-"""Test helpers for the dequantizing kernels: random valid tensors of each type, the independent
-dequantization (gguf.quants, the gguf package's numpy code), and small runners that upload a weight,
-dispatch an op list and read the result back through the native backend.
+"""The dequantizing kernels' references (CPython only): random valid tensors of each GGUF type, the independent
+dequantization (gguf.quants, the gguf package's numpy code, written apart from our WGSL), wgsl/q8_rows.wgsl's
+activation quantization, and the tolerances and error measures the matvec, matmul and get_rows checks hold.
+
+Nothing here touches a device: tests/kernels (through its Rig) runs the kernels against these, and
+lab/host/kernel_cases.py builds the browser worker's and the verification card's cases from them.
 """
 
 from __future__ import annotations
-
-import shutil
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as GQ
 
-from lab import gpu
-from lab.gpu import shaders
+from lab.format import gguf as lab_gguf
 from lab.format.ggml import BY_NAME
-from lab.ops import make_step, step_bytes
-from lab.ops.embed import get_rows
-from lab.ops.matmul import matmul, matvec
-from lab.ops.weights import alloc_weight, upload_weight
-from lab.gpu.shaders import KernelCache
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
          "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
@@ -84,72 +77,8 @@ def q8_blocks(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def f32(a) -> bytes:
+    """The float32 bytes of `a`: a kernel input buffer's contents."""
     return np.ascontiguousarray(a, dtype=np.float32).tobytes()
-
-
-class Rig:
-    """Destroys on exit every buffer made while it was open (the device is session-wide)."""
-
-    def __init__(self, device, kernels: KernelCache | None = None):
-        self.device = device
-        self.kernels = kernels or KernelCache(device)
-
-    def __enter__(self):
-        self._before = set(map(id, self.device.buffers))
-        return self
-
-    def __exit__(self, *exc):
-        for b in [b for b in self.device.buffers if id(b) not in self._before]:
-            self.device.destroy(b)
-
-    def buffer(self, data: bytes | int, label: str) -> gpu.Buffer:
-        size = data if isinstance(data, int) else len(data)
-        b = self.device.buffer(size, gpu.CONVERSATION, label)
-        if not isinstance(data, int):
-            self.device.write(b, data)
-        return b
-
-    def weight(self, name: str, raw: np.ndarray, max_binding: int | None = None):
-        w = alloc_weight(self.device, "w", BY_NAME[name], raw.shape[0],
-                         raw.shape[1] // BY_NAME[name].nbytes * BY_NAME[name].block, max_binding)
-        upload_weight(self.device, w, raw.tobytes())
-        return w
-
-    def step(self, t: int) -> gpu.Buffer:
-        s = make_step(self.device)
-        self.device.write(s, step_bytes(0, t, 4096))
-        return s
-
-    def run(self, ops, t: int) -> None:
-        self.device.run([op.at(t) for op in ops])
-
-    def read(self, buf: gpu.Buffer, n: int, offset: int = 0) -> np.ndarray:
-        return np.frombuffer(self.device.read_sync(buf, 4 * offset, 4 * n), np.float32).copy()
-
-    # -- one-call runners ------------------------------------------------------------------------
-    def get_rows(self, w, ids, scale: float = 1.0) -> np.ndarray:
-        t = len(ids)
-        idb = self.buffer(np.asarray(ids, np.uint32).tobytes(), "ids")
-        out = self.buffer(f32(np.full(t * w.cols, np.nan)), "out")   # NaN: an unwritten value shows
-        self.run(get_rows(self.device, self.kernels, w, idb, out, self.step(t), scale=scale), t)
-        return self.read(out, t * w.cols).reshape(t, w.cols)
-
-    def matvec(self, w, x, *, y0=None, x_offset=0, y_offset=0, accumulate=False, y_len=None, wg=None) -> np.ndarray:
-        xb = self.buffer(f32(np.concatenate([np.full(x_offset, 1e6), x])), "x")
-        n = y_len or (y_offset + w.rows)
-        yb = self.buffer(f32(np.zeros(n) if y0 is None else y0), "y")
-        self.run(matvec(self.device, self.kernels, w, xb, yb, x_offset=x_offset, y_offset=y_offset,
-                        accumulate=accumulate, wg=wg), 1)
-        return self.read(yb, n)
-
-    def matmul(self, w, X, *, y0=None, accumulate=False, max_tokens=None, lanes=None) -> np.ndarray:
-        t = X.shape[0]
-        mt = max_tokens or t
-        xb = self.buffer(f32(np.concatenate([X.ravel(), np.full((mt - t) * w.cols, 1e6)])), "X")
-        yb = self.buffer(f32(np.zeros(mt * w.rows) if y0 is None else y0), "Y")
-        self.run(matmul(self.device, self.kernels, w, xb, yb, self.step(t), max_tokens=mt,
-                        accumulate=accumulate, lanes=lanes), t)
-        return self.read(yb, mt * w.rows).reshape(mt, w.rows)
 
 
 # -- tolerances ------------------------------------------------------------------------------------
@@ -177,32 +106,10 @@ def dot_err(got: np.ndarray, W: np.ndarray, X: np.ndarray) -> float:
     return float(np.max(np.abs(np.atleast_2d(got) - ref) / np.maximum(scale, 1e-30)))
 
 
-@contextmanager
-def mutated_wgsl(tmp_path: Path, fn: str, old: str, new: str, file: str = "quant.wgsl"):
-    """The WGSL folder with `old` replaced by `new` (exactly once) inside `file`'s function `fn`:
-    a deliberately broken kernel, to prove the checks catch it. Restores the real folder on exit."""
-    real = shaders.wgsl_dir()
-    dst = tmp_path / "wgsl"
-    shutil.copytree(real, dst)
-    src = (real / file).read_text()
-    start = src.index(f"\nfn {fn}(")
-    end = src.find("\nfn ", start + 1)
-    end = len(src) if end < 0 else end
-    body = src[start:end]
-    assert body.count(old) == 1, f"trap snippet {old!r} not found exactly once in {fn}"
-    (dst / file).write_text(src[:start] + body.replace(old, new) + src[end:])
-    shaders.set_dir(dst)
-    try:
-        yield
-    finally:
-        shaders.set_dir(real)
-
-
-
 def real_tensors(path) -> dict:
-    """name -> (type name, raw uint8 array (rows, row_bytes), a read-only memory map) of a GGUF file.
+    """name -> (type name, raw uint8 array (rows, row_bytes), a view of a read-only memory map) of a GGUF file: real
+    weights for the kernels and the dequantization above.
     The tensor table comes from lab.format.gguf (header only, fast); the bytes are the file's own."""
-    from lab.format import gguf as lab_gguf
     header = lab_gguf.read_file(path)
     mm = np.memmap(path, np.uint8, mode="r")
     out = {}

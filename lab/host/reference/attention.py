@@ -1,8 +1,11 @@
-"""Float64 numpy reference for wgsl/attention.wgsl and wgsl/kv.wgsl, written from the math, not from the kernels."""
+"""float64 numpy reference for wgsl/attention.wgsl and wgsl/kv.wgsl, written from the math, not from the kernels
+(CPython only). The mask, softcap and softmax are ops.py's, the forward pass's own."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from lab.host.reference import ops
 
 
 def kv_write(k_cache, v_cache, src, pos, *, n_kv_head, head_dim, k_offset, v_offset):
@@ -15,11 +18,6 @@ def kv_write(k_cache, v_cache, src, pos, *, n_kv_head, head_dim, k_offset, v_off
     return k_cache, v_cache
 
 
-def visible(qpos: int, k: int, window: int) -> bool:
-    """Causal, plus llama.cpp's standard sliding window: masked iff qpos - k >= window."""
-    return k <= qpos and (window == 0 or qpos - k < window)
-
-
 def attention(q, k_cache, v_cache, pos, *, n_head, n_kv_head, head_dim, scale, window=0, softcap=0.0):
     """q [t, n_head*hd] (already sliced out of its source); caches [n_ctx, n_kv*hd].
     Returns (out [t, n_head*hd], probs [t, n_head, n_ctx], raw scaled scores [t, n_head, n_ctx] before the cap)."""
@@ -28,12 +26,12 @@ def attention(q, k_cache, v_cache, pos, *, n_head, n_kv_head, head_dim, scale, w
     vc = np.asarray(v_cache, np.float64)
     t, n_ctx = q.shape[0], kc.shape[0]
     group = n_head // n_kv_head
+    mask = ops.visible(pos + np.arange(t), n_ctx, window)
     out = np.zeros((t, n_head * head_dim))
     probs = np.zeros((t, n_head, n_ctx))
     raw = np.zeros((t, n_head, n_ctx))
     for j in range(t):
-        qpos = pos + j
-        keys = np.array([k for k in range(n_ctx) if visible(qpos, k, window)])
+        keys = np.flatnonzero(mask[j])
         for h in range(n_head):
             g = h // group
             qh = q[j, h * head_dim:(h + 1) * head_dim]
@@ -42,9 +40,8 @@ def attention(q, k_cache, v_cache, pos, *, n_head, n_kv_head, head_dim, scale, w
             s = scale * (K @ qh)
             raw[j, h, keys] = s
             if softcap > 0:
-                s = softcap * np.tanh(s / softcap)
-            e = np.exp(s - s.max())
-            p = e / e.sum()
+                s = ops.softcap(s, softcap)
+            p = ops.softmax(s)
             probs[j, h, keys] = p
             out[j, h * head_dim:(h + 1) * head_dim] = p @ V
     return out, probs, raw

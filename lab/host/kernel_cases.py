@@ -1,0 +1,272 @@
+"""The kernel cases both backends run: numpy-made inputs for one op family each (a lab/instruments/kernelcheck.py
+spec: op, parameters, input bytes) with a check of the outputs against the float64 references, for
+tests/browser/test_kernels_in_worker.py (the browser worker and the native device) and scripts/make_kernel_fixtures.py
+(the verification card's reference/kernels.json) (CPython only).
+
+Inputs are random and non-constant, sizes avoid multiples of the workgroups and tiles, positions are past 0. Every
+tolerance is the native test's (tests/kernels), restated with its reason, and holds in the browser as it is. The
+cases know nothing of where they run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from lab.format.ggml import BY_NAME
+from lab.host.reference import attention as attn_ref
+from lab.host.reference import kernels as ref
+from lab.host.reference import quant as qo
+from lab.host.reference.ops import argmax
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@dataclass
+class Case:
+    name: str
+    spec: dict                                     # lab/instruments/kernelcheck.py's case: op, parameters, input bytes
+    check: Callable[[dict], tuple[float, float]]   # outputs {name: bytes} -> (error, tolerance)
+
+
+def floats(raw: bytes, shape=None) -> np.ndarray:
+    a = np.frombuffer(raw, np.float32)
+    return a.reshape(shape) if shape is not None else a
+
+
+def finite(err: float, got) -> float:
+    """A non-finite output is infinitely wrong, whatever the error measure made of it."""
+    return err if np.all(np.isfinite(got)) and math.isfinite(err) else math.inf
+
+
+# ------------------------------------------------------------------------------------------------ cases
+# Projections: tolerance DOT_TOL = 1e-5 of each output's own sum |W||x| (f32 accumulation of `cols` terms against
+# float64: ~sqrt(cols) * eps32 in practice, cols * eps32 at worst; reference/quant.py says why).
+def cols_for(name: str) -> int:
+    """K types 768 (96 groups of 8: not a multiple of the 64 threads), 32-blocks 96, floats 264."""
+    return 768 if name in qo.K_TYPES else 96 if BY_NAME[name].block == 32 else 264
+
+
+ROWS = 77                         # not a multiple of 4 (matvec rows per workgroup) or 32 (matmul tile)
+
+
+def matvec_case(name: str, seed: int) -> Case:
+    cols = cols_for(name)
+    raw = qo.random_tensor(name, ROWS, cols, seed)
+    W = qo.dequant(raw, name)
+    x = ref.f32(np.random.default_rng(seed).standard_normal(cols))
+    spec = {"op": "matvec", "type": name, "rows": ROWS, "cols": cols, "inputs": {"w": raw.tobytes(), "x": x.tobytes()}}
+
+    def check(out):
+        y = floats(out["y"])
+        return finite(qo.dot_err(y, W, x), y), qo.DOT_TOL
+    return Case(f"matvec_{name}", spec, check)
+
+
+def matmul_case(name: str, t: int, seed: int) -> Case:
+    cols = cols_for(name)
+    raw = qo.random_tensor(name, ROWS, cols, seed)
+    W = qo.dequant(raw, name)
+    X = ref.f32(np.random.default_rng(seed).standard_normal((t, cols)))
+    spec = {"op": "matmul", "type": name, "rows": ROWS, "cols": cols, "t": t,
+            "inputs": {"w": raw.tobytes(), "x": X.tobytes()}}
+
+    def check(out):
+        Y = floats(out["y"], (t, ROWS))
+        return finite(qo.dot_err(Y, W, X), Y), qo.DOT_TOL
+    return Case(f"matmul_{name}_t{t}", spec, check)
+
+
+# get_rows: DEQUANT_TOL = 1e-6 of the largest value: one or two f32 operations on an f16 scale and a small integer,
+# as gguf.quants does them in float32 (an fma contraction may move the last bit).
+def get_rows_case(name: str, scale: float, seed: int) -> Case:
+    rows, cols = 40, cols_for(name)
+    raw = qo.random_tensor(name, rows, cols, seed)
+    ids = np.random.default_rng(seed).permutation(rows)[:7].tolist() + [3, 3, rows - 1]   # shuffled, with repeats
+    want = scale * qo.dequant(raw, name)[ids].astype(np.float64)
+    spec = {"op": "get_rows", "type": name, "rows": rows, "cols": cols, "t": len(ids), "pos": 5, "scale": scale,
+            "inputs": {"w": raw.tobytes(), "ids": np.asarray(ids, np.uint32).tobytes()}}
+
+    def check(out):
+        got = floats(out["out"], (len(ids), cols))
+        return finite(qo.dequant_err(got, want), got), qo.DEQUANT_TOL
+    return Case(f"get_rows_{name}" + ("_scaled" if scale != 1.0 else ""), spec, check)
+
+
+# RMSNorm: NORM_TOL = 2e-6 of each group's magnitude (f32 sum of squares over n/WG terms then a log2(WG)-step
+# reduction, rsqrt and two products; reference/kernels.py says why). Rows of very small (mean square below eps) and
+# large magnitude make the eps placement and the sum matter.
+def rms_norm_case(t: int, pos: int, n: int, eps: float, group, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    g = n if group is None else group
+    x = ref.f32(rng.standard_normal((t, n)) * rng.uniform(0.5, 3.0, (t, 1)))
+    x[1] *= 1e-3
+    x[2] *= 300.0
+    w = ref.f32(rng.uniform(0.2, 2.0, g))
+    want = ref.rms_norm_ref(x, w, eps, g).reshape(t, -1, g)
+    spec = {"op": "rms_norm", "n": n, "eps": eps, "group": group, "t": t, "pos": pos,
+            "inputs": {"x": x.tobytes(), "w": w.tobytes()}}
+
+    def check(out):
+        got = floats(out["y"]).reshape(t, -1, g)
+        return finite(ref.rel_err(got, want, axis=(2,)), got), ref.NORM_TOL
+    return Case(f"rms_norm_n{n}_group{g}", spec, check)
+
+
+# RoPE: rope_tol(max theta) = 1e-6 + 1.5e-7 * max|theta| of each head's magnitude: theta = f32(pos) * f32(freq)
+# carries ~1.5 ulp, which moves an output by |theta| * 1e-7 of the pair's size, plus sin/cos error
+# (reference/kernels.py). Dims past n_rot must come back bit-identical.
+def rope_case(mode: str, t: int, pos: int, n_head: int, head_dim: int, n_rot=None, base=10000.0, scale=1.0,
+              seed=1) -> Case:
+    rng = np.random.default_rng(seed)
+    nr = head_dim if n_rot is None else n_rot
+    x = ref.f32(rng.standard_normal((t, n_head * head_dim)) * rng.uniform(0.5, 4.0, (t, 1)))
+    want = ref.rope_ref(x, pos, n_head, head_dim, nr, base, scale, mode).reshape(t, n_head, head_dim)
+    spec = {"op": "rope", "mode": mode, "n_head": n_head, "head_dim": head_dim, "n_rot": n_rot, "base": base,
+            "freq_scale": scale, "t": t, "pos": pos, "inputs": {"x": x.tobytes()}}
+
+    def check(out):
+        got = floats(out["x"]).reshape(t, n_head, head_dim)
+        if not np.array_equal(got[:, :, nr:], x.reshape(t, n_head, head_dim)[:, :, nr:]):
+            return math.inf, 0.0
+        return finite(ref.rel_err(got, want, axis=(2,)), got), ref.rope_tol((pos + t) * scale)
+    return Case(f"rope_{mode}_pos{pos}_rot{nr}of{head_dim}", spec, check)
+
+
+# Attention: the output is a convex combination of V rows, so its error is measured against max|V|. A score
+# s = scale * q.k is rounded relative to its L1 size (scale * sum |q_i k_i|), a score error d moves each probability
+# by d relative, so max|out - ref| <= 8 * eps32 * (max L1 + 16) * max|V| (tests/kernels/test_attention.py).
+# With rope (the engine's path: the fused rope op writes the cache), the rotated q and k carry rope_tol of their
+# magnitude, which moves a score by that much of scale * |q| |k| (the L2 product, which can pass the L1 sum).
+def attention_expected(spec: dict) -> tuple[np.ndarray, float, float]:
+    """(want [t, n_head*hd] float64, max|V| of the written V cache, tolerance) of an attention spec, from its inputs:
+    src [t, (n_head + 2 n_kv) hd] (rotated first when the spec names a rope mode) written into the caches at pos."""
+    n_head, n_kv, hd, t, pos = spec["n_head"], spec["n_kv_head"], spec["head_dim"], spec["t"], spec["pos"]
+    n_ctx, rope = spec["n_ctx"], spec.get("rope")
+    k_off, v_off = n_head * hd, (n_head + n_kv) * hd
+    src = floats(spec["inputs"]["src"], (t, -1))
+    kc0, vc0 = floats(spec["inputs"]["k_cache"], (n_ctx, -1)), floats(spec["inputs"]["v_cache"], (n_ctx, -1))
+    sc = 1.0 / math.sqrt(hd)
+    rot = src if rope is None else ref.rope_ref(src, pos, n_head + n_kv, hd, hd, 10000.0, 1.0, rope)
+    kc, vc = attn_ref.kv_write(kc0, vc0, rot, pos, n_kv_head=n_kv, head_dim=hd, k_offset=k_off, v_offset=v_off)
+    want, _, _ = attn_ref.attention(rot[:, :k_off], kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
+                                    scale=sc, window=spec.get("window", 0))
+    q = np.abs(rot[:, :k_off].astype(np.float64)).reshape(t, n_head, hd)
+    kk = np.abs(kc.astype(np.float64)).reshape(n_ctx, n_kv, hd)
+    l1 = max(float((q[:, h] @ kk[:, h // (n_head // n_kv)].T).max()) for h in range(n_head)) * sc
+    l2 = float(np.linalg.norm(q, axis=2).max() * np.linalg.norm(kk, axis=2).max()) * sc
+    tol = 8 * EPS32 * (l1 + 16) + (0.0 if rope is None else 2 * ref.rope_tol(pos + t) * l2)
+    return want, float(np.abs(vc).max()), tol
+
+
+def attention_case(n_head: int, n_kv: int, hd: int, mode: str, t: int, pos: int, n_ctx: int, window: int = 0,
+                   seed: int = 0, rope: str | None = None) -> Case:
+    rng = np.random.default_rng(seed)
+    width, kvd = (n_head + 2 * n_kv) * hd, n_kv * hd
+    src = ref.f32(rng.standard_normal((t, width)))
+    kc0, vc0 = ref.f32(rng.standard_normal((n_ctx, kvd))), ref.f32(rng.standard_normal((n_ctx, kvd)))
+    spec = {"op": "attention", "n_head": n_head, "n_kv_head": n_kv, "head_dim": hd, "mode": mode, "t": t, "pos": pos,
+            "n_ctx": n_ctx, "window": window, "rope": rope,
+            "inputs": {"src": src.tobytes(), "k_cache": kc0.tobytes(), "v_cache": vc0.tobytes()}}
+    want, vmax, tol = attention_expected(spec)
+
+    def check(out):
+        got = floats(out["out"], (t, n_head * hd)).astype(np.float64)
+        return finite(float(np.abs(got - want).max()) / vmax, got), tol
+    name = (f"attention_{mode}_gqa{n_head // n_kv}_t{t}_pos{pos}" + (f"_window{window}" if window else "")
+            + (f"_rope_{rope}" if rope else ""))
+    return Case(name, spec, check)
+
+
+# Softmax: softmax_tol(max|s x|) = 3e-6 + 2e-7 * max|s x| of each row's largest probability: rounding s*x to f32
+# becomes the same relative error through exp, plus exp and the n-term sum (reference/kernels.py). Logits of
+# 100..1000 overflow exp without the max subtraction.
+def softmax_case(t: int, pos: int, n: int, lo: float, hi: float, scale: float, seed: int) -> Case:
+    x = ref.f32(np.random.default_rng(seed).uniform(lo, hi, (t, n)))
+    want = ref.softmax_ref(x, scale)
+    spec = {"op": "softmax", "n": n, "t": t, "pos": pos, "scale": scale, "inputs": {"x": x.tobytes()}}
+
+    def check(out):
+        got = floats(out["y"], (t, n))
+        return finite(ref.rel_err(got, want, axis=1), got), ref.softmax_tol(float(np.max(np.abs(x * scale))))
+    return Case(f"softmax_{lo:g}_{hi:g}_scale{scale:g}", spec, check)
+
+
+# GLU: GLU_TOL = 3e-6 of the tensor's magnitude: exp in silu within 3 + 2|g| ulp (Vulkan's bound) for |g| <= ~16,
+# tanh, the cubic and the products a few ulp more (reference/kernels.py).
+def glu_case(act: str, t: int, pos: int, n: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    g, u = ref.f32(rng.standard_normal((t, n)) * 4.0), ref.f32(rng.standard_normal((t, n)) * 2.0)
+    want = ref.glu_ref(g, u, act)
+    spec = {"op": "glu", "act": act, "n": n, "t": t, "pos": pos, "inputs": {"gate": g.tobytes(), "up": u.tobytes()}}
+
+    def check(out):
+        got = floats(out["out"], (t, n))
+        return finite(ref.rel_err(got, want), got), ref.GLU_TOL
+    return Case(f"glu_{act}", spec, check)
+
+
+# Argmax and top-k select and copy: indices and values must be exact (the error is the count of wrong places).
+def argmax_case(n: int, rows: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    x = ref.f32(rng.standard_normal((rows, n)) * 5.0)
+    for r in range(rows):           # the maximum at three places: the lowest index must win
+        x[r, np.sort(rng.choice(n, 3, replace=False))] = np.float32(x[r].max() + 1.0)
+    want = [argmax(x[r]) for r in range(rows)]
+    spec = {"op": "argmax", "n": n, "rows": rows, "inputs": {"x": x.tobytes()}}
+
+    def check(out):
+        got = np.frombuffer(out["out"], np.uint32).tolist()
+        return float(sum(a != b for a, b in zip(got, want))), 0.0
+    return Case(f"argmax_n{n}", spec, check)
+
+
+def top_k_case(n: int, k: int, rows: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    x = ref.f32(np.round(rng.standard_normal((rows, n)) * 4.0 / 0.5) * 0.5)   # multiples of 0.5: many ties
+    want = [ref.topk_ref(x[r], k) for r in range(rows)]
+    spec = {"op": "top_k", "n": n, "k": k, "rows": rows, "inputs": {"x": x.tobytes()}}
+
+    def check(out):
+        raw = np.frombuffer(out["out"], np.uint32).reshape(rows, k, 2)
+        got = [[(int(a), float(np.uint32(b).view(np.float32))) for a, b in raw[r]] for r in range(rows)]
+        return float(sum(p != q for r in range(rows) for p, q in zip(got[r], want[r]))), 0.0
+    return Case(f"top_k_n{n}_k{k}", spec, check)
+
+
+SMOL = (9, 3, 64)                 # GQA group 3 (SmolLM2)
+QWEN = (14, 2, 64)                # group 7 (Qwen2.5)
+
+
+def make_cases() -> list[Case]:
+    cases = [matvec_case(name, seed=i) for i, name in enumerate(("Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "F32"))]
+    cases += [matvec_case(name, seed=30 + i) for i, name in enumerate(("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"))]
+    cases += [matmul_case(name, t=21, seed=34 + i) for i, name in enumerate(("Q3_K", "IQ4_XS"))]
+    cases += [get_rows_case(name, 1.0, seed=36 + i) for i, name in enumerate(("Q2_K", "IQ4_NL"))]
+    cases += [
+        matmul_case("Q4_K", t=21, seed=10),
+        get_rows_case("Q8_0", 1.0, seed=11),
+        get_rows_case("Q4_K", math.sqrt(640.0), seed=12),        # Gemma scales embeddings by sqrt(width)
+        rms_norm_case(t=5, pos=7, n=1000, eps=1e-5, group=None, seed=13),
+        rms_norm_case(t=3, pos=11, n=6 * 72, eps=1e-6, group=72, seed=14),   # per head (Gemma's q/k norm)
+        rope_case("adjacent", t=5, pos=7, n_head=4, head_dim=64, seed=15),
+        rope_case("neox", t=5, pos=7, n_head=4, head_dim=64, seed=16),
+        rope_case("neox", t=3, pos=300, n_head=3, head_dim=80, n_rot=32, seed=17),   # partial rotation
+        attention_case(*SMOL, "decode", t=1, pos=17, n_ctx=48, seed=18),
+        attention_case(*SMOL, "prefill", t=5, pos=11, n_ctx=48, seed=19),
+        attention_case(*QWEN, "decode", t=1, pos=20, n_ctx=48, window=4, seed=20),
+        attention_case(*SMOL, "prefill", t=7, pos=9, n_ctx=48, window=4, seed=21),
+        attention_case(*SMOL, "decode", t=1, pos=17, n_ctx=48, rope="adjacent", seed=40),   # the plans' rope + cache
+        attention_case(*QWEN, "prefill", t=5, pos=11, n_ctx=48, rope="neox", seed=41),
+        softmax_case(t=5, pos=7, n=1000, lo=100.0, hi=1000.0, scale=1.0, seed=22),
+        softmax_case(t=4, pos=7, n=777, lo=-10.0, hi=10.0, scale=0.7, seed=23),
+        glu_case("swiglu", t=5, pos=7, n=300, seed=24),
+        glu_case("geglu", t=5, pos=7, n=300, seed=25),
+        argmax_case(n=50_001, rows=2, seed=26),
+        top_k_case(n=9_000, k=40, rows=2, seed=27),
+    ]
+    assert len({c.name for c in cases}) == len(cases)
+    return cases

@@ -1,0 +1,96 @@
+"""The numpy ops, one implementation each: the forward pass (forward.py) and the kernels' references (kernels.py,
+attention.py) both call these (CPython only).
+
+Each op computes in its input's dtype and knows nothing of who calls it: the forward pass hands it float32 (float64
+on request), as ggml computes, and the kernel references cast their float32 inputs to float64 first. The formulas
+are ggml's (ggml-cpu ops and vec.h), so that in float32 they round as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_COEF_A = 0.044715
+NONE = 0xFFFFFFFF                 # argmax of a row with no finite element (lab.ops.sample.NONE, the kernel's answer)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """ggml_rms_norm over the last axis, then (build_norm) times the weight as stored in the GGUF. The mean square
+    is summed in float64 whatever x's dtype."""
+    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    y = x * (1.0 / np.sqrt(ms + eps)).astype(x.dtype)
+    return y * w if w is not None else y
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu: the tanh approximation."""
+    return 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):          # exp(-x) -> inf for very negative x gives -0, right
+        return x / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x - max) / sum: -inf entries (masked scores) come out exactly 0."""
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap) (gemma2's scores and logits), with cap in x's dtype."""
+    c = x.dtype.type(cap)
+    return np.tanh(x / c) * c
+
+
+def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, mode: str, scale: float = 1.0,
+         factors: np.ndarray | None = None) -> np.ndarray:
+    """ggml_rope_ext with linear scaling and frequency factors (no YaRN): x [t, heads, hd] at positions pos [t];
+    rotates the first n_rot dims of each head, leaves the rest as they are.
+
+    theta_i = scale * pos * base^(-2i/n_rot) / factors[i], i < n_rot/2.  mode "norm" (llama.cpp's name; "adjacent"
+    in lab.ops.rope): pairs (x[2i], x[2i+1]); mode "neox": pairs (x[i], x[i + n_rot/2]).  Angles in float64, then
+    cast to x's dtype.
+    """
+    half = n_rot // 2
+    inv = scale * base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)
+    if factors is not None:
+        inv = inv / np.asarray(factors, dtype=np.float64)
+    ang = np.asarray(pos).astype(np.float64)[:, None] * inv[None, :]      # [t, half]
+    cos = np.cos(ang).astype(x.dtype)[:, None, :]
+    sin = np.sin(ang).astype(x.dtype)[:, None, :]
+    out = x.copy()
+    if mode in ("norm", "adjacent"):
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+        out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    elif mode == "neox":
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_rot] = x0 * sin + x1 * cos
+    else:
+        raise ValueError(f"rope mode {mode!r}")
+    return out
+
+
+def visible(pos_q: np.ndarray, n_kv: int, window: int = 0) -> np.ndarray:
+    """[len(pos_q), n_kv] bool, True where the query at position pos_q[j] may attend key k: causal, plus llama.cpp's
+    standard sliding window when window > 0 (llama_hparams::is_masked_swa: masked when p_q - p_k >= window)."""
+    pk = np.arange(n_kv)[None, :]
+    pq = np.asarray(pos_q)[:, None]
+    ok = pk <= pq
+    if window > 0:
+        ok &= (pq - pk) < window
+    return ok
+
+
+def argmax(x) -> int | np.ndarray:
+    """Index of the largest finite element along the last axis, the lowest among ties (llama.cpp's greedy sampling);
+    NaN and +-inf never win, and a row with no finite element gives NONE. An int for one row, else an array."""
+    v = np.asarray(x, np.float64)
+    ok = np.isfinite(v)
+    i = np.where(ok.any(axis=-1), np.where(ok, v, -np.inf).argmax(axis=-1), NONE)
+    return int(i) if i.ndim == 0 else i
