@@ -8,8 +8,8 @@ prefill), `browser-nochecks` (Dawn's workgroup zero-fill and robustness checks o
 "ctx 0" is the shortest chat prompt (the template around a one-word message), "2048" a prompt of about 2,048 tokens;
 the native figures are the same file's, measured in the same run.
 
-The second table is GPU time by timestamp queries (`lab/instruments/profile.py`: the page's from its worker, native's from
-`lab bench --profile`): the whole step, and the families that differ most.
+The second table is GPU time by timestamp queries (`lab/instruments/profile.py`: the page's from its worker, native's
+from `lab bench --profile`): the whole step, and the families that differ most.
 """
 
 from __future__ import annotations

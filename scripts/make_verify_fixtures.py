@@ -2,7 +2,8 @@
 
 Runs only with a Python that has llama-cpp-python (the reference venv):
 
-    LLAMA_CPP_LIB_PATH=.../llama.cpp/build/bin /root/refvenv/bin/python scripts/make_verify_fixtures.py [smollm2 qwen2.5 gemma3]
+    LLAMA_CPP_LIB_PATH=.../llama.cpp/build/bin /root/refvenv/bin/python scripts/make_verify_fixtures.py [smollm2 qwen2.5
+    gemma3]
 
 Per model, the fixed prompt PROMPT (tokenized by llama.cpp with the vocabulary's BOS) is fed to llama.cpp one token
 at a time, as generation runs, and the final logits are written over the full vocabulary as little-endian f32:
@@ -12,8 +13,8 @@ at a time, as generation runs, and the final logits are written over the full vo
                                   dequantized by gguf-py), an F32 KV cache (type_k = type_v = 0), flash attention off
 
 then a greedy continuation of N_GEN tokens (stopping after an end-of-generation id, which is kept) with the top-2
-logit gap at each step. reference/index.json maps each model file's content hash (lab.instruments.verify.content_hash: the
-header and sampled tensor bytes, never the file name) to its prompt ids, continuations, gaps and logit files.
+logit gap at each step. reference/index.json maps each model file's content hash (lab.instruments.verify.content_hash:
+the header and sampled tensor bytes, never the file name) to its prompt ids, continuations, gaps and logit files.
 The kernel checks' fixtures (reference/kernels.json) come from scripts/make_kernel_fixtures.py.
 """
 

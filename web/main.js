@@ -321,17 +321,18 @@ function forgetAll(skip) {
 }
 
 // Test hooks: questions to the worker that tests ask through the page, each answered by a message of the same type
-// carrying the question's id (an `error` field rejects). The store, the page and the conversation's text are not
-// touched.
-// - labKernelCheck(cases) (tests/browser/test_kernels_in_worker.py): kernel cases through lab/instruments/kernelcheck.py on
-//   inputs in base64; the worker makes and frees its own buffers for them.
+// carrying the question's id (an `error` field rejects). The store and the page are not touched; the worker's
+// conversation is, where a hook says so (greedy ids, last logits and profile run their own steps over the cache).
+// - labKernelCheck(cases) (tests/browser/test_kernels_in_worker.py): kernel cases through
+//   lab/instruments/kernelcheck.py on inputs in base64; the worker makes and frees its own buffers for them.
 // - labKvRows(positions) (tests/browser/test_kv_page.py): the raw K and V rows of every layer at those positions,
 //   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
 // - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
 //   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
-// - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work (lab/instruments/profile.py; `lab bench
-//   --backend browser --profile` asks the worker directly). Drops the conversation.
+// - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work
+//   (lab/instruments/profile.py; `lab bench --backend browser --profile` asks the worker directly). Drops the
+//   conversation.
 // - labWeightBytes(name, offset, size) (tests/browser/test_big_file.py): bytes [offset, offset + size) of a file
 //   tensor, read back from the GPU buffers it was uploaded into (lab/instruments/weightread.py), as base64.
 // labForgetSkipping(label): Forget with that one buffer left uncleared, to prove the page says NOT wiped and keeps

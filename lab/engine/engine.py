@@ -31,7 +31,7 @@ from lab.gpu.shaders import KernelCache
 from lab.ops import attention as attn_ops
 from lab.ops import sample
 from lab.ops.weights import ModelWeights
-from lab.settings import DEFAULT_CTX, MIN_CTX
+from lab.settings import DEFAULT_CTX, MAX_CANDIDATES, MIN_CTX
 
 MAX_PLANS = 32          # prepared dispatch lists kept (one per prefill length seen, plus decode)
 
@@ -216,8 +216,8 @@ class Engine:
         return struct.unpack("<I", await self.device.read(self.scratch.ids, 0, 4))[0]
 
     async def top_k(self) -> list[tuple[int, float]]:
-        raw = await self.device.read(self.scratch.topk, 0, 8 * sample.MAX_K)
-        pairs = [sample.PAIR.unpack_from(raw, 8 * i) for i in range(sample.MAX_K)]
+        raw = await self.device.read(self.scratch.topk, 0, 8 * MAX_CANDIDATES)
+        pairs = [sample.PAIR.unpack_from(raw, 8 * i) for i in range(MAX_CANDIDATES)]
         return [(i, v) for i, v in pairs if i != sample.NONE]
 
     async def traced(self, ids: list[int], pos: int) -> dict[str, bytes]:

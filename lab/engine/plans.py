@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from lab import gpu, ops
 from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample
 from lab.ops.rows import Rows
+from lab.settings import MAX_CANDIDATES
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class PlanBuilder:
         rows = Rows.last() if per_token else Rows.fixed(1)
         self.plan.tails = Tails(
             greedy=sample.argmax(dev, kernels, s.logits, s.ids, s.step, cfg.n_vocab, rows=rows),
-            sampled=sample.top_k(dev, kernels, s.logits, s.topk, s.step, cfg.n_vocab, sample.MAX_K, rows=rows))
+            sampled=sample.top_k(dev, kernels, s.logits, s.topk, s.step, cfg.n_vocab, MAX_CANDIDATES, rows=rows))
 
     def _add_normed(self, op_lists, name) -> None:
         self.add(op_lists[0], name, self.scratch.xn, self.cfg.n_embd)

@@ -15,7 +15,7 @@ from lab import gpu, ops
 from lab.format.model import Config
 from lab.ops import attention as attn_ops
 from lab.ops import matmul as matmul_ops
-from lab.ops import sample
+from lab.settings import MAX_CANDIDATES
 
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
 GPU_BATCH = 512         # the same on a GPU adapter, as the native benchmarks run (a 2,048-token prompt in 4 steps,
@@ -73,7 +73,7 @@ class Scratch:
             h=dev.buffer(f32 * B * cfg.n_ff, conv, "glu out [B, n_ff]"),
             last=dev.buffer(f32 * cfg.n_embd, conv, "last row [n_embd]"),
             logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
-            topk=dev.buffer(8 * sample.MAX_K, conv, "top-k pairs [K] (u32, f32)"),
+            topk=dev.buffer(8 * MAX_CANDIDATES, conv, "top-k pairs [K] (u32, f32)"),
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
             k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
             v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),

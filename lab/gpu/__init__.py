@@ -258,7 +258,7 @@ class Device:
     def read(self, buf: Buffer, offset: int = 0, size: int | None = None) -> Awaitable[bytes]:  # pragma: no cover
         """The bytes of `buf[offset:offset + size]`, awaited. The read is ordered where it is called, not where it
         is awaited: work submitted in between does not change what it returns, so a caller may queue more work
-        first (lab.engine.session queues the next greedy block before it waits for this one's ids). One read in flight at
-        a time: await it before the next."""
+        first (lab.engine.session queues the next greedy block before it waits for this one's ids). One read in flight
+        at a time: await it before the next."""
         raise NotImplementedError
 

@@ -233,8 +233,8 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
     clock's ramp (a 512-token prefill up to 5x slower on the H200). 0: turns as a user types them.
     `profile` (passes per median, 0: none): after the turns, the GPU time of the page's steps by timestamp queries
     (`gpu` in the JSON): the whole prefill step of the largest prompt (up to the page's step) and decode at the
-    shortest and the longest turn's context, each by kernel family too (lab/instruments/profile.py, the same code as the native
-    `--profile`)."""
+    shortest and the longest turn's context, each by kernel family too (lab/instruments/profile.py, the same code as the
+    native `--profile`)."""
     from playwright.sync_api import sync_playwright
 
     from lab.settings import DEFAULT_CTX

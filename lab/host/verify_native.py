@@ -1,5 +1,6 @@
 """The verification card natively: a model file's references found by content, replayed through the engine on
-wgpu-py and compared (lab.instruments.verify); the same code the worker runs, fixtures read from disk instead of the server."""
+wgpu-py and compared (lab.instruments.verify); the same code the worker runs, fixtures read from disk instead of the
+server."""
 
 from __future__ import annotations
 

@@ -85,8 +85,8 @@ def conversation_buffers(device: gpu.Device) -> list[gpu.Buffer]:
 
 async def wipe(device: gpu.Device, *, on_after=None, skip: str | None = None) -> Report:
     """`on_after(buffer, raw, before, after)` sees each non-staging buffer's bytes as read back after the wipe (the KV
-    panel redraws its picture from them, lab/instruments/kvview.py). `skip` is a test hook: the buffer with that label is left
-    uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed."""
+    panel redraws its picture from them, lab/instruments/kvview.py). `skip` is a test hook: the buffer with that label
+    is left uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed."""
     t0 = time.perf_counter()
     found = conversation_buffers(device)
     staging = device.staging(max((b.size for b in found), default=0)) if found else []

@@ -195,9 +195,9 @@ def floats(raw: bytes) -> array:
 # -- running ---------------------------------------------------------------------------------------------------------
 async def replay(engine, tokenizer, prompt: list[int], n_gen: int = N_GEN) -> tuple[bytes, list[int]]:
     """The prompt through the engine's prefill steps (max_batch tokens each, as a turn prefills), the final logits
-    read back; then the continuation by lab.engine.session's greedy loop, from a session that holds all but the last prompt
-    token (it runs that token again as a decode step at the same position, as a turn would, then n_gen decode steps
-    that read the prefill's K/V). Returns (final logits as raw f32 bytes, generated ids, an end-of-generation id
+    read back; then the continuation by lab.engine.session's greedy loop, from a session that holds all but the last
+    prompt token (it runs that token again as a decode step at the same position, as a turn would, then n_gen decode
+    steps that read the prefill's K/V). Returns (final logits as raw f32 bytes, generated ids, an end-of-generation id
     included as the fixtures include it). The prefill path and the decode path are both held to llama.cpp: the
     logits by the prefill's last row, the 16 greedy ids by decode steps (a bug in either moves one of them).
 

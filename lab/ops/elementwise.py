@@ -3,8 +3,9 @@ the copy of the step's last row for the output head, and the final logit soft-ca
 
 Each op covers `n` features of each of the step's t tokens (t read from the step buffer). An op whose output
 is one of its inputs runs an in-place entry (one read_write binding), since WebGPU refuses a buffer bound
-read-only and writable at once. The file's other entries have no builder here: `scale_add` is lab.instruments.selftest's,
-and add / mul / scale / fill_zero are built by tests/kernels/elementwise_ops.py (no model path uses them).
+read-only and writable at once. The file's other entries have no builder here: `scale_add` is
+lab.instruments.selftest's, and add / mul / scale / fill_zero are built by tests/kernels/elementwise_ops.py (no model
+path uses them).
 """
 
 from __future__ import annotations

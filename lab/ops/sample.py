@@ -15,7 +15,8 @@ from lab.ops.rows import check as check_rows
 WG = 256
 ARGMAX_EPT = 4      # elements per invocation in the part pass: chunks of 1024 logits
 TOPK_EPT = 16       # chunks of 4096 logits: 64 chunks * k candidates for a 262,144 vocabulary
-MAX_K = 64
+MAX_K = 64          # the largest k the top-k kernel takes (its candidates per chunk); the engine asks for
+                    # lab.settings.MAX_CANDIDATES
 PARAMS = struct.Struct("<8I")   # n, n_chunks, k, rows, mode, _p0, _p1, _p2
 PAIR = struct.Struct("<If")     # struct Pair { index: u32, value: f32 } as the out buffer of top_k holds it
 NONE = 0xFFFFFFFF

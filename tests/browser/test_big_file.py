@@ -1,8 +1,8 @@
 """Model files past 2 and 4 GB in the page, and models that do not fit the adapter.
 
 The large file is a real, valid GGUF of 5.5 GiB: a one-layer tiny llama whose `general.alignment` is 2^29
-(512 MiB; a power of two, which is all the GGUF spec, llama.cpp's gguf.cpp and lab/format/gguf.py ask of it). Every tensor
-then starts on its own 512 MiB boundary: the data section at 0.5 GiB, tensor i at (i + 1) x 0.5 GiB, so
+(512 MiB; a power of two, which is all the GGUF spec, llama.cpp's gguf.cpp and lab/format/gguf.py ask of it). Every
+tensor then starts on its own 512 MiB boundary: the data section at 0.5 GiB, tensor i at (i + 1) x 0.5 GiB, so
 blk.0.attn_q sits at exactly 2^31 and token_embd at exactly 2^32 (the offsets that a 32-bit or sign-truncating
 conversion would turn into 0 or a negative number). The padding between tensors is left as holes (a sparse file on
 disk), so the test writes and uploads a few hundred KB, not 5 GB, while every byte offset that crosses between
@@ -10,9 +10,10 @@ Python and JS (the plan's to_js, File.slice in labUpload, the host-value slices)
 its own random contents, so an offset truncated mod 2^32 reads another tensor (or a hole of zeros) and the
 comparison names it.
 
-After loading, every byte of every tensor is read back from the GPU (window.labWeightBytes, lab/instruments/weightread.py) and
-compared with what was written. The figures (file size, load MB/s, bytes compared) are printed (-s shows them).
-Not marked slow: 21 s and 47 s here at load average ~5 (110 s and 7 minutes at load average 25 from other jobs).
+After loading, every byte of every tensor is read back from the GPU (window.labWeightBytes,
+lab/instruments/weightread.py) and compared with what was written. The figures (file size, load MB/s, bytes compared)
+are printed (-s shows them). Not marked slow: 21 s and 47 s here at load average ~5 (110 s and 7 minutes at load average
+25 from other jobs).
 """
 
 from __future__ import annotations

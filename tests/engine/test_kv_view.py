@@ -3,8 +3,8 @@ cache read back, and the after-Forget picture computed in Python from Forget's o
 
 Tolerance: the kernel sums the squares of a row's 192 f32 values in f32, in order; numpy sums the same f32 values in
 f64. The f32 sum's rounding is at most ~192 x 2^-24 relative (1.1e-5) and in practice a few 1e-7 (measured on this
-cache: max 4.1e-7 relative on lavapipe, 3.5e-7 on SwiftShader natively); RTOL = 1e-5 leaves room and is orders of magnitude under what a wrong row, layer or head
-would give (neighbouring rows' norms differ by percents)."""
+cache: max 4.1e-7 relative on lavapipe, 3.5e-7 on SwiftShader natively); RTOL = 1e-5 leaves room and is orders of
+magnitude under what a wrong row, layer or head would give (neighbouring rows' norms differ by percents)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ Against exact arithmetic (llama.cpp on an F32 copy, F32 KV cache) every verdict 
 1e-3 of the logits' own magnitude (measured ~1e-5 on SmolLM2: only the f32 summation order differs), the same argmax,
 the same 16 tokens. Against llama.cpp's quantized CPU path the max |diff| must stay under the loose bound and the
 argmax agree (its top-2 gap is far from a near-tie for these prompts); the continuation is compared and reported.
-Each model takes a minute or two on lavapipe (a prefill and 17 decode steps plus the load): qwen2.5 and gemma3 run with --slow.
-The kernel fixtures (reference/kernels.json) run here too, through the same pure-Python comparison as the worker's.
+Each model takes a minute or two on lavapipe (a prefill and 17 decode steps plus the load): qwen2.5 and gemma3 run with
+--slow. The kernel fixtures (reference/kernels.json) run here too, through the same pure-Python comparison as the
+worker's.
 """
 
 from __future__ import annotations
