@@ -126,10 +126,13 @@ export function realHead(data, head) {
 }
 
 // ---- the card's state: store.rope -----------------------------------------------------------------------------------
+// The inputs' defaults as the page was served (server/templates/index.html is their one home).
+const served = (id) => Number($(id).defaultValue);
+
 export function freshRope() {
   return {
-    m: 7, n: 3, seed: 1,                  // part 1: the two positions, and the seed of the random q and k
-    d: null, base: null, pairing: null,   // null: the loaded model's (else 64, 10000, adjacent)
+    m: served("rope-m"), n: served("rope-n"), seed: 1,   // part 1: the two positions, the seed of the random q, k
+    d: null, base: null, pairing: null,   // null: the loaded model's (else the inputs' defaults, adjacent)
     layer: 0, head: 0,                    // part 2: the user's choice (ropeChoice bounds it by the loaded model)
     seq: 0,                               // requests sent; an answer to an older one (or conversation) is dropped
     busy: false,
@@ -140,7 +143,8 @@ export function freshRope() {
 // What part 1 computes with: the user's numbers, else the loaded model's.
 function ropeSettings(store) {
   const s = store.rope, r = store.loaded && store.loaded.rope;
-  return { m: s.m, n: s.n, seed: s.seed, d: s.d ?? (r ? r.head_dim : 64), base: s.base ?? (r ? r.base : 10000),
+  return { m: s.m, n: s.n, seed: s.seed, d: s.d ?? (r ? r.head_dim : served("rope-d")),
+           base: s.base ?? (r ? r.base : served("rope-base")),
            pairing: s.pairing ?? (r ? (r.neox ? "neox" : "adjacent") : "adjacent") };
 }
 
