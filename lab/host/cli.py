@@ -30,16 +30,22 @@ def _selftest(args) -> int:
     return 0
 
 
-def _load(model_path: str, n_ctx: int, disable=()):
-    """Header, config, tokenizer and a native engine with the weights uploaded (timed)."""
+def _read_model(model_path: str):
+    """Header, config and tokenizer of a GGUF, validated: everything that can be refused before a GPU opens."""
+    from lab.engine.load import validate
+    from lab.format import gguf
+    header = gguf.read_file(model_path)
+    cfg, tok = validate(header)
+    return header, cfg, tok
+
+
+def _load(model_path: str, n_ctx: int, disable=(), model=None):
+    """Header, tokenizer and a native engine with the weights uploaded (timed); `model`: _read_model's, if read."""
     import time
 
     from lab.engine.engine import Engine, read_host_values
-    from lab.engine.load import validate
-    from lab.format import gguf
     from lab.host.native import open_native
-    header = gguf.read_file(model_path)
-    cfg, tok = validate(header)
+    header, cfg, tok = model or _read_model(model_path)
     device = open_native(disable=tuple(disable))
     t0 = time.perf_counter()
     engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(model_path, header, cfg))
@@ -47,9 +53,15 @@ def _load(model_path: str, n_ctx: int, disable=()):
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 
 
+def _settings(args):
+    """The sampler's settings from the flags `sampling_flags` (in `main`) adds."""
+    from lab.settings import Settings
+    return Settings(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    min_p=args.min_p, seed=args.seed)
+
+
 def _generate(args) -> int:
     from lab.engine.session import Session
-    from lab.settings import Settings
     from lab.text import chat
     header, tok, engine, load = _load(args.model, args.ctx, args.disable)
     if args.chat:
@@ -58,11 +70,9 @@ def _generate(args) -> int:
         prompt = chat.render_chat(tok, header.metadata, messages)
     else:
         prompt = tok.encode(args.prompt, add_bos=tok.add_bos)
-    settings = Settings(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        min_p=args.min_p, seed=args.seed)
     session = Session(engine, tok)
     stream = None if args.json else (lambda _id, piece: print(piece, end="", flush=True))
-    result = asyncio.run(session.generate(prompt, settings, args.n, on_token=stream))
+    result = asyncio.run(session.generate(prompt, _settings(args), args.n, on_token=stream))
     if args.json:
         out = result.to_dict()
         out.update(load_s=round(load["load_s"], 3), weight_bytes=load["weight_bytes"],
@@ -97,6 +107,162 @@ def _perplexity(args) -> int:
         err = f" +/- {res.ppl_err:.5f}" if res.ppl_err is not None else ""
         print(f"PPL = {res.ppl:.4f}{err}  ({res.chunks} chunks of {res.n_ctx}, {res.tokens_scored} tokens scored of "
               f"{res.n_tokens}, {res.seconds:.1f} s)")
+    return 0
+
+
+def _read_files(paths: list[str], prog: str) -> tuple[list[tuple[str, bytes]], dict[str, str], list[dict]]:
+    """(name, bytes) of each readable file, named as typed and each once, with the sha256 of each; a file that cannot
+    be read is refused on stderr (returned as {name, message}) and the rest go on."""
+    import hashlib
+    files, digests, refused = [], {}, []
+    for path in dict.fromkeys(paths):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            refused.append({"name": path, "message": f"{path}: {exc.strerror or exc}"})
+            print(f"{prog}: refused {refused[-1]['message']}", file=sys.stderr)
+            continue
+        files.append((path, raw))
+        digests[path] = hashlib.sha256(raw).hexdigest()
+    return files, digests, refused
+
+
+async def _build(index, files: list[tuple[str, bytes]], prog: str):
+    """Prepare and embed `files` into `index` with a progress line on stderr; the files it refuses are printed (and
+    returned as {name, message}); RetrievalError when none is left."""
+    prepared = index.prepare(files)
+    for _name, message in prepared.refused:
+        print(f"{prog}: refused {message}", file=sys.stderr)
+
+    def progress(done: int, total: int, seconds: float) -> None:
+        rate = done / seconds if seconds else 0.0
+        left = f", about {(total - done) / rate:,.0f} s left" if rate and done < total else ""
+        print(f"\r{prog}: {done:,}/{total:,} windows, {seconds:,.1f} s, {rate:,.1f} windows/s{left}   ", end="",
+              file=sys.stderr, flush=True)
+    built = await index.build(on_progress=progress)
+    print(file=sys.stderr)
+    return built, [{"name": n, "message": m} for n, m in prepared.refused]
+
+
+def _index(args) -> int:
+    from pathlib import Path
+
+    from lab.host import index_file
+    from lab.instruments.retrieval import Index, check_shape
+    check_shape(args.window, args.stride, args.ctx)
+    model = _read_model(args.model)
+    info = index_file.model_info(args.model, model[0], model[1])
+    files, digests, unreadable = _read_files(args.files, "lab index")
+    _header, tok, engine, _timing = _load(args.model, args.ctx, args.disable, model)
+    index = Index(engine, tok, window=args.window, stride=args.stride)
+
+    async def run():
+        built, refused = await _build(index, files, "lab index")
+        saved = index_file.Saved.of_index(index, info, [digests[n] for n in index.prepared.names],
+                                          await index.embeddings())
+        return built, refused, saved
+    try:
+        built, refused, saved = asyncio.run(run())
+    finally:
+        index.close()
+    size = index_file.save(args.out, saved)
+    out = {"index": args.out, "bytes": size, "model": Path(args.model).name,
+           "files": [{"name": f.name, "tokens": len(f.ids), "sha256": f.sha256} for f in saved.files],
+           "refused": unreadable + refused, "window": saved.window, "stride": saved.stride,
+           "windows": len(saved.embeddings), "tokens": saved.n_tokens, "seconds": round(built.seconds, 3),
+           "windows_per_s": round(built.per_second, 2)}
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print(f"indexed {len(out['files'])} file(s), {out['tokens']:,} tokens: {out['windows']:,} windows of "
+              f"{saved.window} tokens every {saved.stride}, in {built.seconds:,.1f} s ({built.per_second:,.1f} "
+              f"windows/s); wrote {args.out} ({size:,} bytes)")
+    return 0
+
+
+def _ask(args) -> int:
+    from lab.engine.session import Session
+    from lab.host import index_file
+    from lab.instruments.retrieval import Index, RetrievalError, pack_messages
+    from lab.text import chat
+    if not args.question.strip():
+        raise RetrievalError("an empty --question: type one")
+    # the index is validated for this model before a GPU opens: a damaged or foreign index costs no weight upload
+    model = _read_model(args.model)
+    saved = index_file.load(args.index, index_file.model_info(args.model, model[0], model[1]))
+    header, tok, engine, _timing = _load(args.model, args.ctx, args.disable, model)
+
+    async def run():
+        hits = []
+        if not args.no_retrieval:
+            index = Index(engine, tok, window=saved.window, stride=saved.stride)
+            try:
+                if index.first != saved.first:
+                    raise index_file.IndexFileError(
+                        f"{args.index}: its windows ran {'behind' if saved.first else 'without'} BOS, this lab runs "
+                        f"them {'behind' if index.first else 'without'} it: {index_file.REBUILD}")
+                await index.restore(saved.prepared(), saved.embeddings.tobytes())
+                hits = await index.search(tok.encode(args.question), args.k)
+            finally:
+                index.close()
+        messages = (pack_messages(args.question, hits) if hits
+                    else [{"role": "user", "content": args.question}])
+        prompt = chat.render_chat(tok, header.metadata, messages)
+        text = chat.render_text(tok, header.metadata, messages)
+        if not args.json:
+            for h in hits:
+                print(f"{h.rank:3d}  {h.score:.4f}  {h.file}  tokens {h.start}-{h.end}")
+            print(f"--- prompt ({len(prompt)} tokens) ---\n{text}\n--- answer ---")
+        # the search ran its windows over the KV cache from position 0: a new session, whose cache is empty
+        session = Session(engine, tok)
+        stream = None if args.json else (lambda _id, piece: print(piece, end="", flush=True))
+        return hits, text, await session.generate(prompt, _settings(args), args.n, on_token=stream)
+    hits, text, result = asyncio.run(run())
+    if args.json:
+        print(json.dumps({"hits": [h.to_dict() for h in hits], "prompt": text, "answer": result.text},
+                         ensure_ascii=False))
+    else:
+        print()
+        print(f"[{len(hits)} passage(s); {len(result.prompt_ids)} prompt tokens; {len(result.ids)} generated, "
+              f"{result.decode_tok_s:.1f} tok/s decode; stop: {result.stop}]", file=sys.stderr)
+    return 0
+
+
+def _retrieval_eval(args) -> int:
+    from pathlib import Path
+
+    from lab.instruments.retrieval import Index, check_queries, check_shape
+    check_shape(args.window, args.stride, args.ctx)
+    check_queries(args.queries)
+    files, _digests, _unreadable = _read_files(args.files, "lab retrieval-eval")
+    _header, tok, engine, _timing = _load(args.model, args.ctx, args.disable)
+    index = Index(engine, tok, window=args.window, stride=args.stride)
+
+    def progress(done: int, total: int, seconds: float) -> None:
+        print(f"\rlab retrieval-eval: {done:,}/{total:,} queries, {seconds:,.1f} s   ", end="", file=sys.stderr,
+              flush=True)
+
+    async def run():
+        built, _refused = await _build(index, files, "lab retrieval-eval")
+        recall = await index.recall(args.queries, args.seed, on_progress=progress)
+        print(file=sys.stderr)
+        return built, recall
+    try:
+        built, recall = asyncio.run(run())
+        p = index.prepared
+        out = {"model": Path(args.model).name, "files": [{"name": n, "tokens": len(i)} for n, i in zip(p.names, p.ids)],
+               "windows": built.windows, "tokens": p.n_tokens, "index_seconds": round(built.seconds, 3),
+               "windows_per_s": round(built.per_second, 2), "recall": recall.to_dict()}
+    finally:
+        index.drop()
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        print(f"{out['model']} on {len(out['files'])} file(s), {out['tokens']:,} tokens: {out['windows']:,} windows of "
+              f"{args.window} every {args.stride}, indexed in {built.seconds:,.1f} s ({built.per_second:,.1f} "
+              f"windows/s)\nrecall@1 {recall.at1:.3f}, recall@5 {recall.at5:.3f} over {recall.queries} random "
+              f"{recall.crop}-token crops (seed {recall.seed}), {recall.seconds:,.1f} s")
     return 0
 
 
@@ -172,8 +338,20 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab.instruments import retrieval
     from lab.settings import DEFAULT_CTX, PERPLEXITY_CTX, Settings
     sampling = Settings()        # the defaults' one home
+
+    def sampling_flags(s) -> None:
+        """The sampler's flags and -n, as `lab generate` and `lab ask` take them (read back by `_settings`)."""
+        s.add_argument("--greedy", action="store_true")
+        s.add_argument("--temperature", type=float, default=sampling.temperature)
+        s.add_argument("--top-p", type=float, default=sampling.top_p)
+        s.add_argument("--top-k", type=int, default=sampling.top_k)
+        s.add_argument("--min-p", type=float, default=sampling.min_p)
+        s.add_argument("--seed", type=int, default=sampling.seed)
+        s.add_argument("-n", type=int, default=128, help="maximum new tokens")
+
     p = argparse.ArgumentParser(prog="lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -196,13 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--prompt", required=True)
     s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
     s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
-    s.add_argument("--greedy", action="store_true")
-    s.add_argument("--temperature", type=float, default=sampling.temperature)
-    s.add_argument("--top-p", type=float, default=sampling.top_p)
-    s.add_argument("--top-k", type=int, default=sampling.top_k)
-    s.add_argument("--min-p", type=float, default=sampling.min_p)
-    s.add_argument("--seed", type=int, default=sampling.seed)
-    s.add_argument("-n", type=int, default=128, help="maximum new tokens")
+    sampling_flags(s)
     s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
@@ -222,6 +394,50 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_perplexity)
+
+    s = sub.add_parser("index", help="index text files for `lab ask`: windows embedded by the model itself, saved to a "
+                                     "file (format: lab/host/index_file.py)")
+    s.add_argument("model")
+    s.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text or Markdown; a file that is not is refused "
+                                                            "by name and the others indexed")
+    s.add_argument("--out", required=True, metavar="INDEX", help="the index file to write")
+    s.add_argument("--window", type=int, default=retrieval.WINDOW, help="tokens a window holds")
+    s.add_argument("--stride", type=int, default=retrieval.STRIDE, help="tokens between the starts of two windows")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens (more than --window)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_index)
+
+    s = sub.add_parser("ask", help="answer a question from an index's passages: prints the hits, the prompt verbatim "
+                                   "and the answer")
+    s.add_argument("model", help="the GGUF that made the index")
+    s.add_argument("--index", required=True, help="a file `lab index` wrote with this model")
+    s.add_argument("--question", required=True)
+    s.add_argument("-k", type=int, default=retrieval.ASK_K,
+                   help=f"passages packed into the prompt (at most {retrieval.MAX_K})")
+    s.add_argument("--no-retrieval", action="store_true",
+                   help="answer the question alone, without passages (the index is still checked; compare "
+                        "with the same --seed)")
+    sampling_flags(s)
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens (prompt and answer)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"hits": [{rank, file, window, start_token, end_token, score, text}], "prompt", '
+                        '"answer"}')
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_ask)
+
+    s = sub.add_parser("retrieval-eval", help="recall@1 and @5 of an index of the files on random crops of them "
+                                              "(in memory, nothing saved)")
+    s.add_argument("model")
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("--queries", type=int, default=100, help=f"random {retrieval.CROP}-token crops asked")
+    s.add_argument("--seed", type=int, default=0, help="seed of the crops")
+    s.add_argument("--window", type=int, default=retrieval.WINDOW, help="tokens a window holds")
+    s.add_argument("--stride", type=int, default=retrieval.STRIDE, help="tokens between the starts of two windows")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens (more than --window)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_retrieval_eval)
 
     s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
@@ -262,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         from lab.format.gguf import GGUFError
         from lab.format.model import ModelError
         from lab.gpu import GpuError
-        if isinstance(exc, (GGUFError, GpuError, ModelError, EngineError, FileNotFoundError, ValueError)):
+        if isinstance(exc, (GGUFError, GpuError, ModelError, EngineError, OSError, ValueError)):
             print(f"lab {args.cmd}: {exc}", file=sys.stderr)
             return 2
         raise
