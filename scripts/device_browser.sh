@@ -9,9 +9,10 @@
 #   bash scripts/device_browser.sh all       # call N: assemble, install, then tests and benchmarks
 #   bash scripts/device_browser.sh tests     # or split the work: the correctness checks only ...
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
+#   bash scripts/device_browser.sh retrieval # the retrieval card's page tests and its index, natively and in the page
 #
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
-# f16 toggle), tests.txt (pass counts), bench.jsonl (native and browser JSON per model, the page's with its steps'
+# f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), bench.jsonl (native and browser JSON per model, the page's with its steps'
 # GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md.
 set -uo pipefail
 D=/tmp/devb
@@ -90,6 +91,19 @@ if [[ $mode == all || $mode == tests ]]; then
   log "chat parity (greedy, llama.cpp fixtures) and seeded sampling equal to native, on the H200 page"
   timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_browser_chat.py \
     -k "llama_cpp or seeded" 2>&1 | tail -40 | tee -a "$OUT/tests.txt"
+fi
+
+# 3b. The retrieval card on this adapter: its page tests, then the index of tests/fixtures/constitution.txt natively and
+#     in the page on the real SmolLM2 (windows per second, recall@1/@5 on the same 500 crops).
+if [[ $mode == all || $mode == retrieval ]]; then
+  log "retrieval card: page tests"
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_retrieval_page.py 2>&1 | tail -20 \
+    | tee -a "$OUT/tests.txt"
+  for b in native browser; do
+    log "retrieval index, $b"
+    timeout 400 python3 -m lab.host.cli retrieval-eval "$D/SmolLM2-135M-Instruct.Q4_1.gguf" tests/fixtures/constitution.txt \
+      --queries 500 --backend "$b" --json 2>>"$OUT/log.txt" | tee -a "$OUT/retrieval.jsonl" | cut -c1-400
+  done
 fi
 
 # 4. Same-shape files of the real models (real header and tokenizer, random blocks), each benchmarked natively

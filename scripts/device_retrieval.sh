@@ -21,7 +21,7 @@ export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EG
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 # the kernels against numpy, and the index against the numpy reference forward, on the NVIDIA adapter
 export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_retrieval.py tests/engine/test_retrieval.py \
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pool.py tests/engine/test_retrieval.py \
   2>&1 | tail -5 | tee "$OUT/log.txt"
 for m in SmolLM2-135M-Instruct.Q4_1 qwen2.5-coder-0.5b-instruct gemma-3-270m-q4_k_m; do
   timeout 240 python3 -m lab.host.cli retrieval-eval "$D/models/$m.gguf" tests/fixtures/constitution.txt \

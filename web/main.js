@@ -1,5 +1,5 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
-// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js) keep it here, under their key:
+// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js, retrieval.js) keep it here, under their key:
 // each module makes its key (fresh*), changes only that key through the functions main.js calls with it (the worker's
 // messages, a load, a dropped conversation) and its own event handlers (wire*), and renders from the store.
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
@@ -16,6 +16,10 @@ import { drawRope, dropRope, freshRope, renderRope, ropeAnswer, ropeData, ropeFa
 import {
   dropPerplexity, freshPerplexity, pplFailed, pplProgress, pplResult, renderPerplexity, wirePerplexity,
 } from "/web/perplexity.js";
+import {
+  dropRetrieval, freshRetrieval, renderRetrieval, retrievalAnswer, retrievalFailed, retrievalForgotten, retrievalHits,
+  retrievalLoaded, retrievalPlan, retrievalProgress, retrievalReady, retrievalRecall, retrievalToken, wireRetrieval,
+} from "/web/retrieval.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, renderContext, wireContext,
 } from "/web/context.js";
@@ -49,6 +53,7 @@ const store = {
   verify: freshVerify(),                                 // web/verify.js: the llama.cpp checks
   rope: freshRope(),                                     // web/rope.js: the RoPE demo
   perplexity: freshPerplexity(),                         // web/perplexity.js: a pasted text's perplexity
+  retrieval: freshRetrieval(),                           // web/retrieval.js: the index of the user's files, the asks
 };
 
 // used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
@@ -212,6 +217,7 @@ function render() {
   renderContext(store);
   renderRope(store);
   renderPerplexity(store);
+  renderRetrieval(store);
   refreshExports();
 }
 
@@ -310,8 +316,10 @@ function clearConversation() {
 }
 
 // `skip` is for tests only (window.labForgetSkipping): the label of one buffer the wipe must leave alone.
+// A new chat keeps the retrieval index (the user's files, not the conversation); Forget wipes it with the rest.
 function forgetAll(skip) {
   clearConversation();
+  dropRetrieval(store.retrieval, worker);
   $("prompt").value = "";
   $("system-prompt").value = "";
   store.forget = null;
@@ -376,6 +384,7 @@ const onWorker = {
     if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
     store.loading = null; store.kv = freshKv();
+    retrievalLoaded(store.retrieval, m.stats);
   },
   prompt: (m) => {
     if (store.dropTurn) return;
@@ -410,7 +419,10 @@ const onWorker = {
     if (m.n === store.context.length) onInspection(m);
     if (!store.busy.inspect) requestInspect();
   },
-  forget: (m) => { store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv; },
+  forget: (m) => {
+    store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv;
+    retrievalForgotten(store.retrieval, m.report);
+  },
   "kv-view": (m) => {
     if (store.dropTurn) return;
     const cols = store.kv.columns, w = 2 * m.n_layer;
@@ -427,6 +439,15 @@ const onWorker = {
   // a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
   "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) store.kv = freshKv(); },
   perplexity: (m) => pplResult(store.perplexity, m),
+  // embedding windows and questions overwrites the KV cache from position 0: the chat's KV picture is dropped
+  "retrieval-plan": (m) => retrievalPlan(store.retrieval, m),
+  "retrieval-progress": (m) => { if (retrievalProgress(store.retrieval, m)) store.kv = freshKv(); },
+  "retrieval-ready": (m) => retrievalReady(store.retrieval, m),
+  "retrieval-hits": (m) => { if (retrievalHits(store.retrieval, m)) store.kv = freshKv(); },
+  "retrieval-token": (m) => retrievalToken(store.retrieval, m),
+  "retrieval-answer": (m) => retrievalAnswer(store.retrieval, m),
+  "retrieval-recall": (m) => retrievalRecall(store.retrieval, m),
+  // "retrieval-dropped" needs nothing: Clear emptied the card when it was pressed
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -446,7 +467,7 @@ const onError = {
   load: loadFailed,
   init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
   device: (m) => {   // the worker asks for a new device at once: its "gpu" message makes loading possible again
-    clearConversation(); store.dropTurn = false;
+    clearConversation(); store.dropTurn = false; dropRetrieval(store.retrieval, worker);
     store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
     store.generating = false; store.gpu = null; store.selftest = null;
   },
@@ -462,6 +483,10 @@ const onError = {
   verify: (m) => verifyFailed(store.verify, m),
   "verify-kernels": (m) => verifyFailed(store.verify, m),
   perplexity: (m) => pplFailed(store.perplexity, m),
+  "retrieval-index": (m) => retrievalFailed(store.retrieval, m),
+  "retrieval-ask": (m) => retrievalFailed(store.retrieval, m),
+  "retrieval-recall": (m) => retrievalFailed(store.retrieval, m),
+  "retrieval-drop": (m) => retrievalFailed(store.retrieval, m),
 };
 
 worker.onmessage = (e) => {
@@ -478,6 +503,7 @@ function load(file) {
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
   newChat();
+  dropRetrieval(store.retrieval, worker);       // the index was the old model's embeddings
   verifyFileLoaded(store.verify, file);
   worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
                        seq: ++store.loadSeq });
@@ -503,6 +529,7 @@ function settings() {
   return { greedy: $("greedy").checked, temperature: num("temperature"), top_p: num("top-p"),
            top_k: num("top-k"), seed: num("seed") };
 }
+const maxNew = () => Number($("max-tokens").value);
 
 function send() {
   const text = $("prompt").value;
@@ -513,7 +540,7 @@ function send() {
   const convo = (system ? [{ role: "system", content: system }] : []).concat(store.messages);
   store.generating = true;
   $("prompt").value = "";
-  worker.postMessage({ type: "chat", messages: convo, settings: settings(), max_new: Number($("max-tokens").value),
+  worker.postMessage({ type: "chat", messages: convo, settings: settings(), max_new: maxNew(),
                        kv_view: !!store.panels.kv });    // the KV card on screen: a new column with each token
   render();
 }
@@ -544,6 +571,7 @@ wireContext(store, load);
 wireVerify(store, worker, render);
 wireRope(store, worker, render);
 wirePerplexity(store, worker, render);
+wireRetrieval(store, worker, render, () => ({ settings: settings(), max_new: maxNew() }));
 watchPanels();
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });

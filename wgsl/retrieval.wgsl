@@ -17,7 +17,8 @@
 //           2 scores (read_write, f32 [q, n])   3 step (uniform Step)   4 p (uniform Scores)
 // Math: scores[r, i] = dot(queries[r], index[i]): the cosine, both sides unit vectors; -inf for rows i >= p.ready
 //   (an index whose build was stopped holds fewer windows than rows: the top-k never picks -inf).
-// Scores { n, n_embd, ready, _ }: a CONVERSATION uniform (the index's size is a fact of the user's files).
+// Scores { n, n_embd, ready, neg_inf }: a CONVERSATION uniform (the index's size is a fact of the user's files);
+//   neg_inf holds the bits 0xff800000 (Chromium's compiler refuses -inf as a constant, as probes.wgsl notes).
 // Constants: WG; SG / NOSG / SG_ENABLE from lab.gpu.shaders.subgroup_consts (pool's reduction, reduce.wgsl).
 // The two entries share binding numbers (auto layouts), as probes.wgsl's do.
 {{SG_ENABLE}}
@@ -30,7 +31,7 @@ const ADD: u32 = 1u;
 const NORMALIZE: u32 = 2u;
 
 struct Pool { n_embd: u32, first: u32, slot: u32, flags: u32 };
-struct Scores { n: u32, n_embd: u32, ready: u32, _b: u32 };
+struct Scores { n: u32, n_embd: u32, ready: u32, neg_inf: u32 };
 
 @group(0) @binding(0) var<storage, read> xn: array<f32>;
 @group(0) @binding(1) var<storage, read_write> table: array<f32>;
@@ -75,7 +76,7 @@ fn score(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) w
     let r = wid.y;
     if (i >= ps.n || r >= step_s.n_tokens) { return; }
     let E = ps.n_embd;
-    if (i >= ps.ready) { scores[r * ps.n + i] = bitcast<f32>(0xff800000u); return; }
+    if (i >= ps.ready) { scores[r * ps.n + i] = bitcast<f32>(ps.neg_inf); return; }
     var acc = 0.0;
     for (var c = 0u; c < E; c++) { acc += index[i * E + c] * queries[r * E + c]; }
     scores[r * ps.n + i] = acc;

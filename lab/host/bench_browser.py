@@ -322,3 +322,49 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
         thread.join(10)
     out["load_avg"] = {"start": load_avg, "end": [round(x, 2) for x in os.getloadavg()]}
     return out
+
+
+def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, window: int | None = None,
+                   stride: int | None = None, chromium: str | None = None, args: list[str] | None = None,
+                   timeout_s: float = 3600) -> dict:
+    """`lab retrieval-eval --backend browser`: load `path` through the page's file input, index `files` through the
+    retrieval card's own file input and Index button, then measure recall with the worker's `retrieval-recall` (the
+    card's button takes no seed). The JSON has the native command's keys, plus the adapter."""
+    from playwright.sync_api import sync_playwright
+    default_path, default_args = browser_command()
+    chromium = chromium or default_path
+    args = default_args if args is None else list(args)
+    srv, thread, url = _serve(Path(path))
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
+            try:
+                page = browser.new_context().new_page()
+                page.add_init_script(path=RECORDER)
+                page.goto(url + "/")
+                lab = _Page(page)
+                if not lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]["ok"]:
+                    raise BenchError("the page's GPU self-test failed")
+                adapter = page.evaluate(ADAPTER_JS)
+                n = lab.count()
+                page.set_input_files('[data-testid="model-file"]', str(path))
+                lab.wait("loaded", n, timeout_s)
+                if window is not None:
+                    page.fill('[data-testid="rag-window"]', str(window))
+                if stride is not None:
+                    page.fill('[data-testid="rag-stride"]', str(stride))
+                n = lab.count()
+                page.set_input_files('[data-testid="rag-files"]', [str(f) for f in files])
+                page.click('[data-testid="rag-index"]')
+                plan = lab.wait("retrieval-plan", n, timeout_s)
+                built = lab.wait("retrieval-ready", n, timeout_s)["built"]
+                recall = lab.ask({"type": "retrieval-recall", "queries": queries, "seed": seed, "seq": 0},
+                                 "retrieval-recall", timeout_s)["recall"]
+            finally:
+                browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+    return {"model": Path(path).name, "backend": "browser", "adapter": adapter, "files": plan["files"],
+            "refused": plan["refused"], "windows": built["windows"], "tokens": plan["tokens"],
+            "index_seconds": built["seconds"], "windows_per_s": built["windows_per_s"], "recall": recall}

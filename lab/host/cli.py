@@ -235,6 +235,17 @@ def _retrieval_eval(args) -> int:
     from lab.instruments.retrieval import Index, check_queries, check_shape
     check_shape(args.window, args.stride, args.ctx)
     check_queries(args.queries)
+    if args.backend == "browser":
+        from lab.host import bench_browser
+        chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
+        try:
+            out = bench_browser.retrieval_page(args.model, args.files, queries=args.queries, seed=args.seed,
+                                               window=args.window, stride=args.stride, chromium=chromium, args=flags)
+        except bench_browser.BenchError as exc:
+            print(f"lab retrieval-eval: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
     files, _digests, _unreadable = _read_files(args.files, "lab retrieval-eval")
     _header, tok, engine, _timing = _load(args.model, args.ctx, args.disable)
     index = Index(engine, tok, window=args.window, stride=args.stride)
@@ -338,6 +349,7 @@ def _bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab.host.browser_args import add_browser_options
     from lab.instruments import retrieval
     from lab.settings import DEFAULT_CTX, PERPLEXITY_CTX, Settings
     sampling = Settings()        # the defaults' one home
@@ -437,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens (more than --window)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.add_argument("--backend", choices=("native", "browser"), default="native",
+                   help="browser: the page in headless Chromium, indexing through the retrieval card")
+    add_browser_options(s)
     s.set_defaults(fn=_retrieval_eval)
 
     s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
@@ -453,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
                         "the first three only)")
     s.add_argument("--backend", choices=("native", "browser"), default="native",
                    help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py")
-    from lab.host.browser_args import add_browser_options
     add_browser_options(s)
     s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template included)")
     s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")

@@ -9,8 +9,9 @@ recall. Everything runs on the engine that chats; nothing is trained.
 - **An embedding** of a window: its ids run from position 0 (behind BOS when the vocabulary adds one, as a document
   starts) through the engine's own plan up to its final norm, llama.cpp's `result_norm`; the mean over the window's
   positions (BOS left out) of those rows, L2-normalised (wgsl/retrieval.wgsl `pool`). A window longer than the
-  engine's batch runs in several steps, pooled across them. Windows are queued step after step with no read-back in
-  between (a read every `POLL_S` lets the page's stop in and counts progress): the GPU never waits for the CPU.
+  engine's batch runs in several steps, pooled across them. Windows are queued in blocks, each block submitted before
+  the read-back after the previous one is awaited: the GPU never waits for the CPU, and a read about every `POLL_S`
+  counts the windows done and lets the page's stop in.
   Packing several windows into one step would need a block-diagonal attention mask the attention kernel lacks.
 - **The index** is one GPU matrix [n_windows, n_embd] f32, kind CONVERSATION (Forget wipes it and reads it back), and
   on the CPU the files' names, ids and the windows' spans (`Index.drop` empties them).
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 from lab import gpu, ops
 from lab.ops import sample
-from lab.ops.pool import ADD, NORMALIZE, POOL, SCORES
+from lab.ops.pool import ADD, NEG_INF, NORMALIZE, POOL, SCORES
 from lab.ops.pool import pool as pool_op
 from lab.ops.pool import score as score_op
 from lab.ops.rows import Rows
@@ -50,7 +51,7 @@ CROP = 24               # tokens of a recall query (a random crop of an indexed 
 MAX_K = sample.MAX_K    # most hits a search returns (the top-k kernel's bound)
 ASK_K = 4               # passages packed into a prompt, by default
 QUERY_ROWS = 64         # queries embedded and scored in one dispatch (recall runs in chunks of this many)
-POLL_S = 0.25           # seconds between read-backs while indexing: progress, and the page's stop
+POLL_S = 0.25           # seconds of work between read-backs while indexing: progress, and the page's stop
 
 SYSTEM = ("You answer questions about the user's files. Use only the numbered passages in the user's message; "
           "if they do not hold the answer, say so. Name the passages you used by their numbers.")
@@ -322,9 +323,9 @@ class Index:
             dev.run(ops.dispatches(self._ops[len(chunk) > 1, into], len(chunk)), writes)
 
     async def build(self, on_progress=None, should_stop=None) -> Built:
-        """Embed every prepared window into the index. on_progress(done, total, seconds) after the first read-back
-        and every POLL_S after (the first one's rate is the estimate the page shows before the rest); should_stop()
-        is polled there too: a True stops, and the index keeps the windows done (searchable, `ready`)."""
+        """Embed every prepared window into the index. on_progress(done, total, seconds) after each block of windows
+        the GPU finished (the first block is one window: its rate is the estimate the page shows before the rest);
+        should_stop() is polled there too: a True stops, and the index keeps the windows done (searchable, `ready`)."""
         spans = self.prepared.spans
         if not spans:
             raise RetrievalError("nothing prepared: add files first")
@@ -334,21 +335,37 @@ class Index:
         if self._ops is None:
             self._build_ops()
             await self.device.flush_errors()
-        res = Built(len(spans), 0, 0.0)
-        t0 = last = time.perf_counter()
-        for w in range(len(spans)):
-            self._steps(self.window_ids(w), w, "index")
-            # a read-back after the first window (the estimate) and then every POLL_S: it waits for the queued steps,
-            # lets the page's stop message in, and gives progress; in between the steps queue without a wait
-            if w == 0 or time.perf_counter() - last >= POLL_S or w == len(spans) - 1:
-                await self.device.read(self.pool_p, 0, 4)
-                last = time.perf_counter()
-                res.done = w + 1
-                if on_progress is not None:
-                    on_progress(res.done, len(spans), last - t0)
-                if should_stop is not None and should_stop() and w < len(spans) - 1:
-                    res.stopped = True
-                    break
+        n = len(spans)
+        res = Built(n, 0, 0.0)
+        t0 = time.perf_counter()
+        # Blocks of windows, each followed by a small read that completes when the GPU has run it. A block is
+        # submitted before the read after the one before it is awaited (Device.read is ordered where it is asked), so
+        # the GPU never waits for the round trip, and progress counts windows the GPU finished, not windows queued.
+        # One read at a time: the next is asked only once the last has landed (they share the staging buffer). A
+        # block grows to about POLL_S of work: progress and the page's stop message get in that often.
+        block, w, pending = 1, 0, None          # pending: (the read after a block, the windows done when it lands)
+        try:
+            while w < n and not res.stopped:
+                end = min(n, w + block)
+                for j in range(w, end):
+                    self._steps(self.window_ids(j), j, "index")
+                w = end
+                if pending is not None:
+                    read, pending = pending, None
+                    await read[0]
+                    res.done = read[1]
+                    seconds = time.perf_counter() - t0
+                    if on_progress is not None:
+                        on_progress(res.done, n, seconds)
+                    res.stopped = should_stop is not None and should_stop() and w < n
+                    block = max(1, min(256, int(res.done / seconds * POLL_S))) if seconds else block
+                pending = (self.device.read(self.pool_p, 0, 4), end)
+        finally:                 # a read asked is always finished: its staging buffer stays mapped until then
+            if pending is not None:
+                await pending[0]
+                res.done = pending[1]
+        if on_progress is not None and not res.stopped:
+            on_progress(res.done, n, time.perf_counter() - t0)
         self.ready = res.done
         res.seconds = time.perf_counter() - t0
         return res
@@ -416,7 +433,7 @@ class Index:
         n = len(self.prepared.spans)
         self.device.run(ops.dispatches(self._search, q),
                         self.engine.step_writes(None, 0, q)
-                        + [(self.score_p, 0, SCORES.pack(n, self.engine.cfg.n_embd, self.ready, 0))])
+                        + [(self.score_p, 0, SCORES.pack(n, self.engine.cfg.n_embd, self.ready, NEG_INF))])
         raw = await self.device.read(self.top, 0, 8 * q * self.k)
         out = []
         for r in range(q):

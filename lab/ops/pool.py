@@ -19,7 +19,8 @@ from lab.ops import Op
 
 WG = 64
 POOL = struct.Struct("<4I")      # Pool { n_embd, first, slot, flags }
-SCORES = struct.Struct("<4I")    # Scores { n, n_embd, ready, _ }
+SCORES = struct.Struct("<4I")    # Scores { n, n_embd, ready, neg_inf }
+NEG_INF = 0xFF800000             # -inf as bits: WGSL refuses an infinite constant
 ADD = 1                          # flags: add to the row (a window's later step) instead of overwriting it
 NORMALIZE = 2                    # flags: L2-normalise the row after adding (the window's last step)
 

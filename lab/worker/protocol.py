@@ -31,6 +31,15 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "verify-kernels": "{seq}: the verification card's kernel fixtures -> verify-kernels",
     "perplexity": "{text, n_ctx, seq}: the perplexity card (lab/worker/perplexity.py); its cancel is stop "
                   "-> perplexity-progress..., perplexity",
+    "retrieval-index": "{files, window, stride, seq}: the retrieval card's index of the user's text files, replacing "
+                       "the old one (lab/worker/retrieval.py); its cancel is stop -> retrieval-plan, "
+                       "retrieval-progress..., retrieval-ready",
+    "retrieval-ask": "{question, k, compare, settings, max_new, seq}: the k nearest windows, the packed prompt and "
+                     "its answer, and with compare the answer without passages (same settings and seed) "
+                     "-> retrieval-hits, retrieval-token..., retrieval-answer",
+    "retrieval-recall": "{queries, seed, seq}: recall@1 and @5 of the index on random crops of its files; its cancel "
+                        "is stop -> retrieval-progress..., retrieval-recall",
+    "retrieval-drop": "{seq}: the index dropped (the card's Clear) -> retrieval-dropped",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
     "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
@@ -64,6 +73,16 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "verify-kernels": "{seq, rows, adapter, buffers}",
     "perplexity-progress": "{seq, chunk, chunks, ppl, n_tokens}",
     "perplexity": "{seq, result}",
+    "retrieval-plan": "{seq, files [{name, tokens}], refused [{name, message}], windows, tokens, tokenize_s}: what the "
+                      "index will hold, before any GPU work",
+    "retrieval-progress": "{seq, what (index | recall), done, total, seconds, eta_s}",
+    "retrieval-ready": "{seq, built {windows, done, seconds, windows_per_s, stopped}, files, windows}",
+    "retrieval-hits": "{seq, hits [{rank, file, window, start_token, end_token, score, text}], prompt (the packed "
+                      "prompt as the model reads it), prompt_tokens}",
+    "retrieval-token": "{seq, which (rag | plain), piece}: one generated token of an answer",
+    "retrieval-answer": "{seq, rag, plain | null}: the answers' text and timings (lab.engine.session.Result)",
+    "retrieval-recall": "{seq, recall {queries, recall_at_1, recall_at_5, seconds, crop, seed}}",
+    "retrieval-dropped": "{seq}: the index is gone",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
     "kv-rows": "{id, kvd, n_layer, rows}",
@@ -78,7 +97,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
 
 # web/worker.js takes these itself, since Python is busy (a load, a turn) when they matter.
 BY_WORKER_JS: dict[str, str] = {
-    "stop": "in: end the turn or the perplexity run at its next step (labStopRequested)",
+    "stop": "in: end the turn, the perplexity run or the retrieval card's build, recall or answer at its next step "
+            "(labStopRequested)",
     "cancel-load": "in: stop every load asked for so far at its next chunk",
     "memory": "in and out: the wasm heap's size and the call counts",
     "count-calls": "in: start counting WebGPU and lab* calls (lab bench --backend browser)",

@@ -2,8 +2,9 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py) and the tests' and benchmarks' (lab/worker/hooks.py). Every handler
-takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds to JS.
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py) and the tests' and benchmarks' (lab/worker/hooks.py).
+Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
+to JS.
 
 Python only ever sees the header prefix of a model file (and the values of lab.format.model.HOST_TENSORS: llama 3's
 rope_freqs, a few hundred bytes): the weights go from File.slice to queue.writeBuffer in worker.js
@@ -30,7 +31,7 @@ from lab.instruments import forget, kvview, probes, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import hooks, perplexity, rope, verify
+from lab.worker import hooks, perplexity, retrieval, rope, verify
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
 
@@ -88,6 +89,7 @@ def _lost(w: Worker, reason: str) -> None:
     model again without a reload."""
     if w.state.loaded is not None:
         w.state.loaded.drop_conversation()
+        w.state.loaded.drop_index()         # its buffers went with the device; its files' ids go here
         w.state.loaded.tokenizer.drop_caches()
     w.state = State()
     w.post({"type": "error", "where": "device",
@@ -146,6 +148,7 @@ def _unload(w: Worker) -> None:
     w.state = State(w.state.device, None, w.state.check_kernels)
     if old is not None:
         old.drop_conversation()
+        old.drop_index()
         if old.probes is not None:
             old.probes.close()
         if old.kv_view is not None:
@@ -204,6 +207,7 @@ async def _load(msg: dict, w: Worker) -> None:
         "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
                  "arch": cfg.arch},
+        "retrieval": retrieval.defaults(engine.n_ctx),
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 
 
@@ -292,18 +296,27 @@ async def _probe_inspect(msg: dict, w: Worker) -> None:
 async def _forget(msg: dict, w: Worker) -> None:
     """Drop the Python-side conversation, then wipe and check every conversation buffer on the GPU, and redraw the
     KV panel's picture from the KV caches as read back after the wipe. `skip` (tests only) names a buffer the wipe
-    leaves alone, to show that the check and the page catch it."""
-    picture, rows = None, 0
+    leaves alone, to show that the check and the page catch it.
+
+    The retrieval index goes too, in that order: its buffers stay alive through the wipe, so the report's read-back
+    covers them (`retrieval.*`, non-zero before, zero after), and only then is it dropped (buffers freed, the files'
+    ids and names emptied)."""
+    picture, rows, index = None, 0, None
     lo = w.state.loaded
     if lo is not None:
         lo.tokenizer.drop_caches()
         rows = len(lo.session.cached)       # the columns the KV panel showed
         picture = kvview.AfterPicture(lo.engine)
-        w.state.loaded = lo.fresh()
-    device = w.state.device
-    if device is None:
-        raise RuntimeError("no GPU: nothing was ever computed here")
-    report = await forget.wipe(device, on_after=picture, skip=msg.get("skip"))
+        index = lo.index
+        w.state.loaded = lo.fresh(keep_index=False)
+    try:
+        device = w.state.device
+        if device is None:
+            raise RuntimeError("no GPU: nothing was ever computed here")
+        report = await forget.wipe(device, on_after=picture, skip=msg.get("skip"))
+    finally:
+        if index is not None:
+            index.drop()
     kv = None
     if picture is not None:
         kv = picture.picture(rows)
@@ -324,6 +337,10 @@ ROUTES: dict[str, Handler] = {
     IN.VERIFY: verify.run,
     IN.VERIFY_KERNELS: verify.run_kernels,
     IN.PERPLEXITY: perplexity.run,
+    IN.RETRIEVAL_INDEX: retrieval.index,
+    IN.RETRIEVAL_ASK: retrieval.ask,
+    IN.RETRIEVAL_RECALL: retrieval.recall,
+    IN.RETRIEVAL_DROP: retrieval.drop,
     IN.KV_ROWS: hooks.kv_rows,
     IN.LAST_LOGITS: hooks.last_logits,
     IN.GREEDY_IDS: hooks.greedy_ids,

@@ -16,13 +16,17 @@ from lab.format import gguf
 from lab.gpu.shaders import KernelCache
 from lab.instruments import kvview
 from lab.instruments.probes import Probes
+from lab.instruments.retrieval import Index
 from lab.text.tokenizer import Tokenizer
 
 
 @dataclass
 class Loaded:
     """A loaded model and its conversation. Replaced whole, never edited field by field: on load, unload, Forget,
-    new chat and device loss, so that no handler can keep a piece of an old conversation by forgetting a key."""
+    new chat and device loss, so that no handler can keep a piece of an old conversation by forgetting a key.
+    The retrieval index (set by the card's build, as probes and kv_view are on first use) is the user's files, not
+    the conversation: a new chat keeps it; Forget wipes it and then drops it (lab/worker/router.py `_forget`); a new
+    load, an unload and a lost device drop it."""
     engine: Engine
     header: gguf.Header
     tokenizer: Tokenizer
@@ -30,16 +34,25 @@ class Loaded:
     probes: Probes | None = None                        # built on the first panel request, freed with the engine
     kv_view: kvview.KvView | None = None                # the KV panel's norms pass, built on the first chat
     context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
+    index: Index | None = None                          # the retrieval card's index of the user's files
 
-    def fresh(self) -> Loaded:
-        """The same model with no conversation; this one's token lists are emptied in place (they may be shared)."""
+    def fresh(self, *, keep_index: bool = True) -> Loaded:
+        """The same model with no conversation; this one's token lists are emptied in place (they may be shared).
+        The new one holds this one's index, unless keep_index is false: the caller then owns it (Forget wipes it
+        before dropping it)."""
         self.drop_conversation()
         return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes,
-                      kv_view=self.kv_view)
+                      kv_view=self.kv_view, index=self.index if keep_index else None)
 
     def drop_conversation(self) -> None:
         self.session.reset()
         self.context.clear()
+
+    def drop_index(self) -> None:
+        """Free the index's GPU buffers (zeroed, being CONVERSATION) and empty its files' ids and names in place."""
+        if self.index is not None:
+            self.index.drop()
+            self.index = None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from checks import Env, env, env1, free, ops_step, patched, read, upload  # noqa
 
 from lab import gpu
 from lab.ops import step_bytes
-from lab.ops.pool import ADD, NORMALIZE, POOL, SCORES, pool, score
+from lab.ops.pool import ADD, NEG_INF, NORMALIZE, POOL, SCORES, pool, score
 
 POOL_TOL = 1e-5
 SCORE_TOL = 1e-5
@@ -82,7 +82,7 @@ def _check_score(e: Env, n: int = 300, E: int = 96, q: int = 5, ready: int | Non
     tab, qs = tab.astype(np.float32), qs.astype(np.float32)
     sentinel = np.full((q + 2, n), 7.0, np.float32)
     t_buf, q_buf, s_buf = upload(dev, tab, "test.table"), upload(dev, qs, "test.queries"), upload(dev, sentinel)
-    p = dev.uniform(SCORES.pack(n, E, ready, 0), "test.scores", kind=gpu.CONVERSATION)
+    p = dev.uniform(SCORES.pack(n, E, ready, NEG_INF), "test.scores", kind=gpu.CONVERSATION)
     step = ops_step(e)
     op = score(dev, e.kernels, t_buf, q_buf, s_buf, step, p, n, "test.score")
     dev.run([op.at(q)], writes=[(step, 0, step_bytes(0, q, 4096))])
