@@ -51,6 +51,7 @@ CROP = 24               # tokens of a recall query (a random crop of an indexed 
 MAX_K = sample.MAX_K    # most hits a search returns (the top-k kernel's bound)
 ASK_K = 4               # passages packed into a prompt, by default
 QUERY_ROWS = 64         # queries embedded and scored in one dispatch (recall runs in chunks of this many)
+MAX_PREPARED = 64       # prepared dispatch lists kept (one per step length seen: windows, questions, crops)
 POLL_S = 0.25           # seconds of work between read-backs while indexing: progress, and the page's stop
 
 SYSTEM = ("You answer questions about the user's files. Use only the numbered passages in the user's message; "
@@ -210,6 +211,7 @@ class Index:
         self.ready = 0               # windows whose embeddings the index holds
         self._ops = None
         self._search = None
+        self._prepared: dict[tuple[int, str], object] = {}
 
     # -- the CPU side ------------------------------------------------------------------------------------
     def prepare(self, files: list[tuple[str, bytes | str]]) -> Prepared:
@@ -263,6 +265,7 @@ class Index:
     def close(self) -> None:
         self.device.free(self)
         self._ops = self._search = None
+        self._prepared.clear()
         self.ready = 0
 
     @property
@@ -320,7 +323,19 @@ class Index:
             flags = (ADD if a else 0) | (NORMALIZE if a + batch >= len(run) else 0)
             writes = eng.step_writes(chunk, a, len(chunk))
             writes.append((self.pool_p, 0, POOL.pack(eng.cfg.n_embd, self.first, slot, flags)))
-            dev.run(ops.dispatches(self._ops[len(chunk) > 1, into], len(chunk)), writes)
+            dev.run(self._prepared_for(len(chunk), into), writes)
+
+    def _prepared_for(self, t: int, into: str):
+        """The backend's prepared dispatch list of a step of t tokens pooled `into` the index or the queries, made
+        once per (t, into): every window of a file has the same length, so indexing encodes from one list (as the
+        engine's steps do, Engine.prepared)."""
+        key = (t, into)
+        p = self._prepared.get(key)
+        if p is None:
+            if len(self._prepared) >= MAX_PREPARED:
+                self._prepared.clear()
+            p = self._prepared[key] = self.device.prepare(ops.dispatches(self._ops[t > 1, into], t))
+        return p
 
     async def build(self, on_progress=None, should_stop=None) -> Built:
         """Embed every prepared window into the index. on_progress(done, total, seconds) after each block of windows
