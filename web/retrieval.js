@@ -217,6 +217,7 @@ function renderInputs(store) {
   set("rag-window", d.window, d.min_window, d.max_window);
   set("rag-stride", d.stride, 1, d.max_window);
   set("rag-k", d.k, 1, d.max_k);
+  set("rag-queries", d.queries, 1, d.max_queries);
 }
 
 // The status line: its state and text.

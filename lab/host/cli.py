@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                                               "(in memory, nothing saved)")
     s.add_argument("model")
     s.add_argument("files", nargs="+", metavar="FILE")
-    s.add_argument("--queries", type=int, default=100, help=f"random {retrieval.CROP}-token crops asked")
+    s.add_argument("--queries", type=int, default=retrieval.RECALL_QUERIES, help=f"random {retrieval.CROP}-token crops asked")
     s.add_argument("--seed", type=int, default=0, help="seed of the crops")
     s.add_argument("--window", type=int, default=retrieval.WINDOW, help="tokens a window holds")
     s.add_argument("--stride", type=int, default=retrieval.STRIDE, help="tokens between the starts of two windows")

@@ -50,6 +50,8 @@ MAX_WINDOW = 512
 CROP = 24               # tokens of a recall query (a random crop of an indexed file)
 MAX_K = sample.MAX_K    # most hits a search returns (the top-k kernel's bound)
 ASK_K = 4               # passages packed into a prompt, by default
+RECALL_QUERIES = 100    # crops a recall measurement asks, by default
+MAX_QUERIES = 100_000   # and at most
 QUERY_ROWS = 64         # queries embedded and scored in one dispatch (recall runs in chunks of this many)
 MAX_PREPARED = 64       # prepared dispatch lists kept (one per step length seen: windows, questions, crops)
 POLL_S = 0.25           # seconds of work between read-backs while indexing: progress, and the page's stop
@@ -105,7 +107,6 @@ def check_shape(window: int, stride: int, n_ctx: int) -> None:
         raise RetrievalError(f"a stride of {stride} tokens: choose 1 .. {window} (the window)")
 
 
-MAX_QUERIES = 100_000
 
 
 def check_queries(n: int) -> None:
@@ -461,7 +462,7 @@ class Index:
         (best,) = await self.search_ids([question_ids], k)
         return [self.hit(i + 1, w, v) for i, (w, v) in enumerate(best)]
 
-    async def recall(self, n_queries: int = 100, seed: int = 0, on_progress=None, should_stop=None) -> Recall:
+    async def recall(self, n_queries: int = RECALL_QUERIES, seed: int = 0, on_progress=None, should_stop=None) -> Recall:
         """recall@1 and @5 on n_queries random CROP-token crops of the indexed files (files drawn by their number of
         crops, so every crop position is equally likely); a hit is a retrieved window of the crop's file covering at
         least half of it."""

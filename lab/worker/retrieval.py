@@ -33,8 +33,10 @@ from __future__ import annotations
 from lab.instruments.retrieval import (
     ASK_K,
     MAX_K,
+    MAX_QUERIES,
     MAX_WINDOW,
     MIN_WINDOW,
+    RECALL_QUERIES,
     STRIDE,
     WINDOW,
     Index,
@@ -50,9 +52,10 @@ NO_INDEX = "no index: index some files first (pick or drop text files above, the
 
 def defaults(n_ctx: int) -> dict:
     """The card's inputs for a model loaded with a context of n_ctx: window and stride (their defaults and bounds),
-    and k (lab/instruments/retrieval.py is their one home; "loaded" carries them to the page)."""
+    k and the recall's queries (lab/instruments/retrieval.py is their one home; "loaded" carries them to the page)."""
     return {"window": WINDOW, "stride": STRIDE, "min_window": MIN_WINDOW,
-            "max_window": min(MAX_WINDOW, n_ctx - 1), "k": ASK_K, "max_k": MAX_K}
+            "max_window": min(MAX_WINDOW, n_ctx - 1), "k": ASK_K, "max_k": MAX_K, "queries": RECALL_QUERIES,
+            "max_queries": MAX_QUERIES}
 
 
 def _int(msg: dict, key: str, default: int) -> int:
