@@ -5,14 +5,16 @@
 //   whose first byte is rb: lo = elements e0..e0+3, hi = elements e0+HALF..e0+HALF+3, where
 //   e0 = group_base(g, HALF) = (g / (HALF/4)) * 2*HALF + (g % (HALF/4)) * 4.
 //   Groups 0..cols/8-1 cover a row exactly once. HALF per type (Python owns the table, lab/ops/weights.py):
-//   F32 F16 BF16 Q8_0: 4 (8 consecutive values); Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS: 16 (low/high nibbles
-//   of 4 qs bytes); Q2_K Q3_K Q4_K Q5_K Q6_K: 32. A span of 2*HALF consecutive elements is always whole groups, and
+//   F32 F16 BF16 Q8_0 TQ1_0: 4 (8 consecutive values); NVFP4: 8 (low/high nibbles of 4 qs bytes of a 16-value
+//   sub-block); Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS MXFP4: 16 (low/high nibbles of 4 qs bytes); Q2_K Q3_K Q4_K Q5_K
+//   Q6_K TQ2_0: 32. A span of 2*HALF consecutive elements is always whole groups, and
 //   divides the block, so any range starting at a multiple of 64 holds whole groups.
 // Uniforms: none. Constants: none filled by Python (the type is picked by the including file through the
 //   function name). Each block layout is spelled as named byte offsets beside its comment (Q4_K_SCALES = byte
 //   of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words (offset / 4).
-// Blocks of 18, 22, 34, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/ld_u32,
-// which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed).
+// Blocks of 17, 18, 22, 34, 54, 66, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/
+// ld_u32, which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed),
+// but for MXFP4's E8M0 and NVFP4's UE4M3 bytes, decoded from their bits.
 
 struct Dq { lo: vec4<f32>, hi: vec4<f32> };
 
@@ -354,4 +356,106 @@ fn dq_q6_k(rb: u32, g: u32) -> Dq {
     let ha = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(4u * s))) & vec4<u32>(3u));
     let hb = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(2u, 10u, 18u, 26u) + vec4<u32>(4u * s))) & vec4<u32>(3u));
     return Dq(d * sca * (na + 16.0 * ha - 32.0), d * scb * (nb + 16.0 * hb - 32.0));
+}
+
+// ---- ternary types: x = d * (t - 1) for a trit t = 0, 1, 2 ------------------------------------------------
+
+// TQ2_0, 66 bytes: qs[64], d f16. The 2-bit fields sit as Q2_K's (above): element 128n + 32j + l is bits 2j, 2j+1
+// of qs[32n + l], t = that field (a 3 decodes as 2, as ggml does).  HALF = 32: group gi as Q2_K's.
+const TQ2_0_BYTES: u32 = 66u;
+const TQ2_0_QS: u32 = 0u;
+const TQ2_0_D: u32 = 64u;
+fn dq_tq2_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * TQ2_0_BYTES;
+    let gi = g & 31u;
+    let c = gi >> 3u;
+    let d = ld_f16(blk + TQ2_0_D);
+    let q = ld_u32(blk + TQ2_0_QS + 32u * (c >> 1u) + 4u * (gi & 7u)) >> (4u * (c & 1u));
+    return Dq(d * (crumbs_lo(q) - 1.0), d * (crumbs_hi(q) - 1.0));
+}
+
+// TQ1_0, 54 bytes: qs[48], qh[4], d f16. A byte b holds up to 5 trits as base-3 digits of b * 243 / 256
+// (ggml's fixed point): digit k (k = 0 most significant) is t = ((b * 3^k) mod 256) * 3 >> 8. The 256 elements are
+// three runs, each of 4-aligned quads of consecutive bytes times one power 3^k (ggml's dequantize_row_tq1_0):
+//   elements   0..159: element 32k + l from qs[l]      (l < 32, k < 5)
+//   elements 160..239: element 160 + 16k + l from qs[32 + l]  (l < 16, k < 5)
+//   elements 240..255: element 240 + 4k + l from qh[l] (l < 4,  k < 4), and qh follows qs, at byte 48.
+// HALF = 4: group g is elements 8g..8g+7 of the row, two quads, never across a run (160 and 240 are multiples of 8).
+const TQ1_0_BYTES: u32 = 54u;
+const TQ1_0_QS: u32 = 0u;     // qs[48], then qh[4] at byte 48: the three runs read bytes 0, 32, 48 on
+const TQ1_0_D: u32 = 52u;
+
+// 3^k for k = 0..4, picked with selects (no run-time indexed array: see iq4_levels).
+fn pow3(k: u32) -> u32 {
+    return select(select(select(select(1u, 3u, k >= 1u), 9u, k >= 2u), 27u, k >= 3u), 81u, k >= 4u);
+}
+
+// The trits of the quad of elements e..e+3 (e % 4 == 0, e < 256) of the block starting at byte blk, as 0, 1, 2.
+fn tq1_quad(blk: u32, e: u32) -> vec4<f32> {
+    let run1 = e >= 160u;
+    let run2 = e >= 240u;
+    let start = select(select(0u, 160u, run1), 240u, run2);        // first element of the run
+    let width = select(select(32u, 16u, run1), 4u, run2);          // bytes of the run
+    let byte0 = select(select(0u, 32u, run1), 48u, run2);          // its first byte
+    let k = (e - start) / width;
+    let b = u8x4(ld_u32(blk + TQ1_0_QS + byte0 + (e - start) % width));
+    let v = (b * pow3(k)) & vec4<u32>(0xFFu);
+    return vec4<f32>((v * 3u) >> vec4<u32>(8u));
+}
+
+fn dq_tq1_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * TQ1_0_BYTES;
+    let e = 8u * (g & 31u);
+    let d = ld_f16(blk + TQ1_0_D);
+    return Dq(d * (tq1_quad(blk, e) - 1.0), d * (tq1_quad(blk, e + 4u) - 1.0));
+}
+
+// ---- 4-bit floats: E2M1 values times a block scale ----------------------------------------------------------
+
+// The 16 E2M1 codes doubled (ggml's kvalues_mxfp4; the scales carry the 1/2), as int8 bytes as iq4_levels holds its
+// table: code i is byte i % 4 of word i / 4.  0 1 2 3 | 4 6 8 12 | -0 -1 -2 -3 | -4 -6 -8 -12
+fn fp4_levels(n: vec4<u32>) -> vec4<f32> {
+    const W0 = vec4<u32>(0x03020100u);
+    const W1 = vec4<u32>(0x0C080604u);
+    const W2 = vec4<u32>(0xFDFEFF00u);
+    const W3 = vec4<u32>(0xF4F8FAFCu);
+    let odd = (n & vec4<u32>(4u)) != vec4<u32>(0u);     // word 1 or 3
+    let w = select(select(W0, W1, odd), select(W2, W3, odd), n >= vec4<u32>(8u));
+    return vec4<f32>(bitcast<vec4<i32>>(w << (vec4<u32>(24u) - 8u * (n & vec4<u32>(3u)))) >> vec4<u32>(24u));
+}
+
+// MXFP4, 17 bytes: e u8 (E8M0), qs[16] (nibbles as Q4_0).  x = 2^(e - 128) * levels[q] (ggml_e8m0_to_fp32_half:
+// e < 2 gives the subnormals 2^-128, 2^-127, built from their bits as ggml does; a GPU may flush them to zero).
+const MXFP4_BYTES: u32 = 17u;
+const MXFP4_E: u32 = 0u;
+const MXFP4_QS: u32 = 1u;
+fn dq_mxfp4(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 2u) * MXFP4_BYTES;
+    let e = ld_u8(blk + MXFP4_E);
+    let d = bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << (e & 1u), e < 2u));
+    let q = ld_u32(blk + MXFP4_QS + 4u * (g & 3u));
+    return Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)));
+}
+
+// NVFP4, 36 bytes: d[4] (UE4M3, one per 16 elements), qs[32]. Sub-block s (elements 16s..16s+15) has scale d[s] and
+// qs[8s..8s+7]: element 16s + j is the low nibble of qs[8s + j], 16s + 8 + j its high nibble.
+// UE4M3 (ggml_ue4m3_to_fp32, halved for the doubled levels): exponent bits 3-6, mantissa bits 0-2, bit 7 ignored;
+// 0 and 0x7F decode to 0; exponent 0: m * 2^-10; else (1 + m/8) * 2^(exp - 8).  x = scale * levels[q].
+// HALF = 8: group gi (of 8 per block) is qs word gi, sub-block gi / 2; 36-byte blocks keep words aligned.
+const NVFP4_BYTES: u32 = 36u;
+const NVFP4_D: u32 = 0u;
+const NVFP4_QS: u32 = 4u;
+fn ue4m3_half(x: u32) -> f32 {
+    let ex = (x >> 3u) & 15u;
+    let m = x & 7u;
+    let v = select(bitcast<f32>(((ex + 119u) << 23u) | (m << 20u)), f32(m) * (1.0 / 1024.0), ex == 0u);
+    return select(v, 0.0, x == 0x7Fu);
+}
+
+fn dq_nvfp4(rb: u32, g: u32) -> Dq {
+    let w = (rb >> 2u) + (g >> 3u) * (NVFP4_BYTES / 4u);
+    let gi = g & 7u;
+    let d = ue4m3_half((W[w + NVFP4_D / 4u] >> (8u * (gi >> 1u))) & 0xFFu);
+    let q = W[w + NVFP4_QS / 4u + gi];
+    return Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)));
 }

@@ -145,6 +145,38 @@ def test_decode_with_the_glu_apart(model, device, tmp_path, monkeypatch):
         eng.close()
 
 
+# A second model whose every matrix is TQ1_0, TQ2_0, MXFP4 or NVFP4 (the embedding MXFP4 through get_rows), each in
+# several roles, so layer 0's stacked QKV is three runs of different types.
+TERNARY_FP4 = {"token_embd.weight": "MXFP4", "output.weight": "NVFP4"}
+for _il, _types in enumerate((("TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "TQ2_0", "NVFP4", "TQ1_0"),
+                              ("NVFP4", "NVFP4", "TQ1_0", "MXFP4", "TQ1_0", "MXFP4", "TQ2_0"))):
+    for _role, _t in zip(MIX, _types):
+        TERNARY_FP4[f"blk.{_il}.{_role}.weight"] = _t
+
+
+def test_ternary_and_fp4_prefill_and_decode_match_reference(device, tmp_path):
+    """A prefill of 37 tokens (GEMM, a partial tile) and a decode step (matvec), held to the reference as above."""
+    path = write_model(tmp_path / "tfp4.gguf", TERNARY_FP4, seed=3)
+    header = lab_gguf.read_file(path)
+    assert {t.type.name for t in header.tensors if t.type.name != "F32"} == {"TQ1_0", "TQ2_0", "MXFP4", "NVFP4"}
+    eng = Engine(device, header, n_ctx=64, logits_all=True)
+    ref = Reference(path)
+    try:
+        eng.weights.upload_file(path)
+        assert [w.type.name for w, _ in eng.weights.stacked["blk.0.qkv"]] == ["TQ1_0", "TQ2_0", "MXFP4"]
+        ids = np.random.default_rng(9).integers(0, N_VOCAB, 38).tolist()
+        ref.forward(ids[:37], trace=True)
+        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
+        ref.forward(ids[37:], start_pos=37, trace=True)
+        g = gpu_trace(eng, ids[37:], 37)
+        worst.append(check_trace(ref, g, "decode at position 37"))
+        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
+        print(f"\nternary and fp4: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+    finally:
+        eng.close()
+        ref.w.drop()
+
+
 @pytest.mark.parametrize("bad", ["IQ2_XXS", "Q8_K"])
 def test_unsupported_type_is_refused_with_the_list(tmp_path, bad):
     """A weight of a type the kernels cannot read is refused by name, with the list of types the lab reads."""

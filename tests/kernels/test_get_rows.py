@@ -21,7 +21,8 @@ def kernels(device):
 
 
 def cols_for(name: str) -> int:
-    return 2 * 256 if name in qo.K_TYPES else 96 if BY_NAME[name].block == 32 else 136
+    block = BY_NAME[name].block
+    return 2 * 256 if name in qo.K_TYPES else 96 if block == 32 else 128 if block == 64 else 136
 
 
 @pytest.mark.parametrize("name", qo.TYPES)

@@ -22,11 +22,11 @@ from tests.kernels.quant_rig import Rig
 
 
 def cols_for(name: str) -> int:
-    """Three blocks for quantized types (K: 768, others: 96, so not a multiple of the 64-column
-    matmul chunk); float types 264 (a multiple of 8, not of 64)."""
+    """Three blocks for quantized types (K: 768; others: 96, so not a multiple of the 64-column matmul chunk;
+    NVFP4: 192, its rows are whole 64s); float types 264 (a multiple of 8, not of 64)."""
     if name in qo.K_TYPES:
         return 3 * 256
-    return 96 if BY_NAME[name].block == 32 else 264
+    return 96 if BY_NAME[name].block == 32 else 192 if BY_NAME[name].block == 64 else 264
 
 
 ROWS = 333   # not a multiple of 4 (matvec) or 64 (matmul tile)

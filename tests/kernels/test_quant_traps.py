@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lab.format.ggml import BY_NAME
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
 from lab.ops.matmul import MATVEC_LOOPS
@@ -65,6 +66,37 @@ TRAPS = [
      "(dsh >> (16u + 2u * ib))", "(dsh >> (16u + ib))"),
     ("iq4_xs scales_l nibbles swapped within a byte", "IQ4_XS", "dq_iq4_xs",
      ">> (4u * ib)) & 15u)", ">> (4u * (ib ^ 1u))) & 15u)"),
+    ("tq2_0 trit offset dropped (field read as the value)", "TQ2_0", "dq_tq2_0",
+     "d * (crumbs_lo(q) - 1.0)", "d * crumbs_lo(q)"),
+    ("tq2_0 field pair of chunk c from bits 2(c%2), not 4(c%2)", "TQ2_0", "dq_tq2_0",
+     ">> (4u * (c & 1u))", ">> (2u * (c & 1u))"),
+    ("tq2_0 scale read from the block's first bytes", "TQ2_0", "dq_tq2_0",
+     "ld_f16(blk + TQ2_0_D)", "ld_f16(blk + TQ2_0_QS)"),
+    ("tq1_0 base-3 digits least significant first", "TQ1_0", "tq1_quad",
+     "b * pow3(k)", "b * pow3(4u - k)"),
+    ("tq1_0 digits as plain base 3 (b / 3^k % 3), not ggml's fixed point", "TQ1_0", "tq1_quad",
+     "let v = (b * pow3(k)) & vec4<u32>(0xFFu);\n    return vec4<f32>((v * 3u) >> vec4<u32>(8u));",
+     "return vec4<f32>((b / pow3(k)) % vec4<u32>(3u));"),
+    ("tq1_0 second run with the first's 32-byte width", "TQ1_0", "tq1_quad",
+     "select(select(32u, 16u, run1), 4u, run2)", "select(select(32u, 32u, run1), 4u, run2)"),
+    ("tq1_0 trit offset dropped", "TQ1_0", "dq_tq1_0",
+     "d * (tq1_quad(blk, e) - 1.0)", "d * tq1_quad(blk, e)"),
+    ("mxfp4 scale 2^(e - 127) (the levels are doubled: 2^(e - 128))", "MXFP4", "dq_mxfp4",
+     "(e - 1u) << 23u", "e << 23u"),
+    ("fp4 codes 8-15 read as positive (sign bit ignored)", "MXFP4", "fp4_levels",
+     "select(W2, W3, odd), n >= vec4<u32>(8u)", "select(W0, W1, odd), n >= vec4<u32>(8u)"),
+    ("mxfp4 high/low nibble order", "MXFP4", "dq_mxfp4",
+     "Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)))",
+     "Dq(d * fp4_levels(nibs_hi(q)), d * fp4_levels(nibs_lo(q)))"),
+    ("nvfp4 sub-block scale per group (d[g % 4]), not per 16 values", "NVFP4", "dq_nvfp4",
+     "(8u * (gi >> 1u))", "(8u * (gi & 3u))"),
+    ("nvfp4 ue4m3 scale not halved", "NVFP4", "ue4m3_half",
+     "(ex + 119u)", "(ex + 120u)"),
+    ("nvfp4 high/low nibble order", "NVFP4", "dq_nvfp4",
+     "Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)))",
+     "Dq(d * fp4_levels(nibs_hi(q)), d * fp4_levels(nibs_lo(q)))"),
+    ("fp4 level 7 is 10 instead of 12", "NVFP4", "fp4_levels",
+     "0x0C080604u", "0x0A080604u"),
     # the K types' own matvec loops (lab/ops/matmul.py MATVEC_LOOPS): only the matvec check reads them
     ("q4_k loop: the mins' input sums added instead of subtracted", "Q4_K", "accumulate",
      "vec4<f32>(p0, -s)", "vec4<f32>(p0, s)", "matvec_k.wgsl"),
@@ -86,7 +118,8 @@ TRAPS = [
 def _checks(device, name):
     """Errors of the dequant check (get_rows over all rows) and of the product check (matvec) through the
     type's own loop (input at offset 0) and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
-    raw = qo.random_tensor(name, 24, 512 if name in qo.K_TYPES else 96, seed=11)
+    raw = qo.random_tensor(name, 24, 512 if name in qo.K_TYPES else 128 if BY_NAME[name].block == 64 else 96,
+                           seed=11)
     ref = qo.dequant(raw, name)
     x = np.random.default_rng(12).standard_normal(ref.shape[1]).astype(np.float32)
     with Rig(device) as r:                      # a fresh KernelCache: compiled from the current folder

@@ -16,8 +16,8 @@ from lab.format import gguf as lab_gguf
 from lab.format.ggml import BY_NAME
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS")   # 256-element blocks
+         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "TQ1_0", "TQ2_0")   # 256-element blocks
 # gguf 0.19 cannot quantize these: random bytes, with the f16 scale fields (byte offset, range) overwritten
 # by finite values of a sane size (random bytes there give NaN, inf and 1e4-sized values): (byte offset,
 # low, high, random sign). A scale of either sign is valid, and a sign error in the kernel must show.
@@ -29,7 +29,19 @@ RANDOM_BYTES = {
     "Q3_K": ((108, 0.0005, 0.01, True),),                         # d
     "IQ4_NL": ((0, 0.0005, 0.01, True),),                         # d
     "IQ4_XS": ((0, 0.0002, 0.005, True),),                        # d (scales_h, scales_l: any bits are valid)
+    # gguf 0.19 quantizes the ternary types, but from normal data nearly every trit comes out 0: random bytes
+    # use every digit (TQ2_0's field value 3, never written by the quantizer, decodes as 2 in ggml and here).
+    "TQ1_0": ((52, 0.002, 0.05, True),),                          # d
+    "TQ2_0": ((64, 0.002, 0.05, True),),                          # d
+    "MXFP4": (),                                                  # (8-bit scale codes: RANDOM_CODES)
+    "NVFP4": (),
 }
+# The 8-bit float scale codes, drawn from [low, high): (byte offset, count, low, high), about the sizes quantized
+# weights have (|x| up to ~1.5 and ~5.6). MXFP4's E8M0 e gives 2^(e - 128): 118..125 is 2^-10..2^-3. NVFP4's UE4M3
+# codes 0x10..0x37 are 2^-6..1.875 * 2^-2 (times 1/2), normal numbers. The special codes (0, 0x7F, bit 7,
+# subnormals) and the extreme exponents have their own test (tests/kernels/test_ternary_fp4_types.py), where they
+# do not hide the other scales of a row.
+RANDOM_CODES = {"MXFP4": ((0, 1, 118, 126),), "NVFP4": ((0, 4, 0x10, 0x38),)}
 
 
 def row_bytes(name: str, cols: int) -> int:
@@ -59,6 +71,8 @@ def random_tensor(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
         if signed:
             v *= rng.choice([-1, 1], nb)
         raw[:, off:off + 2] = _f16_bytes(v)
+    for off, count, lo, hi in RANDOM_CODES.get(name, ()):
+        raw[:, off:off + count] = rng.integers(lo, hi, (nb, count), dtype=np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -84,6 +98,9 @@ def f32(a) -> bytes:
 # -- tolerances ------------------------------------------------------------------------------------
 # Dequantized values: one or two f32 operations on an f16 scale and a small integer, the same
 # operations gguf.quants does in float32; contraction into fma may move the last bit.
+# TQ1_0, TQ2_0, MXFP4 and NVFP4 are one exact product each (an f16 or a 4-bit-significand scale times an
+# integer of at most 4 bits, or a power of two times one): no rounding, so the tests hold them to equality,
+# and DEQUANT_TOL only for the GEMM/matvec sums below.
 DEQUANT_TOL = 1e-6
 # Products: f32 accumulation of `cols` terms, compared with float64. The error bound is
 # cols * eps32 * sum_c |W[r,c] x[c]| in the worst case (4.6e-5 for 768 terms) and about
