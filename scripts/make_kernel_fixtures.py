@@ -39,6 +39,10 @@ QUANT_TRAP = {
     "Q3_K": "Q3_K: the high bit from hmask (set means no -4) and the 6-bit scales' split layout",
     "IQ4_NL": "IQ4_NL: nibbles index the non-linear table, not a linear grid",
     "IQ4_XS": "IQ4_XS: 6-bit sub-block scales (low 4 + high 2 bits) minus 32, the non-linear table",
+    "TQ2_0": "TQ2_0: 2-bit fields minus 1 (ternary -1, 0, 1), in Q2_K's shift order",
+    "TQ1_0": "TQ1_0: five base-3 digits a byte, most significant first (ggml's multiply-by-3), then qh's four",
+    "MXFP4": "MXFP4: 4-bit codes through the E2M1 level table, the E8M0 block scale a power of two",
+    "NVFP4": "NVFP4: E2M1 values, a UE4M3 scale per 16 values, the sub-block order",
 }
 TRAP = {
     "matmul": "prefill tiles: rows (77) and tokens (21) not multiples of the 32-wide tile",

@@ -46,8 +46,10 @@ def finite(err: float, got) -> float:
 # Projections: tolerance DOT_TOL = 1e-5 of each output's own sum |W||x| (f32 accumulation of `cols` terms against
 # float64: ~sqrt(cols) * eps32 in practice, cols * eps32 at worst; reference/quant.py says why).
 def cols_for(name: str) -> int:
-    """K types 768 (96 groups of 8: not a multiple of the 64 threads), 32-blocks 96, floats 264."""
-    return 768 if name in qo.K_TYPES else 96 if BY_NAME[name].block == 32 else 264
+    """K types 768 (96 groups of 8: not a multiple of the 64 threads), 32-blocks 96, NVFP4's 64-blocks 192, floats
+    264."""
+    block = BY_NAME[name].block
+    return 768 if name in qo.K_TYPES else 96 if block == 32 else 192 if block == 64 else 264
 
 
 ROWS = 77                         # not a multiple of 4 (matvec rows per workgroup) or 32 (matmul tile)
@@ -246,6 +248,9 @@ def make_cases() -> list[Case]:
     cases += [matvec_case(name, seed=30 + i) for i, name in enumerate(("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"))]
     cases += [matmul_case(name, t=21, seed=34 + i) for i, name in enumerate(("Q3_K", "IQ4_XS"))]
     cases += [get_rows_case(name, 1.0, seed=36 + i) for i, name in enumerate(("Q2_K", "IQ4_NL"))]
+    cases += [matvec_case(name, seed=50 + i) for i, name in enumerate(("TQ2_0", "TQ1_0", "MXFP4", "NVFP4"))]
+    cases += [matmul_case(name, t=21, seed=54 + i) for i, name in enumerate(("TQ1_0", "NVFP4"))]
+    cases += [get_rows_case(name, 1.0, seed=56 + i) for i, name in enumerate(("TQ2_0", "MXFP4"))]
     cases += [
         matmul_case("Q4_K", t=21, seed=10),
         get_rows_case("Q8_0", 1.0, seed=11),
