@@ -277,6 +277,38 @@ def _retrieval_eval(args) -> int:
     return 0
 
 
+def target_id(tok, spec: str) -> int:
+    """TOKEN as the experiments take it: `#ID`, or text that is exactly one token of the vocabulary (with its leading
+    space where the vocabulary has one, e.g. " Paris")."""
+    if spec.startswith("#") and spec[1:].isdigit():
+        return int(spec[1:])
+    ids = tok.encode(spec)
+    if len(ids) != 1:
+        raise ValueError(f"--target {spec!r} is {len(ids)} tokens {ids}, not one: give one token's text (with its "
+                         f"leading space where the vocabulary has one) or #ID")
+    return ids[0]
+
+
+def _attribute(args) -> int:
+    from lab.host import attribute
+    from lab.host.reference.weights import Weights
+    header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
+    target = target_id(tok, args.target)
+    ids = tok.encode(args.prompt, add_bos=tok.add_bos)
+    res = attribute.attribute_sync(engine, Weights(args.model), ids, target)
+    if args.json:
+        print(json.dumps(res.to_dict()))
+        return 0
+    print(f"target {target} {tok.piece(target)!r}: logit {res.logit:.4f} at position {len(ids) - 1}")
+    print(f"  embedding {res.embedding:+.4f}")
+    for r in res.rows:
+        top = sorted(range(len(r.heads)), key=lambda h: -abs(r.heads[h]))[:3]
+        print(f"  layer {r.layer:3d}  attn {r.attn:+.4f}  mlp {r.mlp:+.4f}   heads "
+              + ", ".join(f"{h}: {r.heads[h]:+.3f}" for h in top))
+    print(f"  remainder {res.remainder:+.6f}")
+    return 0
+
+
 def _tokenize(args) -> int:
     from lab.format import gguf
     from lab.text.tokenizer import from_metadata
@@ -453,6 +485,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="browser: the page in headless Chromium, indexing through the retrieval card")
     add_browser_options(s)
     s.set_defaults(fn=_retrieval_eval)
+
+    s = sub.add_parser("attribute", help="direct logit attribution: each layer's attention (and each head) and MLP "
+                                         "share of one token's logit at the last position (lab/host/attribute.py)")
+    s.add_argument("model")
+    s.add_argument("--prompt", required=True, help="raw text (BOS as the vocabulary adds it; no chat template)")
+    s.add_argument("--target", required=True, help="one token: its text (with its leading space) or #ID")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
+    s.add_argument("--json", action="store_true",
+                   help='print {"target_id", "logit", "embedding", "rows": [{"layer", "attn", "mlp", "heads"}], '
+                        '"remainder"}')
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_attribute)
 
     s = sub.add_parser("bench", help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
     s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
