@@ -167,6 +167,8 @@ class PlanBuilder:
         self._add_normed(self.normed_proj(b + "gate_up", b + "ffn_norm.weight", s.gate_up, 2 * cfg.n_ff, None),
                          f"ffn_norm-{il}")
         down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu")
+        if down_in is s.h:      # the GLU ran as its own op (prefill; decode's widest FFNs): its output is a site
+            self.trace(f"{'ffn_geglu' if cfg.gelu else 'ffn_swiglu'}-{il}", s.h, cfg.n_ff)
         if cfg.post_norms:
             self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
             self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[b + "post_ffw_norm.weight"],

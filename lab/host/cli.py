@@ -309,6 +309,52 @@ def _attribute(args) -> int:
     return 0
 
 
+def _ints(text: str | None):
+    return None if text is None else [int(x) for x in text.split(",") if x.strip()]
+
+
+def _ablate(args) -> int:
+    from lab.host import experiments
+    from lab.instruments.interventions import Interventions
+    _header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
+    target = target_id(tok, args.target)
+    ids = tok.encode(args.prompt, add_bos=tok.add_bos)
+    runner = Interventions(engine)
+    layers = [args.layer] if args.layer is not None else None
+    out = experiments.ablate(runner, ids, target, layers=layers, heads=_ints(args.heads), block=args.block,
+                             mode=args.mode)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"target {target} {tok.piece(target)!r}: log-probability {out['base_logprob']:.4f} without ablation")
+    for r in sorted(out["rows"], key=lambda r: r["delta"])[:args.top]:
+        what = f"head {r['head']:3d}" if r["head"] is not None else f"{args.block} block"
+        print(f"  layer {r['layer']:3d} {what}: {r['logprob']:.4f} ({r['delta']:+.4f})")
+    return 0
+
+
+def _patch(args) -> int:
+    from lab.host import experiments
+    from lab.instruments.interventions import Interventions
+    _header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
+    target = target_id(tok, args.target)
+    foil = target_id(tok, args.foil) if args.foil else None
+    clean = tok.encode(args.clean, add_bos=tok.add_bos)
+    corrupt = tok.encode(args.corrupt, add_bos=tok.add_bos)
+    out = experiments.patch(Interventions(engine), clean, corrupt, target, foil, site=args.site,
+                            layers=_ints(args.layers))
+    out["positions"] = [tok.piece(i) for i in clean]
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"target {tok.piece(target)!r} - foil {tok.piece(out['foil_id'])!r}: clean {out['clean_diff']:+.3f}, "
+          f"corrupted {out['corrupt_diff']:+.3f}; recovery by ({args.site}, layer, position):")
+    print("layer " + " ".join(f"{p[:7]:>7s}" for p in out["positions"]))
+    for layer, row in zip(out["layers"], out["recovery"]):
+        print(f"{layer:5d} " + " ".join(f"{v:7.3f}" for v in row))
+    return 0
+
+
 def _tokenize(args) -> int:
     from lab.format import gguf
     from lab.text.tokenizer import from_metadata
@@ -485,6 +531,40 @@ def main(argv: list[str] | None = None) -> int:
                    help="browser: the page in headless Chromium, indexing through the retrieval card")
     add_browser_options(s)
     s.set_defaults(fn=_retrieval_eval)
+
+    s = sub.add_parser("ablate", help="the target's log-probability with attention heads, or an attention or MLP "
+                                      "block, zeroed or mean-ablated (lab/host/experiments.py)")
+    s.add_argument("model")
+    s.add_argument("--prompt", required=True, help="raw text (BOS as the vocabulary adds it; no chat template)")
+    s.add_argument("--target", required=True, help="one token: its text (with its leading space) or #ID")
+    s.add_argument("--layer", type=int, default=None, help="one layer (default: every layer)")
+    s.add_argument("--heads", default=None, help="query heads, comma-separated (default: every head)")
+    s.add_argument("--block", choices=("attn", "mlp"), default=None, help="a whole block per layer instead of heads")
+    s.add_argument("--mode", choices=("zero", "mean"), default="zero", help="mean: the site's mean over the prompt")
+    s.add_argument("--top", type=int, default=20, help="rows printed (the largest drops first); --json has all")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
+    s.add_argument("--json", action="store_true",
+                   help='print {"target_id", "base_logprob", "rows": [{"layer", "head", "logprob", "delta"}]}')
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_ablate)
+
+    s = sub.add_parser("patch", help="activation patching: the recovery of the target-foil logit difference when one "
+                                     "(layer, position) of the corrupted run takes the clean run's values")
+    s.add_argument("model")
+    s.add_argument("--clean", required=True)
+    s.add_argument("--corrupt", required=True, help="as many tokens as --clean")
+    s.add_argument("--target", required=True, help="one token: its text (with its leading space) or #ID")
+    s.add_argument("--foil", default=None, help="one token (default: the corrupted run's top token)")
+    s.add_argument("--site", choices=("resid", "attn", "mlp"), default="resid",
+                   help="resid: the residual after block L (l_out-L); attn: the attention output before its "
+                        "projection; mlp: the FFN's hidden after the GLU")
+    s.add_argument("--layers", default=None, help="layers, comma-separated (default: every layer)")
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
+    s.add_argument("--json", action="store_true",
+                   help='print {"target_id", "foil_id", "clean_diff", "corrupt_diff", "positions", "layers", '
+                        '"recovery": [[layer][position]]}')
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_patch)
 
     s = sub.add_parser("attribute", help="direct logit attribution: each layer's attention (and each head) and MLP "
                                          "share of one token's logit at the last position (lab/host/attribute.py)")

@@ -31,6 +31,7 @@ against llama.cpp's own callback tensors on an all-F32 GGUF: every one agrees to
     attn_post_norm-il   [t, n_embd]     gemma3 only
     ffn_inp-il          [t, n_embd]     residual after attention (gemma3: llama.cpp's "sa_out")
     ffn_norm-il         [t, n_embd]
+    ffn_swiglu-il       [t, n_ff]       the GLU's output, ffn_down's input (ffn_geglu-il for GeGLU models)
     ffn_out-il          [t, n_embd]     FFN output before the residual add
     ffn_post_norm-il    [t, n_embd]     gemma3 only
     l_out-il            [t, n_embd]     residual after the layer
@@ -72,6 +73,9 @@ class Reference:
         self._v: list[np.ndarray] = []
         self.n_past = 0
         self._emb_norm: np.ndarray | None = None
+        # name -> fn(x) -> x: an intervention at a traced point (kqv_out-L, ffn_swiglu-L / ffn_geglu-L, l_out-L), the
+        # numpy side of lab/instruments/interventions.py (lab/host/reference/interventions.py builds them)
+        self.hooks: dict = {}
         self.reset()
 
     # -- helpers --------------------------------------------------------------------------------
@@ -81,10 +85,15 @@ class Reference:
         self._v = [np.zeros((hp.n_head_kv, 0, hp.head_dim_v), self.dtype) for _ in range(hp.n_layer)]
         self.n_past = 0
 
-    def _cb(self, name: str, x: np.ndarray) -> None:
+    def _cb(self, name: str, x: np.ndarray) -> np.ndarray:
+        """Record x under `name` when tracing; returns x, or what the hook for `name` makes of it (`hooks`)."""
+        hook = self.hooks.get(name)
+        if hook is not None:
+            x = np.asarray(hook(x), dtype=x.dtype)
         if self._trace_on:
             self.trace[name] = np.array(x, copy=True)
             self.trace_order.append(name)
+        return x
 
     def _lw(self, il: int, name: str) -> np.ndarray | None:
         return self.w.maybe(f"blk.{il}.{name}")
@@ -116,9 +125,7 @@ class Reference:
         if self.hp.post_norms:
             cur = rms_norm(cur, self._lw(il, post_norm), self.hp.eps)
             self._cb(f"{norm_name}-{il}", cur)
-        out = cur + inp
-        self._cb(f"{out_name}-{il}", out)
-        return out
+        return self._cb(f"{out_name}-{il}", cur + inp)
 
     def _mask(self, il: int, pos_q: np.ndarray, n_kv: int) -> np.ndarray:
         """True where query (row) may attend key (col): causal, plus the sliding window on SWA layers."""
@@ -206,7 +213,7 @@ class Reference:
             self._cb(f"kq_soft_max-{il}", p)
             o = np.matmul(p, Vr)                                              # [n_head, t, hd_v]
             o = o.transpose(1, 0, 2).reshape(t, hp.n_head * hp.head_dim_v)
-            self._cb(f"kqv_out-{il}", o)
+            o = self._cb(f"kqv_out-{il}", o)
             cur = self._linear(o, il, "attn_output")
             self._cb(f"attn_out-{il}", cur)
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
@@ -219,7 +226,8 @@ class Reference:
             else:       # phi3: ffn_up holds [gate | up]; ggml_swiglu puts the FIRST half through SiLU
                 gate, up = np.split(self._linear(cur, il, "ffn_up"), 2, axis=-1)
             act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
-            cur = self._linear(act * up, il, "ffn_down")
+            glu = self._cb(f"{'ffn_swiglu' if hp.ffn_act == 'silu' else 'ffn_geglu'}-{il}", act * up)
+            cur = self._linear(glu, il, "ffn_down")
             self._cb(f"ffn_out-{il}", cur)
             x = self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", "l_out")
 

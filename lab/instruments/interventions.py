@@ -1,0 +1,157 @@
+"""Interventions: runs of the engine's own plan with activations changed on the way, for the experiments on the
+model's insides (ablation, activation patching; lab/host/experiments.py drives them).
+
+An intervention is data, `Intervention(site, layer, op, heads, positions, values, scale)`:
+- site: "attn" (the attention output before the output projection, llama.cpp's `kqv_out-L`, [t, n_head x head_dim]:
+  a query head's slice is its columns), "mlp" (the FFN's hidden after the GLU, before `ffn_down`: `ffn_swiglu-L` or
+  `ffn_geglu-L`, [t, n_ff]), or "resid" (the residual after block L, `l_out-L`, [t, n_embd]);
+- op: "zero", "set" (to `values`), "add" (`values`), "scale" (by `scale`);
+- heads: for "attn", the query heads whose columns change (GQA: query heads, not their KV group); None: every column;
+  values then hold len(heads) x head_dim floats, head after head;
+- positions: (first, end) absolute positions; None: every position.
+
+The plan is found by the traced names the plan builders record (`Plan.at`): each intervention's op (wgsl/intervene.wgsl)
+goes right after the op that completes its activation, in a copy of the op list; the engine's own plans are never
+changed, so a plain step is exactly what it was. A run is one step from position 0 (the prefill plan; one token takes
+decode's, which folds the GLU into ffn_down, so "mlp" needs two tokens or more), and reads back the last position's
+logits. It overwrites the KV cache from position 0: a caller with a chat session resets it, as for perplexity.
+
+Buffers (kind CONVERSATION: values and positions come from the user's prompts): the values, one uniform per slot.
+`close` frees them.
+
+What it does not know: the experiments (which runs to make, what to compare), text, numpy.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from lab import gpu, ops
+from lab.ops.intervene import OPS, PARAMS, intervene
+
+MAX_SLOTS = 64          # interventions (one per head for "attn" with heads) in one run
+EVERY = (0, 0xFFFFFFFF)
+
+
+class InterventionError(ValueError):
+    """An intervention this model or this run cannot take; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Intervention:
+    site: str
+    layer: int
+    op: str = "zero"
+    heads: tuple[int, ...] | None = None
+    positions: tuple[int, int] | None = None
+    values: tuple[float, ...] | None = None
+    scale: float = 1.0
+
+
+class Interventions:
+    """Intervened runs of one engine; buffers made on the first run."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.device = engine.device
+        cfg = engine.cfg
+        s = engine.scratch
+        self.head_dim = cfg.q_dim // cfg.n_head
+        glu = "ffn_geglu" if cfg.gelu else "ffn_swiglu"
+        # site -> (traced name prefix, the buffer, its row width)
+        self.sites = {"attn": ("kqv_out", s.att, cfg.q_dim), "mlp": (glu, s.h, cfg.n_ff),
+                      "resid": ("l_out", s.x, cfg.n_embd)}
+        self.width = max(w for _, _, w in self.sites.values())
+        self._ops = None
+
+    def close(self) -> None:
+        self.device.free(self)
+        self._ops = None
+
+    def name(self, site: str, layer: int) -> str:
+        """The traced name of a site at a layer (what `Engine.traced` returns it under)."""
+        return f"{self.sites[site][0]}-{layer}"
+
+    def _build(self) -> None:
+        dev, kc, s = self.device, self.engine.kernels, self.engine.scratch
+        conv = gpu.CONVERSATION
+        with dev.owning(self):
+            self.vals = dev.buffer(4 * MAX_SLOTS * self.width, conv, f"intervene.values [{MAX_SLOTS}, width]")
+            self.params = [dev.uniform(bytes(PARAMS.size), f"intervene.params {i}", kind=conv)
+                           for i in range(MAX_SLOTS)]
+            self._ops = {(i, site): intervene(dev, kc, buf, self.vals, s.step, self.params[i], width,
+                                              f"intervene {i} {site}")
+                         for i in range(MAX_SLOTS) for site, (_, buf, width) in self.sites.items()}
+
+    def _slots(self, ivs: list[Intervention]) -> list[tuple[str, int, bytes, bytes | None]]:
+        """(site, layer, params, values) per slot: an "attn" intervention with heads takes one slot per head."""
+        cfg, out = self.engine.cfg, []
+        for iv in ivs:
+            if iv.site not in self.sites:
+                raise InterventionError(f"site {iv.site!r}: one of {', '.join(self.sites)}")
+            if not 0 <= iv.layer < cfg.n_layer:
+                raise InterventionError(f"layer {iv.layer}: the model has layers 0 .. {cfg.n_layer - 1}")
+            if iv.op not in OPS:
+                raise InterventionError(f"op {iv.op!r}: one of {', '.join(OPS)}")
+            width = self.sites[iv.site][2]
+            if iv.heads is not None:
+                if iv.site != "attn":
+                    raise InterventionError("heads are columns of the attention output: site 'attn' only")
+                bad = [h for h in iv.heads if not 0 <= h < cfg.n_head]
+                if bad or not iv.heads:
+                    raise InterventionError(f"heads {list(iv.heads)}: the model has query heads 0 .. {cfg.n_head - 1}")
+                blocks = [(h * self.head_dim, (h + 1) * self.head_dim) for h in iv.heads]
+            else:
+                blocks = [(0, width)]
+            n_values = sum(c1 - c0 for c0, c1 in blocks)
+            if iv.op in ("set", "add") and (iv.values is None or len(iv.values) != n_values):
+                raise InterventionError(f"{iv.op} needs {n_values} values (the block's width), not "
+                                        f"{0 if iv.values is None else len(iv.values)}")
+            r0, r1 = iv.positions or EVERY
+            k = 0
+            for c0, c1 in blocks:
+                vals = None
+                if iv.op in ("set", "add"):
+                    vals = struct.pack(f"<{c1 - c0}f", *iv.values[k:k + c1 - c0])
+                    k += c1 - c0
+                out.append((iv.site, iv.layer, (c0, c1, r0, r1, OPS[iv.op], iv.scale), vals))
+        if len(out) > MAX_SLOTS:
+            raise InterventionError(f"{len(out)} intervention slots in one run: at most {MAX_SLOTS}")
+        return out
+
+    def ops_for(self, t: int, ivs: list[Intervention]) -> tuple[list[ops.Op], list[tuple[gpu.Buffer, int, bytes]]]:
+        """The step's op list with the interventions in place (no sampler tail), and the writes that set them."""
+        if self._ops is None:
+            self._build()
+        plan = self.engine.step_plan(t, 0)
+        after: dict[int, list[ops.Op]] = {}
+        writes = []
+        for i, (site, layer, (c0, c1, r0, r1, op, scale), vals) in enumerate(self._slots(ivs)):
+            try:
+                at = plan.at(self.name(site, layer))
+            except KeyError:
+                raise InterventionError(f"no {site} activation at layer {layer} in a {t}-token step (one token "
+                                        f"runs decode's plan, which folds the GLU into ffn_down): use two tokens "
+                                        f"or more") from None
+            after.setdefault(at, []).append(self._ops[i, site])
+            writes.append((self.params[i], 0, PARAMS.pack(self.sites[site][2], c0, c1, r0, r1, op,
+                                                           i * self.width, scale)))
+            if vals is not None:
+                writes.append((self.vals, 4 * i * self.width, vals))
+        out: list[ops.Op] = []
+        for j, op in enumerate(plan.ops):
+            out.append(op)
+            out += after.get(j, [])
+        return out, writes
+
+    async def logits(self, ids: list[int], ivs: list[Intervention]) -> bytes:
+        """The last position's logits (f32 [n_vocab]) after `ids` from position 0, with `ivs` applied."""
+        eng = self.engine
+        t = len(ids)
+        if not 1 <= t <= eng.max_batch:
+            raise InterventionError(f"a prompt of {t} tokens: 1 .. {eng.max_batch} (one step)")
+        eng.check_ids(ids, InterventionError)
+        op_list, writes = self.ops_for(t, ivs)
+        self.device.run(ops.dispatches(op_list, t), eng.step_writes(ids, 0, t) + writes)
+        return await self.device.read(eng.scratch.logits, 0, 4 * eng.cfg.n_vocab)
