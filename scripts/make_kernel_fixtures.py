@@ -43,6 +43,9 @@ QUANT_TRAP = {
     "TQ1_0": "TQ1_0: five base-3 digits a byte, most significant first (ggml's multiply-by-3), then qh's four",
     "MXFP4": "MXFP4: 4-bit codes through the E2M1 level table, the E8M0 block scale a power of two",
     "NVFP4": "NVFP4: E2M1 values, a UE4M3 scale per 16 values, the sub-block order",
+    "IQ2_XXS": "IQ2_XXS: byte l of a0 picks the grid point, 7-bit sign indices with their parity bit, the top nibble "
+               "scale",
+    "IQ3_XXS": "IQ3_XXS: two 4-value points a group, in index-byte order; the scale word per 32 values, halved once",
 }
 TRAP = {
     "matmul": "prefill tiles: rows (77) and tokens (21) not multiples of the 32-wide tile",

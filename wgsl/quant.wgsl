@@ -7,12 +7,15 @@
 //   Groups 0..cols/8-1 cover a row exactly once. HALF per type (Python owns the table, lab/ops/weights.py):
 //   F32 F16 BF16 Q8_0 TQ1_0: 4 (8 consecutive values); NVFP4: 8 (low/high nibbles of 4 qs bytes of a 16-value
 //   sub-block); Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS MXFP4: 16 (low/high nibbles of 4 qs bytes); Q2_K Q3_K Q4_K Q5_K
-//   Q6_K TQ2_0: 32. A span of 2*HALF consecutive elements is always whole groups, and
-//   divides the block, so any range starting at a multiple of 64 holds whole groups.
+//   Q6_K TQ2_0: 32; the grid types IQ2_XXS IQ3_XXS: 4 (8 consecutive values). A span of 2*HALF consecutive
+//   elements is always whole groups, and divides the block, so any range starting at a multiple of 64 holds whole
+//   groups.
 // Uniforms: none. Constants: none filled by Python (the type is picked by the including file through the
-//   function name). Each block layout is spelled as named byte offsets beside its comment (Q4_K_SCALES = byte
-//   of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words (offset / 4).
-// Blocks of 17, 18, 22, 34, 54, 66, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/
+//   function name), but for the grid types' lookup tables, which lab/gpu/shaders.py fills into every file from
+//   lab/format/iq_grids.py (IQ2XXS_GRID ...). Each block layout is spelled as named byte offsets beside its comment
+//   (Q4_K_SCALES = byte of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words
+//   (offset / 4).
+// Blocks of 17, 18, 22, 34, 54, 66, 98, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/
 // ld_u32, which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed),
 // but for MXFP4's E8M0 and NVFP4's UE4M3 bytes, decoded from their bits.
 
@@ -458,4 +461,63 @@ fn dq_nvfp4(rb: u32, g: u32) -> Dq {
     let d = ue4m3_half((W[w + NVFP4_D / 4u] >> (8u * (gi >> 1u))) & 0xFFu);
     let q = W[w + NVFP4_QS / 4u + gi];
     return Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)));
+}
+
+// ---- grid types: 8 (or 4) values a point of a lattice table, times a sub-block scale and signs --------------
+// The tables are lab/format/iq_grids.py's (ggml's iq2xxs_grid ...), filled in by lab/gpu/shaders.py as private arrays
+// of u32 words (shaders.py says why this form): an 8-value point p is words 2p (values 0-3) and 2p + 1 (values 4-7),
+// a 4-value point (IQ3) word p; one byte a value. HALF = 4 for all of them: group g is elements 8g..8g+7, one 8-value
+// point, or two 4-value points, of sub-block (g % 32) / 4 of block g / 32.
+var<private> IQ2XXS_GRID: array<u32, 512> = {{IQ2XXS_GRID}};
+var<private> IQ3XXS_GRID: array<u32, 256> = {{IQ3XXS_GRID}};
+
+// The 8 sign bits of a 7-bit sign index i: i | parity(i) << 7 (ggml's ksigns_iq2xs, an even count of minus signs;
+// tests/unit/test_iq_grids.py holds the formula to the table).
+fn ksigns(i: u32) -> u32 {
+    return i | ((countOneBits(i) & 1u) << 7u);
+}
+
+// +1 or -1 for bits first..first+3 of s (a set bit is a minus).
+fn signs4(s: u32, first: u32) -> vec4<f32> {
+    let b = (vec4<u32>(s) >> (vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+    return vec4<f32>(1.0) - 2.0 * vec4<f32>(b);
+}
+
+// IQ2_XXS, 66 bytes: d f16, qs[64]. Sub-block ib (0..7) of 32 elements is the 8 bytes qs[8ib..]: word a0 holds four
+// grid indices (byte l: elements 32ib + 8l..+7), word a1 four 7-bit sign indices (bits 7l..7l+6) and the 4-bit scale
+// (bits 28-31).  x = d * (0.5 + scale) * 0.25 * grid[a0 byte l][j] * sign bit j of ksigns(index l).
+const IQ2_XXS_BYTES: u32 = 66u;
+const IQ2_XXS_D: u32 = 0u;
+const IQ2_XXS_QS: u32 = 2u;
+fn dq_iq2_xxs(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ2_XXS_BYTES;
+    let ib = (g >> 2u) & 7u;
+    let l = g & 3u;
+    let a0 = ld_u32(blk + IQ2_XXS_QS + 8u * ib);
+    let a1 = ld_u32(blk + IQ2_XXS_QS + 8u * ib + 4u);
+    let db = ld_f16(blk + IQ2_XXS_D) * (0.5 + f32(a1 >> 28u)) * 0.25;
+    let p = (a0 >> (8u * l)) & 0xFFu;
+    let s = ksigns((a1 >> (7u * l)) & 127u);
+    return Dq(db * vec4<f32>(u8x4(IQ2XXS_GRID[2u * p])) * signs4(s, 0u),
+              db * vec4<f32>(u8x4(IQ2XXS_GRID[2u * p + 1u])) * signs4(s, 4u));
+}
+
+// IQ3_XXS, 98 bytes: d f16, qs[64] (grid indices, one byte a 4-value point), scales_and_signs[32] (one word a
+// sub-block). Sub-block ib (0..7): qs[8ib..8ib+7]; word a = scales_and_signs[4ib..]: four 7-bit sign indices
+// (bits 7l..7l+6, for elements 32ib + 8l..+7) and the 4-bit scale (bits 28-31). Elements 32ib + 8l + j are point
+// qs[8ib + 2l] (j < 4) and point qs[8ib + 2l + 1] (j >= 4).  x = d * (0.5 + scale) * 0.5 * grid value * sign.
+const IQ3_XXS_BYTES: u32 = 98u;
+const IQ3_XXS_D: u32 = 0u;
+const IQ3_XXS_QS: u32 = 2u;
+const IQ3_XXS_SS: u32 = 66u;
+fn dq_iq3_xxs(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ3_XXS_BYTES;
+    let ib = (g >> 2u) & 7u;
+    let l = g & 3u;
+    let a = ld_u32(blk + IQ3_XXS_SS + 4u * ib);
+    let db = ld_f16(blk + IQ3_XXS_D) * (0.5 + f32(a >> 28u)) * 0.5;
+    let q = ld_u16(blk + IQ3_XXS_QS + 8u * ib + 2u * l);
+    let s = ksigns((a >> (7u * l)) & 127u);
+    return Dq(db * vec4<f32>(u8x4(IQ3XXS_GRID[q & 0xFFu])) * signs4(s, 0u),
+              db * vec4<f32>(u8x4(IQ3XXS_GRID[q >> 8u])) * signs4(s, 4u));
 }

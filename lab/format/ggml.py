@@ -50,6 +50,7 @@ KERNEL_TYPES: dict[str, tuple[str, int]] = {
     "Q2_K": ("dq_q2_k", 32), "Q3_K": ("dq_q3_k", 32), "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32),
     "Q6_K": ("dq_q6_k", 32), "IQ4_NL": ("dq_iq4_nl", 16), "IQ4_XS": ("dq_iq4_xs", 16),
     "TQ1_0": ("dq_tq1_0", 4), "TQ2_0": ("dq_tq2_0", 32), "MXFP4": ("dq_mxfp4", 16), "NVFP4": ("dq_nvfp4", 8),
+    "IQ2_XXS": ("dq_iq2_xxs", 4), "IQ3_XXS": ("dq_iq3_xxs", 4),
 }
 
 

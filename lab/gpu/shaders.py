@@ -4,7 +4,9 @@ Two directives, nothing more:
   `//!include NAME.wgsl`  pastes a shared file (byte loaders, f16 unpacking) once, where it stands; NAME may be
                           a `{{KEY}}` (matvec.wgsl's loop: one file per loop, with the bindings only it uses);
   `{{KEY}}`               is replaced by the value given for KEY; a key left unfilled is an error,
-                          so the dispatch grid and the kernel can never disagree silently.
+                          so the dispatch grid and the kernel can never disagree silently. The IQ types' lookup
+                          tables (`wgsl_tables`: IQ2XXS_GRID ...) are filled into every file without being given,
+                          and stay out of the pipeline's key and label (they are facts of the format, not variants).
 
 Shared includes: common.wgsl (the Step uniform every per-step kernel reads), matmul_io.wgsl (the prefill
 projections' bindings), reduce.wgsl (workgroup sum / max), rows.wgsl (row selection of softmax and sampling),
@@ -18,7 +20,10 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cache
 from pathlib import Path
+
+from lab.format import iq_grids
 
 _dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parents[2] / "wgsl"))
 _KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
@@ -42,6 +47,31 @@ def subgroup_consts(device) -> dict:
     return {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}
 
 
+# The grids of lab/format/iq_grids.py as WGSL array values of u32 words, little-endian as in memory: an 8-value point
+# of IQ2's or IQ1's is words 2i (values 0-3) and 2i + 1 (values 4-7), one byte a value; an IQ3 point (4 values) word i.
+# quant.wgsl declares each as a module-scope `var<private>` initialized with this value and never written. Why that
+# form: quant.wgsl is included by get_rows, the matvecs and the GEMM and has no binding of its own, so a storage buffer
+# or a workgroup copy would change every including kernel's bindings and entry point. A `const` array indexed at run
+# time was tried first: naga copies the whole array into a function variable at every indexing site, and the GEMM
+# (which inlines the dequant many times) took 25 s to compile on lavapipe, against 1.9 s with the private variable,
+# which is indexed in place; a compiler can keep a read-only private array with a constant initializer as constant
+# data (Mesa's nir_opt_large_constants does). Kernels of the other types do not pay for the unused tables. Unmeasured
+# on the H200 (the issue's 1.0 TB/s mark for the matvec is the test of this choice).
+_GRIDS = {"IQ2XXS_GRID": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS_GRID": (iq_grids.IQ2XS_GRID, 8),
+          "IQ2S_GRID": (iq_grids.IQ2S_GRID, 8), "IQ3XXS_GRID": (iq_grids.IQ3XXS_GRID, 4),
+          "IQ3S_GRID": (iq_grids.IQ3S_GRID, 4), "IQ1S_GRID": (iq_grids.IQ1S_GRID, 8)}
+
+
+@cache
+def wgsl_tables() -> dict[str, str]:
+    """KEY -> `array<u32, N>(...)` for each grid of lab/format/iq_grids.py."""
+    out = {}
+    for key, (points, width) in _GRIDS.items():
+        words = [(p >> (32 * k)) & 0xFFFFFFFF for p in points for k in range(width // 4)]
+        out[key] = f"array<u32, {len(words)}>(" + ", ".join(f"0x{w:x}u" for w in words) + ")"
+    return out
+
+
 def set_dir(path) -> None:
     global _dir
     _dir = Path(path)
@@ -59,6 +89,8 @@ def source(name: str, **consts) -> str:
     """The text of wgsl/NAME.wgsl with includes pasted and every {{KEY}} filled from `consts`."""
     def fill(m: re.Match) -> str:
         key = m.group(1)
+        if key not in consts and key in wgsl_tables():
+            return wgsl_tables()[key]
         if key not in consts:
             raise KeyError(f"{name}: constant {{{{{key}}}}} was not given")
         value = consts[key]

@@ -251,6 +251,7 @@ def make_cases() -> list[Case]:
     cases += [matvec_case(name, seed=50 + i) for i, name in enumerate(("TQ2_0", "TQ1_0", "MXFP4", "NVFP4"))]
     cases += [matmul_case(name, t=21, seed=54 + i) for i, name in enumerate(("TQ1_0", "NVFP4"))]
     cases += [get_rows_case(name, 1.0, seed=56 + i) for i, name in enumerate(("TQ2_0", "MXFP4"))]
+    cases += [matvec_case(name, seed=60 + i) for i, name in enumerate(qo.IQ_TYPES)]
     cases += [
         matmul_case("Q4_K", t=21, seed=10),
         get_rows_case("Q8_0", 1.0, seed=11),

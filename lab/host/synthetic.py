@@ -90,7 +90,7 @@ SPECS = {
 # the range is explained), as random codes would reach inf.
 _SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
            "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,),
-           "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (), "F16": None, "F32": None}
+           "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "F16": None, "F32": None}
 
 
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

@@ -177,7 +177,40 @@ def test_ternary_and_fp4_prefill_and_decode_match_reference(device, tmp_path):
         ref.w.drop()
 
 
-@pytest.mark.parametrize("bad", ["IQ2_XXS", "Q8_K"])
+# A third model of the grid types (qo.IQ_TYPES, tables from lab/format/iq_grids.py): the types in turn through every
+# role, the embedding through get_rows, so each layer's stacked QKV and gate-up mix types when there are several.
+def _iq_mix() -> dict:
+    types = qo.IQ_TYPES
+    out = {"token_embd.weight": types[0], "output.weight": types[-1]}
+    for il in range(N_LAYER):
+        for k, role in enumerate(MIX):
+            out[f"blk.{il}.{role}.weight"] = types[(il * len(MIX) + k) % len(types)]
+    return out
+
+
+def test_grid_types_prefill_and_decode_match_reference(device, tmp_path):
+    """A prefill of 37 tokens (GEMM, a partial tile) and a decode step (matvec), held to the reference as above."""
+    path = write_model(tmp_path / "iq.gguf", _iq_mix(), seed=5)
+    header = lab_gguf.read_file(path)
+    assert {t.type.name for t in header.tensors if t.type.name != "F32"} == set(qo.IQ_TYPES)
+    eng = Engine(device, header, n_ctx=64, logits_all=True)
+    ref = Reference(path)
+    try:
+        eng.weights.upload_file(path)
+        ids = np.random.default_rng(11).integers(0, N_VOCAB, 38).tolist()
+        ref.forward(ids[:37], trace=True)
+        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
+        ref.forward(ids[37:], start_pos=37, trace=True)
+        g = gpu_trace(eng, ids[37:], 37)
+        worst.append(check_trace(ref, g, "decode at position 37"))
+        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
+        print(f"\ngrid types {qo.IQ_TYPES}: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+    finally:
+        eng.close()
+        ref.w.drop()
+
+
+@pytest.mark.parametrize("bad", ["Q8_1", "Q8_K"])
 def test_unsupported_type_is_refused_with_the_list(tmp_path, bad):
     """A weight of a type the kernels cannot read is refused by name, with the list of types the lab reads."""
     path = write_model(tmp_path / "bad.gguf", {"blk.1.ffn_up.weight": bad})

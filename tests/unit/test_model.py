@@ -47,8 +47,8 @@ def test_bad_models_name_the_cause(smollm2_path):
     bad = [dataclasses.replace(t, shape=(576, 1024)) if t.name == "blk.7.attn_q.weight" else t for t in h.tensors]
     with pytest.raises(model.ModelError, match=r"blk.7.attn_q.weight has shape \[576, 1024\]"):
         model.from_gguf(_edit(h, tensors=bad))
-    iq = [dataclasses.replace(t, type_id=16) if t.name == "blk.2.ffn_down.weight" else t for t in h.tensors]
-    with pytest.raises(model.ModelError, match="blk.2.ffn_down.weight has type IQ2_XXS"):
+    iq = [dataclasses.replace(t, type_id=15) if t.name == "blk.2.ffn_down.weight" else t for t in h.tensors]
+    with pytest.raises(model.ModelError, match="blk.2.ffn_down.weight has type Q8_K"):
         model.from_gguf(_edit(h, tensors=iq))
     with pytest.raises(model.ModelError, match="llama.embedding_length is missing"):
         md = dict(h.metadata)

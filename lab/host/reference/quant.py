@@ -15,9 +15,11 @@ from gguf.constants import GGMLQuantizationType as GQ
 from lab.format import gguf as lab_gguf
 from lab.format.ggml import BY_NAME
 
+# The grid types (256-element blocks), in the order they were added.
+IQ_TYPES = ("IQ2_XXS", "IQ3_XXS")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "TQ1_0", "TQ2_0")   # 256-element blocks
+         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4") + IQ_TYPES
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "TQ1_0", "TQ2_0") + IQ_TYPES   # 256-element blocks
 # gguf 0.19 cannot quantize these: random bytes, with the f16 scale fields (byte offset, range) overwritten
 # by finite values of a sane size (random bytes there give NaN, inf and 1e4-sized values): (byte offset,
 # low, high, random sign). A scale of either sign is valid, and a sign error in the kernel must show.
@@ -33,6 +35,10 @@ RANDOM_BYTES = {
     # use every digit (TQ2_0's field value 3, never written by the quantizer, decodes as 2 in ggml and here).
     "TQ1_0": ((52, 0.002, 0.05, True),),                          # d
     "TQ2_0": ((64, 0.002, 0.05, True),),                          # d
+    # gguf 0.19 cannot quantize the grid types: random bytes are valid blocks (any grid index, sign and scale bits),
+    # with d sized so that values stay within ~2 (IQ2_XXS: |x| <= d * 15.5 / 4 * 43).
+    "IQ2_XXS": ((0, 0.0005, 0.01, True),),                        # d
+    "IQ3_XXS": ((0, 0.0005, 0.01, True),),                        # d (|x| <= d * 15.5 / 2 * 62)
     "MXFP4": (),                                                  # (8-bit scale codes: RANDOM_CODES)
     "NVFP4": (),
 }
