@@ -32,11 +32,6 @@ from lab.ops import make_step, step_bytes
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
 class BrokenKernels(KernelCache):
     """A kernel cache whose attention source has text substitutions applied (each must match exactly)."""
 

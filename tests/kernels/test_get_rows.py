@@ -8,16 +8,10 @@ import numpy as np
 import pytest
 
 from lab.format.ggml import BY_NAME
-from lab.gpu.shaders import KernelCache
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DEQUANT_TOL
 from lab.ops.embed import get_rows
 from tests.kernels.quant_rig import Rig
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
 
 
 def cols_for(name: str) -> int:

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 
 from lab.format.ggml import BY_NAME, KERNEL_TYPES
-from lab.gpu.shaders import KernelCache
-from lab.host.native import open_native
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DOT_TOL
 from lab.ops.weights import alloc_weight, dequant_consts
@@ -28,21 +26,6 @@ BLOCK_BYTES = {"IQ2_XXS": 66, "IQ3_XXS": 98, "IQ2_XS": 74, "IQ3_S": 110, "IQ2_S"
 # Every value is d times a small integer (or a half or quarter of one) rounded once into a sub-block scale, times a
 # grid value of at most 6 bits and a sign: gguf.quants does the same float32 operations in the same order, so the
 # kernels must give gguf's values bit for bit.
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-@pytest.fixture(scope="module")
-def device_nosg():
-    return open_native(disable=("subgroups",))
-
-
-@pytest.fixture(scope="module")
-def kernels_nosg(device_nosg):
-    return KernelCache(device_nosg)
 
 
 _cache: dict = {}

@@ -13,7 +13,6 @@ import pytest
 from lab import gpu
 from lab.format.ggml import BY_NAME
 from lab.gpu.shaders import KernelCache
-from lab.host.native import open_native
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DOT_TOL
 from lab.ops.matmul import matmul, matvec
@@ -30,21 +29,6 @@ def cols_for(name: str) -> int:
 
 
 ROWS = 333   # not a multiple of 4 (matvec) or 64 (matmul tile)
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-@pytest.fixture(scope="module")
-def device_nosg():
-    return open_native(disable=("subgroups",))
-
-
-@pytest.fixture(scope="module")
-def kernels_nosg(device_nosg):
-    return KernelCache(device_nosg)
 
 
 _cache: dict = {}

@@ -12,8 +12,6 @@ import pytest
 
 from lab import gpu
 from lab.format.ggml import BY_NAME, KERNEL_TYPES
-from lab.gpu.shaders import KernelCache
-from lab.host.native import open_native
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
 from lab.ops.weights import alloc_weight, dequant_consts
@@ -28,21 +26,6 @@ COLS = {"Q2_K": 5 * 256, "Q3_K": 5 * 256, "IQ4_XS": 5 * 256,
 # d * sc * q - dmin * m has one rounding (the subtraction), where fma contraction may move the last bit:
 # DEQUANT_TOL (quant_oracle) for it.
 EXACT = {"Q3_K", "IQ4_NL", "IQ4_XS"}
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-@pytest.fixture(scope="module")
-def device_nosg():
-    return open_native(disable=("subgroups",))
-
-
-@pytest.fixture(scope="module")
-def kernels_nosg(device_nosg):
-    return KernelCache(device_nosg)
 
 
 _cache: dict = {}

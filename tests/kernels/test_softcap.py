@@ -7,13 +7,7 @@ import numpy as np
 import pytest
 
 from lab import gpu, ops
-from lab.gpu.shaders import KernelCache
 from lab.ops import elementwise
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
 
 
 @pytest.mark.parametrize("rows,t", [(0, 5), (1, 5), (0, 1)])

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 
 from lab.format.ggml import BY_NAME, KERNEL_TYPES
-from lab.gpu.shaders import KernelCache
-from lab.host.native import open_native
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DOT_TOL
 from lab.ops.weights import alloc_weight, dequant_consts
@@ -27,21 +25,6 @@ COLS = {"TQ1_0": 5 * 256, "TQ2_0": 5 * 256,
 # Every value of these types is one exact product (reference/quant.py, DEQUANT_TOL's note): an f16 scale times
 # -1, 0, 1 (2), or a power of two or a 4-bit-significand UE4M3 scale times a doubled E2M1 level of at most 4 bits.
 # The kernels must give gguf's values bit for bit.
-
-
-@pytest.fixture(scope="module")
-def kernels(device):
-    return KernelCache(device)
-
-
-@pytest.fixture(scope="module")
-def device_nosg():
-    return open_native(disable=("subgroups",))
-
-
-@pytest.fixture(scope="module")
-def kernels_nosg(device_nosg):
-    return KernelCache(device_nosg)
 
 
 _cache: dict = {}
