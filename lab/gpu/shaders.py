@@ -55,8 +55,9 @@ def subgroup_consts(device) -> dict:
 # time was tried first: naga copies the whole array into a function variable at every indexing site, and the GEMM
 # (which inlines the dequant many times) took 25 s to compile on lavapipe, against 1.9 s with the private variable,
 # which is indexed in place; a compiler can keep a read-only private array with a constant initializer as constant
-# data (Mesa's nir_opt_large_constants does). Kernels of the other types do not pay for the unused tables. Unmeasured
-# on the H200 (the 1.0 TB/s mark for the matvec is the test of this choice).
+# data (Mesa's nir_opt_large_constants does). Kernels of the other types do not pay for the unused tables. On the
+# H200 this form is slow: IQ2_XXS's and IQ3_XXS's matvecs read 0.09-0.10 TB/s (docs/performance.md), far under the
+# issue's 1.0: a storage binding or a workgroup copy of the grid is the next thing to measure.
 _GRIDS = {"IQ2XXS_GRID": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS_GRID": (iq_grids.IQ2XS_GRID, 8),
           "IQ2S_GRID": (iq_grids.IQ2S_GRID, 8), "IQ3XXS_GRID": (iq_grids.IQ3XXS_GRID, 4),
           "IQ3S_GRID": (iq_grids.IQ3S_GRID, 4), "IQ1S_GRID": (iq_grids.IQ1S_GRID, 8)}
