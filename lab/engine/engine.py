@@ -188,11 +188,13 @@ class Engine:
         self.check_ids(ids)
 
     def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,
-             keep: int | None = None) -> None:
+             keep: int | None = None, edit=None) -> None:
         """Submit one step of t tokens at `pos`. ids=None reuses ids[0] (the previous greedy argmax).
         sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`).
         keep=i also copies the argmax to slot i of `kept`, so that several greedy steps can run before
-        one read-back (`kept_ids`): each overwrites ids[0]."""
+        one read-back (`kept_ids`): each overwrites ids[0].
+        edit(plan, t, pos, tail) -> (dispatches, writes): the step run with an experiment's ops in a copy of the plan
+        (lab/instruments/interventions.py `Interventions.editor`); the engine's own plans stay as they are."""
         t = len(ids) if ids is not None else (t or 1)
         self._check(ids if ids is not None else [0] * t, pos)
         s = self.scratch
@@ -201,7 +203,13 @@ class Engine:
             if sampled or not 0 <= keep < AHEAD:
                 raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
             copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
-        self.device.run(self.prepared(t, sampled, pos), self.step_writes(ids, pos, t), copies)
+        writes = self.step_writes(ids, pos, t)
+        if edit is None:
+            self.device.run(self.prepared(t, sampled, pos), writes, copies)
+            return
+        plan = self.step_plan(t, pos)
+        run, more = edit(plan, t, pos, plan.tails.sampled if sampled else plan.tails.greedy)
+        self.device.run(run, writes + more, copies)
 
     def kept_ids(self, n: int) -> Awaitable[list[int]]:
         """The first n kept greedy ids, as of the steps submitted so far (the read is ordered here, see
@@ -220,11 +228,18 @@ class Engine:
         pairs = [sample.PAIR.unpack_from(raw, 8 * i) for i in range(MAX_CANDIDATES)]
         return [(i, v) for i, v in pairs if i != sample.NONE]
 
-    async def traced(self, ids: list[int], pos: int) -> dict[str, bytes]:
-        """Run one step op by op and read every traced activation: {name: raw f32 bytes, [rows, width]}."""
+    async def traced(self, ids: list[int], pos: int, names=None) -> dict[str, bytes]:
+        """Run one step op by op and read every traced activation (or those in `names`): {name: raw f32 bytes,
+        [rows, width]}."""
         t = len(ids)
         self._check(ids, pos)
         op_list, trace = self.ops_for(t, pos=pos), self.step_plan(t, pos).trace
+        if names is not None:
+            wanted = set(names)
+            trace = [tr for tr in trace if tr.name in wanted]
+            if len(trace) != len(wanted):
+                missing = sorted(wanted - {tr.name for tr in trace})
+                raise EngineError(f"no traced tensor {', '.join(missing)} in a {t}-token step")
         out: dict[str, bytes] = {}
         done = 0
         writes = self.step_writes(ids, pos, t)

@@ -38,8 +38,9 @@ class GreedyAhead:
     end-of-generation id, a stop or the length are wasted work only: their K/V lie beyond the session's `cached` and
     are overwritten later."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, edit=None) -> None:
         self.engine = engine
+        self.edit = edit            # an experiment's step editor (Engine.step), or None
         self.ids: list[int] = []    # greedy ids read back, not yet handed out
         self.block = 1              # steps a read-back covers: AHEAD once steps are quick, else 1 (for streaming)
         self.queued = 0             # steps submitted whose ids are not read yet
@@ -63,7 +64,7 @@ class GreedyAhead:
 
     def _submit(self, n: int, first: int) -> None:
         for i in range(n):
-            self.engine.step(None, first + i, keep=i)
+            self.engine.step(None, first + i, keep=i, edit=self.edit)
 
 
 @dataclass
@@ -112,10 +113,11 @@ class Session:
         return min(self.cached_prefix(prompt), len(prompt) - 1)
 
     async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
-                       should_stop=None) -> Result:
+                       should_stop=None, edit=None) -> Result:
         """Run the prompt (reusing the cached prefix) and generate up to max_new tokens.
         on_token(id, text_piece) is called for every generated token (an awaitable it returns is awaited before the
-        next step); should_stop() is polled between steps."""
+        next step); should_stop() is polled between steps. edit: every step of this turn runs with an experiment's
+        ops in place (Engine.step; steering), the cache's account kept as for any turn."""
         if not prompt:
             raise ValueError("an empty prompt: nothing to continue from")
         eng = self.engine
@@ -130,14 +132,14 @@ class Session:
         t0 = time.perf_counter()
 
         # 1. prefill what the cache does not hold yet, in chunks of the engine's batch
-        tok = await self._prefill(prompt, res, sampler, greedy)
+        tok = await self._prefill(prompt, res, sampler, greedy, edit)
         res.prefill_s = res.ttft_s = time.perf_counter() - t0
 
         # 2. decode: feed each token back until an end-of-generation id, the length, or a stop request. Greedy
         # steps run ahead of their read-back (GreedyAhead); a sampled step waits for the CPU's pick.
         t1 = time.perf_counter()
         eog = self.tokenizer.eos_ids if self.tokenizer else frozenset()
-        ahead = GreedyAhead(eng) if greedy else None
+        ahead = GreedyAhead(eng, edit) if greedy else None
         while True:
             # 2a. emit the token, or stop before it
             if tok in eog:
@@ -159,7 +161,7 @@ class Session:
             if ahead is not None:
                 tok = await ahead.next(pos, max_new - len(res.ids))
             else:
-                tok = await self._sampled_next(tok, pos, sampler)
+                tok = await self._sampled_next(tok, pos, sampler, edit)
             if tok == NONE:
                 await self._nonfinite([res.ids[-1]], pos)
             self.cached.append(res.ids[-1])
@@ -169,7 +171,7 @@ class Session:
         res.decode_s = time.perf_counter() - t1
         return res
 
-    async def _prefill(self, prompt: list[int], res: Result, sampler: Sampler, greedy: bool) -> int:
+    async def _prefill(self, prompt: list[int], res: Result, sampler: Sampler, greedy: bool, edit=None) -> int:
         """Run the prompt's ids past the cached prefix, in steps of the engine's batch; returns the first new token."""
         eng = self.engine
         res.reused = self._reuse(prompt)
@@ -177,7 +179,7 @@ class Session:
         pos = res.reused
         while pos < len(prompt):
             chunk = prompt[pos:pos + eng.max_batch]
-            eng.step(chunk, pos, sampled=not greedy)
+            eng.step(chunk, pos, sampled=not greedy, edit=edit)
             pos += len(chunk)
             self.cached += chunk
         res.prefilled = len(prompt) - res.reused
@@ -186,9 +188,9 @@ class Session:
             await self._nonfinite(chunk, pos - len(chunk))
         return tok
 
-    async def _sampled_next(self, tok: int, pos: int, sampler: Sampler) -> int:
+    async def _sampled_next(self, tok: int, pos: int, sampler: Sampler, edit=None) -> int:
         """A sampled decode step: `tok` at `pos` through the plan with the top-k tail, then the CPU's pick."""
-        self.engine.step([tok], pos, sampled=True)
+        self.engine.step([tok], pos, sampled=True, edit=edit)
         return sampler.pick(await self.engine.top_k())
 
     async def _nonfinite(self, ids: list[int], pos: int) -> None:

@@ -277,35 +277,29 @@ def _retrieval_eval(args) -> int:
     return 0
 
 
-def target_id(tok, spec: str) -> int:
-    """TOKEN as the experiments take it: `#ID`, or text that is exactly one token of the vocabulary (with its leading
-    space where the vocabulary has one, e.g. " Paris")."""
-    if spec.startswith("#") and spec[1:].isdigit():
-        return int(spec[1:])
-    ids = tok.encode(spec)
-    if len(ids) != 1:
-        raise ValueError(f"--target {spec!r} is {len(ids)} tokens {ids}, not one: give one token's text (with its "
-                         f"leading space where the vocabulary has one) or #ID")
-    return ids[0]
+def _lab(args):
+    from lab.host.experiments import Lab
+    return Lab.load(args.model, args.ctx, args.disable)
 
 
 def _attribute(args) -> int:
-    from lab.host import attribute
-    from lab.host.reference.weights import Weights
-    header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
-    target = target_id(tok, args.target)
-    ids = tok.encode(args.prompt, add_bos=tok.add_bos)
-    res = attribute.attribute_sync(engine, Weights(args.model), ids, target)
+    lab = _lab(args)
+    try:
+        target = lab.token(args.target)
+        ids = lab.encode(args.prompt)
+        res = lab.attribute(ids, target)
+    finally:
+        lab.close()
     if args.json:
-        print(json.dumps(res.to_dict()))
+        print(json.dumps(res))
         return 0
-    print(f"target {target} {tok.piece(target)!r}: logit {res.logit:.4f} at position {len(ids) - 1}")
-    print(f"  embedding {res.embedding:+.4f}")
-    for r in res.rows:
-        top = sorted(range(len(r.heads)), key=lambda h: -abs(r.heads[h]))[:3]
-        print(f"  layer {r.layer:3d}  attn {r.attn:+.4f}  mlp {r.mlp:+.4f}   heads "
-              + ", ".join(f"{h}: {r.heads[h]:+.3f}" for h in top))
-    print(f"  remainder {res.remainder:+.6f}")
+    print(f"target {target} {lab.piece(target)!r}: logit {res['logit']:.4f} at position {len(ids) - 1}")
+    print(f"  embedding {res['embedding']:+.4f}")
+    for r in res["rows"]:
+        top = sorted(range(len(r["heads"])), key=lambda h: -abs(r["heads"][h]))[:3]
+        print(f"  layer {r['layer']:3d}  attn {r['attn']:+.4f}  mlp {r['mlp']:+.4f}   heads "
+              + ", ".join(f"{h}: {r['heads'][h]:+.3f}" for h in top))
+    print(f"  remainder {res['remainder']:+.6f}")
     return 0
 
 
@@ -313,20 +307,29 @@ def _ints(text: str | None):
     return None if text is None else [int(x) for x in text.split(",") if x.strip()]
 
 
+def _progress(args):
+    if args.json:
+        return None
+    return lambda done, total, seconds: print(f"\r{done}/{total} runs, {seconds:.1f} s", end="", file=sys.stderr,
+                                              flush=True)
+
+
 def _ablate(args) -> int:
-    from lab.host import experiments
-    from lab.instruments.interventions import Interventions
-    _header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
-    target = target_id(tok, args.target)
-    ids = tok.encode(args.prompt, add_bos=tok.add_bos)
-    runner = Interventions(engine)
-    layers = [args.layer] if args.layer is not None else None
-    out = experiments.ablate(runner, ids, target, layers=layers, heads=_ints(args.heads), block=args.block,
-                             mode=args.mode)
+    lab = _lab(args)
+    try:
+        target = lab.token(args.target)
+        ids = lab.encode(args.prompt)
+        layers = [args.layer] if args.layer is not None else None
+        out = lab.ablate(ids, target, layers=layers, heads=_ints(args.heads), block=args.block, mode=args.mode,
+                         on_progress=_progress(args))
+    finally:
+        lab.close()
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"target {target} {tok.piece(target)!r}: log-probability {out['base_logprob']:.4f} without ablation")
+    print(file=sys.stderr)
+    print(f"target {target} {lab.piece(target)!r}: log-probability {out['base_logprob']:.4f} without ablation "
+          f"({out['runs']} runs, {out['seconds']:.2f} s)")
     for r in sorted(out["rows"], key=lambda r: r["delta"])[:args.top]:
         what = f"head {r['head']:3d}" if r["head"] is not None else f"{args.block} block"
         print(f"  layer {r['layer']:3d} {what}: {r['logprob']:.4f} ({r['delta']:+.4f})")
@@ -334,24 +337,51 @@ def _ablate(args) -> int:
 
 
 def _patch(args) -> int:
-    from lab.host import experiments
-    from lab.instruments.interventions import Interventions
-    _header, tok, engine, _load_s = _load(args.model, args.ctx, args.disable)
-    target = target_id(tok, args.target)
-    foil = target_id(tok, args.foil) if args.foil else None
-    clean = tok.encode(args.clean, add_bos=tok.add_bos)
-    corrupt = tok.encode(args.corrupt, add_bos=tok.add_bos)
-    out = experiments.patch(Interventions(engine), clean, corrupt, target, foil, site=args.site,
-                            layers=_ints(args.layers))
-    out["positions"] = [tok.piece(i) for i in clean]
+    lab = _lab(args)
+    try:
+        target = lab.token(args.target)
+        foil = lab.token(args.foil) if args.foil else None
+        clean, corrupt = lab.encode(args.clean), lab.encode(args.corrupt)
+        out = lab.patch(clean, corrupt, target, foil, site=args.site, layers=_ints(args.layers),
+                        on_progress=_progress(args))
+        out["positions"] = [lab.piece(i) for i in clean]
+    finally:
+        lab.close()
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"target {tok.piece(target)!r} - foil {tok.piece(out['foil_id'])!r}: clean {out['clean_diff']:+.3f}, "
-          f"corrupted {out['corrupt_diff']:+.3f}; recovery by ({args.site}, layer, position):")
+    print(file=sys.stderr)
+    print(f"target {lab.piece(target)!r} - foil {lab.piece(out['foil_id'])!r}: clean {out['clean_diff']:+.3f}, "
+          f"corrupted {out['corrupt_diff']:+.3f}; recovery by ({args.site}, layer, position), {out['runs']} runs in "
+          f"{out['seconds']:.2f} s:")
     print("layer " + " ".join(f"{p[:7]:>7s}" for p in out["positions"]))
     for layer, row in zip(out["layers"], out["recovery"]):
         print(f"{layer:5d} " + " ".join(f"{v:7.3f}" for v in row))
+    if out["sanity"]:
+        print(f"sanity: the last layer patched everywhere gives {out['sanity']['diff']:+.4f} "
+              f"({'exactly' if out['sanity']['exact'] else 'NOT'} the clean run's)")
+    return 0
+
+
+def _steer(args) -> int:
+    import math
+    lab = _lab(args)
+    try:
+        ids = lab.encode(args.prompt)
+        vector = lab.steering_vector([lab.encode(t) for t in args.plus], [lab.encode(t) for t in args.minus],
+                                     args.layer)
+        settings = _settings(args)
+        plain = lab.generate(ids, args.n, settings)
+        steered = lab.steer(ids, vector, args.layer, args.scale, args.n, settings)
+    finally:
+        lab.close()
+    out = {"layer": args.layer, "scale": args.scale, "vector_norm": math.sqrt(float((vector * vector).sum())),
+           "plain": plain.to_dict(), "steered": steered.to_dict()}
+    if args.json:
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    print(f"steering vector at layer {args.layer}: norm {out['vector_norm']:.3f}, scale {args.scale}")
+    print(f"--- plain\n{args.prompt}{plain.text}\n--- steered\n{args.prompt}{steered.text}")
     return 0
 
 
@@ -533,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=_retrieval_eval)
 
     s = sub.add_parser("ablate", help="the target's log-probability with attention heads, or an attention or MLP "
-                                      "block, zeroed or mean-ablated (lab/host/experiments.py)")
+                                      "block, zeroed or mean-ablated (lab/instruments/experiments.py)")
     s.add_argument("model")
     s.add_argument("--prompt", required=True, help="raw text (BOS as the vocabulary adds it; no chat template)")
     s.add_argument("--target", required=True, help="one token: its text (with its leading space) or #ID")
@@ -566,8 +596,25 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_patch)
 
+    s = sub.add_parser("steer", help="a steering vector (mean residual after --layer over --plus prompts minus "
+                                     "over --minus prompts) added times --scale at every position: the steered and "
+                                     "plain replies with the same sampler settings")
+    s.add_argument("model")
+    s.add_argument("--prompt", required=True, help="raw text (BOS as the vocabulary adds it; no chat template)")
+    s.add_argument("--plus", action="append", required=True, help="a prompt of the direction (repeatable)")
+    s.add_argument("--minus", action="append", required=True, help="a prompt of the opposite (repeatable)")
+    s.add_argument("--layer", type=int, required=True, help="the residual after this block (l_out-L)")
+    s.add_argument("--scale", type=float, default=4.0, help="times the vector (negative: the other way)")
+    sampling_flags(s)
+    s.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="KV cache length in tokens")
+    s.add_argument("--json", action="store_true",
+                   help='print {"layer", "scale", "vector_norm", "plain", "steered"} (each reply as `lab generate '
+                        '--json` prints it)')
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.set_defaults(fn=_steer)
+
     s = sub.add_parser("attribute", help="direct logit attribution: each layer's attention (and each head) and MLP "
-                                         "share of one token's logit at the last position (lab/host/attribute.py)")
+                                         "share of one token's logit at the last position (lab/instruments/experiments.py)")
     s.add_argument("model")
     s.add_argument("--prompt", required=True, help="raw text (BOS as the vocabulary adds it; no chat template)")
     s.add_argument("--target", required=True, help="one token: its text (with its leading space) or #ID")

@@ -1,19 +1,23 @@
-"""Ablation and activation patching, natively (`lab ablate`, `lab patch`, and from Python): the runs
-lab/instruments/interventions.py makes, and what they are compared by.
+"""The experiments from Python, natively on wgpu (any GPU wgpu reaches, lavapipe included): load a GGUF, run it with
+interventions, get numpy arrays back, and the four experiments of lab/instruments/experiments.py as plain calls. In
+the spirit of TransformerLens's `run_with_hooks` and nnsight's tracing, on the user's own file:
 
-- **Ablation**: the target token's log-probability at the last position with chosen attention heads, a whole attention
-  block or an MLP block zeroed, or set to their mean over the prompt's positions (mean ablation: what the site holds
-  on average, from a clean run's trace), one run per row; `delta` = ablated - base.
-- **Activation patching** (causal tracing): two prompts of the same token length, a clean one and a corrupted one. For
-  each layer and position, the corrupted run with the site's values at that (layer, position) taken from the clean
-  run; the recovery of the logit difference target - foil is (patched - corrupted) / (clean - corrupted): 1 where the
-  patch restores the clean answer, 0 where it does nothing. Positions are matched one to one, so the lengths must
-  be equal (reword the corrupted prompt until they are; the message says both lengths).
+    from lab.host.experiments import Lab
+    from lab.instruments.interventions import Intervention
 
-Each run is one step from position 0 with the interventions in place: the engine's KV cache is overwritten, and the
-engine's own plans are untouched.
+    lab = Lab.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = lab.encode("The capital of France is")
+    paris = lab.token(" Paris")
+    plain = lab.logits(ids)                                            # [n_vocab] float32, the last position
+    knocked = lab.logits(ids, [Intervention("attn", 23, "zero", heads=(4,))])
+    acts = lab.trace(ids, ["l_out-12", "kqv_out-23"])                  # {name: [tokens, width] float32}
+    lab.ablate(ids, paris, layers=[23])                                # dicts, as `lab ablate --json` prints
+    lab.close()
 
-What it does not know: the page (a card needs this without numpy), sampling, sessions.
+`lab ablate | patch | steer | attribute` (lab/host/cli.py) are this class's calls with their JSON printed. Each call
+starts at position 0 and owns the engine while it runs; `generate` and `steer` keep no conversation between calls.
+
+What it does not know: the page (lab/worker/experiments.py drives the same instrument there).
 """
 
 from __future__ import annotations
@@ -22,87 +26,89 @@ import asyncio
 
 import numpy as np
 
-from lab.instruments.interventions import Intervention, InterventionError, Interventions
+from lab.engine.engine import Engine, read_host_values
+from lab.engine.load import validate
+from lab.engine.session import Result, Session
+from lab.format import gguf
+from lab.instruments.experiments import Experiments
+from lab.instruments.interventions import Intervention
+from lab.settings import DEFAULT_CTX, Settings
+from lab.text.tokens import token_id
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+class Lab:
+    """One model on a native GPU device, with its tokenizer and the experiments."""
 
+    def __init__(self, engine: Engine, tokenizer) -> None:
+        self.engine = engine
+        self.tok = tokenizer
+        self.exp = Experiments(engine)
 
-def _logits(runner: Interventions, ids, ivs) -> np.ndarray:
-    return np.frombuffer(asyncio.run(runner.logits(ids, ivs)), np.float32).astype(np.float64)
+    @classmethod
+    def load(cls, path, n_ctx: int = DEFAULT_CTX, disable=(), device=None) -> Lab:
+        """Read, check and upload a GGUF (`disable`: adapter features to leave off, e.g. ("subgroups",))."""
+        from lab.host.native import open_native
+        header = gguf.read_file(path)
+        cfg, tok = validate(header)
+        device = device or open_native(disable=tuple(disable))
+        engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(path, header, cfg))
+        try:
+            engine.weights.upload_file(path)
+        except BaseException:
+            engine.close()
+            raise
+        return cls(engine, tok)
 
+    def close(self) -> None:
+        self.exp.close()
+        self.engine.close()
 
-def _trace(runner: Interventions, ids) -> dict[str, np.ndarray]:
-    eng = runner.engine
-    raw = asyncio.run(eng.traced(ids, 0))
-    widths = {tr.name: tr.width for tr in eng.step_plan(len(ids), 0).trace}
-    return {name: np.frombuffer(b, np.float32).reshape(-1, widths[name]) for name, b in raw.items()}
+    # -- text ------------------------------------------------------------------------------------------------
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        """Ids of raw text (BOS where the vocabulary adds one, unless bos=False); no chat template."""
+        return self.tok.encode(text, add_bos=bos and self.tok.add_bos)
 
+    def token(self, spec: str) -> int:
+        """One token: its text (with its leading space where the vocabulary has one) or "#ID"."""
+        return token_id(self.tok, spec)
 
-def ablate(runner: Interventions, ids: list[int], target: int, *, layers=None, heads=None, block: str | None = None,
-           mode: str = "zero") -> dict:
-    """{"target_id", "base_logprob", "rows": [{"layer", "head", "logprob", "delta"}]}: one row per (layer, head) of the
-    sweep (heads None: every head), or per layer with `block` ("attn" | "mlp"; head None)."""
-    cfg = runner.engine.cfg
-    if mode not in ("zero", "mean"):
-        raise InterventionError(f"mode {mode!r}: zero or mean")
-    if block not in (None, "attn", "mlp"):
-        raise InterventionError(f"block {block!r}: attn or mlp")
-    layers = list(range(cfg.n_layer)) if layers is None else list(layers)
-    base = float(log_softmax(_logits(runner, ids, []))[target])
-    trace = _trace(runner, ids) if mode == "mean" else None
-    hd = runner.head_dim
-    rows = []
-    for layer in layers:
-        if block is not None:
-            site = block
-            units = [None]
-        else:
-            site = "attn"
-            units = list(range(cfg.n_head)) if heads is None else list(heads)
-        for head in units:
-            values = None
-            if mode == "mean":
-                mean = trace[runner.name(site, layer)].mean(axis=0)
-                values = tuple(float(v) for v in (mean if head is None else mean[head * hd:(head + 1) * hd]))
-            iv = Intervention(site, layer, "zero" if mode == "zero" else "set",
-                              heads=None if head is None else (head,), values=values)
-            lp = float(log_softmax(_logits(runner, ids, [iv]))[target])
-            rows.append({"layer": layer, "head": head, "logprob": lp, "delta": lp - base})
-    return {"target_id": target, "base_logprob": base, "rows": rows}
+    def piece(self, i: int) -> str:
+        return self.tok.piece(i)
 
+    # -- runs ------------------------------------------------------------------------------------------------
+    def logits(self, ids: list[int], interventions: list[Intervention] = ()) -> np.ndarray:
+        """The last position's logits after `ids` with the interventions in place: float32 [n_vocab]."""
+        raw = asyncio.run(self.exp.runner.logits(list(ids), list(interventions)))
+        return np.frombuffer(raw, np.float32).copy()
 
-def patch(runner: Interventions, clean: list[int], corrupt: list[int], target: int, foil: int | None = None, *,
-          site: str = "resid", layers=None) -> dict:
-    """{"target_id", "foil_id", "clean_diff", "corrupt_diff", "recovery": [[layer][position]]} (foil: the corrupted
-    run's top token unless given)."""
-    if len(clean) != len(corrupt):
-        raise InterventionError(f"the clean prompt is {len(clean)} tokens and the corrupted one {len(corrupt)}: "
-                                f"patching matches positions one to one, so reword one until both have the same "
-                                f"number of tokens")
-    cfg = runner.engine.cfg
-    layers = list(range(cfg.n_layer)) if layers is None else list(layers)
-    lc, lx = _logits(runner, clean, []), _logits(runner, corrupt, [])
-    if foil is None:
-        foil = int(np.argmax(lx))
-    if foil == target:
-        raise InterventionError("the foil is the target: the corrupted run already answers the target; give --foil")
-    clean_diff, corrupt_diff = float(lc[target] - lc[foil]), float(lx[target] - lx[foil])
-    if abs(clean_diff - corrupt_diff) < 1e-6:
-        raise InterventionError("the clean and corrupted runs give the same logit difference: nothing to recover")
-    trace = _trace(runner, clean)
-    recovery = []
-    for layer in layers:
-        src = trace[runner.name(site, layer)]
-        row = []
-        for pos in range(len(clean)):
-            iv = Intervention(site, layer, "set", positions=(pos, pos + 1),
-                              values=tuple(float(v) for v in src[pos]))
-            lp = _logits(runner, corrupt, [iv])
-            row.append((float(lp[target] - lp[foil]) - corrupt_diff) / (clean_diff - corrupt_diff))
-        recovery.append(row)
-    return {"target_id": target, "foil_id": foil, "clean_diff": clean_diff, "corrupt_diff": corrupt_diff,
-            "layers": layers, "recovery": recovery}
+    def trace(self, ids: list[int], names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Activations of a plain run under llama.cpp's names (`attn_norm-0`, `kqv_out-3`, `l_out-29`, ...; None:
+        every traced one): {name: float32 [rows, width]}."""
+        eng = self.engine
+        raw = asyncio.run(eng.traced(list(ids), 0, names))
+        widths = {tr.name: tr.width for tr in eng.step_plan(len(ids), 0).trace}
+        return {n: np.frombuffer(b, np.float32).reshape(-1, widths[n]).copy() for n, b in raw.items()}
+
+    def generate(self, ids: list[int], max_new: int = 32, settings: Settings | None = None) -> Result:
+        """A plain generation from an empty cache (greedy unless `settings` say otherwise)."""
+        return asyncio.run(Session(self.engine, self.tok).generate(list(ids), settings or Settings(greedy=True),
+                                                                   max_new))
+
+    # -- the four experiments --------------------------------------------------------------------------------
+    def ablate(self, ids, target: int, **kw) -> dict:
+        return asyncio.run(self.exp.ablate(list(ids), target, **kw))
+
+    def patch(self, clean, corrupt, target: int, foil: int | None = None, **kw) -> dict:
+        return asyncio.run(self.exp.patch(list(clean), list(corrupt), target, foil, **kw))
+
+    def attribute(self, ids, target: int) -> dict:
+        return asyncio.run(self.exp.attribute(list(ids), target))
+
+    def steering_vector(self, plus: list[list[int]], minus: list[list[int]], layer: int) -> np.ndarray:
+        return np.array(asyncio.run(self.exp.steering_vector(plus, minus, layer)), np.float32)
+
+    def steer(self, ids, vector, layer: int, scale: float, max_new: int = 32,
+              settings: Settings | None = None) -> Result:
+        """A generation from an empty cache with vector * scale added to the residual after `layer` everywhere."""
+        return asyncio.run(self.exp.steer(Session(self.engine, self.tok), list(ids), [float(v) for v in vector],
+                                          layer, scale, settings or Settings(greedy=True), max_new))

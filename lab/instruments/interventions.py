@@ -31,6 +31,7 @@ from lab import gpu, ops
 from lab.ops.intervene import OPS, PARAMS, intervene
 
 MAX_SLOTS = 64          # interventions (one per head for "attn" with heads) in one run
+MAX_PREPARED = 64       # prepared op lists kept (one per layout of sites and layers: a sweep's layers)
 EVERY = (0, 0xFFFFFFFF)
 
 
@@ -64,10 +65,12 @@ class Interventions:
                       "resid": ("l_out", s.x, cfg.n_embd)}
         self.width = max(w for _, _, w in self.sites.values())
         self._ops = None
+        self._prepared: dict[tuple, object] = {}
 
     def close(self) -> None:
         self.device.free(self)
         self._ops = None
+        self._prepared.clear()
 
     def name(self, site: str, layer: int) -> str:
         """The traced name of a site at a layer (what `Engine.traced` returns it under)."""
@@ -83,6 +86,10 @@ class Interventions:
             self._ops = {(i, site): intervene(dev, kc, buf, self.vals, s.step, self.params[i], width,
                                               f"intervene {i} {site}")
                          for i in range(MAX_SLOTS) for site, (_, buf, width) in self.sites.items()}
+
+    def check(self, ivs: list[Intervention]) -> None:
+        """Refuse interventions this model cannot take (InterventionError with what to change)."""
+        self._slots(ivs)
 
     def _slots(self, ivs: list[Intervention]) -> list[tuple[str, int, bytes, bytes | None]]:
         """(site, layer, params, values) per slot: an "attn" intervention with heads takes one slot per head."""
@@ -120,20 +127,20 @@ class Interventions:
             raise InterventionError(f"{len(out)} intervention slots in one run: at most {MAX_SLOTS}")
         return out
 
-    def ops_for(self, t: int, ivs: list[Intervention]) -> tuple[list[ops.Op], list[tuple[gpu.Buffer, int, bytes]]]:
-        """The step's op list with the interventions in place (no sampler tail), and the writes that set them."""
+    def ops_for(self, plan, ivs: list[Intervention], tail: tuple = ()) -> tuple[list[ops.Op], list]:
+        """`plan`'s op list with the interventions in place, then `tail` (a token-picking tail, the pick op), and the
+        writes that set the interventions."""
         if self._ops is None:
             self._build()
-        plan = self.engine.step_plan(t, 0)
         after: dict[int, list[ops.Op]] = {}
         writes = []
         for i, (site, layer, (c0, c1, r0, r1, op, scale), vals) in enumerate(self._slots(ivs)):
             try:
                 at = plan.at(self.name(site, layer))
             except KeyError:
-                raise InterventionError(f"no {site} activation at layer {layer} in a {t}-token step (one token "
-                                        f"runs decode's plan, which folds the GLU into ffn_down): use two tokens "
-                                        f"or more") from None
+                raise InterventionError(f"no {site} activation at layer {layer} in a one-token step (one token runs "
+                                        f"decode's plan, which folds the GLU into ffn_down): use two tokens or more "
+                                        f"for the mlp site") from None
             after.setdefault(at, []).append(self._ops[i, site])
             writes.append((self.params[i], 0, PARAMS.pack(self.sites[site][2], c0, c1, r0, r1, op,
                                                            i * self.width, scale)))
@@ -143,7 +150,29 @@ class Interventions:
         for j, op in enumerate(plan.ops):
             out.append(op)
             out += after.get(j, [])
-        return out, writes
+        return out + list(tail), writes
+
+    def step(self, plan, t: int, ivs: list[Intervention], tail: tuple = ()) -> tuple[object, list]:
+        """(the backend's prepared dispatch list, the writes) of a t-token step of `plan` with `ivs` and `tail`. The
+        op list depends only on which site and layer each slot takes, so it is prepared once per such layout and
+        reused across the runs of a sweep (the values, positions and heads are in the slots' uniforms)."""
+        op_list, writes = self.ops_for(plan, ivs, tail)
+        key = (id(plan), t, tuple(id(o) for o in op_list))
+        run = self._prepared.get(key)
+        if run is None:
+            run = self.device.prepare(ops.dispatches(op_list, t))
+            if len(self._prepared) >= MAX_PREPARED:
+                self._prepared.pop(next(iter(self._prepared)))
+            self._prepared[key] = run
+        return run, writes
+
+    def editor(self, ivs: list[Intervention]):
+        """A step editor for `Engine.step(edit=...)`: every step of a generation runs with `ivs` in place (steering)."""
+        self.check(ivs)         # refused now, not at the first step
+
+        def edit(plan, t, pos, tail):
+            return self.step(plan, t, ivs, tuple(tail))
+        return edit
 
     async def logits(self, ids: list[int], ivs: list[Intervention]) -> bytes:
         """The last position's logits (f32 [n_vocab]) after `ids` from position 0, with `ivs` applied."""
@@ -152,6 +181,12 @@ class Interventions:
         if not 1 <= t <= eng.max_batch:
             raise InterventionError(f"a prompt of {t} tokens: 1 .. {eng.max_batch} (one step)")
         eng.check_ids(ids, InterventionError)
-        op_list, writes = self.ops_for(t, ivs)
-        self.device.run(ops.dispatches(op_list, t), eng.step_writes(ids, 0, t) + writes)
-        return await self.device.read(eng.scratch.logits, 0, 4 * eng.cfg.n_vocab)
+        run, writes = self.step(eng.step_plan(t, 0), t, ivs)
+        self.device.run(run, eng.step_writes(ids, 0, t) + writes)
+        return await self.device.read(eng.scratch.logits, 4 * logits_row(eng, t), 4 * eng.cfg.n_vocab)
+
+
+def logits_row(engine, t: int) -> int:
+    """Where the last position's logits start in the engine's logits buffer after a t-token step from position 0."""
+    out = next(tr for tr in engine.step_plan(t, 0).trace if tr.name == "result_output")
+    return (t - 1) * engine.cfg.n_vocab if out.rows == "tokens" and t > 1 else 0

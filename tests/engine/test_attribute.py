@@ -1,6 +1,7 @@
-"""Direct logit attribution (lab/host/attribute.py) natively on lavapipe: the GPU's numbers against the same
-computation on the numpy reference forward's traces, the bars summing to the logit, the heads to their block, and the
-CLI's JSON.
+"""Direct logit attribution (lab/instruments/experiments.py `Experiments.attribute`: traces and per-head projections on
+the GPU, the rest in pure Python) natively on lavapipe, against the float64 oracle on the numpy reference forward's
+traces (lab/host/reference/attribution.py), the bars summing to the logit, the heads to their block, and the CLI's
+JSON.
 
 Tolerances. The GPU forward and the numpy reference agree within a few f32 ulps per op (docs/correctness.md); a share
 is a dot product of a block's output with the projected unembedding row, so each agrees within ~1e-4 of the logit's
@@ -16,12 +17,14 @@ import json
 import numpy as np
 import pytest
 
-from lab.engine.engine import Engine
 from lab.format import gguf
-from lab.host import attribute, cli
+from lab.host import cli
+from lab.host.experiments import Lab
+from lab.host.reference.attribution import from_trace
 from lab.host.reference.forward import Reference
 from lab.host.reference.weights import Weights
 from lab.text.tokenizer import from_metadata
+from lab.text.tokens import token_id
 
 TOL = 2e-3
 REMAINDER = 1e-4
@@ -29,37 +32,35 @@ PROMPT = "The capital of France is"
 
 
 def _attribution(device, path, target_text):
-    header = gguf.read_file(path)
-    tok = from_metadata(header.metadata)
-    ids = tok.encode(PROMPT, add_bos=tok.add_bos)
-    target = cli.target_id(tok, target_text)
-    eng = Engine(device, header, n_ctx=64, max_batch=16)
+    lab = Lab.load(path, 64, device=device)
     try:
-        eng.weights.upload_file(path)
-        w = Weights(path)
-        gpu = attribute.attribute_sync(eng, w, ids, target)
+        ids = lab.encode(PROMPT)
+        target = lab.token(target_text)
+        gpu = lab.attribute(ids, target)
     finally:
-        eng.close()
+        lab.close()
     ref = Reference(path)
     ref.forward(ids, trace=True)
-    want = attribute.from_trace(ref.trace, w, target)
+    want = from_trace(ref.trace, Weights(path), target)
     return gpu, want
+
+
+def _shares(a: dict) -> np.ndarray:
+    return np.array([[r["attn"], r["mlp"]] + r["heads"] for r in a["rows"]])
 
 
 @pytest.mark.parametrize("model,target", [("smollm2_path", " Paris"), ("gemma_path", " Paris")])
 def test_gpu_attribution_matches_the_reference(request, device, model, target):
     gpu, want = _attribution(device, request.getfixturevalue(model), target)
-    scale = max(1.0, abs(want.logit))
-    assert abs(gpu.logit - want.logit) <= TOL * scale
-    got = np.array([[r.attn, r.mlp] + r.heads for r in gpu.rows])
-    ref = np.array([[r.attn, r.mlp] + r.heads for r in want.rows])
-    err = np.abs(got - ref).max() / scale
+    scale = max(1.0, abs(want["logit"]))
+    assert abs(gpu["logit"] - want["logit"]) <= TOL * scale
+    err = np.abs(_shares(gpu) - _shares(want)).max() / scale
     assert err <= TOL, f"a share differs from the reference's by {err:.3g} of the logit"
-    assert abs(gpu.embedding - want.embedding) <= TOL * scale
+    assert abs(gpu["embedding"] - want["embedding"]) <= TOL * scale
     # the bars sum to the logit, and each layer's heads to its attention block
-    assert abs(gpu.remainder) <= REMAINDER * scale and abs(want.remainder) <= REMAINDER * scale
-    for r in gpu.rows:
-        assert abs(sum(r.heads) - r.attn) <= REMAINDER * scale, f"layer {r.layer}: heads do not sum to the block"
+    assert abs(gpu["remainder"]) <= REMAINDER * scale and abs(want["remainder"]) <= REMAINDER * scale
+    for r in gpu["rows"]:
+        assert abs(sum(r["heads"]) - r["attn"]) <= REMAINDER * scale, f"layer {r['layer']}: heads != the block"
 
 
 def test_cli_json_and_targets(smollm2_path, capsys):
@@ -75,4 +76,7 @@ def test_cli_json_and_targets(smollm2_path, capsys):
     assert again["logit"] == out["logit"]
     tok = from_metadata(gguf.read_file(smollm2_path).metadata)
     with pytest.raises(ValueError, match="not one"):
-        cli.target_id(tok, " Parisian capitals")
+        token_id(tok, " Parisian capitals")
+    for bad, needle in [("#x", "takes a number"), (f"#{tok.vocab_size}", "ids 0 .."), ("", "empty")]:
+        with pytest.raises(ValueError, match=needle):
+            token_id(tok, bad)
