@@ -205,6 +205,12 @@ function headThumb(a, layer, head, selected, act) {
   return el("figure", {}, [c, el("figcaption", { textContent: `h${head}` })]);
 }
 
+// "4th" for NoPE layers 3, 7, 11, ...: the step between them, as an ordinal.
+export function noRopeStep(noRope) {
+  const n = noRope.length > 1 ? noRope[1] - noRope[0] : noRope[0] + 1;
+  return n === 2 ? "2nd" : n === 3 ? "3rd" : `${n}th`;
+}
+
 // The layer and head the attention panel shows: the user's choice, within what the inspection holds.
 export function attnChoice(store) {
   const a = store.probe.attention;
@@ -216,7 +222,8 @@ export function renderAttention(store, act) {
   const a = store.probe.attention;
   if (!a) { probePlaceholder(body, store); return; }
   const { layer, head } = attnChoice(store);
-  fillSelect($("attention-layer"), range(a.n_layer), (i) => `layer ${i}`, layer);
+  const noRope = (store.loaded && store.loaded.rope.no_rope) || [];
+  fillSelect($("attention-layer"), range(a.n_layer), (i) => `layer ${i}${noRope.includes(i) ? " (no RoPE)" : ""}`, layer);
   fillSelect($("attention-head"), range(a.n_head), (i) => `head ${i}`, head);
   const w = a.end - a.start;
   const label = (p) => shown(store.context[p] ? store.context[p].piece : "?");
@@ -241,6 +248,10 @@ export function renderAttention(store, act) {
     el("p", { class: "muted" }, [
       `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
       cost("attention-cost", a.ms.pass), where]),
+    ...(noRope.includes(layer) ? [el("p", { class: "muted", testid: "attention-no-rope", textContent:
+      `Layer ${layer} has no rotary position embedding (NoPE: this model leaves every ${noRopeStep(noRope)} layer ` +
+      "unrotated): its scores compare what q and k hold, not where they sit; position reaches it only through what " +
+      "earlier layers wrote into the residual stream." })] : []),
     grid, el("h3", { textContent: `All heads of layer ${layer} (click one)` }), thumbs);
 }
 

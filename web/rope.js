@@ -8,7 +8,7 @@
 // Its state is store.rope (freshRope): main.js hands the worker's "rope" messages and "probe-rope" errors to
 // ropeAnswer and ropeFailed, calls dropRope whenever the conversation is dropped (Forget, new chat, a new model: the
 // q and k it holds come from the conversation), and renderRope on every render.
-import { BLUE, el, fillSelect, rgba, selectedPos, shown } from "/web/panels.js";
+import { BLUE, el, fillSelect, noRopeStep, rgba, selectedPos, shown } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -148,6 +148,11 @@ function ropeSettings(store) {
            pairing: s.pairing ?? (r ? (r.neox ? "neox" : "adjacent") : "adjacent") };
 }
 
+// The layers the loaded model does not rotate (smollm3's NoPE layers; lab/worker/router.py "loaded").
+function noRope(store) {
+  return (store.loaded && store.loaded.rope.no_rope) || [];
+}
+
 // The layer and head part 2 shows: the user's choice, within the loaded model's.
 function ropeChoice(store) {
   const s = store.rope, l = store.loaded;
@@ -283,18 +288,22 @@ function renderRealControls(store) {
   const loaded = store.loaded, pos = selectedPos(store);
   const { layer, head } = ropeChoice(store);
   if (loaded) {
-    fillSelect($("rope-layer"), range(loaded.kv.n_layer), (i) => `layer ${i}`, layer);
+    fillSelect($("rope-layer"), range(loaded.kv.n_layer), (i) => `layer ${i}${noRope(store).includes(i) ? " (no RoPE)" : ""}`, layer);
     fillSelect($("rope-head"), range(loaded.n_head), (i) => `head ${i}`, head);
   }
   const button = $("rope-fetch");
-  button.disabled = !canFetch(store);
+  button.disabled = !canFetch(store) || noRope(store).includes(layer);
   button.textContent = pos == null ? "Fetch q and k" : `Fetch layer ${layer}'s q at position ${pos} and k at 0 … ${pos}`;
 }
 
 // Part 2: why there is nothing to show yet, or the real head's rows (`pairing`: the one picked in part 1).
 function renderReal(store, pairing) {
   const s = store.rope, pos = selectedPos(store);
+  const layer = ropeChoice(store).layer;
   const why = !store.loaded ? "Load a model and chat: this part takes a real head's q and k."
+    : noRope(store).includes(layer) ? `Layer ${layer} has no RoPE: this model leaves every ` +
+      `${noRopeStep(noRope(store))} layer unrotated (NoPE), so its q and k carry no position signal and neither ` +
+      "pairing applies. Pick a layer without “(no RoPE)” to see the rotation."
     : s.busy ? `computing… a prefill of ${pos + 1} positions through layers 0 … ${ropeChoice(store).layer}`
     : s.data ? null
     : pos == null ? "No conversation yet."

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lab import gpu, ops
+from lab.ops import attention as attn_ops
 from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample
 from lab.ops.rows import Rows
 from lab.settings import MAX_CANDIDATES
@@ -130,7 +131,7 @@ class PlanBuilder:
         E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, s.qkv_width
         b = f"blk.{il}."
         base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
-        fused = self.qkv_rope(il, base)
+        fused = self.qkv_rope(il, base) if cfg.rotates(il) else None
         self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
                                           b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
         if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
@@ -139,6 +140,13 @@ class PlanBuilder:
                                    w2=vec[b + "attn_k_norm.weight"], split=cfg.n_head))
         if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
             self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+        elif not cfg.rotates(il):
+            # smollm3's NoPE layers: Q and K stay as projected (the traced names keep "_rope" for one name per
+            # layer kind: here the step is the identity), K and V go to the cache as they are (role KV_WRITE)
+            self.add(attn_ops.kv_write(dev, kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.step,
+                                       n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=W, k_offset=Q,
+                                       v_offset=Q + KV, n_ctx=self.eng.n_ctx, label=f"kv_write {il}"),
+                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
         else:
             # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
             # rotated K and the V into the cache (role KV_WRITE).

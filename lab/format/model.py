@@ -26,7 +26,8 @@ from lab.format.checks import ModelError, check_config, show
 from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
 from lab.format.gguf import Header, TensorInfo
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+NO_ROPE_STEP = {"smollm3": 4}   # llama_model_smollm3::load_arch_hparams: layers 3, 7, ... have no RoPE
 NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
 GEMMA = ("gemma2", "gemma3")
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
@@ -64,6 +65,11 @@ class Config:
     rope_freqs: bool = False        # rope_freqs.weight [n_rot/2] f32 (llama 3): theta_i / factor_i on every layer
     fused_qkv: bool = False         # attn_qkv.weight [n_embd, q + 2 kv] instead of attn_q/k/v (phi3)
     fused_gate_up: bool = False     # ffn_up.weight [n_embd, 2 n_ff] = [gate | up] rows, no ffn_gate (phi3)
+    no_rope: tuple[bool, ...] = ()  # per layer: True where Q and K are not rotated (smollm3's NoPE layers); () none
+
+    def rotates(self, il: int) -> bool:
+        """Whether layer il rotates Q and K (every layer but smollm3's NoPE ones)."""
+        return not (self.no_rope and self.no_rope[il])
 
     @property
     def rope_pairs(self) -> int:
@@ -128,6 +134,7 @@ def from_gguf(header: Header) -> Config:
         # refused by check_tensors as a tensor it does not read.
         rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
         fused_qkv=phi3, fused_gate_up=phi3,
+        no_rope=tuple((il + 1) % NO_ROPE_STEP[arch] == 0 for il in range(n_layer)) if arch in NO_ROPE_STEP else (),
     )
     check_tensors(cfg, header, why)
     return cfg
@@ -201,8 +208,8 @@ def _rope(arch: str, kv: dict, head_dim: int, tensors: dict[str, TensorInfo],
     if n_rot % 2 or n_rot > head_dim:
         raise ModelError(f"{a}rope.dimension_count = {n_rot}: must be even and at most the head size {head_dim} "
                          f"({why['head_dim']})")
-    if arch == "llama" and n_rot != head_dim:   # llama.cpp: "invalid n_rot"
-        raise ModelError(f"{a}rope.dimension_count = {n_rot}: a llama model rotates the whole head of {head_dim} "
+    if arch in ("llama", "smollm3") and n_rot != head_dim:   # llama.cpp: "invalid n_rot" / GGML_ASSERT
+        raise ModelError(f"{a}rope.dimension_count = {n_rot}: a {arch} model rotates the whole head of {head_dim} "
                          f"({why['head_dim']})")
     # RoPE scaling as llama.cpp reads it: type "linear" when absent; factor from rope.scaling.factor, else
     # the older rope.scale_linear; 0 or absent means 1; type "none" never scales. yarn and longrope are

@@ -81,6 +81,9 @@ SPECS: dict[str, ArchSpec] = {
     # Mistral-style: llama architecture, untied head, GQA 4:1, attention.sliding_window (llama.cpp never reads it)
     "mistral": ArchSpec("llama", "smollm2", 4, 4, 1, 64, 512, tied=False,
                         extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.sliding_window": 8}),
+    # SmolLM3-3B-shaped: llama's layout, GQA 4:1, base 5e6, tied; 8 layers so that two (3 and 7) have no RoPE
+    "smollm3": ArchSpec("smollm3", "smollm2", 8, 4, 1, 64, 512, tied=True,
+                        extra={"rope.freq_base": 5000000.0, "context_length": 65536}),
     # Qwen3: Q/K norms per head, no biases, NeoX RoPE, head size 64 with q width 256 + ... (key_length given)
     "qwen3": ArchSpec("qwen3", "qwen2.5", 4, 4, 2, 64, 512, tied=True,
                       extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,

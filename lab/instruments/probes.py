@@ -365,6 +365,9 @@ class Probes:
             raise ValueError(f"rope: position {pos} of {len(ids)} (context {eng.n_ctx})")
         if not 0 <= layer < cfg.n_layer:
             raise ValueError(f"rope: layer {layer} of {cfg.n_layer}")
+        if not cfg.rotates(layer):
+            raise ValueError(f"rope: layer {layer} of this {cfg.arch} model has no rotary position embedding (NoPE): "
+                             f"its q and k are used as projected, so there is no pairing to show; pick another layer")
         eng.check_ids(ids[:pos + 1], ValueError, "rope: ")
         if self._pass is None:
             self._build_pass()

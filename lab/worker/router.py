@@ -206,7 +206,7 @@ async def _load(msg: dict, w: Worker) -> None:
         "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
-                 "arch": cfg.arch},
+                 "arch": cfg.arch, "no_rope": [il for il in range(cfg.n_layer) if not cfg.rotates(il)]},
         "retrieval": retrieval.defaults(engine.n_ctx),
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 

@@ -23,32 +23,39 @@ NEAR_TIE = 0.01          # as tests/engine/test_architectures.py: F32 on both si
 F32_TOL = 2e-2           # as tests/engine/test_architectures.py (measured 2.1e-5 natively on this file)
 
 
+def _held_to_llama_cpp(page, spec: str, positions=None) -> None:
+    """The page's greedy ids and logits of the fixture's prompt against llama.cpp's (`positions`: a subset)."""
+    fx = json.loads((FIXTURES / "arch" / f"{spec}-f32.json").read_text())
+    want, gaps = fx["greedy"], fx["top2_gap"]
+    got = page.evaluate("([ids, n]) => window.labGreedyIds(ids, n).then((m) => m.ids)", [fx["prompt_ids"], len(want)])
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        if gaps[i] < NEAR_TIE:
+            break
+        assert g == w, f"greedy step {i}: {g} != llama.cpp's {w} (gap {gaps[i]})"
+    worst = 0.0
+    for p in fx["positions"]:
+        if positions is not None and p["pos"] not in positions:
+            continue
+        m = page.evaluate("(ids) => window.labLastLogits(ids).then((m) => m.logits)", fx["prompt_ids"][:p["pos"] + 1])
+        row = np.frombuffer(base64.b64decode(m), np.float32)
+        ids = p["top_ids"] + fx["sample_ids"]
+        diff = float(np.abs(row[ids] - np.array(p["top_logits"] + p["sample_logits"])).max())
+        worst = max(worst, diff)
+        assert diff <= F32_TOL, f"position {p['pos']}: max |logit diff| {diff:.3g} > {F32_TOL}"
+        if p["top_logits"][0] - p["top_logits"][1] >= NEAR_TIE:
+            assert int(np.argmax(row)) == p["top_ids"][0], f"position {p['pos']}: top-1 differs"
+    print(f"\n{spec}-f32 in the page: max |logit diff| vs llama.cpp {worst:.3g}")
+
+
 def test_llama3_in_the_page_is_llama_cpps(browser, server_url):
-    fx = json.loads((FIXTURES / "arch" / "llama3-f32.json").read_text())
     path = synthetic_arch.build("llama3", "f32", cache_dir() / "synthetic")
     with open_lab(browser, server_url) as lab:
         page = lab.page
         lab.wait_ready()
         lab.pick(path)
         lab.wait_loaded(path.name)
-        want, gaps = fx["greedy"], fx["top2_gap"]
-        got = page.evaluate("([ids, n]) => window.labGreedyIds(ids, n).then((m) => m.ids)", [fx["prompt_ids"], len(want)])
-        assert len(got) == len(want)
-        for i, (g, w) in enumerate(zip(got, want)):
-            if gaps[i] < NEAR_TIE:
-                break
-            assert g == w, f"greedy step {i}: {g} != llama.cpp's {w} (gap {gaps[i]})"
-        worst = 0.0
-        for p in fx["positions"]:
-            m = page.evaluate("(ids) => window.labLastLogits(ids).then((m) => m.logits)", fx["prompt_ids"][:p["pos"] + 1])
-            row = np.frombuffer(base64.b64decode(m), np.float32)
-            ids = p["top_ids"] + fx["sample_ids"]
-            diff = float(np.abs(row[ids] - np.array(p["top_logits"] + p["sample_logits"])).max())
-            worst = max(worst, diff)
-            assert diff <= F32_TOL, f"position {p['pos']}: max |logit diff| {diff:.3g} > {F32_TOL}"
-            if p["top_logits"][0] - p["top_logits"][1] >= NEAR_TIE:
-                assert int(np.argmax(row)) == p["top_ids"][0], f"position {p['pos']}: top-1 differs"
-        print(f"\nllama3-f32 in the page: max |logit diff| vs llama.cpp {worst:.3g}")
+        _held_to_llama_cpp(page, "llama3")
         # `lab bench --backend browser --profile` on this adapter: the worker times its steps by timestamp queries
         # (web/worker.js labTimePass). As natively (tests/engine/test_profile.py): the families partition the
         # step's dispatches, and every pass took GPU time.
@@ -57,4 +64,40 @@ def test_llama3_in_the_page_is_llama_cpps(browser, server_url):
             whole, fams = m["rows"][0], m["rows"][1:]
             assert whole["family"] == "whole step" and sum(r["dispatches"] for r in fams) == whole["dispatches"] > 0
             assert all(r["gpu_us"] > 0 for r in m["rows"]), m["rows"]
+        assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+def test_smollm3_in_the_page_and_its_layers_without_rope(browser, server_url):
+    """SmolLM3's every 4th layer has no RoPE (layers 3 and 7 of the 8-layer synthetic file): the page matches
+    llama.cpp (prefill positions past the first NoPE layer's reach, and greedy decode), and says which layers have no
+    position signal: the attention panel's layer list and note, and the RoPE demo, which has no pairing to show there
+    and says so instead of fetching."""
+    path = synthetic_arch.build("smollm3", "f32", cache_dir() / "synthetic")
+    with open_lab(browser, server_url) as lab:
+        page = lab.page
+        lab.wait_ready()
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+        _held_to_llama_cpp(page, "smollm3", positions={5, 24})
+        page.fill('[data-testid="max-tokens"]', "2")
+        page.fill('[data-testid="prompt"]', "Hello there")
+        page.click('[data-testid="send"]')
+        page.wait_for_function("document.querySelector('[data-testid=timings]').textContent.length > 0",
+                               timeout=300_000)
+        lab.open_panel("attention")
+        page.wait_for_selector("[data-testid=attention-cell]", timeout=300_000)
+        options = page.eval_on_selector_all("[data-testid=attention-layer] option", "os => os.map(o => o.textContent)")
+        assert [i for i, o in enumerate(options) if o.endswith("(no RoPE)")] == [3, 7]
+        page.select_option("[data-testid=attention-layer]", "3")
+        note = page.wait_for_selector("[data-testid=attention-no-rope]", timeout=60_000).inner_text()
+        assert "Layer 3 has no rotary position embedding" in note and "every 4th layer" in note
+        page.select_option("[data-testid=attention-layer]", "2")
+        page.wait_for_function("document.querySelector('#attention-body p').textContent.startsWith('layer 2,')")
+        assert page.query_selector("[data-testid=attention-no-rope]") is None
+        page.locator("#rope").evaluate("e => e.scrollIntoView({block: 'nearest'})")
+        page.select_option('[data-testid="rope-layer"]', "7")
+        page.wait_for_function("document.querySelector('[data-testid=rope-fetch]').disabled")
+        assert "Layer 7 has no RoPE" in page.inner_text("#rope-real")
+        page.select_option('[data-testid="rope-layer"]', "6")
+        page.wait_for_function("!document.querySelector('[data-testid=rope-fetch]').disabled")
         assert lab.errors() == [] and lab.foreign_requests() == []

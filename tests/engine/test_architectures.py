@@ -55,7 +55,7 @@ REF_TOL = 1e-3          # engine vs numpy reference, relative to max |ref| (meas
 # The default run: the F32 files with SmolLM2's 49152-token vocabulary (llama 3 with rope_freqs, Mistral-style,
 # phi3), ~1 min on lavapipe with the cores to itself. qwen3 (151936 tokens) and the gemmas (262144 tokens, 270 MB
 # of F32 weights) and every quantized mix are behind --slow (the gemma2 file alone took 9 min on a loaded machine).
-DEFAULT = {("llama3", "f32"), ("mistral", "f32"), ("phi3", "f32")}
+DEFAULT = {("llama3", "f32"), ("mistral", "f32"), ("phi3", "f32"), ("smollm3", "f32")}
 
 
 def _cases() -> list:

@@ -188,9 +188,10 @@ class Reference:
                 k = rms_norm(k, self._lw(il, "attn_k_norm.weight"), hp.eps)
                 self._cb(f"Qcur_normed-{il}", q)
                 self._cb(f"Kcur_normed-{il}", k)
-            base = hp.rope_base_for(il)
-            q = rope(q, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
-            k = rope(k, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
+            if hp.rotates(il):          # smollm3's NoPE layers keep Q and K as they are
+                base = hp.rope_base_for(il)
+                q = rope(q, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
+                k = rope(k, pos, hp.n_rot, base, hp.rope_type, hp.rope_scale, hp.rope_factors)
             self._cb(f"Qcur_rope-{il}", q)
             self._cb(f"Kcur_rope-{il}", k)
 

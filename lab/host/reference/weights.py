@@ -26,7 +26,7 @@ from gguf.quants import dequantize
 # adjacent values (x[2i], x[2i+1]); qwen2 and the gemma family use "NEOX", rotating (x[i], x[i+n_rot/2]).
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
-ROPE_TYPE = {"llama": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox", "gemma3": "neox"}
+ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox", "gemma3": "neox"}
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -125,6 +125,10 @@ class Hparams:
     bos_id: int | None = None
     eos_id: int | None = None
     add_bos: bool = False
+    no_rope_step: int = 0         # smollm3: layer il has no RoPE when (il + 1) % step == 0 (0: every layer rotates)
+
+    def rotates(self, il: int) -> bool:
+        return not (self.no_rope_step and (il + 1) % self.no_rope_step == 0)
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers and self.swa_layers[il])
@@ -180,6 +184,10 @@ class Hparams:
             # src/models/llama.cpp: get_rope_factors(il) returns layers[il].rope_freqs, the one tensor
             # (TENSOR_DUPLICATED for il > 0), passed to ggml_rope_ext of Q and K on every layer.
             hp.rope_factors = np.asarray(w.get("rope_freqs.weight"), dtype=np.float64)
+        if arch == "smollm3":
+            # llama_model_smollm3::load_arch_hparams: n_no_rope_layer_step = 4, fixed (no key); src/models/smollm3.cpp
+            # rotates Q and K only where (il + 1) % 4 != 0, the rest is llama's graph
+            hp.no_rope_step = 4
         if arch == "qwen3":
             hp.qk_norm = True            # src/models/qwen3.cpp: attn_q_norm / attn_k_norm per head, before RoPE
         if arch == "gemma2":
