@@ -10,9 +10,11 @@
 #   bash scripts/device_browser.sh tests     # or split the work: the correctness checks only ...
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
 #   bash scripts/device_browser.sh retrieval # the retrieval card's page tests and its index, natively and in the page
+#   bash scripts/device_browser.sh experiments # the Experiments card's page tests and a 30 x 16 patching sweep, both ways
 #
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
-# f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), bench.jsonl (native and browser JSON per model, the page's with its steps'
+# f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), experiments.jsonl (lab
+# patch, native and page), bench.jsonl (native and browser JSON per model, the page's with its steps'
 # GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md.
 set -uo pipefail
 D=/tmp/devb
@@ -103,6 +105,26 @@ if [[ $mode == all || $mode == retrieval ]]; then
     log "retrieval index, $b"
     timeout 400 python3 -m lab.host.cli retrieval-eval "$D/SmolLM2-135M-Instruct.Q4_1.gguf" tests/fixtures/constitution.txt \
       --queries 500 --backend "$b" --json 2>>"$OUT/log.txt" | tee -a "$OUT/retrieval.jsonl" | cut -c1-400
+  done
+fi
+
+# 3c. The Experiments card on this adapter: its page tests, then the issue's sweep (SmolLM2's 30 layers x the 16
+#     positions of an indirect-object prompt pair, the residual patched) natively and in the page, twice each.
+if [[ $mode == all || $mode == experiments ]]; then
+  log "experiments card: page tests"
+  timeout 500 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_experiments_page.py 2>&1 | tail -20 \
+    | tee -a "$OUT/tests.txt"
+  for b in native browser; do
+    log "patching sweep 30 x 16, $b"
+    for rep in 1 2; do
+      [ $b = browser ] && [ $rep = 2 ] && break     # the page's command runs it twice itself (cold, then warm)
+      timeout 400 python3 -m lab.host.cli patch "$D/SmolLM2-135M-Instruct.Q4_1.gguf" \
+        --clean "When John and Mary went to the old store, John gave a cold drink to" \
+        --corrupt "When John and Mary went to the old store, Mary gave a cold drink to" \
+        --target " Mary" --foil " John" --backend "$b" --json 2>>"$OUT/log.txt" \
+        | tee -a "$OUT/experiments.jsonl" | python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('recovery'); \
+print(json.dumps(d)[:600])"
+    done
   done
 fi
 

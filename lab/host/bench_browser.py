@@ -368,3 +368,50 @@ def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, wind
     return {"model": Path(path).name, "backend": "browser", "adapter": adapter, "files": plan["files"],
             "refused": plan["refused"], "windows": built["windows"], "tokens": plan["tokens"],
             "index_seconds": built["seconds"], "windows_per_s": built["windows_per_s"], "recall": recall}
+
+
+def experiment_page(path, msg: dict, *, repeat: int = 2, chromium: str | None = None, args: list[str] | None = None,
+                    timeout_s: float = 3600) -> dict:
+    """`lab patch | ablate --backend browser`: load `path` through the page's file input and post the Experiments
+    card's own `experiment` message (lab/worker/experiments.py; `confirm` set, so a long sweep does not wait for the
+    card's question) `repeat` times: the first run compiles the intervened plans, the later ones are the warm figure.
+    Returns the last run's result (the native command's keys), each run's plan and seconds (the sweep's own, as the
+    instrument times it, and the whole experiment from message to result), and the adapter."""
+    from playwright.sync_api import sync_playwright
+    default_path, default_args = browser_command()
+    chromium = chromium or default_path
+    args = default_args if args is None else list(args)
+    srv, thread, url = _serve(Path(path))
+    runs = []
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
+            try:
+                page = browser.new_context().new_page()
+                page.add_init_script(path=RECORDER)
+                page.goto(url + "/")
+                lab = _Page(page)
+                if not lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]["ok"]:
+                    raise BenchError("the page's GPU self-test failed")
+                adapter = page.evaluate(ADAPTER_JS)
+                n = lab.count()
+                page.set_input_files('[data-testid="model-file"]', str(path))
+                lab.wait("loaded", n, timeout_s)
+                for i in range(repeat):
+                    n = lab.count()
+                    t0 = time.perf_counter()
+                    lab.post({**msg, "type": "experiment", "confirm": True, "seq": i + 1})
+                    done = lab.wait("experiment-result", n, timeout_s)
+                    wall = time.perf_counter() - t0
+                    plan = next((m for m in lab.since(n) if m["type"] == "experiment-plan"), None)
+                    runs.append({"plan": plan, "sweep_s": done["result"].get("seconds"),
+                                 "experiment_s": round(wall, 3), "result": done["result"]})
+            finally:
+                browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+    last = runs[-1]["result"]
+    return {**last, "model": Path(path).name, "backend": "browser", "adapter": adapter,
+            "timings": [{k: r[k] for k in ("sweep_s", "experiment_s")} | {"runs": r["result"].get("runs")}
+                        for r in runs]}

@@ -314,7 +314,24 @@ def _progress(args):
                                               flush=True)
 
 
+def _experiment_in_page(args, msg: dict) -> int:
+    """`--backend browser`: the same experiment through the page's Experiments card (lab/host/bench_browser.py)."""
+    from lab.host import bench_browser
+    chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
+    try:
+        out = bench_browser.experiment_page(args.model, msg, chromium=chromium, args=flags)
+    except bench_browser.BenchError as exc:
+        print(f"lab {msg['kind']}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
 def _ablate(args) -> int:
+    if args.backend == "browser":
+        return _experiment_in_page(args, {"kind": "ablate", "prompt": args.prompt, "target": args.target,
+                                          "what": args.block or "heads", "mode": args.mode, "heads": args.heads or "",
+                                          "layers": "" if args.layer is None else str(args.layer)})
     lab = _lab(args)
     try:
         target = lab.token(args.target)
@@ -337,6 +354,10 @@ def _ablate(args) -> int:
 
 
 def _patch(args) -> int:
+    if args.backend == "browser":
+        return _experiment_in_page(args, {"kind": "patch", "clean": args.clean, "corrupt": args.corrupt,
+                                          "target": args.target, "foil": args.foil or "", "site": args.site,
+                                          "layers": args.layers or ""})
     lab = _lab(args)
     try:
         target = lab.token(args.target)
@@ -576,6 +597,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--json", action="store_true",
                    help='print {"target_id", "base_logprob", "rows": [{"layer", "head", "logprob", "delta"}]}')
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.add_argument("--backend", choices=("native", "browser"), default="native",
+                   help="browser: the page in headless Chromium, through the Experiments card's message (JSON "
+                        "with the sweep's seconds, twice: cold, then warm)")
+    add_browser_options(s)
     s.set_defaults(fn=_ablate)
 
     s = sub.add_parser("patch", help="activation patching: the recovery of the target-foil logit difference when one "
@@ -594,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
                    help='print {"target_id", "foil_id", "clean_diff", "corrupt_diff", "positions", "layers", '
                         '"recovery": [[layer][position]]}')
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+    s.add_argument("--backend", choices=("native", "browser"), default="native",
+                   help="browser: the page in headless Chromium, through the Experiments card's message (JSON "
+                        "with the sweep's seconds, twice: cold, then warm)")
+    add_browser_options(s)
     s.set_defaults(fn=_patch)
 
     s = sub.add_parser("steer", help="a steering vector (mean residual after --layer over --plus prompts minus "

@@ -125,3 +125,4 @@ def test_cli_ablate_and_patch_json(smollm2_path, capsys):
     assert len(out["recovery"]) == 2 and len(out["recovery"][0]) == len(out["positions"])
     # the last layer's residual at the last position carries the whole answer
     assert out["recovery"][1][-1] == pytest.approx(1.0, abs=1e-3)
+    assert out["sanity"]["exact"] and out["sanity"]["diff"] == out["clean_diff"] and out["runs"] == 10
