@@ -46,6 +46,13 @@ QUANT_TRAP = {
     "IQ2_XXS": "IQ2_XXS: byte l of a0 picks the grid point, 7-bit sign indices with their parity bit, the top nibble "
                "scale",
     "IQ3_XXS": "IQ3_XXS: two 4-value points a group, in index-byte order; the scale word per 32 values, halved once",
+    "IQ2_XS": "IQ2_XS: 9-bit grid index and 7-bit sign index of each u16, a scale nibble per 16 values",
+    "IQ2_S": "IQ2_S: grid index bits 8-9 from qh, whole sign bytes (no parity rule), a scale nibble per 16 values",
+    "IQ3_S": "IQ3_S: each point's ninth index bit from qh, whole sign bytes, the scale d * (1 + 2 nibble)",
+    "IQ1_S": "IQ1_S: 11-bit grid index of -1/0/1 points, the 3-bit scale and the delta's sign from qh",
+    "IQ1_M": "IQ1_M: d from four scale nibbles, a 3-bit scale per 16 values, the delta's sign per 8 values",
+    "Q1_0": "Q1_0: bit j of the block, least significant first, gives +d (set) or -d",
+    "Q2_0": "Q2_0: 2-bit fields in element order minus 1 (-1, 0, 1, 2)",
 }
 TRAP = {
     "matmul": "prefill tiles: rows (77) and tokens (21) not multiples of the 32-wide tile",

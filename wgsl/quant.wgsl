@@ -7,17 +7,18 @@
 //   Groups 0..cols/8-1 cover a row exactly once. HALF per type (Python owns the table, lab/ops/weights.py):
 //   F32 F16 BF16 Q8_0 TQ1_0: 4 (8 consecutive values); NVFP4: 8 (low/high nibbles of 4 qs bytes of a 16-value
 //   sub-block); Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL IQ4_XS MXFP4: 16 (low/high nibbles of 4 qs bytes); Q2_K Q3_K Q4_K Q5_K
-//   Q6_K TQ2_0: 32; the grid types IQ2_XXS IQ3_XXS: 4 (8 consecutive values). A span of 2*HALF consecutive
-//   elements is always whole groups, and divides the block, so any range starting at a multiple of 64 holds whole
-//   groups.
+//   Q6_K TQ2_0: 32; the grid types IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M and the 1- and 2-bit types Q1_0
+//   Q2_0: 4 (8 consecutive values). A span of 2*HALF consecutive elements is always whole groups, and divides the
+//   block, so any range starting at a multiple of 64 holds whole groups.
 // Uniforms: none. Constants: none filled by Python (the type is picked by the including file through the
-//   function name), but for the grid types' lookup tables, which lab/gpu/shaders.py fills into every file from
-//   lab/format/iq_grids.py (IQ2XXS_GRID ...). Each block layout is spelled as named byte offsets beside its comment
+//   function name), but for the grid types' lookup tables and IQ1's delta, which lab/gpu/shaders.py fills into every
+//   file from lab/format/iq_grids.py (IQ2XXS_GRID ..., IQ1S_DELTA). Each block layout is spelled as named byte offsets beside its comment
 //   (Q4_K_SCALES = byte of the scales in a Q4_K block); offsets into a 4-byte-aligned block are read as words
 //   (offset / 4).
-// Blocks of 17, 18, 22, 34, 54, 66, 98, 110 and 210 bytes are not 4-byte aligned: fields are read with ld_u8/ld_u16/
-// ld_u32, which take byte offsets into W. Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed),
-// but for MXFP4's E8M0 and NVFP4's UE4M3 bytes, decoded from their bits.
+// Blocks of 17, 18, 22, 34, 50, 54, 66, 74, 82, 98, 110 and 210 bytes are not 4-byte aligned: fields are read with
+// ld_u8/ld_u16/ld_u32, which take byte offsets into W (ld_u16 an even one: only blocks of even size use it).
+// Scale fields are f16 (unpack2x16float, core WGSL: no shader-f16 needed), IQ1_M's spread over four nibbles, but for
+// MXFP4's E8M0 and NVFP4's UE4M3 bytes, decoded from their bits.
 
 struct Dq { lo: vec4<f32>, hi: vec4<f32> };
 
@@ -413,6 +414,43 @@ fn dq_tq1_0(rb: u32, g: u32) -> Dq {
     return Dq(d * (tq1_quad(blk, e) - 1.0), d * (tq1_quad(blk, e + 4u) - 1.0));
 }
 
+// ---- 1- and 2-bit blocks of consecutive values: x = d * a small integer -----------------------------------------
+
+// Q1_0, 18 bytes, 128 elements: d f16, qs[16]; element j is bit j % 8 of qs[j / 8]: set gives +d, clear -d.
+// HALF = 4: group gi (of 16 per block) is byte gi, lo its bits 0-3, hi bits 4-7.
+const Q1_0_BYTES: u32 = 18u;
+const Q1_0_D: u32 = 0u;
+const Q1_0_QS: u32 = 2u;
+
+// Bits first..first+3 of b, as -1.0 (clear) or +1.0 (set).
+fn pm1(b: u32, first: u32) -> vec4<f32> {
+    let bit = (vec4<u32>(b) >> (vec4<u32>(first) + vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>(1u);
+    return 2.0 * vec4<f32>(bit) - 1.0;
+}
+
+fn dq_q1_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 4u) * Q1_0_BYTES;
+    let d = ld_f16(blk + Q1_0_D);
+    let b = ld_u8(blk + Q1_0_QS + (g & 15u));
+    return Dq(d * pm1(b, 0u), d * pm1(b, 4u));
+}
+
+// Q2_0, 18 bytes, 64 elements: d f16, qs[16]; element j is bits 2(j % 4), 2(j % 4) + 1 of qs[j / 4], a field q
+// of 0..3.  x = d * (q - 1), so -1, 0, 1, 2 (TQ2_0's arithmetic; its fields sit in Q2_K's order, these in element
+// order).  HALF = 4: group gi (of 8 per block) is the bytes qs[2gi], qs[2gi + 1] (an even offset), lo the first's four
+// fields, hi the second's.
+const Q2_0_BYTES: u32 = 18u;
+const Q2_0_D: u32 = 0u;
+const Q2_0_QS: u32 = 2u;
+fn dq_q2_0(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 3u) * Q2_0_BYTES;
+    let d = ld_f16(blk + Q2_0_D);
+    let q = ld_u16(blk + Q2_0_QS + 2u * (g & 7u));
+    let lo = vec4<f32>((vec4<u32>(q) >> vec4<u32>(0u, 2u, 4u, 6u)) & vec4<u32>(3u));
+    let hi = vec4<f32>((vec4<u32>(q) >> vec4<u32>(8u, 10u, 12u, 14u)) & vec4<u32>(3u));
+    return Dq(d * (lo - 1.0), d * (hi - 1.0));
+}
+
 // ---- 4-bit floats: E2M1 values times a block scale ----------------------------------------------------------
 
 // The 16 E2M1 codes doubled (ggml's kvalues_mxfp4; the scales carry the 1/2), as int8 bytes as iq4_levels holds its
@@ -463,13 +501,59 @@ fn dq_nvfp4(rb: u32, g: u32) -> Dq {
     return Dq(d * fp4_levels(nibs_lo(q)), d * fp4_levels(nibs_hi(q)));
 }
 
-// ---- grid types: 8 (or 4) values a point of a lattice table, times a sub-block scale and signs --------------
-// The tables are lab/format/iq_grids.py's (ggml's iq2xxs_grid ...), filled in by lab/gpu/shaders.py as private arrays
-// of u32 words (shaders.py says why this form): an 8-value point p is words 2p (values 0-3) and 2p + 1 (values 4-7),
-// a 4-value point (IQ3) word p; one byte a value. HALF = 4 for all of them: group g is elements 8g..8g+7, one 8-value
-// point, or two 4-value points, of sub-block (g % 32) / 4 of block g / 32.
-var<private> IQ2XXS_GRID: array<u32, 512> = {{IQ2XXS_GRID}};
-var<private> IQ3XXS_GRID: array<u32, 256> = {{IQ3XXS_GRID}};
+// ---- grid types: 8 (or 4) values a point of a lattice table, times a sub-block scale, and signs or (IQ1) a delta --
+// The tables are lab/format/iq_grids.py's (ggml's iq2xxs_grid ...), packed by lab/gpu/shaders.py into private arrays
+// of u32 words (shaders.py says why this form): point p is the 16-bit half p % 2 of word p / 2, its values codes of
+// b bits (2: the IQ2 and IQ1 grids, 8 values a point; 3: the IQ3 grids, 4 values) into the grid's levels, NAME_LEVELS
+// (level c is byte c % 4 of word c / 4; int8 in IQ1's). The grids over 256 words come in parts of 256 (IQ2S_GRID0 ...),
+// each part its own array, read through a function that picks one (shaders.py: GRID_PART, and why). HALF = 4 for all
+// of them: group g is elements 8g..8g+7, one 8-value point, or two 4-value points, of sub-block (g % 32) / 4 of block
+// g / 32.
+var<private> IQ2XXS_GRID: array<u32, 128> = {{IQ2XXS_GRID}};
+var<private> IQ2XS_GRID: array<u32, 256> = {{IQ2XS_GRID}};
+var<private> IQ2S_GRID0: array<u32, 256> = {{IQ2S_GRID0}};
+var<private> IQ2S_GRID1: array<u32, 256> = {{IQ2S_GRID1}};
+var<private> IQ3XXS_GRID: array<u32, 128> = {{IQ3XXS_GRID}};
+var<private> IQ3S_GRID: array<u32, 256> = {{IQ3S_GRID}};
+var<private> IQ1S_GRID0: array<u32, 256> = {{IQ1S_GRID0}};
+var<private> IQ1S_GRID1: array<u32, 256> = {{IQ1S_GRID1}};
+var<private> IQ1S_GRID2: array<u32, 256> = {{IQ1S_GRID2}};
+var<private> IQ1S_GRID3: array<u32, 256> = {{IQ1S_GRID3}};
+const IQ2XXS_LEVELS: vec2<u32> = {{IQ2XXS_LEVELS}};
+const IQ2XS_LEVELS: vec2<u32> = {{IQ2XS_LEVELS}};
+const IQ2S_LEVELS: vec2<u32> = {{IQ2S_LEVELS}};
+const IQ3XXS_LEVELS: vec2<u32> = {{IQ3XXS_LEVELS}};
+const IQ3S_LEVELS: vec2<u32> = {{IQ3S_LEVELS}};
+const IQ1S_LEVELS: vec2<u32> = {{IQ1S_LEVELS}};
+
+// Word i of IQ2S's grid (points 2i, 2i + 1), and of IQ1S's.
+fn iq2s_word(i: u32) -> u32 {
+    if (i < 256u) {
+        return IQ2S_GRID0[i];
+    }
+    return IQ2S_GRID1[i & 255u];
+}
+
+fn iq1s_word(i: u32) -> u32 {
+    switch (i >> 8u) {
+        case 0u: { return IQ1S_GRID0[i & 255u]; }
+        case 1u: { return IQ1S_GRID1[i & 255u]; }
+        case 2u: { return IQ1S_GRID2[i & 255u]; }
+        default: { return IQ1S_GRID3[i & 255u]; }
+    }
+}
+
+// Point p's 16 bits, from w = its grid's word p / 2.
+fn grid_point(w: u32, p: u32) -> u32 {
+    return (w >> (16u * (p & 1u))) & 0xFFFFu;
+}
+
+// The level bytes of the four b-bit codes at bits first, first + b, first + 2b, first + 3b of point h.
+fn grid_values(h: u32, first: u32, b: u32, lv: vec2<u32>) -> vec4<u32> {
+    let c = (vec4<u32>(h) >> (vec4<u32>(first) + b * vec4<u32>(0u, 1u, 2u, 3u))) & vec4<u32>((1u << b) - 1u);
+    let w = select(vec4<u32>(lv.x), vec4<u32>(lv.y), c >= vec4<u32>(4u));
+    return (w >> (8u * (c & vec4<u32>(3u)))) & vec4<u32>(0xFFu);
+}
 
 // The 8 sign bits of a 7-bit sign index i: i | parity(i) << 7 (ggml's ksigns_iq2xs, an even count of minus signs;
 // tests/unit/test_iq_grids.py holds the formula to the table).
@@ -498,8 +582,9 @@ fn dq_iq2_xxs(rb: u32, g: u32) -> Dq {
     let db = ld_f16(blk + IQ2_XXS_D) * (0.5 + f32(a1 >> 28u)) * 0.25;
     let p = (a0 >> (8u * l)) & 0xFFu;
     let s = ksigns((a1 >> (7u * l)) & 127u);
-    return Dq(db * vec4<f32>(u8x4(IQ2XXS_GRID[2u * p])) * signs4(s, 0u),
-              db * vec4<f32>(u8x4(IQ2XXS_GRID[2u * p + 1u])) * signs4(s, 4u));
+    let h = grid_point(IQ2XXS_GRID[p >> 1u], p);
+    return Dq(db * vec4<f32>(grid_values(h, 0u, 2u, IQ2XXS_LEVELS)) * signs4(s, 0u),
+              db * vec4<f32>(grid_values(h, 8u, 2u, IQ2XXS_LEVELS)) * signs4(s, 4u));
 }
 
 // IQ3_XXS, 98 bytes: d f16, qs[64] (grid indices, one byte a 4-value point), scales_and_signs[32] (one word a
@@ -518,6 +603,128 @@ fn dq_iq3_xxs(rb: u32, g: u32) -> Dq {
     let db = ld_f16(blk + IQ3_XXS_D) * (0.5 + f32(a >> 28u)) * 0.5;
     let q = ld_u16(blk + IQ3_XXS_QS + 8u * ib + 2u * l);
     let s = ksigns((a >> (7u * l)) & 127u);
-    return Dq(db * vec4<f32>(u8x4(IQ3XXS_GRID[q & 0xFFu])) * signs4(s, 0u),
-              db * vec4<f32>(u8x4(IQ3XXS_GRID[q >> 8u])) * signs4(s, 4u));
+    let p1 = q & 0xFFu;
+    let p2 = q >> 8u;
+    return Dq(db * vec4<f32>(grid_values(grid_point(IQ3XXS_GRID[p1 >> 1u], p1), 0u, 3u, IQ3XXS_LEVELS)) * signs4(s, 0u),
+              db * vec4<f32>(grid_values(grid_point(IQ3XXS_GRID[p2 >> 1u], p2), 0u, 3u, IQ3XXS_LEVELS)) * signs4(s, 4u));
+}
+
+// The sub-block scale of the IQ2_XS / IQ2_S group gi (of 32 per block): d * (0.5 + nibble) * 0.25, where byte
+// scales[gi / 4] holds the scale of the sub-block's first 16 values in its low nibble, of the last 16 in its high.
+fn iq2_scale(d: f32, scales: u32, gi: u32) -> f32 {
+    return d * (0.5 + f32((scales >> (4u * ((gi >> 1u) & 1u))) & 15u)) * 0.25;
+}
+
+// IQ2_XS, 74 bytes: d f16, qs[32] u16, scales[8]. Group gi (elements 8gi..8gi+7 of the block) is qs[gi]: bits 0-8
+// the index of an 8-value point of iq2xs_grid (512), bits 9-15 a 7-bit sign index (ksigns, as IQ2_XXS).
+// x = iq2_scale * grid value * sign.
+const IQ2_XS_BYTES: u32 = 74u;
+const IQ2_XS_D: u32 = 0u;
+const IQ2_XS_QS: u32 = 2u;
+const IQ2_XS_SCALES: u32 = 66u;
+fn dq_iq2_xs(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ2_XS_BYTES;
+    let gi = g & 31u;
+    let db = iq2_scale(ld_f16(blk + IQ2_XS_D), ld_u8(blk + IQ2_XS_SCALES + (gi >> 2u)), gi);
+    let q = ld_u16(blk + IQ2_XS_QS + 2u * gi);
+    let p = q & 511u;
+    let s = ksigns(q >> 9u);
+    let h = grid_point(IQ2XS_GRID[p >> 1u], p);
+    return Dq(db * vec4<f32>(grid_values(h, 0u, 2u, IQ2XS_LEVELS)) * signs4(s, 0u),
+              db * vec4<f32>(grid_values(h, 8u, 2u, IQ2XS_LEVELS)) * signs4(s, 4u));
+}
+
+// IQ2_S, 82 bytes: d f16, qs[32] (grid index, low 8 bits), signs[32] (a whole sign byte a group, no parity rule),
+// qh[8], scales[8] (as IQ2_XS). Group gi = 4ib + l: point qs[gi] | (bits 2l, 2l+1 of qh[ib]) << 8 of iq2s_grid
+// (1024), signs[gi].  x = iq2_scale * grid value * sign.
+const IQ2_S_BYTES: u32 = 82u;
+const IQ2_S_D: u32 = 0u;
+const IQ2_S_QS: u32 = 2u;
+const IQ2_S_SIGNS: u32 = 34u;
+const IQ2_S_QH: u32 = 66u;
+const IQ2_S_SCALES: u32 = 74u;
+fn dq_iq2_s(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ2_S_BYTES;
+    let gi = g & 31u;
+    let ib = gi >> 2u;
+    let db = iq2_scale(ld_f16(blk + IQ2_S_D), ld_u8(blk + IQ2_S_SCALES + ib), gi);
+    let p = ld_u8(blk + IQ2_S_QS + gi) | (((ld_u8(blk + IQ2_S_QH + ib) >> (2u * (gi & 3u))) & 3u) << 8u);
+    let s = ld_u8(blk + IQ2_S_SIGNS + gi);
+    let h = grid_point(iq2s_word(p >> 1u), p);
+    return Dq(db * vec4<f32>(grid_values(h, 0u, 2u, IQ2S_LEVELS)) * signs4(s, 0u),
+              db * vec4<f32>(grid_values(h, 8u, 2u, IQ2S_LEVELS)) * signs4(s, 4u));
+}
+
+// IQ3_S, 110 bytes: d f16, qs[64] (grid index, low 8 bits; two 4-value points a group), qh[8], signs[32] (a whole
+// sign byte a group), scales[4]. Group gi = 4ib + l: points qs[8ib + 2l] | (bit 2l of qh[ib]) << 8 (lo) and
+// qs[8ib + 2l + 1] | (bit 2l + 1 of qh[ib]) << 8 (hi) of iq3s_grid (512), signs[gi]; the sub-block's scale is nibble
+// ib % 2 of scales[ib / 2].  x = d * (1 + 2 scale) * grid value * sign.
+const IQ3_S_BYTES: u32 = 110u;
+const IQ3_S_D: u32 = 0u;
+const IQ3_S_QS: u32 = 2u;
+const IQ3_S_QH: u32 = 66u;
+const IQ3_S_SIGNS: u32 = 74u;
+const IQ3_S_SCALES: u32 = 106u;
+fn dq_iq3_s(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ3_S_BYTES;
+    let gi = g & 31u;
+    let ib = gi >> 2u;
+    let sc = (ld_u8(blk + IQ3_S_SCALES + (ib >> 1u)) >> (4u * (ib & 1u))) & 15u;
+    let db = ld_f16(blk + IQ3_S_D) * f32(1u + 2u * sc);
+    let q = ld_u16(blk + IQ3_S_QS + 2u * gi);
+    let h = ld_u8(blk + IQ3_S_QH + ib) >> (2u * (gi & 3u));
+    let s = ld_u8(blk + IQ3_S_SIGNS + gi);
+    let p1 = (q & 0xFFu) | ((h & 1u) << 8u);
+    let p2 = (q >> 8u) | ((h & 2u) << 7u);
+    return Dq(db * vec4<f32>(grid_values(grid_point(IQ3S_GRID[p1 >> 1u], p1), 0u, 3u, IQ3S_LEVELS)) * signs4(s, 0u),
+              db * vec4<f32>(grid_values(grid_point(IQ3S_GRID[p2 >> 1u], p2), 0u, 3u, IQ3S_LEVELS)) * signs4(s, 4u));
+}
+
+// IQ1_S and IQ1_M: 8-value points of iq1s_grid (2048; values -1, 0, 1 as int8 bytes), each value plus a delta of
+// +-IQ1S_DELTA (lab/format/iq_grids.py), times a sub-block scale dl.  x = dl * (grid value + delta)
+fn iq1_values(p: u32, dl: f32, delta: f32) -> Dq {
+    let h = grid_point(iq1s_word(p >> 1u), p);
+    let lo = bitcast<vec4<i32>>(grid_values(h, 0u, 2u, IQ1S_LEVELS) << vec4<u32>(24u)) >> vec4<u32>(24u);
+    let hi = bitcast<vec4<i32>>(grid_values(h, 8u, 2u, IQ1S_LEVELS) << vec4<u32>(24u)) >> vec4<u32>(24u);
+    return Dq(dl * (vec4<f32>(lo) + delta), dl * (vec4<f32>(hi) + delta));
+}
+
+// IQ1_S, 50 bytes: d f16, qs[32] (grid index, low 8 bits), qh[8] u16 (one a sub-block ib of 32 values). Group
+// gi = 4ib + l: point qs[gi] | (bits 3l..3l+2 of qh[ib]) << 8; bits 12-14 of qh[ib] the scale s, dl = d * (2s + 1);
+// bit 15 the delta's sign (set: -0.125).
+const IQ1_S_BYTES: u32 = 50u;
+const IQ1_S_D: u32 = 0u;
+const IQ1_S_QS: u32 = 2u;
+const IQ1_S_QH: u32 = 34u;
+const IQ1_DELTA: f32 = {{IQ1S_DELTA}};
+fn dq_iq1_s(rb: u32, g: u32) -> Dq {
+    let blk = rb + (g >> 5u) * IQ1_S_BYTES;
+    let gi = g & 31u;
+    let qh = ld_u16(blk + IQ1_S_QH + 2u * (gi >> 2u));
+    let dl = ld_f16(blk + IQ1_S_D) * f32(2u * ((qh >> 12u) & 7u) + 1u);
+    let p = ld_u8(blk + IQ1_S_QS + gi) | (((qh >> (3u * (gi & 3u))) & 7u) << 8u);
+    return iq1_values(p, dl, select(IQ1_DELTA, -IQ1_DELTA, (qh & 0x8000u) != 0u));
+}
+
+// IQ1_M, 56 bytes: qs[32] (grid index, low 8 bits), qh[16], scales[8] (four u16, sc[0..3]); no d field: d is the
+// f16 whose nibbles 0..3 are the top nibbles of sc[0..3]. Group gi = 4ib + l: point qs[gi] | (bits 4(l%2)..+2 of
+// qh[2ib + l/2]) << 8, the delta's sign bit 4(l%2) + 3 of that byte (set: -0.125); the 3-bit scale s is bits
+// 6(ib%2) + 3(l/2)..+2 of sc[ib/2], dl = d * (2s + 1). 56-byte blocks keep the scale words aligned.
+const IQ1_M_BYTES: u32 = 56u;
+const IQ1_M_QS: u32 = 0u;
+const IQ1_M_QH: u32 = 32u;
+const IQ1_M_SCALES: u32 = 48u;
+fn dq_iq1_m(rb: u32, g: u32) -> Dq {
+    let w = (rb + (g >> 5u) * IQ1_M_BYTES) >> 2u;
+    let gi = g & 31u;
+    let ib = gi >> 2u;
+    let s01 = W[w + IQ1_M_SCALES / 4u];             // sc[0] | sc[1] << 16
+    let s23 = W[w + IQ1_M_SCALES / 4u + 1u];        // sc[2] | sc[3] << 16
+    let dbits = ((s01 >> 12u) & 0xFu) | ((s01 >> 24u) & 0xF0u) | ((s23 >> 4u) & 0xF00u) | ((s23 >> 16u) & 0xF000u);
+    let sc = select(s01, s23, ib >= 4u) >> (16u * ((ib >> 1u) & 1u));
+    let s = (sc >> (6u * (ib & 1u) + 3u * ((gi >> 1u) & 1u))) & 7u;
+    let dl = unpack2x16float(dbits).x * f32(2u * s + 1u);
+    let qh = (W[w + (IQ1_M_QH + (gi >> 1u)) / 4u] >> (8u * ((gi >> 1u) & 3u) + 4u * (gi & 1u))) & 15u;
+    let p = ((W[w + (IQ1_M_QS + gi) / 4u] >> (8u * (gi & 3u))) & 0xFFu) | ((qh & 7u) << 8u);
+    return iq1_values(p, dl, select(IQ1_DELTA, -IQ1_DELTA, (qh & 8u) != 0u));
 }

@@ -33,7 +33,7 @@ _TABLE = [
     (22, "IQ2_S", 256, 82), (23, "IQ4_XS", 256, 136), (24, "I8", 1, 1), (25, "I16", 1, 2),
     (26, "I32", 1, 4), (27, "I64", 1, 8), (28, "F64", 1, 8), (29, "IQ1_M", 256, 56),
     (30, "BF16", 1, 2), (34, "TQ1_0", 256, 54), (35, "TQ2_0", 256, 66), (39, "MXFP4", 32, 17),
-    (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18),
+    (40, "NVFP4", 64, 36), (41, "Q1_0", 128, 18), (42, "Q2_0", 64, 18),
 ]
 TYPES: dict[int, GgmlType] = {i: GgmlType(i, n, b, s) for i, n, b, s in _TABLE}
 BY_NAME: dict[str, GgmlType] = {t.name: t for t in TYPES.values()}
@@ -50,7 +50,9 @@ KERNEL_TYPES: dict[str, tuple[str, int]] = {
     "Q2_K": ("dq_q2_k", 32), "Q3_K": ("dq_q3_k", 32), "Q4_K": ("dq_q4_k", 32), "Q5_K": ("dq_q5_k", 32),
     "Q6_K": ("dq_q6_k", 32), "IQ4_NL": ("dq_iq4_nl", 16), "IQ4_XS": ("dq_iq4_xs", 16),
     "TQ1_0": ("dq_tq1_0", 4), "TQ2_0": ("dq_tq2_0", 32), "MXFP4": ("dq_mxfp4", 16), "NVFP4": ("dq_nvfp4", 8),
-    "IQ2_XXS": ("dq_iq2_xxs", 4), "IQ3_XXS": ("dq_iq3_xxs", 4),
+    "IQ2_XXS": ("dq_iq2_xxs", 4), "IQ3_XXS": ("dq_iq3_xxs", 4), "IQ2_XS": ("dq_iq2_xs", 4), "IQ2_S": ("dq_iq2_s", 4),
+    "IQ3_S": ("dq_iq3_s", 4), "IQ1_S": ("dq_iq1_s", 4), "IQ1_M": ("dq_iq1_m", 4), "Q1_0": ("dq_q1_0", 4),
+    "Q2_0": ("dq_q2_0", 4),
 }
 
 

@@ -3,8 +3,9 @@
 Facts of the format, copied from ggml-common.h through gguf-py (scripts/make_iq_grids.py wrote this file; do not
 edit it by hand; tests/unit/test_iq_grids.py holds it equal to gguf-py's tables). Each grid is one integer a
 point, as ggml writes it: value k of the point is byte k (little-endian), unsigned for the IQ2 and IQ3 grids,
-int8 for IQ1's (-1 is 0xFF). The kernels read them from here: lab/gpu/shaders.py writes them into
-wgsl/quant.wgsl as WGSL arrays of u32 words (wgsl_tables). Nothing here knows the block layouts.
+int8 for IQ1's (-1 is 0xFF). The kernels read them from here: lab/gpu/shaders.py packs them (codes into
+each grid's few levels) into wgsl/quant.wgsl's WGSL arrays (wgsl_tables). Nothing here knows the block
+layouts.
 """
 
 from __future__ import annotations

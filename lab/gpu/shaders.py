@@ -47,29 +47,60 @@ def subgroup_consts(device) -> dict:
     return {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}
 
 
-# The grids of lab/format/iq_grids.py as WGSL array values of u32 words, little-endian as in memory: an 8-value point
-# of IQ2's or IQ1's is words 2i (values 0-3) and 2i + 1 (values 4-7), one byte a value; an IQ3 point (4 values) word i.
-# quant.wgsl declares each as a module-scope `var<private>` initialized with this value and never written. Why that
-# form: quant.wgsl is included by get_rows, the matvecs and the GEMM and has no binding of its own, so a storage buffer
-# or a workgroup copy would change every including kernel's bindings and entry point. A `const` array indexed at run
-# time was tried first: naga copies the whole array into a function variable at every indexing site, and the GEMM
-# (which inlines the dequant many times) took 25 s to compile on lavapipe, against 1.9 s with the private variable,
-# which is indexed in place; a compiler can keep a read-only private array with a constant initializer as constant
-# data (Mesa's nir_opt_large_constants does). Kernels of the other types do not pay for the unused tables. On the
-# H200 this form is slow: IQ2_XXS's and IQ3_XXS's matvecs read 0.09-0.10 TB/s (docs/performance.md), far under the
-# issue's 1.0: a storage binding or a workgroup copy of the grid is the next thing to measure.
-_GRIDS = {"IQ2XXS_GRID": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS_GRID": (iq_grids.IQ2XS_GRID, 8),
-          "IQ2S_GRID": (iq_grids.IQ2S_GRID, 8), "IQ3XXS_GRID": (iq_grids.IQ3XXS_GRID, 4),
-          "IQ3S_GRID": (iq_grids.IQ3S_GRID, 4), "IQ1S_GRID": (iq_grids.IQ1S_GRID, 8)}
+# The grids of lab/format/iq_grids.py, packed for WGSL. A grid's values take few levels (IQ2's 8, 25, 43; IQ1's -1, 0,
+# 1; IQ3_XXS's eight, IQ3_S's eight), so a point is stored as codes into its sorted levels, 2 bits a code for three
+# levels and 3 for eight: an 8-value point (IQ2, IQ1) is 16 bits, a 4-value point (IQ3) 12, and point p is half p % 2
+# of word p / 2 (value k at bits b*k.., b the code width), a quarter (IQ2, IQ1) or three eighths (IQ3) of the bytes
+# of ggml's tables. The levels are bytes of two words (level c is byte c % 4 of word c / 4; IQ1's as int8), read as
+# iq4_levels reads its table. quant.wgsl declares each grid as a module-scope `var<private>` initialized with this
+# value and never written, and each level pair as a `const`. Why that form: quant.wgsl is included by get_rows, the
+# matvecs and the GEMM and has no binding of its own, so a storage buffer or a workgroup copy would change every
+# including kernel's bindings and entry point. A `const` array indexed at run time was tried first: naga copies the
+# whole array into a function variable at every indexing site, and the GEMM (which inlines the dequant many times) took
+# 25 s to compile on lavapipe, against 1.9 s with the private variable, which is indexed in place. Packed, and cut into
+# arrays of at most GRID_PART words (NAME_GRID0, NAME_GRID1, ...), because the compile time of a kernel that indexes a
+# private array grows faster than the array's length on lavapipe: a get_rows of IQ2_XXS's unpacked 512 words compiled
+# in 8 s, IQ2_S's 2,048 in 70 s, IQ1S's 4,096 in more than 4 minutes; packed, IQ1S's 1,024 words in 17.5 s as one
+# array, 4.5 s as four of 256, 4.0 s as eight of 128. Kernels of the other types do not pay for the unused tables.
+# On the H200 (`lab bench kernels`, 14336 x 4096) the unpacked form read 0.09 TB/s in IQ2_XXS's matvec and 0.10 in
+# IQ3_XXS's; packed, 0.25 and 0.20, IQ2_XS and IQ2_S 0.25-0.28, IQ3_S 0.22, but IQ1_S and IQ1_M (1,024 words) 0.04-0.05,
+# as one array or four (the parts cost nothing there: IQ2_S 0.29 as one, 0.28 as two). All far under the issue's
+# 1.0: a storage binding or a workgroup copy of the grid is the next thing to measure.
+GRID_PART = 256
+_GRIDS = {"IQ2XXS": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS": (iq_grids.IQ2XS_GRID, 8), "IQ2S": (iq_grids.IQ2S_GRID, 8),
+          "IQ3XXS": (iq_grids.IQ3XXS_GRID, 4), "IQ3S": (iq_grids.IQ3S_GRID, 4), "IQ1S": (iq_grids.IQ1S_GRID, 8)}
+
+
+def _values(point: int, width: int) -> list[int]:
+    """The values of a grid point (byte k = value k; int8, for IQ1's -1)."""
+    return [((point >> (8 * k)) & 0xFF) - (256 if (point >> (8 * k)) & 0x80 else 0) for k in range(width)]
+
+
+def packed_grid(points, width: int) -> tuple[list[int], list[int]]:
+    """(levels, words): a grid's sorted distinct values and its points as codes into them, two points a u32 word
+    (point p in bits 16(p % 2).., value k at bits b*k.., b = 2 bits for up to 4 levels, else 3)."""
+    levels = sorted({v for p in points for v in _values(p, width)})
+    b = 2 if len(levels) <= 4 else 3
+    assert len(levels) <= 8 and b * width <= 16
+    codes = [sum(levels.index(v) << (b * k) for k, v in enumerate(_values(p, width))) for p in points]
+    return levels, [codes[i] | codes[i + 1] << 16 for i in range(0, len(codes), 2)]
 
 
 @cache
 def wgsl_tables() -> dict[str, str]:
-    """KEY -> `array<u32, N>(...)` for each grid of lab/format/iq_grids.py."""
-    out = {}
-    for key, (points, width) in _GRIDS.items():
-        words = [(p >> (32 * k)) & 0xFFFFFFFF for p in points for k in range(width // 4)]
-        out[key] = f"array<u32, {len(words)}>(" + ", ".join(f"0x{w:x}u" for w in words) + ")"
+    """KEY -> WGSL value, filled into every file: for each grid of lab/format/iq_grids.py, NAME_GRID (the packed points,
+    `array<u32, N>(...)`), or NAME_GRID0, NAME_GRID1 ... (its parts of GRID_PART words) where it is longer, and
+    NAME_LEVELS (`vec2<u32>(...)`: its levels, byte c = level c); IQ1S_DELTA (IQ1_S's and IQ1_M's offset) as a float."""
+    out = {"IQ1S_DELTA": repr(iq_grids.IQ1S_DELTA)}
+    for name, (points, width) in _GRIDS.items():
+        levels, words = packed_grid(points, width)
+        lv = [v & 0xFF for v in levels] + [0] * (8 - len(levels))
+        parts = [words[i:i + GRID_PART] for i in range(0, len(words), GRID_PART)]
+        for k, part in enumerate(parts):
+            key = f"{name}_GRID" if len(parts) == 1 else f"{name}_GRID{k}"
+            out[key] = f"array<u32, {len(part)}>(" + ", ".join(f"0x{w:x}u" for w in part) + ")"
+        out[f"{name}_LEVELS"] = "vec2<u32>(" + ", ".join(
+            f"0x{sum(v << (8 * k) for k, v in enumerate(lv[i:i + 4])):x}u" for i in (0, 4)) + ")"
     return out
 
 

@@ -32,7 +32,8 @@ KERNEL_SHAPES = [   # (type, rows, cols): the real models' matrices
     ("Q5_0", 2048, 640), ("Q4_K", 640, 1024), ("Q8_0", 262144, 640),                # Gemma 3
     ("F16", 4096, 4096), ("BF16", 4096, 4096), ("F32", 4096, 4096), ("Q5_1", 4096, 4096),
 ] + [(t, r, c) for t in ("Q4_K", "Q5_K", "Q6_K", "Q3_K", "Q2_K", "IQ4_XS", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
-                          "TQ2_0", "TQ1_0", "MXFP4", "NVFP4", "IQ2_XXS", "IQ3_XXS")
+                          "TQ2_0", "TQ1_0", "MXFP4", "NVFP4", "IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ2_S", "IQ3_S",
+                          "IQ1_S", "IQ1_M", "Q1_0", "Q2_0")
      for r, c in ((14336, 4096), (4096, 14336))]     # an 8B's FFN (gate/up, down): the issue's bandwidth marks
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from lab.format.ggml import BY_NAME
-from lab.host.reference.quant import RANDOM_CODES
+from lab.host.reference.quant import RANDOM_CODES, put_iq1_m_d
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,13 @@ SPECS = {
 
 # Byte offsets of the f16 scale fields in each block: set to small finite values so every block is valid.
 # MXFP4's and NVFP4's scales are 8-bit codes (none here): drawn from the kernel tests' sane range (RANDOM_CODES, where
-# the range is explained), as random codes would reach inf.
+# the range is explained), as random codes would reach inf. IQ1_M has no f16 field (none here): its d, spread over
+# four nibbles, is written by put_iq1_m_d.
 _SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2),
            "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,),
-           "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (), "IQ2_XXS": (0,), "IQ3_XXS": (0,), "F16": None, "F32": None}
+           "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": (), "IQ2_XXS": (0,), "IQ3_XXS": (0,),
+           "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_S": (0,), "IQ1_S": (0,), "IQ1_M": (), "Q1_0": (0,), "Q2_0": (0,),
+           "F16": None, "F32": None}
 
 
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -105,6 +108,8 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
         raw[:, off:off + 2] = scale.view(np.uint8).reshape(-1, 2)
     for off, count, lo, hi in RANDOM_CODES.get(type_name, ()):
         raw[:, off:off + count] = rng.integers(lo, hi, (rows * nb, count), dtype=np.uint8)
+    if type_name == "IQ1_M":
+        put_iq1_m_d(raw, rng.uniform(1e-3, 2e-2, size=rows * nb))
     return raw.reshape(rows, nb * t.nbytes)
 
 

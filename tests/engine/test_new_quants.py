@@ -8,7 +8,8 @@ with different type mixes, so the stacked QKV / gate-up weights split into runs 
 llama.cpp's Q*_K_M mixes make them. The prefill has 37 tokens (the GEMM's 32-token tile plus a partial one);
 two decode steps continue from its cache (matvec). TRACE_TOL is test_engine's (float32 summation order,
 measured ~2e-5 on the real models): a wrong scale, bit or table entry in one type is O(1) in the first
-tensor that reads it, and bisect names that tensor.
+tensor that reads it, and bisect names that tensor. Three more models, written the same way, hold the later types:
+the ternary and 4-bit float types, the grid types, and Q1_0 with Q2_0.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from test_engine import check_trace, gpu_trace
 
 from lab.engine.engine import Engine
 from lab.format import gguf as lab_gguf
-from lab.format.ggml import KERNEL_TYPES
+from lab.format.ggml import BY_NAME, KERNEL_TYPES
 from lab.format.model import ModelError, check_tensors, from_gguf
 from lab.host.reference import Reference
 from lab.host.reference import quant as qo
@@ -35,8 +36,10 @@ TOP = {"token_embd": "IQ4_NL", "output": "Q3_K"}
 NEW_TYPES = {"Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"}
 
 
-def write_model(path, types=None, seed: int = 0):
-    """A 2-layer llama GGUF; `types` overrides MIX/TOP entries: {tensor name: type}."""
+def write_model(path, types=None, seed: int = 0, oracle_f32: bool = False):
+    """A 2-layer llama GGUF; `types` overrides MIX/TOP entries: {tensor name: type}. oracle_f32: the tensors of the
+    types gguf-py cannot dequantize (qo.BIT_TYPES) written as F32, the oracle's dequantization of the same blocks, so
+    that the numpy reference (which reads through gguf-py) runs on the very values the kernels must produce."""
     import gguf
     types = types or {}
     w = gguf.GGUFWriter(str(path), "llama")
@@ -64,7 +67,12 @@ def write_model(path, types=None, seed: int = 0):
             raw = qo.random_tensor(type_name, rows, cols, seed=seed * 1000 + n[0])
         else:                       # a type to be refused: only its size matters
             raw = np.zeros((rows, qo.row_bytes(type_name, cols)), np.uint8)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+        if oracle_f32 and type_name in qo.BIT_TYPES:
+            w.add_tensor(name, qo.dequant(raw, type_name))
+        elif type_name in gguf.GGMLQuantizationType.__members__:
+            w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[type_name])
+        else:                       # a type gguf 0.19 does not know (Q2_0): the blocks with ggml's id and shape
+            w.add_tensor(name, raw.view(np.int8), raw_shape=(rows, cols), raw_dtype=BY_NAME[type_name].id)
 
     q, kv = N_HEAD * HEAD_DIM, N_HEAD_KV * HEAD_DIM
     tensor("token_embd.weight", TOP["token_embd"], N_VOCAB, N_EMBD)
@@ -205,6 +213,37 @@ def test_grid_types_prefill_and_decode_match_reference(device, tmp_path):
         worst.append(check_trace(ref, g, "decode at position 37"))
         assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
         print(f"\ngrid types {qo.IQ_TYPES}: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+    finally:
+        eng.close()
+        ref.w.drop()
+
+
+# A fourth model of Q1_0 and Q2_0 (gguf 0.19 dequantizes neither): the engine reads the quantized file, the reference its
+# twin with those tensors as F32 of the oracle's dequantization (write_model's oracle_f32), the same values.
+BITS = {"token_embd.weight": "Q2_0", "output.weight": "Q1_0"}
+for _il in range(N_LAYER):
+    for _k, _role in enumerate(MIX):
+        BITS[f"blk.{_il}.{_role}.weight"] = qo.BIT_TYPES[(_il + _k) % 2]
+
+
+def test_one_and_two_bit_types_prefill_and_decode_match_reference(device, tmp_path):
+    """A prefill of 37 tokens (GEMM, a partial tile) and a decode step (matvec), held to the reference as above."""
+    path = write_model(tmp_path / "bits.gguf", BITS, seed=7)
+    header = lab_gguf.read_file(path)
+    assert {t.type.name for t in header.tensors if t.type.name != "F32"} == set(qo.BIT_TYPES)
+    eng = Engine(device, header, n_ctx=64, logits_all=True)
+    ref = Reference(write_model(tmp_path / "bits-oracle.gguf", BITS, seed=7, oracle_f32=True))
+    try:
+        eng.weights.upload_file(path)
+        assert [w.type.name for w, _ in eng.weights.stacked["blk.0.qkv"]] == ["Q1_0", "Q2_0", "Q1_0"]
+        ids = np.random.default_rng(13).integers(0, N_VOCAB, 38).tolist()
+        ref.forward(ids[:37], trace=True)
+        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
+        ref.forward(ids[37:], start_pos=37, trace=True)
+        g = gpu_trace(eng, ids[37:], 37)
+        worst.append(check_trace(ref, g, "decode at position 37"))
+        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
+        print(f"\nQ1_0 and Q2_0: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
     finally:
         eng.close()
         ref.w.drop()

@@ -70,7 +70,7 @@ def test_alloc_split_and_placements(device):
     with pytest.raises(gpu.GpuError, match="binding limit"):
         alloc_weight(device, "big", t, rows, cols, max_binding=50)
     with pytest.raises(gpu.GpuError, match="not supported"):
-        alloc_weight(device, "iq", BY_NAME["IQ2_XS"], 4, 256)
+        alloc_weight(device, "q8k", BY_NAME["Q8_K"], 4, 256)
     with pytest.raises(ValueError):
         alloc_weight(device, "odd", BY_NAME["Q4_K"], 4, 100)
 

@@ -1,5 +1,6 @@
 """lab/format/iq_grids.py (the grid types' tables, written by scripts/make_iq_grids.py) equals gguf-py's copy of
-ggml's tables, and the kernels' sign formula equals ksigns_iq2xs."""
+ggml's tables, the kernels' packed form of them (lab/gpu/shaders.py) decodes back to them, and the kernels' sign
+formula equals ksigns_iq2xs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from gguf import quants
 
 from lab.format import iq_grids
-from lab.gpu.shaders import wgsl_tables
+from lab.gpu.shaders import GRID_PART, wgsl_tables
 
 GRIDS = [("IQ2XXS_GRID", quants.IQ2_XXS, 8, 256), ("IQ2XS_GRID", quants.IQ2_XS, 8, 512),
          ("IQ2S_GRID", quants.IQ2_S, 8, 1024), ("IQ3XXS_GRID", quants.IQ3_XXS, 4, 256),
@@ -26,15 +27,26 @@ def test_grid_equals_gguf(name, cls, width, n):
     np.testing.assert_array_equal(ours.view(np.int8) if name == "IQ1S_GRID" else ours, theirs)
 
 
-def test_wgsl_words_are_the_points_little_endian():
-    """The WGSL array holds each point's words low first: the bytes of the array are the bytes of the table."""
-    for name, _, width, n in GRIDS:
-        text = wgsl_tables()[name]
-        assert text.startswith(f"array<u32, {n * width // 4}>(")
-        words = [int(w.rstrip("u"), 16) for w in text[text.index("(") + 1:-1].split(", ")]
-        as_bytes = np.array(words, dtype=np.uint32).view(np.uint8).reshape(n, width)
-        points = np.array(getattr(iq_grids, name), dtype=np.uint64).view(np.uint8).reshape(n, 8)[:, :width]
-        np.testing.assert_array_equal(as_bytes, points)
+def _words(text: str) -> list[int]:
+    return [int(w.rstrip("u"), 16) for w in text[text.index("(") + 1:-1].split(", ")]
+
+
+@pytest.mark.parametrize("name,cls,width,n", GRIDS, ids=[g[0] for g in GRIDS])
+def test_wgsl_packed_grid_decodes_to_the_points(name, cls, width, n):
+    """quant.wgsl's reading of the packed grid (point p: half p % 2 of word p / 2 of the parts in order, value k the
+    b-bit code at bit b*k, level c byte c of the two level words) gives back every point of the table."""
+    tables = wgsl_tables()
+    key = name.removesuffix("_GRID")
+    parts = [tables[f"{key}_GRID"]] if f"{key}_GRID" in tables else \
+        [tables[f"{key}_GRID{k}"] for k in range(n // 2 // GRID_PART)]
+    assert all(p.startswith(f"array<u32, {min(n // 2, GRID_PART)}>(") for p in parts)
+    words = [w for p in parts for w in _words(p)]
+    level_bytes = np.array(_words(tables[f"{key}_LEVELS"].replace("vec2<u32>", "")), np.uint32).view(np.uint8)
+    b = 2 if width == 8 else 3
+    codes = [(words[p // 2] >> (16 * (p % 2) + b * k)) & ((1 << b) - 1) for p in range(n) for k in range(width)]
+    got = level_bytes[codes].reshape(n, width)
+    points = np.array(getattr(iq_grids, name), dtype=np.uint64).view(np.uint8).reshape(n, 8)[:, :width]
+    np.testing.assert_array_equal(got, points)
 
 
 def test_ksigns_and_kmask():

@@ -1,6 +1,8 @@
 """The dequantizing kernels' references (CPython only): random valid tensors of each GGUF type, the independent
-dequantization (gguf.quants, the gguf package's numpy code, written apart from our WGSL), wgsl/q8_rows.wgsl's
+dequantization (gguf.quants, the gguf package's numpy code, written apart from our WGSL; for Q1_0 and Q2_0, which
+gguf 0.19 cannot dequantize, numpy written here from the block format of ggml-common.h), wgsl/q8_rows.wgsl's
 activation quantization, and the tolerances and error measures the matvec, matmul and get_rows checks hold.
+tests/unit/test_quant_blocks.py holds this dequantization to llama.cpp's own, on blocks its quantizer wrote.
 
 Nothing here touches a device: tests/kernels (through its Rig) runs the kernels against these, and
 lab/host/kernel_cases.py builds the browser worker's and the verification card's cases from them.
@@ -16,10 +18,13 @@ from lab.format import gguf as lab_gguf
 from lab.format.ggml import BY_NAME
 
 # The grid types (256-element blocks), in the order they were added.
-IQ_TYPES = ("IQ2_XXS", "IQ3_XXS")
+IQ_TYPES = ("IQ2_XXS", "IQ3_XXS", "IQ2_XS", "IQ2_S", "IQ3_S", "IQ1_S", "IQ1_M")
+# The 1- and 2-bit types of consecutive values: the oracle is ours (_OWN_DEQUANT), gguf 0.19 has none.
+BIT_TYPES = ("Q1_0", "Q2_0")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
-         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4") + IQ_TYPES
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "TQ1_0", "TQ2_0") + IQ_TYPES   # 256-element blocks
+         "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4") + IQ_TYPES + BIT_TYPES
+# The types the kernel tests give rows of whole 256-element runs: the 256-element blocks, and Q1_0's 128.
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "TQ1_0", "TQ2_0") + IQ_TYPES + ("Q1_0",)
 # gguf 0.19 cannot quantize these: random bytes, with the f16 scale fields (byte offset, range) overwritten
 # by finite values of a sane size (random bytes there give NaN, inf and 1e4-sized values): (byte offset,
 # low, high, random sign). A scale of either sign is valid, and a sign error in the kernel must show.
@@ -39,15 +44,33 @@ RANDOM_BYTES = {
     # with d sized so that values stay within ~2 (IQ2_XXS: |x| <= d * 15.5 / 4 * 43).
     "IQ2_XXS": ((0, 0.0005, 0.01, True),),                        # d
     "IQ3_XXS": ((0, 0.0005, 0.01, True),),                        # d (|x| <= d * 15.5 / 2 * 62)
+    "IQ2_XS": ((0, 0.0005, 0.01, True),),                         # d (|x| <= d * 15.5 / 4 * 43, as IQ2_XXS)
+    "IQ2_S": ((0, 0.0005, 0.01, True),),                          # d (the same)
+    "IQ3_S": ((0, 0.0005, 0.01, True),),                          # d (|x| <= d * 31 * 15)
+    "IQ1_S": ((0, 0.002, 0.05, True),),                           # d (|x| <= d * 15 * 1.125)
+    "IQ1_M": (),                                                  # (its d is split over four nibbles: IQ1_M_D)
+    # Q1_0 and Q2_0 (gguf 0.19 cannot quantize them either): every bit pattern is a valid block.
+    "Q1_0": ((0, 0.002, 0.05, True),),                            # d (x = +-d)
+    "Q2_0": ((0, 0.002, 0.05, True),),                            # d (x = -d .. 2d)
     "MXFP4": (),                                                  # (8-bit scale codes: RANDOM_CODES)
     "NVFP4": (),
 }
 # The 8-bit float scale codes, drawn from [low, high): (byte offset, count, low, high), about the sizes quantized
 # weights have (|x| up to ~1.5 and ~5.6). MXFP4's E8M0 e gives 2^(e - 128): 118..125 is 2^-10..2^-3. NVFP4's UE4M3
 # codes 0x10..0x37 are 2^-6..1.875 * 2^-2 (times 1/2), normal numbers. The special codes (0, 0x7F, bit 7,
-# subnormals) and the extreme exponents have their own test (tests/kernels/test_ternary_fp4_types.py), where they
+# subnormals) and the extreme exponents have their own test (tests/kernels/test_quant_types.py), where they
 # do not hide the other scales of a row.
 RANDOM_CODES = {"MXFP4": ((0, 1, 118, 126),), "NVFP4": ((0, 4, 0x10, 0x38),)}
+# IQ1_M has no d field: d is the f16 whose nibbles 0..3 are the high nibbles of these bytes (the top nibbles of its
+# four little-endian u16 scales at byte 48); random_tensor draws d as the RANDOM_BYTES scales, |x| <= d * 15 * 1.125.
+IQ1_M_D = ((49, 51, 53, 55), 0.002, 0.05)
+
+
+def put_iq1_m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """Write the f16 values d (one a block) into IQ1_M blocks (uint8, (n, 56)), leaving every other bit alone."""
+    bits = np.asarray(d, np.float16).view(np.uint16)
+    for k, off in enumerate(IQ1_M_D[0]):
+        blocks[:, off] = (blocks[:, off] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4).astype(np.uint8)
 
 
 def row_bytes(name: str, cols: int) -> int:
@@ -79,12 +102,43 @@ def random_tensor(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
         raw[:, off:off + 2] = _f16_bytes(v)
     for off, count, lo, hi in RANDOM_CODES.get(name, ()):
         raw[:, off:off + count] = rng.integers(lo, hi, (nb, count), dtype=np.uint8)
+    if name == "IQ1_M":
+        _, lo, hi = IQ1_M_D
+        put_iq1_m_d(raw, rng.uniform(lo, hi, nb) * rng.choice([-1, 1], nb))
     return raw.reshape(rows, -1)
 
 
+def _f16_at(blocks: np.ndarray, off: int) -> np.ndarray:
+    """The f16 field at byte `off` of each block, as float32, shape (n, 1)."""
+    return np.ascontiguousarray(blocks[:, off:off + 2]).view(np.float16).astype(np.float32)
+
+
+def _dequant_q1_0(blocks: np.ndarray) -> np.ndarray:
+    """Q1_0 (ggml-common.h block_q1_0: d f16, qs[16]; dequantize_row_q1_0): element j of the 128 is bit j % 8 of
+    qs[j / 8], +d where set, -d where clear."""
+    d = _f16_at(blocks, 0)
+    bits = np.unpackbits(blocks[:, 2:18], axis=1, bitorder="little")
+    return np.where(bits == 1, d, -d)
+
+
+def _dequant_q2_0(blocks: np.ndarray) -> np.ndarray:
+    """Q2_0 (block_q2_0: d f16, qs[16]; dequantize_row_q2_0): element j of the 64 is the 2-bit field q at bits
+    2(j % 4) of qs[j / 4], x = (q - 1) * d (an exact product in float32)."""
+    d = _f16_at(blocks, 0)
+    q = (blocks[:, 2:18, None] >> np.array([0, 2, 4, 6], np.uint8)) & 3
+    return (q.reshape(len(blocks), 64).astype(np.float32) - 1) * d
+
+
+_OWN_DEQUANT = {"Q1_0": _dequant_q1_0, "Q2_0": _dequant_q2_0}
+
+
 def dequant(raw: np.ndarray, name: str) -> np.ndarray:
-    """Independent dequantization (gguf.quants) to float32, shape (rows, cols)."""
-    return quants.dequantize(np.ascontiguousarray(raw), GQ[name]).reshape(raw.shape[0], -1)
+    """Independent dequantization (gguf.quants, or ours for BIT_TYPES) to float32, shape (rows, cols)."""
+    raw = np.ascontiguousarray(raw)
+    if name in _OWN_DEQUANT:
+        t = BY_NAME[name]
+        return _OWN_DEQUANT[name](raw.reshape(-1, t.nbytes)).reshape(raw.shape[0], -1)
+    return quants.dequantize(raw, GQ[name]).reshape(raw.shape[0], -1)
 
 
 def q8_blocks(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,9 +158,10 @@ def f32(a) -> bytes:
 # -- tolerances ------------------------------------------------------------------------------------
 # Dequantized values: one or two f32 operations on an f16 scale and a small integer, the same
 # operations gguf.quants does in float32; contraction into fma may move the last bit.
-# TQ1_0, TQ2_0, MXFP4 and NVFP4 are one exact product each (an f16 or a 4-bit-significand scale times an
-# integer of at most 4 bits, or a power of two times one): no rounding, so the tests hold them to equality,
-# and DEQUANT_TOL only for the GEMM/matvec sums below.
+# TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0 and Q2_0 are one exact product each (an f16 or a 4-bit-significand scale times
+# an integer of at most 4 bits, or a power of two times one), and the grid types' few products are exact too (an
+# f16 times a sub-block factor of at most 6 bits times a grid value of at most 6, or IQ1's 1.125 etc.): no rounding,
+# so the tests hold them to equality, and DEQUANT_TOL only for the GEMM/matvec sums below.
 DEQUANT_TOL = 1e-6
 # Products: f32 accumulation of `cols` terms, compared with float64. The error bound is
 # cols * eps32 * sum_c |W[r,c] x[c]| in the worst case (4.6e-5 for 768 terms) and about
