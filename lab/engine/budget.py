@@ -2,7 +2,8 @@
 
     count(limits, header, cfg, n_ctx) -> Budget: every buffer the engine would make for the weights
     (lab.ops.weights.ModelWeights: matrices already split into binding-sized row ranges), the KV cache at
-    `n_ctx` and the activations (lab.engine.scratch.Scratch), each checked against the adapter's per-buffer limits
+    `n_ctx`, the conv states of lfm2's short-conv layers (fixed, whatever the context) and the activations
+    (lab.engine.scratch.Scratch), each checked against the adapter's per-buffer limits
     (max_buffer_size, and max_storage_buffer_binding_size for a buffer bound whole).
     check(budget) -> the same Budget, or BudgetError with its message.
 
@@ -40,6 +41,7 @@ class Need:
     size: int               # bytes, as the engine asks for them (rounded up to 4)
     kind: str               # gpu.WEIGHTS or gpu.CONVERSATION (KV cache, activations)
     kv: bool = False        # one layer's K or V cache: the part that grows with the context
+    state: bool = False     # one short-conv layer's conv state: memory of the conversation that does not grow
 
 
 class _Counting(gpu.Device):
@@ -76,9 +78,9 @@ class Budget:
         return not self.problems
 
     def total(self, what: str) -> int:
-        """Bytes of "weights", "kv" or "scratch" (activations, logits, the step uniform)."""
-        sel = {"weights": lambda n: n.kind == gpu.WEIGHTS, "kv": lambda n: n.kv,
-               "scratch": lambda n: n.kind != gpu.WEIGHTS and not n.kv}[what]
+        """Bytes of "weights", "kv", "state" (conv states) or "scratch" (activations, logits, the step uniform)."""
+        sel = {"weights": lambda n: n.kind == gpu.WEIGHTS, "kv": lambda n: n.kv, "state": lambda n: n.state,
+               "scratch": lambda n: n.kind != gpu.WEIGHTS and not n.kv and not n.state}[what]
         return sum(n.size for n in self.needs if sel(n))
 
     @property
@@ -109,7 +111,9 @@ class Budget:
                 "max_binding": self.limits["max_storage_buffer_binding_size"],
                 "problems": list(self.problems), "suggestion": self.suggestion,
                 "message": None if self.fits else self.message(),
-                "kv_bytes_per_token": cfg.kv_bytes_per_token(), "default_ctx": context_for(cfg.n_ctx_train)}
+                "kv_bytes_per_token": cfg.kv_bytes_per_token(), "default_ctx": context_for(cfg.n_ctx_train),
+                # hybrids: the conv states' buffers (the ring), and the model's own state (l_cache - 1 rows a layer)
+                "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes()}
 
 
 def _fmt(n: int) -> str:
@@ -131,8 +135,9 @@ def scratch_needs(limits: dict[str, int], cfg: Config, n_ctx: int, max_batch: in
     """The activation and KV cache buffers lab.engine.scratch.Scratch would make at `n_ctx`."""
     dev = _Counting(limits)
     s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8)
-    kv = {id(b) for b in s.k_cache + s.v_cache}
-    return [Need(b.label, b.size, b.kind, kv=id(b) in kv) for b in dev.buffers]
+    kv = {id(b) for b in s.k_cache + s.v_cache if b is not None}
+    state = {id(b) for b in s.conv_state if b is not None}
+    return [Need(b.label, b.size, b.kind, kv=id(b) in kv, state=id(b) in state) for b in dev.buffers]
 
 
 def _problems(limits: dict[str, int], needs: list[Need]) -> list[str]:

@@ -10,6 +10,10 @@ Per step the CPU writes only the step uniform (position, token count) and, for p
 token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
 the ids buffer, so the following decode step needs no write of it).
 
+A KV cache can be stepped from any position it holds; lfm2's conv states cannot: each holds the B*x rows of the
+latest positions (a ring of conv_ring rows, lab/engine/scratch.py). The engine keeps the span of positions they hold
+(`held`), refuses a step that would read rows they do not hold, and says where a step may start (`can_resume`).
+
 What it does not know: text (lab.text.tokenizer), turns and KV reuse (lab.engine.session), files (`weights.uploads`
 says which file bytes go where; `weights.upload_file` and the browser's JS helper move them).
 """
@@ -24,7 +28,7 @@ from collections.abc import Awaitable
 from lab import gpu, ops
 from lab.engine import budget
 from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
-from lab.engine.scratch import AHEAD, DEFAULT_BATCH, Scratch
+from lab.engine.scratch import AHEAD, DEFAULT_BATCH, Scratch, conv_ring
 from lab.format.gguf import Header
 from lab.format.model import Config, from_gguf, host_tensors, tensor_views
 from lab.gpu.shaders import KernelCache
@@ -86,6 +90,8 @@ class Engine:
         self.int8_prefill = int8_prefill
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
+        # [lo, hi): the positions whose B*x the conv states hold, as the steps run so far left them (lfm2)
+        self.held = (0, 0)
         # every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py):
         # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
         key = (n_ctx, max_batch, logits_all, int8_prefill)
@@ -102,7 +108,7 @@ class Engine:
                 self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()
-                self.decode_whole: Plan = with_whole_attention(self.decode, cfg.n_layer,
+                self.decode_whole: Plan = with_whole_attention(self.decode, cfg.attention_layers,
                                                                lambda il: self.attention_op(il, False, whole=True))
             except BaseException:
                 device.free(self)
@@ -116,8 +122,40 @@ class Engine:
     # -- what the probes and panels use --------------------------------------------------------------------
     @property
     def kv_buffers(self) -> list[tuple[gpu.Buffer, gpu.Buffer]]:
-        """(K, V) cache buffers per layer, each [n_ctx, n_head_kv * head_dim] f32."""
-        return list(zip(self.scratch.k_cache, self.scratch.v_cache))
+        """(K, V) cache buffers of each layer with attention (`kv_layers`), each [n_ctx, n_head_kv * head_dim] f32."""
+        return [(self.scratch.k_cache[il], self.scratch.v_cache[il]) for il in self.kv_layers]
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers whose K/V `kv_buffers` lists, in order: every layer but lfm2's short-conv blocks."""
+        return self.cfg.attention_layers
+
+    @property
+    def state_buffers(self) -> dict[int, gpu.Buffer]:
+        """{layer: conv state} of lfm2's short-conv layers, each [conv_ring rows, n_embd] f32, row q % rows holding
+        B*x of position q (`held` says which positions)."""
+        return {il: self.scratch.conv_state[il] for il in self.cfg.conv_layers}
+
+    # -- the conv states (lfm2) ----------------------------------------------------------------------------
+    def can_resume(self, pos: int) -> bool:
+        """Whether a step at `pos` finds in the conv states the rows it reads: the l_cache - 1 positions before it,
+        as the steps so far wrote them (before position 0 there is nothing: a step there always can). Without
+        short-conv layers, any position can (a KV cache is read up to pos, whatever lies past it)."""
+        if not self.cfg.shortconv or pos == 0:
+            return True
+        lo, hi = self.held
+        return lo <= max(0, pos - (self.cfg.l_cache - 1)) and pos <= hi
+
+    def _advance(self, pos: int, t: int) -> None:
+        """Refuse a step the conv states cannot serve, else record the positions they hold after it: the step's
+        rows are written, and a row of the ring is overwritten by the position `ring` after it."""
+        if not self.cfg.shortconv:
+            return
+        if not self.can_resume(pos):
+            raise EngineError(f"a step at position {pos}: the conv states hold positions {self.held[0]}.."
+                              f"{self.held[1] - 1} and cannot be cut back like a KV cache; run from position 0")
+        lo = 0 if pos == 0 else self.held[0]
+        self.held = (max(lo, pos + t - conv_ring(self.cfg)), pos + t)
 
     def plan_for(self, batched: bool) -> Plan:
         """The plan the probes and panels build on: prefill, or decode with its split attention."""
@@ -197,6 +235,7 @@ class Engine:
         (lab/instruments/interventions.py `Interventions.editor`); the engine's own plans stay as they are."""
         t = len(ids) if ids is not None else (t or 1)
         self._check(ids if ids is not None else [0] * t, pos)
+        self._advance(pos, t)
         s = self.scratch
         copies = ()
         if keep is not None:
@@ -240,6 +279,7 @@ class Engine:
             if len(trace) != len(wanted):
                 missing = sorted(wanted - {tr.name for tr in trace})
                 raise EngineError(f"no traced tensor {', '.join(missing)} in a {t}-token step")
+        self._advance(pos, t)       # after the names are checked: a refused request runs nothing
         out: dict[str, bytes] = {}
         done = 0
         writes = self.step_writes(ids, pos, t)

@@ -7,7 +7,9 @@ adjacent-pair RoPE the rotation and the KV write after QKV), because a decode st
 of dependent kernels, not by bytes (docs/performance.md).
 
 Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
-the names lab/host/reference/forward.py traces and the panels key their data by.
+the names lab/host/reference/forward.py traces and the panels key their data by. An lfm2 short-conv layer takes the
+place of attention with attn_norm-L, shortconv_bcx-L (in_proj's [B | C | x]), shortconv_y-L (C * conv, out_proj's
+input) and ffn_inp-L; its conv state is read and written by the one shortconv op, in prefill and decode alike.
 
 What it does not know: files, tokens, sessions. It reads the engine's weights and scratch buffers, and builds ops.
 """
@@ -18,8 +20,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lab import gpu, ops
+from lab.engine.scratch import conv_ring
 from lab.ops import attention as attn_ops
-from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample
+from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample, shortconv
 from lab.ops.rows import Rows
 from lab.settings import MAX_CANDIDATES
 
@@ -109,10 +112,14 @@ class PlanBuilder:
 
     # -- the layer sequence ---------------------------------------------------------------------------------
     def build(self) -> Plan:
-        """Embedding, then each layer's attention and feed-forward blocks, then the output: the whole step."""
+        """Embedding, then each layer's attention (or short-conv) and feed-forward blocks, then the output: the whole
+        step."""
         self._embedding()
         for il in range(self.cfg.n_layer):
-            self._attention(il)
+            if self.cfg.is_conv(il):
+                self._shortconv(il)
+            else:
+                self._attention(il)
             self._feed_forward(il)
         self._output()
         return self.plan
@@ -167,6 +174,20 @@ class PlanBuilder:
         else:
             self.add(self.mm(b + "attn_output.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
 
+    def _shortconv(self, il: int) -> None:
+        """lfm2's short-conv block in place of attention: x -> norm -> in_proj [B | C | x] -> C * conv(B * x) over the
+        conv state (read and written by the one op) -> out_proj, added to x."""
+        cfg, s = self.cfg, self.scratch
+        E = cfg.n_embd
+        b = f"blk.{il}."
+        self._add_normed(self.normed_proj(b + "in_proj", b + "attn_norm.weight", s.bcx, 3 * E, None), f"attn_norm-{il}")
+        self.trace(f"shortconv_bcx-{il}", s.bcx, 3 * E)
+        self.add(shortconv.shortconv(self.dev, self.kernels, s.bcx, self.weights.vectors[b + "shortconv.conv.weight"],
+                                     s.conv_state[il], s.att, s.step, n=E, l_cache=cfg.l_cache, ring=conv_ring(cfg),
+                                     label=f"shortconv {il}"),
+                 f"shortconv_y-{il}", s.att, E)
+        self.add(self.mm(b + "shortconv.out_proj.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
+
     def _feed_forward(self, il: int) -> None:
         """Layer il's feed-forward block: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down, added to x."""
         cfg, s = self.cfg, self.scratch
@@ -189,7 +210,7 @@ class PlanBuilder:
         """The final norm, the head (soft-capped for gemma2), and the tails that pick the next token from it."""
         cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
         # The head keeps its own norm op: folded in, each of its n_vocab / 4 workgroups would re-read x.
-        self.add(norm.rms_norm(dev, kernels, s.x, self.weights.vectors["output_norm.weight"], s.xn, s.step,
+        self.add(norm.rms_norm(dev, kernels, s.x, self.weights.vectors[cfg.output_norm], s.xn, s.step,
                                cfg.n_embd, cfg.eps),
                  "result_norm", s.xn, cfg.n_embd)
         per_token = self.head()
@@ -300,11 +321,11 @@ class Decode(PlanBuilder):
         return False
 
 
-def with_whole_attention(decode: Plan, n_layer: int, whole) -> Plan:
-    """The decode plan with each layer's run of ATTENTION ops (split, combine) replaced by `whole(il)` (one
+def with_whole_attention(decode: Plan, layers: tuple[int, ...], whole) -> Plan:
+    """The decode plan with each attention layer's run of ATTENTION ops (split, combine) replaced by `whole(il)` (one
     decode_whole op): the engine's plan for steps with few keys. Every other op is the same object; the traced
     points move with their ops. The probes keep using the split plan (its combine leaves what their pass reads)."""
-    last = {decode.at(f"kqv_out-{il}"): il for il in range(n_layer)}
+    last = {decode.at(f"kqv_out-{il}"): il for il in layers}
     ops_out: list[ops.Op] = []
     index: dict[int, int] = {}
     for i, op in enumerate(decode.ops):

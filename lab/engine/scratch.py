@@ -1,5 +1,6 @@
-"""What the engine keeps between the ops of a step and between steps: the activations and the KV cache (`Scratch`),
-and the sizes they are made at (the prefill step's rows, the greedy steps run ahead of a read-back).
+"""What the engine keeps between the ops of a step and between steps: the activations, the KV cache of the attention
+layers and the conv state of lfm2's short-conv layers (`Scratch`), and the sizes they are made at (the prefill step's
+rows, the greedy steps run ahead of a read-back, the positions a conv state can step back).
 
     Scratch.alloc(device, cfg, n_ctx, B, ...)   every buffer kind CONVERSATION, each with its shape
 
@@ -15,6 +16,7 @@ from lab import gpu, ops
 from lab.format.model import Config
 from lab.ops import attention as attn_ops
 from lab.ops import matmul as matmul_ops
+from lab.ops import shortconv as shortconv_ops
 from lab.settings import MAX_CANDIDATES
 
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
@@ -23,6 +25,16 @@ GPU_BATCH = 512         # the same on a GPU adapter, as the native benchmarks ru
                         # the 64-token steps' spread (docs/results/2026-12-01-h200-page-run4.md). A CPU adapter
                         # gains nothing from wider steps and pays for the larger scratch
 AHEAD = 8               # greedy decode steps submitted before one read-back (lab.engine.session)
+# A conv state keeps REWIND rows beyond the l_cache - 1 the next token reads, as a ring indexed by position
+# (wgsl/shortconv.wgsl): the greedy steps GreedyAhead submits past a turn's end (up to a block read plus a block queued)
+# advance the state past the tokens the session keeps, and the ring lets the next turn step back to them instead of
+# recomputing the conversation. 16 rows of n_embd f32: 64 KB a layer at LFM2-1.2B's 2048.
+REWIND = 2 * AHEAD
+
+
+def conv_ring(cfg: Config) -> int:
+    """Rows of one layer's conv state: the l_cache - 1 the next token reads, plus REWIND."""
+    return cfg.l_cache - 1 + REWIND
 
 
 def prefill_batch(info) -> int:
@@ -33,8 +45,8 @@ def prefill_batch(info) -> int:
 
 @dataclass(frozen=True)
 class Scratch:
-    """Activations and the KV cache, allocated once per engine; every buffer is kind CONVERSATION (Forget wipes
-    them). B = max_batch rows; decode uses row 0."""
+    """Activations, the KV cache and the conv states, allocated once per engine; every buffer is kind CONVERSATION
+    (Forget wipes them). B = max_batch rows; decode uses row 0."""
     step: gpu.Buffer            # the per-step uniform: pos, n_tokens, n_ctx (lab.ops.STEP)
     ids: gpu.Buffer             # [B] u32 token ids; greedy's argmax lands in ids[0]
     x: gpu.Buffer               # [B, n_embd] the residual stream
@@ -48,9 +60,12 @@ class Scratch:
     logits: gpu.Buffer          # [1 or B, n_vocab]
     topk: gpu.Buffer            # [K] (u32 id, f32 logit) pairs for sampling
     kept: gpu.Buffer            # [AHEAD] u32 ids of greedy steps run ahead of one read-back
-    k_cache: tuple[gpu.Buffer, ...]   # per layer [n_ctx, n_head_kv * head_dim]
-    v_cache: tuple[gpu.Buffer, ...]
+    k_cache: tuple[gpu.Buffer | None, ...]   # per layer [n_ctx, n_head_kv * head_dim]; None for a short-conv layer
+    v_cache: tuple[gpu.Buffer | None, ...]
     qkv_width: int              # floats per fused qkv row
+    # lfm2: per layer [conv_ring rows, n_embd] B*x of the latest positions (row q % rows); None for an attention layer
+    conv_state: tuple[gpu.Buffer | None, ...] = ()
+    bcx: gpu.Buffer | None = None   # [B, 3 n_embd] lfm2's in_proj rows [B | C | x] (None without short-conv layers)
     xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
     xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
 
@@ -75,9 +90,19 @@ class Scratch:
             logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
             topk=dev.buffer(8 * MAX_CANDIDATES, conv, "top-k pairs [K] (u32, f32)"),
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
-            k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
-            v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") for il in range(cfg.n_layer)),
-            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}))
+            k_cache=tuple(None if cfg.is_conv(il) else dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]")
+                          for il in range(cfg.n_layer)),
+            v_cache=tuple(None if cfg.is_conv(il) else dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]")
+                          for il in range(cfg.n_layer)),
+            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._conv(dev, cfg, B) if cfg.shortconv else {}))
+
+    @staticmethod
+    def _conv(dev: gpu.Device, cfg: Config, B: int) -> dict:
+        ring = conv_ring(cfg)
+        return {"conv_state": tuple(dev.buffer(shortconv_ops.state_bytes(cfg.n_embd, ring), gpu.CONVERSATION,
+                                               f"conv state {il} [{ring}, n_embd]") if cfg.is_conv(il) else None
+                                    for il in range(cfg.n_layer)),
+                "bcx": dev.buffer(4 * B * 3 * cfg.n_embd, gpu.CONVERSATION, "bcx [B, 3 n_embd]")}
 
     @staticmethod
     def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:

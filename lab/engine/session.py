@@ -1,4 +1,11 @@
-"""A conversation with one loaded engine: KV-cache reuse across turns, the generation loop, timings.
+"""A conversation with one loaded engine: reuse of what the engine keeps across turns, the generation loop, timings.
+
+The reuse rule, here and nowhere else (`Session._reuse`): a turn reuses the longest prefix of its prompt that the
+session has already run (`cached`), at least one prompt token left to run. A KV cache can be cut to any such prefix.
+A conv state (lfm2) cannot: it holds only the inputs of the latest positions (Engine.can_resume), so a turn that
+extends the conversation (or steps back within the ring the engine keeps, as after greedy steps run past the turn's
+end) reuses it, and anything else (an edit further back, a new chat) runs the whole prompt from position 0.
+`Result.reused` says how many prompt tokens were not run again.
 
 What it does not know: how the prompt was made (lab.text.chat renders turns into ids) or where the text
 goes (callers pass `on_token`). It is the same code natively and in the browser's worker.
@@ -72,7 +79,7 @@ class Result:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)       # generated ids (an end-of-generation id is not included)
     text: str = ""
-    reused: int = 0             # prompt tokens whose K/V were already cached
+    reused: int = 0             # prompt tokens not run again: their K/V (and the conv states after them) were kept
     prefilled: int = 0          # prompt tokens run through prefill this turn
     ttft_s: float = 0.0         # time to first token
     prefill_s: float = 0.0
@@ -109,8 +116,10 @@ class Session:
         return common_prefix(self.cached, ids)
 
     def _reuse(self, prompt: list[int]) -> int:
-        # at least one prompt token must run, to produce the logits of the next token
-        return min(self.cached_prefix(prompt), len(prompt) - 1)
+        """How many leading prompt tokens this turn does not run again (the module's rule): at least one must run, to
+        produce the logits of the next token; and the conv states (lfm2) must hold the inputs just before the rest."""
+        n = min(self.cached_prefix(prompt), len(prompt) - 1)
+        return n if self.engine.can_resume(n) else 0
 
     async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
                        should_stop=None, edit=None) -> Result:

@@ -14,7 +14,9 @@ where llama.cpp would crash, run something this engine does not, or silently sub
   float that reaches a shader fits an f32 (a uniform holds f32: 1e300 would become inf);
 * token ids are in 0..n_vocab-1 (llama.cpp warns and falls back to its default: we refuse by name);
 * arrays have the element type and the length the vocabulary needs;
-* keys the engine cannot honour (YaRN/LongRoPE scaling, a RoPE attention factor, experts) are refused.
+* keys the engine cannot honour (YaRN/LongRoPE scaling, a RoPE attention factor, experts) are refused;
+* a key an architecture reads in another form has its own rule in `ARCH_RULES` (lfm2's per-layer
+  attention.head_count_kv array, 0 for a short-conv layer).
 
 Every message names the key and shows its value (long arrays and strings abbreviated).
 
@@ -64,7 +66,7 @@ def show(v: object) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str                     # count | uint | float | bool | str | strings | ints | numbers
+    kind: str                     # count | uint | float | bool | str | strings | ints | numbers | counts
     required: bool = False
     check: Callable[[object], str | None] | None = None   # the reason the value is refused, or None
     archs: tuple[str, ...] = ()   # config keys: the architectures that read it (empty: all)
@@ -96,6 +98,8 @@ _ARRAY_TYPES = {"strings": ({str}, "strings"), "ints": ({int}, "integers"), "num
 
 
 def _type_error(kind: str, v: object) -> str | None:
+    if kind == "counts":        # an integer count, or an array of integers (one per layer)
+        return _type_error("ints", v) if isinstance(v, list) else _scalar_type("count", v)
     if kind not in _ARRAY_TYPES:
         return _scalar_type(kind, v)
     allowed, what = _ARRAY_TYPES[kind]
@@ -197,12 +201,31 @@ CONFIG_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "vocab_size": Rule("count"),                       # when present: the embedding rows
     # 0: none. Read where llama.cpp's loader reads it: llama never does (Mistral-style files run with full causal
     # attention there, and here); phi3 reads it and switches SWA off; gemma2 / gemma3 slide (lab.format.model).
-    "attention.sliding_window": Rule("uint", archs=("phi3", "gemma2", "gemma3")),
+    "attention.sliding_window": Rule("uint", archs=("phi3", "gemma2", "gemma3", "lfm2")),
     # llama.cpp also takes a per-layer bool array here; this lab only the period (an array is refused by type)
     "attention.sliding_window_pattern": Rule("uint", archs=("gemma2", "gemma3")),
     "rope.freq_base_swa": Rule("float", check=_freq_base, archs=("gemma2", "gemma3")),
     "attn_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
     "final_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
+    # lfm2: the short conv's taps (llama.cpp: n_shortconv_l_cache, asserted > 1; its range: lab.format.model)
+    "shortconv.l_cache": Rule("count", required=True, archs=("lfm2",)),
+    # false for LFM2's bidirectional embedding models (refused by lab.format.model)
+    "attention.causal": Rule("bool", archs=("lfm2",)),
+}
+
+
+def _kv_heads_per_layer(v: int | list[int]) -> str | None:
+    # llama.cpp reads the key with get_key_or_arr: one count per layer, 0 where the layer has no attention
+    if not isinstance(v, list):
+        return None
+    bad = next((i for i, n in enumerate(v) if not 0 <= n <= U32_MAX), None)
+    return None if bad is None else f"item {bad} is {v[bad]}, not a head count (0..{U32_MAX})"
+
+
+# Keys an architecture reads in another form than CONFIG_KEYS says (replacing that rule for it).
+ARCH_RULES: dict[str, dict[str, Rule]] = {
+    # lfm2: one KV head count per layer, 0 for a short-conv layer (a scalar is read as every layer's)
+    "lfm2": {"attention.head_count_kv": Rule("counts", check=_kv_heads_per_layer)},
 }
 
 TOKENIZER_KEYS: dict[str, Rule] = {
@@ -238,6 +261,7 @@ def check_config(md: dict, arch: str) -> dict[str, object]:
     raise ModelError naming the key (and the architecture, which chose the prefix)."""
     out: dict[str, object] = {}
     for name, rule in CONFIG_KEYS.items():
+        rule = ARCH_RULES.get(arch, {}).get(name, rule)
         if rule.archs and arch not in rule.archs:
             continue
         key = f"{arch}.{name}"

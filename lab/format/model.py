@@ -14,6 +14,11 @@ appears as its row ranges (`tensor_views`: phi3's attn_qkv as attn_q/attn_k/attn
 GPU still holds one copy. `HOST_TENSORS` are the only tensors whose values Python reads (rope_freqs: n_rot/2
 floats, read before the plans are built, natively from the path, in the browser with one File.slice).
 
+Hybrids (lfm2): `shortconv` says per layer whether it is a short-convolution block (llama.cpp: head_count_kv[il] == 0,
+`hparams.is_recr`) instead of attention; such a layer has no K/V, and its memory is the conv state (l_cache - 1 rows
+of B*x, `conv_state_bytes`). `FLAT_TENSORS` (the conv kernel, [n_embd, l_cache] f32) are read whole by their kernel
+rather than through the matmuls, so they are uploaded as one flat f32 buffer.
+
 What it does not know: how tensors reach the GPU (lab.engine) or how tokens are made (lab.text.tokenizer).
 """
 
@@ -26,9 +31,17 @@ from lab.format.checks import ModelError, check_config, show
 from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
 from lab.format.gguf import Header, TensorInfo
 
-ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2")
+# Architectures a user may well bring, refused by name with the reason (anything else: "unsupported architecture").
+REFUSED = {
+    "lfm2moe": "LFM2's mixture-of-experts variant (LFM2-8B-A1B): its expert FFN layers (a router and stacked experts "
+               "after the dense leading blocks) are not run by this lab; the dense lfm2 models are",
+}
 NO_ROPE_STEP = {"smollm3": 4}   # llama_model_smollm3::load_arch_hparams: layers 3, 7, ... have no RoPE
-NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
+NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
+MAX_L_CACHE = 8     # lfm2: the longest conv a shortconv kernel holds in registers (every release has l_cache = 3)
+# Tensors (by name within a block) uploaded as one flat f32 buffer that their kernel reads whole (lab.ops.weights).
+FLAT_TENSORS = ("shortconv.conv.weight",)
 GEMMA = ("gemma2", "gemma3")
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
 HOST_TENSORS = ("rope_freqs.weight",)
@@ -66,10 +79,27 @@ class Config:
     fused_qkv: bool = False         # attn_qkv.weight [n_embd, q + 2 kv] instead of attn_q/k/v (phi3)
     fused_gate_up: bool = False     # ffn_up.weight [n_embd, 2 n_ff] = [gate | up] rows, no ffn_gate (phi3)
     no_rope: tuple[bool, ...] = ()  # per layer: True where Q and K are not rotated (smollm3's NoPE layers); () none
+    shortconv: tuple[bool, ...] = ()    # per layer: True for lfm2's short-conv blocks (no attention, no KV); () none
+    l_cache: int = 0                    # lfm2: taps of the depthwise causal conv (its state: the last l_cache - 1 rows)
+    output_norm: str = "output_norm.weight"     # the final norm's tensor (lfm2 stores it as token_embd_norm.weight)
 
     def rotates(self, il: int) -> bool:
         """Whether layer il rotates Q and K (every layer but smollm3's NoPE ones)."""
         return not (self.no_rope and self.no_rope[il])
+
+    def is_conv(self, il: int) -> bool:
+        """Whether layer il is a short-conv block (lfm2) rather than attention."""
+        return bool(self.shortconv and self.shortconv[il])
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with attention (and a KV cache): every layer but the short-conv blocks."""
+        return tuple(il for il in range(self.n_layer) if not self.is_conv(il))
+
+    @property
+    def conv_layers(self) -> tuple[int, ...]:
+        """The short-conv layers (each with a conv state instead of a KV cache)."""
+        return tuple(il for il in range(self.n_layer) if self.is_conv(il))
 
     @property
     def rope_pairs(self) -> int:
@@ -85,8 +115,13 @@ class Config:
         return self.n_head_kv * self.head_dim
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        """2 (K and V) x layers x KV heads x head size x bytes per value."""
-        return 2 * self.n_layer * self.n_head_kv * self.head_dim * bytes_per_value
+        """2 (K and V) x attention layers x KV heads x head size x bytes per value (short-conv layers keep none)."""
+        return 2 * len(self.attention_layers) * self.n_head_kv * self.head_dim * bytes_per_value
+
+    def conv_state_bytes(self, bytes_per_value: int = 4) -> int:
+        """What the short-conv layers keep, whatever the context: conv layers x (l_cache - 1) rows x n_embd x bytes
+        per value (the B*x inputs the next token's conv still reads)."""
+        return len(self.conv_layers) * (self.l_cache - 1) * self.n_embd * bytes_per_value
 
 
 def from_gguf(header: Header) -> Config:
@@ -95,6 +130,8 @@ def from_gguf(header: Header) -> Config:
     (sliding windows, query scale, soft-caps), then the tensor table against all of it (check_tensors)."""
     md = header.metadata
     arch = md.get("general.architecture")
+    if isinstance(arch, str) and arch in REFUSED:
+        raise ModelError(f"general.architecture = {show(arch)}: {REFUSED[arch]}")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
                          f"{', '.join(ARCHITECTURES)}")
@@ -102,8 +139,9 @@ def from_gguf(header: Header) -> Config:
     tensors = {t.name: t for t in header.tensors}
     why: dict[str, str] = {}    # Config field -> the keys its size came from, for the messages of check_tensors
     n_embd, n_vocab = _embedding(arch, kv, tensors, why)
-    n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
     n_layer = _layers(arch, kv, tensors, why)
+    shortconv, l_cache = _shortconv(arch, kv, n_layer, why)
+    n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
     n_ff = kv["feed_forward_length"]
     why["n_ff"] = f"{arch}.feed_forward_length = {n_ff}"
     n_rot, rope_scale, rope_base = _rope(arch, kv, head_dim, tensors, why)
@@ -123,7 +161,7 @@ def from_gguf(header: Header) -> Config:
         qkv_bias=arch == "qwen2",
         # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
         tied_output=arch == "gemma2" or "output.weight" not in tensors,
-        qk_norm=arch in ("gemma3", "qwen3"), post_norms=gemma, gelu=gemma,
+        qk_norm=arch in ("gemma3", "qwen3", "lfm2"), post_norms=gemma, gelu=gemma,
         embd_scale=math.sqrt(n_embd) if gemma else 1.0,
         attn_scale=_attention_scale(arch, n_layer, n_embd, n_head, head_dim),
         sliding_window=window if any(sliding) else 0,
@@ -135,6 +173,8 @@ def from_gguf(header: Header) -> Config:
         rope_freqs=arch == "llama" and "rope_freqs.weight" in tensors,
         fused_qkv=phi3, fused_gate_up=phi3,
         no_rope=tuple((il + 1) % NO_ROPE_STEP[arch] == 0 for il in range(n_layer)) if arch in NO_ROPE_STEP else (),
+        shortconv=shortconv, l_cache=l_cache,
+        output_norm="token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight",
     )
     check_tensors(cfg, header, why)
     return cfg
@@ -166,8 +206,10 @@ def _heads(arch: str, kv: dict, n_embd: int, why: dict[str, str]) -> tuple[int, 
     n_head = kv["attention.head_count"]
     why["n_head"] = f"{a}attention.head_count = {n_head}"
     n_head_kv = kv.get("attention.head_count_kv", n_head)
-    why["n_head_kv"] = (f"{a}attention.head_count_kv = {n_head_kv}" if "attention.head_count_kv" in kv
+    why["n_head_kv"] = (f"{a}attention.head_count_kv = {show(n_head_kv)}" if "attention.head_count_kv" in kv
                         else f"{a}attention.head_count_kv absent, so {a}attention.head_count = {n_head}")
+    if isinstance(n_head_kv, list):     # lfm2: one per layer, 0 for a short-conv layer (checked in _shortconv)
+        n_head_kv = max(n_head_kv)
     if n_head % n_head_kv:
         raise ModelError(f"{a}attention.head_count = {n_head} is not a multiple of "
                          f"{a}attention.head_count_kv = {n_head_kv}")
@@ -184,6 +226,10 @@ def _heads(arch: str, kv: dict, n_embd: int, why: dict[str, str]) -> tuple[int, 
     if kv.get("attention.value_length", head_dim) != head_dim:
         raise ModelError(f"{a}attention.value_length = {kv['attention.value_length']} differs from the key length "
                          f"{head_dim} ({why['head_dim']}): this lab needs them equal")
+    if arch == "lfm2" and n_head * head_dim != n_embd:
+        # llama_model_lfm2::load_arch_tensors: attn_q and attn_output are [n_embd, n_embd]
+        raise ModelError(f"{a}attention.head_count = {n_head} x head size {head_dim} ({why['head_dim']}) is not "
+                         f"{a}embedding_length = {n_embd}: an lfm2 attention layer projects n_embd to n_embd")
     return n_head, n_head_kv, head_dim
 
 
@@ -192,11 +238,48 @@ def _layers(arch: str, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, 
     a = arch + "."
     n_layer = kv["block_count"]
     why["n_layer"] = f"{a}block_count = {n_layer}"
-    per_block = 6 if arch == "phi3" else 9      # phi3 fuses q/k/v into one tensor and gate/up into another
+    # phi3 fuses q/k/v into one tensor and gate/up into another; an lfm2 conv block has 8 (norm, conv, in, out, FFN)
+    per_block = 6 if arch == "phi3" else 8 if arch == "lfm2" else 9
     if per_block * n_layer > len(tensors):
         raise ModelError(f"{a}block_count = {n_layer} needs at least {per_block * n_layer} tensors ({per_block} a "
                          f"block); the file has {len(tensors)}")
     return n_layer
+
+
+def _shortconv(arch: str, kv: dict, n_layer: int, why: dict[str, str]) -> tuple[tuple[bool, ...], int]:
+    """(shortconv, l_cache) for lfm2, as llama_model_lfm2::load_arch_hparams reads them: a layer is a short-conv
+    block where attention.head_count_kv (an array, one per layer; a scalar means every layer) is 0; l_cache is
+    shortconv.l_cache, the conv's taps. Other architectures: ((), 0)."""
+    if arch != "lfm2":
+        return (), 0
+    a = arch + "."
+    per_layer = kv.get("attention.head_count_kv", kv["attention.head_count"])
+    if not isinstance(per_layer, list):
+        per_layer = [per_layer] * n_layer
+    if len(per_layer) != n_layer:
+        raise ModelError(f"{a}attention.head_count_kv has {len(per_layer)} items, but {a}block_count = {n_layer}: "
+                         f"an lfm2 file gives one per layer (0 for a short-conv layer)")
+    heads = sorted(set(per_layer) - {0})
+    if not heads:
+        raise ModelError(f"{a}attention.head_count_kv = {show(per_layer)}: every layer is a short-conv layer; this "
+                         f"lab runs lfm2 models with at least one attention layer")
+    if len(heads) > 1:
+        raise ModelError(f"{a}attention.head_count_kv = {show(per_layer)}: attention layers with different KV head "
+                         f"counts ({', '.join(map(str, heads))}) are not supported by this lab")
+    l_cache = kv["shortconv.l_cache"]
+    if not 2 <= l_cache <= MAX_L_CACHE:
+        # llama.cpp: GGML_ASSERT(n_shortconv_l_cache > 1); the kernel keeps the window in registers
+        raise ModelError(f"{a}shortconv.l_cache = {l_cache}: must be in 2..{MAX_L_CACHE} (the conv's taps; every "
+                         f"LFM2 release has 3)")
+    if kv.get("attention.sliding_window", 0):
+        raise ModelError(f"{a}attention.sliding_window = {kv['attention.sliding_window']}: lfm2 with sliding-window "
+                         f"attention layers (llama.cpp's iswa graph) is not supported by this lab")
+    if kv.get("attention.causal", True) is not True:
+        raise ModelError(f"{a}attention.causal = {show(kv['attention.causal'])}: bidirectional lfm2 (the embedding and "
+                         f"ColBERT models) is not a chat model; this lab runs causal lfm2 only")
+    why["l_cache"] = f"{a}shortconv.l_cache = {l_cache}"
+    why["n_head_kv"] = f"{a}attention.head_count_kv = {show(per_layer)}"
+    return tuple(h == 0 for h in per_layer), l_cache
 
 
 def _rope(arch: str, kv: dict, head_dim: int, tensors: dict[str, TensorInfo],
@@ -275,7 +358,7 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
     stored=True: as the file holds them (fused tensors whole, rope_freqs included); else as the engine reads
     them (fused tensors as their row views, see tensor_views; rope_freqs read by the host, not uploaded)."""
     e, q, kv, ff, v = "n_embd", "n_head * head_dim", "n_head_kv * head_dim", "n_ff", "n_vocab"
-    shapes = {"token_embd.weight": (e, v), "output_norm.weight": (e,)}
+    shapes = {"token_embd.weight": (e, v), cfg.output_norm: (e,)}
     if not cfg.tied_output:
         shapes["output.weight"] = (e, v)
     if stored and cfg.rope_freqs:
@@ -283,6 +366,11 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         shapes[b + "attn_norm.weight"] = (e,)
+        if cfg.is_conv(il):     # lfm2's short-conv block in place of attention (llama_model_lfm2::load_arch_tensors)
+            shapes.update({b + "shortconv.conv.weight": ("l_cache", e), b + "shortconv.in_proj.weight": (e, "bcx_rows"),
+                           b + "shortconv.out_proj.weight": (e, e), b + "ffn_norm.weight": (e,),
+                           b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff), b + "ffn_down.weight": (ff, e)})
+            continue
         if stored and cfg.fused_qkv:
             shapes[b + "attn_qkv.weight"] = (e, "qkv_rows")
         else:
@@ -343,10 +431,17 @@ def _size(cfg: Config, dim: str) -> int:
         return cfg.q_dim + 2 * cfg.kv_dim
     if dim == "gate_up_rows":
         return 2 * cfg.n_ff
+    if dim == "bcx_rows":       # lfm2's in_proj: [B | C | x], n_embd rows each
+        return 3 * cfg.n_embd
     n = 1
     for f in dim.split(" * "):
         n *= getattr(cfg, f)
     return n
+
+
+def is_flat(name: str) -> bool:
+    """Whether tensor `name` is uploaded as one flat f32 buffer its kernel reads whole (FLAT_TENSORS)."""
+    return name.startswith("blk.") and name.split(".", 2)[2] in FLAT_TENSORS
 
 
 def expected_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -378,6 +473,8 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
                              f"(it reads {', '.join(KERNEL_TYPES)})")
         if len(shape) == 1 and t.type.name != "F32":
             raise ModelError(f"tensor {name} is {t.type.name}; 1-D tensors must be F32")
+        if is_flat(name) and t.type.name != "F32":
+            raise ModelError(f"tensor {name} is {t.type.name}; the short-conv kernel reads it as F32")
     for t in header.tensors:
         if t.name not in expected:
             block = t.name.split(".")[1] if t.name.startswith("blk.") else ""

@@ -5,8 +5,9 @@
 
 Each `ArchSpec` has the architecture's exact tensor names and layout as llama.cpp's loader reads them
 (src/models/<arch>.cpp: phi3's fused attn_qkv and [gate | up] ffn_up, llama 3's rope_freqs, qwen3's and
-gemma3's per-head Q/K norms, the gemmas' post-norms), at small shapes: 4 layers (6 for gemma3, whose
-pattern puts a global layer every 6th), grouped-query attention, head size 64 (256 for the gemmas),
+gemma3's per-head Q/K norms, the gemmas' post-norms, lfm2's short-conv blocks and its final norm stored as
+token_embd_norm), at small shapes: 4 layers (6 for gemma3, whose pattern puts a global layer every 6th, and for
+lfm2, whose first 6 layers hold 4 short-conv blocks and 2 attention layers), grouped-query attention, head size 64 (256 for the gemmas),
 n_embd 256 (the K-quants need rows of whole 256-value blocks).
 
 A real vocabulary: the tokenizer metadata (every `tokenizer.*` key) is copied from one of the three real
@@ -54,6 +55,7 @@ class ArchSpec:
     extra: dict = field(default_factory=dict)        # "{arch}." keys beyond the shapes
     overrides: dict = field(default_factory=dict)    # tokenizer keys replaced (tokenizer.ggml.pre)
     rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2]
+    kv_per_layer: tuple[int, ...] = ()     # lfm2: attention.head_count_kv as an array, 0 for a short-conv layer
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -101,11 +103,17 @@ SPECS: dict[str, ArchSpec] = {
     "gemma3": ArchSpec("gemma3", "gemma3", 6, 2, 1, 256, 512, tied=True,
                        extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.key_length": 256,
                               "attention.value_length": 256, "attention.sliding_window": 8}),
+    # LFM2-350M / 1.2B-shaped (LiquidAI's config.json: layer_types conv, conv, full_attention, conv, conv,
+    # full_attention, ... (full_attn_idxs 2, 5, 8, 10, 12, 14 of 16), conv_L_cache 3, 16 query heads over 8 (350M) or
+    # 32 over 8 (1.2B) KV heads of 64, rope_theta 1e6, norm_eps 1e-5, tied embeddings): its first 6 layers, 4 short-conv
+    # blocks and 2 GQA attention layers, with n_head x head_dim = n_embd as lfm2 needs
+    "lfm2": ArchSpec("lfm2", "smollm2", 6, 4, 2, 64, 512, tied=True, kv_per_layer=(0, 0, 2, 0, 0, 2),
+                     extra={"rope.freq_base": 1000000.0, "context_length": 128000, "shortconv.l_cache": 3}),
 }
 
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
            "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
-           "ffn_down": ("Q4_K", "Q6_K")}
+           "ffn_down": ("Q4_K", "Q6_K"), "shortconv_in_proj": "Q4_K", "shortconv_out_proj": "Q4_K"}
 # Type mixes: role -> type, or (type, type of the first and last layers) as llama.cpp's _M mixes give
 # attn_v and ffn_down more bits there. Mixes whose types the kernels do not read yet are left out by
 # `mixes()`, so adding a type to lab.format.ggml.KERNEL_TYPES adds its variant.
@@ -187,20 +195,33 @@ def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]
     out = [("token_embd.weight", "token_embd", ("V", e), 0.25)]   # tied heads: logits of std ~4
     if not spec.tied:
         out.append(("output.weight", "output", ("V", e), 0.25))
-    out.append(("output_norm.weight", "norm", (e,), 0.0))
+    # lfm2's final norm is stored under the name of token_embd_norm (llama.cpp: LLM_TENSOR_OUTPUT_NORM_LFM2)
+    out.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", "norm", (e,), 0.0))
     if spec.rope_freqs:
         out.append(("rope_freqs.weight", "rope_freqs", (hd // 2,), 0.0))
     gemma = spec.arch in ("gemma2", "gemma3")
     for il in range(spec.n_layer):
         b = f"blk.{il}."
         out.append((b + "attn_norm.weight", "norm", (e,), 0.0))
+        if spec.kv_per_layer and spec.kv_per_layer[il] == 0:
+            # the short-conv block: the depthwise kernel [n_embd, l_cache] (F32 in every mix: rows of 3 values are no
+            # quant block), in_proj to [B | C | x], out_proj
+            taps = spec.extra["shortconv.l_cache"]
+            out += [(b + "shortconv.conv.weight", "shortconv_conv", (e, taps), 1.0 / np.sqrt(taps)),
+                    (b + "shortconv.in_proj.weight", "shortconv_in_proj", (3 * e, e), 1.0 / np.sqrt(e)),
+                    (b + "shortconv.out_proj.weight", "shortconv_out_proj", (e, e), 1.0 / np.sqrt(e)),
+                    (b + "ffn_norm.weight", "norm", (e,), 0.0),
+                    (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
+                    (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
+                    (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff))]
+            continue
         if spec.arch == "phi3":
             out.append((b + "attn_qkv.weight", "attn_qkv", (q + 2 * kv, e), 1.0 / np.sqrt(e)))
         else:
             out += [(b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e)),
                     (b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
                     (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e))]
-        if spec.arch in ("qwen3", "gemma3"):
+        if spec.arch in ("qwen3", "gemma3", "lfm2"):
             out += [(b + "attn_q_norm.weight", "norm", (hd,), 0.0), (b + "attn_k_norm.weight", "norm", (hd,), 0.0)]
         out.append((b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)))
         if gemma:
@@ -243,7 +264,7 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     w.add_embedding_length(spec.n_embd)
     w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
+    w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     for k, v in spec.extra.items():
         (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"{a}.{k}", v)
@@ -262,7 +283,7 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
         if role == "rope_freqs":
             w.add_tensor(tname, llama3_factors(shape[0] * 2, float(spec.extra["rope.freq_base"])))
             continue
-        ttype = _type_for(mix, role, il, spec.n_layer)
+        ttype = "F32" if role == "shortconv_conv" else _type_for(mix, role, il, spec.n_layer)
         if ttype in ("F32", "Q8_0"):
             data = (std * rng.standard_normal(shape)).astype(np.float32)
             if ttype == "F32":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from lab import gpu
 from lab.format.ggml import KERNEL_TYPES, GgmlType
 from lab.format.gguf import GGUFError
-from lab.format.model import expected_tensors
+from lab.format.model import expected_tensors, is_flat
 from lab.ops import Weight, WeightPart
 
 UPLOAD_CHUNK = 32 << 20     # bytes a loader reads and writes at a time: host memory holds about one chunk
@@ -119,9 +119,11 @@ class ModelWeights:
     """Every tensor of the model on the GPU, in GGUF block layout, and the uploads that fill them.
 
     matrices: 2-D weights by name ("blk.3.attn_output.weight"), each split into binding-sized row ranges.
-    vectors:  1-D f32 tensors (norm weights, biases) by name.
+    vectors:  1-D f32 tensors (norm weights, biases) by name, and the flat ones a kernel reads whole
+              (lab.format.model.FLAT_TENSORS: lfm2's conv kernel [n_embd, l_cache]).
     stacked:  projections that read the same input, run as one matvec/matmul over their rows stacked:
-              stacked["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...]; with qkv biases,
+              stacked["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...] (a short-conv layer's
+              in_proj alone as stacked["blk.N.in_proj"], so it takes the same normed projection); with qkv biases,
               vectors["blk.N.attn_qkv.bias"] holds the three side by side, as the fused row [q | k | v] needs.
     The stacked rows are the only copy of those tensors (never a second one)."""
 
@@ -135,7 +137,8 @@ class ModelWeights:
         fused = set()
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
-            for key, names in (("qkv", ("attn_q", "attn_k", "attn_v")), ("gate_up", ("ffn_gate", "ffn_up"))):
+            mixer = ("in_proj", ("shortconv.in_proj",)) if cfg.is_conv(il) else ("qkv", ("attn_q", "attn_k", "attn_v"))
+            for key, names in (mixer, ("gate_up", ("ffn_gate", "ffn_up"))):
                 self.stacked[b + key] = self._stack([f"{b}{n}.weight" for n in names])
                 fused.update(f"{b}{n}.weight" for n in names)
             if cfg.qkv_bias:
@@ -152,7 +155,7 @@ class ModelWeights:
             if name in fused:
                 continue
             t = tensors[name]
-            if len(shape) == 1:
+            if len(shape) == 1 or is_flat(name):
                 buf = device.buffer(t.nbytes, gpu.WEIGHTS, name)
                 self.vectors[name] = buf
                 self.uploads.append(Upload(name, t.offset, t.nbytes, buf))

@@ -1,7 +1,7 @@
 """The numpy forward pass: the oracle the GPU engine is checked against (CPython only).
 
 Follows llama.cpp's graph builders op for op (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, phi3.cpp,
-gemma2.cpp, gemma3.cpp and
+gemma2.cpp, gemma3.cpp, lfm2.cpp and
 llm_graph_context::build_norm / build_ffn / build_attn in src/llama-graph.cpp), on weights
 dequantized by gguf-py, in float32 (or float64: `Reference(path, dtype=np.float64)`).
 The ops themselves (RMSNorm, RoPE, softmax, the activations, the mask) are ops.py's, the same the kernels'
@@ -17,7 +17,7 @@ against llama.cpp's own callback tensors on an all-F32 GGUF: every one agrees to
 
     inp_embd            [t, n_embd]     token_embd rows
     inp_scaled          [t, n_embd]     gemma3 only: inp_embd * sqrt(n_embd)
-    attn_norm-il        [t, n_embd]     RMSNorm(x) * attn_norm.weight
+    attn_norm-il        [t, n_embd]     RMSNorm(x) * attn_norm.weight (lfm2: "model.layers.{}.operator_norm-il")
     Qcur-il             [t, n_head*hd]  x @ Wq.T (+ bq)       (llama.cpp: "Qcur" before RoPE)
     Kcur-il             [t, n_kv_head*hd]
     Vcur-il             [t, n_kv_head*hd_v]
@@ -29,7 +29,12 @@ against llama.cpp's own callback tensors on an all-F32 GGUF: every one agrees to
     kqv_out-il          [t, n_head*hd_v] heads merged, before Wo
     attn_out-il         [t, n_embd]     after Wo (+ bo)
     attn_post_norm-il   [t, n_embd]     gemma3 only
-    ffn_inp-il          [t, n_embd]     residual after attention (gemma3: llama.cpp's "sa_out")
+    ffn_inp-il          [t, n_embd]     residual after attention (gemma3: llama.cpp's "sa_out"; lfm2: unnamed there)
+  lfm2's short-conv layers, in place of Qcur .. attn_out (llama.cpp's names in quotes, "{}" as it writes it):
+    shortconv_bcx-il    [t, 3 n_embd]   in_proj rows [B | C | x]           ("model.layers.{}.conv.in_proj-il")
+    shortconv_conv-il   [t, n_embd]     the depthwise causal conv of B*x over [state; B*x] ("model.layers.{}.conv.conv")
+    shortconv_y-il      [t, n_embd]     C * conv, out_proj's input (no name there)
+    shortconv_out-il    [t, n_embd]     after out_proj                     ("model.layers.{}.conv.out_proj-il")
     ffn_norm-il         [t, n_embd]
     ffn_swiglu-il       [t, n_ff]       the GLU's output, ffn_down's input (ffn_geglu-il for GeGLU models)
     ffn_out-il          [t, n_embd]     FFN output before the residual add
@@ -59,7 +64,8 @@ from lab.host.reference.weights import Hparams, Weights
 
 
 class Reference:
-    """numpy forward pass of a GGUF model (llama, qwen2, qwen3, phi3, gemma2, gemma3) with a KV cache and a trace."""
+    """numpy forward pass of a GGUF model (llama, qwen2, qwen3, phi3, gemma2, gemma3, lfm2) with a KV cache, lfm2's
+    conv states, and a trace."""
 
     def __init__(self, path: str | Path, dtype=np.float32):
         """dtype: float32 (default) or float64, for the dequantized weights and every activation."""
@@ -83,6 +89,8 @@ class Reference:
         hp = self.hp
         self._k = [np.zeros((hp.n_head_kv, 0, hp.head_dim), self.dtype) for _ in range(hp.n_layer)]
         self._v = [np.zeros((hp.n_head_kv, 0, hp.head_dim_v), self.dtype) for _ in range(hp.n_layer)]
+        # lfm2: per short-conv layer the last l_cache - 1 rows of B*x, [l_cache - 1, n_embd]; zero before position 0
+        self._conv = [np.zeros((max(hp.l_cache - 1, 0), hp.n_embd), self.dtype) for _ in range(hp.n_layer)]
         self.n_past = 0
 
     def _cb(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -150,6 +158,12 @@ class Reference:
         start = 0 if start_pos is None else int(start_pos)
         if start > self.n_past:
             raise ValueError(f"forward: start_pos {start} is past the cache ({self.n_past} positions)")
+        if any(map(hp.is_conv, range(hp.n_layer))):
+            if start == 0:
+                self.reset()
+            elif start != self.n_past:
+                # a conv state holds the inputs just before n_past: it cannot be cut back like a KV cache
+                raise ValueError(f"forward: lfm2 continues at {self.n_past} or starts at 0, not at {start}")
         self._trace_on = trace
         if trace:
             self.trace = {}
@@ -168,6 +182,9 @@ class Reference:
             inp = x
             cur = rms_norm(x, self._lw(il, "attn_norm.weight"), hp.eps)
             self._cb(f"attn_norm-{il}", cur)
+            if hp.is_conv(il):
+                x = self._feed_forward(il, self._cb(f"ffn_inp-{il}", self._shortconv(il, cur) + inp))
+                continue
 
             if f"blk.{il}.attn_qkv.weight" in self.w:      # phi3: one fused projection, rows [q | k | v]
                 qkv = self._linear(cur, il, "attn_qkv")
@@ -218,29 +235,49 @@ class Reference:
             cur = self._linear(o, il, "attn_output")
             self._cb(f"attn_out-{il}", cur)
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
-
-            cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
-            self._cb(f"ffn_norm-{il}", cur)
-            if f"blk.{il}.ffn_gate.weight" in self.w:
-                gate = self._linear(cur, il, "ffn_gate")
-                up = self._linear(cur, il, "ffn_up")
-            else:       # phi3: ffn_up holds [gate | up]; ggml_swiglu puts the FIRST half through SiLU
-                gate, up = np.split(self._linear(cur, il, "ffn_up"), 2, axis=-1)
-            act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
-            glu = self._cb(f"{'ffn_swiglu' if hp.ffn_act == 'silu' else 'ffn_geglu'}-{il}", act * up)
-            cur = self._linear(glu, il, "ffn_down")
-            self._cb(f"ffn_out-{il}", cur)
-            x = self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", "l_out")
+            x = self._feed_forward(il, ffn_inp)
 
         self.n_past = n_kv
         if not all_logits:
             x = x[-1:]
-        x = rms_norm(x, self.w.get("output_norm.weight"), hp.eps)
+        x = rms_norm(x, self.w.get(hp.output_norm), hp.eps)
         self._cb("result_norm", x)
         logits = self._head(x)
         self._cb("result_output", logits)
         self._trace_on = False
         return np.asarray(logits, dtype=np.float32) if dt != np.float32 else logits
+
+    def _shortconv(self, il: int, cur: np.ndarray) -> np.ndarray:
+        """lfm2's short-conv block (build_shortconv_block): in_proj to [B | C | x]; B*x; the depthwise causal conv
+        of l_cache taps over [state; B*x] (ggml_ssm_conv: output j = sum_i w[:, i] * seq[j + i], the last tap on the
+        token itself); C * conv; out_proj. The state becomes the last l_cache - 1 rows of [state; B*x]."""
+        e = self.hp.n_embd
+        bcx = self._cb(f"shortconv_bcx-{il}", self._mm(cur, f"blk.{il}.shortconv.in_proj.weight"))
+        b, c, xx = bcx[:, :e], bcx[:, e:2 * e], bcx[:, 2 * e:]
+        seq = np.concatenate([self._conv[il], b * xx], axis=0)            # [l_cache - 1 + t, n_embd]
+        w = self.w.get(f"blk.{il}.shortconv.conv.weight")                 # [n_embd, l_cache]
+        taps, t = w.shape[1], len(cur)
+        conv = sum(seq[i:i + t] * w[:, i] for i in range(taps))
+        self._conv[il] = seq[t:].copy()
+        self._cb(f"shortconv_conv-{il}", conv)
+        y = self._cb(f"shortconv_y-{il}", c * conv)
+        return self._cb(f"shortconv_out-{il}", self._mm(y, f"blk.{il}.shortconv.out_proj.weight"))
+
+    def _feed_forward(self, il: int, ffn_inp: np.ndarray) -> np.ndarray:
+        """ffn_norm -> the GLU -> ffn_down, added to ffn_inp (through gemma's post-norm): l_out-il."""
+        hp = self.hp
+        cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
+        self._cb(f"ffn_norm-{il}", cur)
+        if f"blk.{il}.ffn_gate.weight" in self.w:
+            gate = self._linear(cur, il, "ffn_gate")
+            up = self._linear(cur, il, "ffn_up")
+        else:       # phi3: ffn_up holds [gate | up]; ggml_swiglu puts the FIRST half through SiLU
+            gate, up = np.split(self._linear(cur, il, "ffn_up"), 2, axis=-1)
+        act = silu(gate) if hp.ffn_act == "silu" else gelu_tanh(gate)
+        glu = self._cb(f"{'ffn_swiglu' if hp.ffn_act == 'silu' else 'ffn_geglu'}-{il}", act * up)
+        cur = self._linear(glu, il, "ffn_down")
+        self._cb(f"ffn_out-{il}", cur)
+        return self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", "l_out")
 
     # -- generation and the lab panels ----------------------------------------------------------
     def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:

@@ -26,7 +26,8 @@ from gguf.quants import dequantize
 # adjacent values (x[2i], x[2i+1]); qwen2 and the gemma family use "NEOX", rotating (x[i], x[i+n_rot/2]).
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
-ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox", "gemma3": "neox"}
+ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox",
+             "gemma3": "neox", "lfm2": "neox"}
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -126,6 +127,12 @@ class Hparams:
     eos_id: int | None = None
     add_bos: bool = False
     no_rope_step: int = 0         # smollm3: layer il has no RoPE when (il + 1) % step == 0 (0: every layer rotates)
+    conv_layers: list[bool] = field(default_factory=list)   # lfm2: True where the layer is a short-conv block
+    l_cache: int = 0              # lfm2: the short conv's taps
+    output_norm: str = "output_norm.weight"
+
+    def is_conv(self, il: int) -> bool:
+        return bool(self.conv_layers and self.conv_layers[il])
 
     def rotates(self, il: int) -> bool:
         return not (self.no_rope_step and (il + 1) % self.no_rope_step == 0)
@@ -151,7 +158,9 @@ class Hparams:
 
         n_embd = int(k("embedding_length"))
         n_head = int(k("attention.head_count"))
-        n_head_kv = int(k("attention.head_count_kv", n_head))
+        n_head_kv = k("attention.head_count_kv", n_head)
+        per_layer_kv = [int(n) for n in n_head_kv] if isinstance(n_head_kv, list) else None
+        n_head_kv = max(per_layer_kv) if per_layer_kv else int(n_head_kv)
         head_dim = int(k("attention.key_length", n_embd // n_head))
         head_dim_v = int(k("attention.value_length", head_dim))
         n_rot = int(k("rope.dimension_count", head_dim))
@@ -190,6 +199,14 @@ class Hparams:
             hp.no_rope_step = 4
         if arch == "qwen3":
             hp.qk_norm = True            # src/models/qwen3.cpp: attn_q_norm / attn_k_norm per head, before RoPE
+        if arch == "lfm2":
+            # llama_model_lfm2::load_arch_hparams: a layer is recurrent (a short-conv block) where head_count_kv[il]
+            # is 0 (get_key_or_arr: a scalar is every layer's); l_cache from shortconv.l_cache. src/models/lfm2.cpp:
+            # per-head q/k norms before NEOX RoPE, kq_scale 1/sqrt(head size), the final norm stored as token_embd_norm
+            hp.conv_layers = [n == 0 for n in (per_layer_kv or [n_head_kv] * n_layer)]
+            hp.l_cache = int(k("shortconv.l_cache"))
+            hp.qk_norm = True
+            hp.output_norm = "token_embd_norm.weight"
         if arch == "gemma2":
             # src/models/gemma2.cpp + llama_model_gemma2::load_arch_hparams: window 4096 unless the key says,
             # pattern 2 (even layers slide), SWA base defaults to the global one, soft-caps 50 / 30 by
