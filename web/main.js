@@ -1,7 +1,8 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
-// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js, retrieval.js) keep it here, under their key:
-// each module makes its key (fresh*), changes only that key through the functions main.js calls with it (the worker's
-// messages, a load, a dropped conversation) and its own event handlers (wire*), and renders from the store.
+// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js, retrieval.js, experiments.js)
+// keep it here, under their key: each module makes its key (fresh*), changes only that key through the functions
+// main.js calls with it (the worker's messages, a load, a dropped conversation) and its own event handlers (wire*),
+// and renders from the store.
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
 import {
   fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
@@ -20,6 +21,11 @@ import {
   dropRetrieval, freshRetrieval, renderRetrieval, retrievalAnswer, retrievalFailed, retrievalForgotten, retrievalHits,
   retrievalLoaded, retrievalPlan, retrievalProgress, retrievalReady, retrievalRecall, retrievalToken, wireRetrieval,
 } from "/web/retrieval.js";
+import {
+  drawExperiments, dropExperiments, experimentFailed, experimentPlan, experimentProgress, experimentResult,
+  experimentsData, experimentsForgotten, experimentsLoaded, experimentToken, experimentTokens, freshExperiments,
+  renderExperiments, wireExperiments,
+} from "/web/experiments.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, renderContext, wireContext,
 } from "/web/context.js";
@@ -54,6 +60,7 @@ const store = {
   rope: freshRope(),                                     // web/rope.js: the RoPE demo
   perplexity: freshPerplexity(),                         // web/perplexity.js: a pasted text's perplexity
   retrieval: freshRetrieval(),                           // web/retrieval.js: the index of the user's files, the asks
+  experiments: freshExperiments(),                       // web/experiments.js: ablation, patching, steering, attribution
 };
 
 // used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
@@ -201,6 +208,8 @@ function renderTokens() {
 }
 
 const panelActions = { selectHead: (h) => { store.attn.head = h; render(); } };
+// The Experiments card picks a layer and a head for the panels (a heatmap cell, a head's bar).
+const experimentActions = { selectHead: (layer, head) => { store.attn = { layer, head }; render(); } };
 
 function render() {
   $("boot").textContent = store.boot;
@@ -218,6 +227,7 @@ function render() {
   renderRope(store);
   renderPerplexity(store);
   renderRetrieval(store);
+  renderExperiments(store);
   refreshExports();
 }
 
@@ -320,6 +330,7 @@ function clearConversation() {
 function forgetAll(skip) {
   clearConversation();
   dropRetrieval(store.retrieval, worker);
+  dropExperiments(store.experiments, worker, true);
   $("prompt").value = "";
   $("system-prompt").value = "";
   store.forget = null;
@@ -385,6 +396,7 @@ const onWorker = {
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
     store.loading = null; store.kv = freshKv();
     retrievalLoaded(store.retrieval, m.stats);
+    experimentsLoaded(store, worker);
   },
   prompt: (m) => {
     if (store.dropTurn) return;
@@ -422,6 +434,7 @@ const onWorker = {
   forget: (m) => {
     store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv;
     retrievalForgotten(store.retrieval, m.report);
+    experimentsForgotten(store.experiments, m.report);
   },
   "kv-view": (m) => {
     if (store.dropTurn) return;
@@ -448,6 +461,12 @@ const onWorker = {
   "retrieval-answer": (m) => retrievalAnswer(store.retrieval, m),
   "retrieval-recall": (m) => retrievalRecall(store.retrieval, m),
   // "retrieval-dropped" needs nothing: Clear emptied the card when it was pressed
+  // an experiment puts the chat's KV cache back as it was: the chat's KV picture stays
+  "experiment-tokens": (m) => experimentTokens(store.experiments, m),
+  "experiment-plan": (m) => experimentPlan(store.experiments, m),
+  "experiment-progress": (m) => experimentProgress(store.experiments, m),
+  "experiment-token": (m) => experimentToken(store.experiments, m),
+  "experiment-result": (m) => experimentResult(store.experiments, m),
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -468,6 +487,7 @@ const onError = {
   init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
   device: (m) => {   // the worker asks for a new device at once: its "gpu" message makes loading possible again
     clearConversation(); store.dropTurn = false; dropRetrieval(store.retrieval, worker);
+    dropExperiments(store.experiments, worker);
     store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
     store.generating = false; store.gpu = null; store.selftest = null;
   },
@@ -487,6 +507,8 @@ const onError = {
   "retrieval-ask": (m) => retrievalFailed(store.retrieval, m),
   "retrieval-recall": (m) => retrievalFailed(store.retrieval, m),
   "retrieval-drop": (m) => retrievalFailed(store.retrieval, m),
+  experiment: (m) => experimentFailed(store.experiments, m),
+  "experiment-tokens": () => {},     // the prompts' tokens are a courtesy: the run says what is wrong with them
 };
 
 worker.onmessage = (e) => {
@@ -504,6 +526,7 @@ function load(file) {
   store.loading = { done: 0, total: 0 };
   newChat();
   dropRetrieval(store.retrieval, worker);       // the index was the old model's embeddings
+  dropExperiments(store.experiments, worker);   // so were the results
   verifyFileLoaded(store.verify, file);
   worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
                        seq: ++store.loadSeq });
@@ -567,11 +590,13 @@ $("tokens").addEventListener("click", (e) => {
 $("tokens").addEventListener("keydown", stripKey);
 for (const [id, exp] of probeExports(store)) registerExport(id, exp);
 registerExport("rope", { data: () => ropeData(store), draw: (canvas) => drawRope(canvas, store), ready: () => true });
+registerExport("experiments", { data: () => experimentsData(store), draw: (canvas) => drawExperiments(canvas, store) });
 wireContext(store, load);
 wireVerify(store, worker, render);
 wireRope(store, worker, render);
 wirePerplexity(store, worker, render);
 wireRetrieval(store, worker, render, () => ({ settings: settings(), max_new: maxNew() }));
+wireExperiments(store, worker, render, () => ({ settings: settings(), max_new: maxNew() }), experimentActions);
 watchPanels();
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });

@@ -12,9 +12,9 @@ lab/worker/experiments.py, and natively `lab ablate | patch | steer | attribute`
 - **Steering**: a vector, the mean residual after layer L over the "plus" prompts' positions minus the same over the
   "minus" prompts' (BOS left out: it is the same for both, and its residual is the largest), added times a scale at
   every position of a generation (prefill and each decode step).
-- **Direct logit attribution**: the residual at the last position is a sum (embedding + each block's output); the
-  final norm is linear once its scale is frozen at the run's own value, so each term's share of the target's logit is
-  its dot product with w_norm * u_target / rms(x_final), and the shares sum to the logit (the remainder: gemma2's
+- **Direct logit attribution**: the residual at the last position is a sum (embedding + each block's output, an lfm2
+  short-conv block's in its "attn" bar, without heads); the final norm is linear once its scale is frozen at the
+  run's own value, so each term's share of the target's logit is its dot product with w_norm * u_target / rms(x_final), and the shares sum to the logit (the remainder: gemma2's
   soft-cap and rounding). A head's share is its slice of `kqv_out-L` through its columns of `attn_output.weight`,
   projected on the GPU by the layer's own matmul (one row per head, the other heads' columns zero); where a post-norm
   follows the projection (gemma3) it is frozen at the run's scale, so the heads still sum to their block.
@@ -63,6 +63,11 @@ def top_logprobs(raw: bytes, lse: float, n: int = TOP) -> list[list]:
     return [[i, v - lse] for v, i in best]
 
 
+def _layers(cfg, site: str) -> list[int]:
+    """Every layer the site exists at: an attention site only where there is attention (not lfm2's conv blocks)."""
+    return list(cfg.attention_layers) if site == "attn" else list(range(cfg.n_layer))
+
+
 class Experiments:
     """The four experiments on one engine; buffers made on first use."""
 
@@ -86,23 +91,31 @@ class Experiments:
     # -- the cache kept aside ----------------------------------------------------------------------------------
     @asynccontextmanager
     async def kept(self, session):
-        """Run an experiment with the chat's cached K/V rows copied aside and back (GPU copies, no read-back)."""
+        """Run an experiment with the chat's cached K/V rows, and the conv states of lfm2's short-conv layers (whole:
+        a ring of a few rows), copied aside and back (GPU copies, no read-back), and the engine's account of the
+        positions those states hold put back as it was."""
+        eng = self.engine
         n = len(session.cached) if session is not None else 0
-        size = 4 * n * self.cfg.kv_dim
-        pairs = []
+        pairs = []              # (the engine's buffer, its copy, bytes)
         owner = object()
+        held = eng.held
         if n:
+            size = 4 * n * self.cfg.kv_dim
             with self.device.owning(owner):
-                for il, (k, v) in enumerate(self.engine.kv_buffers):
+                for il, (k, v) in zip(eng.kv_layers, eng.kv_buffers):
                     for name, buf in (("k", k), ("v", v)):
                         pairs.append((buf, self.device.buffer(size, gpu.CONVERSATION,
-                                                              f"experiment.kept {name} cache {il} [{n}, kv]")))
-            self.device.run([], (), [(src, 0, dst, 0, size) for src, dst in pairs])
+                                                              f"experiment.kept {name} cache {il} [{n}, kv]"), size))
+                for il, buf in eng.state_buffers.items():
+                    pairs.append((buf, self.device.buffer(buf.size, gpu.CONVERSATION,
+                                                          f"experiment.kept conv state {il}"), buf.size))
+            self.device.run([], (), [(src, 0, dst, 0, size) for src, dst, size in pairs])
         try:
             yield
         finally:
+            eng.held = held
             if n:
-                self.device.run([], (), [(dst, 0, src, 0, size) for src, dst in pairs])
+                self.device.run([], (), [(dst, 0, src, 0, size) for src, dst, size in pairs])
                 self.device.free(owner)
 
     # -- runs ------------------------------------------------------------------------------------------------
@@ -222,11 +235,11 @@ class Experiments:
             raise InterventionError("heads or a block, not both")
         self._check_prompt(ids)
         self.engine.check_ids([target], InterventionError, "the target: ")
-        layers = list(range(cfg.n_layer)) if layers is None else list(layers)
+        site = block or "attn"
+        layers = _layers(cfg, site) if layers is None else list(layers)
         bad = [il for il in layers if not 0 <= il < cfg.n_layer]
         if bad or not layers:
             raise InterventionError(f"layers {bad or layers}: the model has layers 0 .. {cfg.n_layer - 1}")
-        site = block or "attn"
         units = [None] if block is not None else list(range(cfg.n_head)) if heads is None else list(heads)
         means = None
         if mode == "mean":
@@ -272,7 +285,7 @@ class Experiments:
         self.engine.check_ids([target] + ([foil] if foil is not None else []), InterventionError, "the target: ")
         if t < 2 and site == "mlp":
             raise InterventionError("the mlp site needs prompts of two tokens or more")
-        layers = list(range(cfg.n_layer)) if layers is None else list(layers)
+        layers = _layers(cfg, site) if layers is None else list(layers)
         bad = [il for il in layers if not 0 <= il < cfg.n_layer]
         if bad or not layers:
             raise InterventionError(f"layers {bad or layers}: the model has layers 0 .. {cfg.n_layer - 1}")
@@ -359,7 +372,7 @@ class Experiments:
             ids = dev.buffer(4, gpu.CONVERSATION, "experiment.target id")
             u = dev.buffer(4 * cfg.n_embd, gpu.CONVERSATION, "experiment.unembedding row [n_embd]")
             op_list = []
-            for il in range(cfg.n_layer):
+            for il in cfg.attention_layers:     # lfm2's short-conv blocks have no heads
                 op_list += matmul.matmul(dev, eng.kernels, eng.weights.matrices[f"blk.{il}.attn_output.weight"], x,
                                          y, step, max_tokens=cfg.n_head, x_offset=il * cfg.n_head * cfg.q_dim,
                                          y_offset=il * cfg.n_head * cfg.n_embd)
@@ -386,7 +399,7 @@ class Experiments:
             self._build_heads()
         x, y, step, id_buf, u_buf, op_list, row = self._heads
         heads_in = array("f", bytes(4 * cfg.n_layer * H * Q))
-        for il in range(cfg.n_layer):
+        for il in cfg.attention_layers:
             o = last(f"kqv_out-{il}", Q)
             for h in range(H):
                 base = (il * H + h) * Q + h * hd
@@ -399,7 +412,7 @@ class Experiments:
                                          (id_buf, 0, struct.pack("<I", target))])
         u = array("f", await dev.read(u_buf, 0, 4 * E)).tolist()
         per_head = array("f", await dev.read(y, 0, 4 * cfg.n_layer * H * E))
-        w_norm = await self._vector("output_norm.weight")
+        w_norm = await self._vector(cfg.output_norm)
 
         def rms(v: list[float]) -> float:
             return math.sqrt(sum(a * a for a in v) / len(v) + cfg.eps)
@@ -417,7 +430,8 @@ class Experiments:
             mid, after = last(f"ffn_inp-{il}", E), last(f"l_out-{il}", E)
             attn = [a - b for a, b in zip(mid, before)]
             mlp = [a - b for a, b in zip(after, mid)]
-            heads = [per_head[(il * H + h) * E:(il * H + h + 1) * E].tolist() for h in range(H)]
+            heads = [per_head[(il * H + h) * E:(il * H + h + 1) * E].tolist() for h in range(H)] \
+                if il in cfg.attention_layers else []      # a short-conv block (lfm2): its share is the block's
             if cfg.post_norms:      # the block added norm(o_proj): frozen at the run's scale, a head's share is linear
                 total = [math.fsum(col) for col in zip(*heads)]
                 w_post = await self._vector(f"blk.{il}.post_attention_norm.weight")

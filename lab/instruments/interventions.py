@@ -135,6 +135,9 @@ class Interventions:
         after: dict[int, list[ops.Op]] = {}
         writes = []
         for i, (site, layer, (c0, c1, r0, r1, op, scale), vals) in enumerate(self._slots(ivs)):
+            if site == "attn" and layer not in self.engine.cfg.attention_layers:
+                raise InterventionError(f"layer {layer} has no attention (a short-conv block): the attn site is at "
+                                        f"layers {', '.join(map(str, self.engine.cfg.attention_layers))}")
             try:
                 at = plan.at(self.name(site, layer))
             except KeyError:

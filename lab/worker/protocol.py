@@ -40,6 +40,12 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "retrieval-recall": "{queries, seed, seq}: recall@1 and @5 of the index on random crops of its files; its cancel "
                         "is stop -> retrieval-progress..., retrieval-recall",
     "retrieval-drop": "{seq}: the index dropped (the card's Clear) -> retrieval-dropped",
+    "experiment-tokens": "{texts {name: text}, seq}: the Experiments card's prompts as tokens, while typed "
+                         "(lab/worker/experiments.py) -> experiment-tokens",
+    "experiment": "{kind (ablate | patch | steer | attribute), its inputs, confirm, seq}: one experiment on the "
+                  "loaded model, the chat's KV cache set aside and put back; a sweep over ASK_S waits for confirm; its "
+                  "cancel is stop -> experiment-plan, then experiment-progress..., experiment-token... (steer), "
+                  "experiment-result",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
     "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
@@ -83,6 +89,15 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "retrieval-answer": "{seq, rag, plain | null}: the answers' text and timings (lab.engine.session.Result)",
     "retrieval-recall": "{seq, recall {queries, recall_at_1, recall_at_5, seconds, crop, seed}}",
     "retrieval-dropped": "{seq}: the index is gone",
+    "experiment-tokens": "{seq, tokens {name: [piece, ...]}}: each prompt's tokens, BOS included where the "
+                         "vocabulary adds one",
+    "experiment-plan": "{seq, kind, runs, seconds_per_run, estimate_s, ask, ask_s, slow, fit_layers, fit_runs}: the "
+                       "sweep's size and time before it starts (ask: it waits for confirm; fit_layers: the layers "
+                       "that fit in ask_s)",
+    "experiment-progress": "{seq, done, total, seconds, eta_s}",
+    "experiment-token": "{seq, which (steered | plain), piece}: one generated token of a steering reply",
+    "experiment-result": "{seq, kind, result (lab/instruments/experiments.py's dict, with the prompts' pieces), "
+                         "pieces {id: piece}}",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
     "kv-rows": "{id, kvd, n_layer, rows}",

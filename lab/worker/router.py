@@ -2,7 +2,8 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py) and the tests' and benchmarks' (lab/worker/hooks.py).
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py) and the tests' and benchmarks'
+(lab/worker/hooks.py).
 Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
 to JS.
 
@@ -31,7 +32,7 @@ from lab.instruments import forget, kvview, probes, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import hooks, perplexity, retrieval, rope, verify
+from lab.worker import experiments, hooks, perplexity, retrieval, rope, verify
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
 
@@ -91,6 +92,7 @@ def _lost(w: Worker, reason: str) -> None:
         w.state.loaded.drop_conversation()
         w.state.loaded.drop_index()         # its buffers went with the device; its files' ids go here
         w.state.loaded.tokenizer.drop_caches()
+        w.state.loaded.drop_experiments()   # the experiments' too
     w.state = State()
     w.post({"type": "error", "where": "device",
             "message": f"The GPU device was lost ({reason}); nothing of the conversation was kept. Asking for a new "
@@ -149,6 +151,7 @@ def _unload(w: Worker) -> None:
     if old is not None:
         old.drop_conversation()
         old.drop_index()
+        old.drop_experiments()
         if old.probes is not None:
             old.probes.close()
         if old.kv_view is not None:
@@ -300,14 +303,14 @@ async def _forget(msg: dict, w: Worker) -> None:
 
     The retrieval index goes too, in that order: its buffers stay alive through the wipe, so the report's read-back
     covers them (`retrieval.*`, non-zero before, zero after), and only then is it dropped (buffers freed, the files'
-    ids and names emptied)."""
-    picture, rows, index = None, 0, None
+    ids and names emptied). The Experiments card's buffers are held the same way and closed after the wipe."""
+    picture, rows, index, held = None, 0, None, None
     lo = w.state.loaded
     if lo is not None:
         lo.tokenizer.drop_caches()
         rows = len(lo.session.cached)       # the columns the KV panel showed
         picture = kvview.AfterPicture(lo.engine)
-        index = lo.index
+        index, held = lo.index, lo.experiments
         w.state.loaded = lo.fresh(keep_index=False)
     try:
         device = w.state.device
@@ -317,6 +320,8 @@ async def _forget(msg: dict, w: Worker) -> None:
     finally:
         if index is not None:
             index.drop()
+        if held is not None:
+            held.close()
     kv = None
     if picture is not None:
         kv = picture.picture(rows)
@@ -341,6 +346,8 @@ ROUTES: dict[str, Handler] = {
     IN.RETRIEVAL_ASK: retrieval.ask,
     IN.RETRIEVAL_RECALL: retrieval.recall,
     IN.RETRIEVAL_DROP: retrieval.drop,
+    IN.EXPERIMENT_TOKENS: experiments.tokens,
+    IN.EXPERIMENT: experiments.run,
     IN.KV_ROWS: hooks.kv_rows,
     IN.LAST_LOGITS: hooks.last_logits,
     IN.GREEDY_IDS: hooks.greedy_ids,

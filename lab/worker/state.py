@@ -15,6 +15,7 @@ from lab.engine.session import Session
 from lab.format import gguf
 from lab.gpu.shaders import KernelCache
 from lab.instruments import kvview
+from lab.instruments.experiments import Experiments
 from lab.instruments.probes import Probes
 from lab.instruments.retrieval import Index
 from lab.text.tokenizer import Tokenizer
@@ -26,7 +27,7 @@ class Loaded:
     new chat and device loss, so that no handler can keep a piece of an old conversation by forgetting a key.
     The retrieval index (set by the card's build, as probes and kv_view are on first use) is the user's files, not
     the conversation: a new chat keeps it; Forget wipes it and then drops it (lab/worker/router.py `_forget`); a new
-    load, an unload and a lost device drop it."""
+    load, an unload and a lost device drop it. The Experiments card's `experiments` (its buffers) go the same way."""
     engine: Engine
     header: gguf.Header
     tokenizer: Tokenizer
@@ -35,18 +36,27 @@ class Loaded:
     kv_view: kvview.KvView | None = None                # the KV panel's norms pass, built on the first chat
     context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
     index: Index | None = None                          # the retrieval card's index of the user's files
+    experiments: Experiments | None = None              # the Experiments card's runs, made on its first experiment
 
     def fresh(self, *, keep_index: bool = True) -> Loaded:
         """The same model with no conversation; this one's token lists are emptied in place (they may be shared).
-        The new one holds this one's index, unless keep_index is false: the caller then owns it (Forget wipes it
-        before dropping it)."""
+        The new one holds this one's index and experiments, unless keep_index is false: the caller then owns them
+        (Forget wipes their buffers before dropping the index and closing the experiments)."""
         self.drop_conversation()
+        keep = keep_index
         return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes,
-                      kv_view=self.kv_view, index=self.index if keep_index else None)
+                      kv_view=self.kv_view, index=self.index if keep else None,
+                      experiments=self.experiments if keep else None)
 
     def drop_conversation(self) -> None:
         self.session.reset()
         self.context.clear()
+
+    def drop_experiments(self) -> None:
+        """Free the experiments' GPU buffers (zeroed, being CONVERSATION)."""
+        if self.experiments is not None:
+            self.experiments.close()
+            self.experiments = None
 
     def drop_index(self) -> None:
         """Free the index's GPU buffers (zeroed, being CONVERSATION) and empty its files' ids and names in place."""

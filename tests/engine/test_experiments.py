@@ -127,3 +127,40 @@ def test_cli_steer_json(smollm2_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"layer", "scale", "vector_norm", "plain", "steered"} and out["vector_norm"] > 0
     assert len(out["plain"]["ids"]) == len(out["steered"]["ids"]) == 4
+
+
+def test_a_hybrid_keeps_its_conv_states_through_an_experiment(device):
+    """lfm2 (short-conv blocks with a conv state that cannot be cut back): an experiment between two turns puts the
+    states and the engine's account of them back, so the next turn reuses them and is the turn it would have been;
+    ablation sweeps only the attention layers, and attribution gives the conv blocks their bar without heads."""
+    from lab.host import synthetic_arch
+    from lab.host.models import cache_dir
+    lab = Lab.load(synthetic_arch.build("lfm2", "f32", cache_dir() / "synthetic"), 64, device=device)
+    try:
+        eng, tok = lab.engine, lab.tok
+        turn1, turn2 = lab.encode("The old lighthouse keeper"), lab.encode(" climbed the")
+        greedy = Settings(greedy=True)
+
+        def chat(experiment):
+            s = Session(eng, tok)
+            r1 = asyncio.run(s.generate(turn1, greedy, 3))
+            states = [asyncio.run(eng.device.read(b)) for b in eng.state_buffers.values()]
+            if experiment:
+                async def run():
+                    async with lab.exp.kept(s):
+                        # another prompt (its rows land on the ring's), shorter than the conversation, mean-ablated
+                        # (a traced run, which moves the engine's account of the states back to its own length)
+                        out = await lab.exp.ablate(lab.encode("Once upon"), 5, mode="mean")
+                        assert {r["layer"] for r in out["rows"]} == set(eng.cfg.attention_layers)
+                asyncio.run(run())
+            assert [asyncio.run(eng.device.read(b)) for b in eng.state_buffers.values()] == states
+            return asyncio.run(s.generate(turn1 + r1.ids + turn2, greedy, 5))
+
+        with_exp, without = chat(True), chat(False)
+        assert with_exp.reused == without.reused > 0 and with_exp.ids == without.ids
+        att = lab.attribute(turn1, 5)
+        conv = [r for r in att["rows"] if r["layer"] not in eng.cfg.attention_layers]
+        assert conv and all(r["heads"] == [] for r in conv)
+        assert abs(att["remainder"]) <= 1e-4 * max(1.0, abs(att["logit"]))
+    finally:
+        lab.close()
