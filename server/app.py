@@ -56,6 +56,15 @@ HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
     "Permissions-Policy": "camera=(), microphone=(), geolocation=()",
 }
+# The browser peer's bench page (scripts/peer, `lab bench --backend wllama`), mounted at /peer/ only when a bench asks
+# (create_app's peer_dir): never part of the lab page (shared/DESIGN.md, invariant 10). wllama starts its worker and
+# its pthreads from Blob URLs, which the lab's CSP refuses, so its responses alone carry this CSP; the others of
+# HEADERS (cross-origin isolation among them, which its multi-thread build needs) are the lab's.
+PEER_PREFIX = "/peer/"
+PEER_CSP = ("default-src 'self'; connect-src 'self'; worker-src 'self' blob:; "
+            "script-src 'self' 'wasm-unsafe-eval'; style-src 'self'; img-src 'self' data:; "
+            "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+PEER_HEADERS = {**HEADERS, "Content-Security-Policy": PEER_CSP}
 MIME = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript",
         ".css": "text/css", ".json": "application/json", ".wgsl": "text/plain; charset=utf-8",
         ".whl": "application/zip", ".gguf": "application/octet-stream", ".zip": "application/zip",
@@ -67,6 +76,7 @@ HEADER_TIMEOUT_S = 10.0     # a request head must arrive in full within this of 
 MAX_PATH = 1024             # longer relative paths, or a name over 255 bytes, are refused before any lookup
 _HEADER_NAMES = {h.lower().encode() for h in HEADERS}
 _RAW_HEADERS = [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]
+_PEER_RAW_HEADERS = [(k.lower().encode(), v.encode()) for k, v in PEER_HEADERS.items()]
 
 
 def _safe(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> tuple[Path, os.stat_result] | None:
@@ -103,11 +113,13 @@ def _file(base: Path, rel: str, hidden: tuple[str, ...] = ()) -> Response:
 
 
 def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path | None = None,
-               pyodide_dir: Path | None = None, reference_dir: Path | None = None) -> Starlette:
+               pyodide_dir: Path | None = None, reference_dir: Path | None = None,
+               peer_dir: Path | None = None) -> Starlette:
     """The app. The served folders default to the repository's web/, wgsl/ and web/node_modules/pyodide
     (tests point them at a scratch tree); web/node_modules itself is never served under /web. `model_path`: the
     file the page offers as its default model (`lab serve` passes lab.host.models' default); the page names it
-    only when it exists."""
+    only when it exists. `peer_dir`: the browser peer's bench page (scripts/peer, with its node_modules), served at
+    /peer/ with PEER_HEADERS; None (`lab serve`, the lab's own benches and tests): no /peer/ route at all."""
     model = Path(model_path)
     web_root = Path(web_dir or WEB).resolve()
     wgsl_root = Path(wgsl_dir or WGSL).resolve()
@@ -175,27 +187,37 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
         Route("/reference/{path:path}", reference, methods=methods),
         Route("/models/default.gguf", default_model, methods=methods),
     ]
+    if peer_dir is not None:
+        peer_root = Path(peer_dir).resolve()
+
+        async def peer(request: Request) -> Response:
+            return _file(peer_root, request.path_params.get("path") or "index.html")
+
+        routes += [Route(PEER_PREFIX, peer, methods=methods), Route(PEER_PREFIX + "{path:path}", peer, methods=methods)]
     app = Starlette(routes=routes)
-    return _Guard(app)
+    return _Guard(app, peer=peer_dir is not None)
 
 
 class _Guard:
     """ASGI wrapper: refuses methods other than GET/HEAD before routing (405 everywhere, never a body
-    read), adds the security headers to every response, and logs method, path and status only."""
+    read), adds the security headers to every response (PEER_HEADERS under /peer/ when the peer page is
+    mounted, HEADERS everywhere else), and logs method, path and status only."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, peer: bool = False) -> None:
         self.app = app
+        self.peer = peer
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = {}
+        raw = _PEER_RAW_HEADERS if self.peer and scope.get("path", "").startswith(PEER_PREFIX) else _RAW_HEADERS
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _HEADER_NAMES]
-                message = {**message, "headers": headers + _RAW_HEADERS}
+                message = {**message, "headers": headers + raw}
             await send(message)
 
         if scope["method"] not in ("GET", "HEAD"):

@@ -104,15 +104,17 @@ def _prompt_text(tok, md: dict, n: int) -> str:
     return text(hi)
 
 
-def _serve(model: Path):
+def _serve(model: Path, **app_options):
+    """The lab's server on a free port in a thread; `app_options` go to create_app (lab/host/bench_wllama.py
+    passes peer_dir)."""
     import uvicorn
 
     from server.app import create_app
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(model), host="127.0.0.1", port=port, log_level="warning",
-                                        access_log=False))
+    srv = uvicorn.Server(uvicorn.Config(create_app(model, **app_options), host="127.0.0.1", port=port,
+                                        log_level="warning", access_log=False))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 30

@@ -458,6 +458,26 @@ def _bench(args) -> int:
             return 2
         print(json.dumps(res, indent=None if args.json else 2))
         return 0
+    if args.backend == "wllama":
+        from lab.host import bench_browser, bench_wllama, browser_args, models
+        if args.synthetic and args.synthetic not in models.MODELS:
+            print(f"lab bench: --synthetic {args.synthetic} has no real model to take the header and tokenizer from "
+                  f"(wllama takes text prompts): only {', '.join(models.MODELS)} run in the browser", file=sys.stderr)
+            return 2
+        if args.profile or args.int8:
+            print("lab bench: --profile and --int8 are the lab page's; wllama has neither", file=sys.stderr)
+            return 2
+        chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
+        try:
+            with browser_args.model_file(args.model, args.synthetic) as path:
+                res = bench_wllama.bench_wllama(path, prompts=ints(args.prompts or "32"),
+                                                decode_tokens=args.decode or 8, chromium=chromium, args=flags,
+                                                warm_gpu_s=args.warm_gpu)
+        except bench_browser.BenchError as exc:
+            print(f"lab bench: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(res, indent=None if args.json else 2))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model
         if args.synthetic:
@@ -666,12 +686,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="benchmark a random GGUF with this model's exact tensor shapes and types (browser: the "
                         "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py; "
                         "the first three only)")
-    s.add_argument("--backend", choices=("native", "browser"), default="native",
-                   help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py")
+    s.add_argument("--backend", choices=("native", "browser", "wllama"), default="native",
+                   help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py; wllama: "
+                        "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench_wllama.py")
     add_browser_options(s)
-    s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template included)")
+    s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template "
+                                                   "included; wllama: 32, raw text of exactly that many tokens)")
     s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
-    s.add_argument("--decode", type=int, default=None, help="tokens timed at each context (default 32; browser: 8)")
+    s.add_argument("--decode", type=int, default=None,
+                   help="tokens timed at each context (default 32; browser, wllama: 8)")
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
     s.add_argument("--int8", action="store_true",
                    help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
