@@ -114,6 +114,12 @@ if [[ $mode == all || $mode == retrieval ]]; then
   done
 fi
 
+# 3z. Any page tests on this adapter: `PYTEST_ARGS="tests/browser/test_arch_page.py" bash scripts/device_browser.sh pytest`
+if [[ $mode == pytest ]]; then
+  log "pytest ${PYTEST_ARGS:-}"
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} 2>&1 | tail -30 | tee -a "$OUT/tests.txt"
+fi
+
 # 3c. The Experiments card on this adapter: its page tests, then the issue's sweep (SmolLM2's 30 layers x the 16
 #     positions of an indirect-object prompt pair, the residual patched) natively and in the page, twice each.
 if [[ $mode == all || $mode == experiments ]]; then
