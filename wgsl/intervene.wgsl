@@ -6,6 +6,8 @@
 //           3 p (uniform Params)
 // Math, for row j (position q = step.pos + j, r0 <= q < r1) and column c0 <= c < c1, i = j * stride + c:
 //   op 0 zero: x[i] = 0     op 1 set: x[i] = vec[..]     op 2 add: x[i] += vec[..]     op 3 scale: x[i] *= p.scale
+//   op 4 load: x[i] = vals[p.vec + q * (c1 - c0) + (c - c0)], a row per position from a table (a sweep that resumes
+//   a run after layer L loads the corrupted run's residual there: lab/instruments/experiments.py)
 // Params { stride, c0, c1, r0, r1, op, vec, scale (f32 bits) }: a CONVERSATION uniform (it holds positions), one per
 //   intervention slot, rewritten before each run.
 // Grid: 1-D over t * stride elements (folded into y past 65535 groups); threads outside the block return.
@@ -34,6 +36,7 @@ fn intervene(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
         case 0u: { x[i] = 0.0; }
         case 1u: { x[i] = v; }
         case 2u: { x[i] = x[i] + v; }
+        case 4u: { x[i] = vals[p.vec + q * (p.c1 - p.c0) + c - p.c0]; }
         default: { x[i] = x[i] * p.scale; }
     }
 }

@@ -44,9 +44,11 @@ from array import array
 from contextlib import asynccontextmanager
 
 from lab import gpu, ops
-from lab.instruments.interventions import Intervention, InterventionError, Interventions, logits_row
+from lab.instruments.interventions import EVERY, Intervention, InterventionError, Interventions, logits_row
 from lab.ops import matmul
 from lab.ops.embed import get_rows
+from lab.ops.intervene import LOAD, intervene
+from lab.ops.intervene import PARAMS as IV_PARAMS
 from lab.ops.pick import PARAMS as PICK
 from lab.ops.pick import pick
 
@@ -79,11 +81,12 @@ class Experiments:
         self._pick = None           # (ids buffer, params uniform, the pick op) once built
         self._results = None        # the results table, grown to the largest sweep
         self._heads = None          # the attribution's per-head projections, once built
+        self._resume = None         # (table, params, load op): a plain run's residual after every layer, on the GPU
 
     def close(self) -> None:
         self.runner.close()
         self.device.free(self)
-        self._pick = self._results = self._heads = None
+        self._pick = self._results = self._heads = self._resume = None
 
     def buffers(self) -> list[gpu.Buffer]:
         return self.device.owned_by(self) + self.device.owned_by(self.runner)
@@ -144,10 +147,33 @@ class Experiments:
                 self._pick = (ids, params, pick(dev, self.engine.kernels, self.engine.scratch.logits, ids,
                                                 self._results, params, "experiment.pick"))
 
+    async def _keep_residuals(self, ids: list[int]) -> None:
+        """The residual after every layer of a plain run of `ids`, on the GPU: where a resumed run starts (made again
+        for every sweep: one traced run, so that nothing stale, e.g. a table Forget zeroed, can be resumed from)."""
+        cfg, dev, t = self.cfg, self.device, len(ids)
+        names = [f"l_out-{il}" for il in range(cfg.n_layer)]
+        raw = await self.engine.traced(ids, 0, names=names)
+        need = 4 * cfg.n_layer * t * cfg.n_embd
+        with dev.owning(self):
+            if self._resume is None or self._resume[0].size < need:
+                if self._resume is not None:
+                    dev.destroy(self._resume[0])
+                    dev.destroy(self._resume[1])
+                table = dev.buffer(need, gpu.CONVERSATION, "experiment.resume residuals [layers, t, n_embd]")
+                params = dev.uniform(bytes(IV_PARAMS.size), "experiment.resume params", kind=gpu.CONVERSATION)
+                load = intervene(dev, self.engine.kernels, self.engine.scratch.x, table, self.engine.scratch.step,
+                                 params, cfg.n_embd, "experiment.resume load")
+            else:
+                table, params, load = self._resume
+        dev.write(table, b"".join(raw[n] for n in names))
+        self._resume = (table, params, load)
+
     async def sweep(self, ids: list[int], runs: list[list[Intervention]], picked: list[int], on_progress=None,
-                    should_stop=None) -> tuple[list[list[float] | None], float]:
+                    should_stop=None, resume: list[int | None] | None = None) -> tuple[list[list[float] | None], float]:
         """Each run of `ids` from position 0 with its interventions: [log-normaliser, logits of `picked`...] per run
-        (None for runs a stop left unrun), and the seconds the sweep took."""
+        (None for runs a stop left unrun), and the seconds the sweep took. resume[r] = L: run r starts after layer L
+        from the plain run's residual there (what comes before is the plain run's anyway: its interventions sit at
+        `l_out-L` or later), which a sweep over layers halves on average; the results are bit for bit the same."""
         eng, dev = self.engine, self.device
         t = self._check_prompt(ids)
         if not 1 <= len(picked) <= MAX_PICK:
@@ -159,14 +185,24 @@ class Experiments:
         dev.write(pick_ids, struct.pack(f"<{len(picked)}I", *picked))
         plan = eng.step_plan(t, 0)
         row, step_writes = logits_row(eng, t), eng.step_writes(ids, 0, t)
+        cfg_e = self.cfg.n_embd
         for ivs in runs:            # every run refused before the first is submitted
             self.runner.check(ivs)
+        resume = resume if resume is not None and t > 1 else [None] * len(runs)     # (one token: decode's plan)
+        if any(r is not None for r in resume):
+            await self._keep_residuals(ids)
 
         def submit(first: int, n: int) -> None:
             for r in range(first, first + n):
-                run, writes = self.runner.step(plan, t, runs[r], (pick_op,))
-                dev.run(run, step_writes + writes + [(params, 0, PICK.pack(eng.cfg.n_vocab, row, len(picked),
-                                                                            r * width))])
+                more = [(params, 0, PICK.pack(eng.cfg.n_vocab, row, len(picked), r * width))]
+                at = None
+                if resume[r] is not None:
+                    _, load_params, load = self._resume
+                    at = (resume[r], load)
+                    more.append((load_params, 0, IV_PARAMS.pack(cfg_e, 0, cfg_e, 0, EVERY[1], LOAD,
+                                                                resume[r] * t * cfg_e, 1.0)))
+                run, writes = self.runner.step(plan, t, runs[r], (pick_op,), at)
+                dev.run(run, step_writes + writes + more)
 
         out: list[list[float] | None] = [None] * len(runs)
         t0 = time.perf_counter()
@@ -258,7 +294,8 @@ class Experiments:
                                           heads=None if head is None else (head,), values=values)])
         lse, logit, raw = await self._run_full(ids, [], target)
         base = logit - lse
-        res, seconds = await self.sweep(ids, runs, [target], on_progress, should_stop)
+        resume = [il - 1 if il >= 1 else None for il, _ in cells]     # layer L's sites: nothing before L changes
+        res, seconds = await self.sweep(ids, runs, [target], on_progress, should_stop, resume)
         out_rows = [{"layer": il, "head": head, "logprob": r[1] - r[0], "delta": (r[1] - r[0]) - base}
                     for (il, head), r in zip(cells, res) if r is not None]
         out = {"target_id": target, "base_logprob": base, "top5_before": top_logprobs(raw, lse), "rows": out_rows,
@@ -311,7 +348,10 @@ class Experiments:
         if site == "resid":         # every position of the last residual from the clean run: the clean answer
             runs.append([Intervention("resid", last, "set", positions=(p, p + 1), values=tuple(src[last][p]))
                          for p in range(t)])
-        res, seconds = await self.sweep(corrupt, runs, [target, foil], on_progress, should_stop)
+        # a patch at layer L changes nothing before it: resume after L (resid) or after L - 1 (attn, mlp)
+        back = 0 if site == "resid" else 1
+        resume = [il - back if il - back >= 0 else None for il, _ in cells] + [None] * (len(runs) - len(cells))
+        res, seconds = await self.sweep(corrupt, runs, [target, foil], on_progress, should_stop, resume)
         recovery = [[None] * t for _ in layers]
         for (il, pos), r in zip(cells, res):
             if r is not None:

@@ -127,9 +127,11 @@ class Interventions:
             raise InterventionError(f"{len(out)} intervention slots in one run: at most {MAX_SLOTS}")
         return out
 
-    def ops_for(self, plan, ivs: list[Intervention], tail: tuple = ()) -> tuple[list[ops.Op], list]:
+    def ops_for(self, plan, ivs: list[Intervention], tail: tuple = (), resume=None) -> tuple[list[ops.Op], list]:
         """`plan`'s op list with the interventions in place, then `tail` (a token-picking tail, the pick op), and the
-        writes that set the interventions."""
+        writes that set the interventions. resume=(layer, load op): the run starts after `l_out-layer` with the load
+        op (which sets the residual as a plain run left it there): what comes before is the plain run's, so a sweep
+        skips it; every intervention must then sit at that point or later."""
         if self._ops is None:
             self._build()
         after: dict[int, list[ops.Op]] = {}
@@ -150,16 +152,25 @@ class Interventions:
             if vals is not None:
                 writes.append((self.vals, 4 * i * self.width, vals))
         out: list[ops.Op] = []
+        start = 0
+        cut = -1 if resume is None else plan.at(self.name("resid", resume[0]))
+        if resume is not None and any(j < cut for j in after):
+            raise InterventionError(f"a run resumed after layer {resume[0]} cannot change an earlier activation")
         for j, op in enumerate(plan.ops):
             out.append(op)
+            if j == cut:
+                start = len(out)
             out += after.get(j, [])
+        if resume is not None:
+            out = [resume[1]] + out[start:]
         return out + list(tail), writes
 
-    def step(self, plan, t: int, ivs: list[Intervention], tail: tuple = ()) -> tuple[object, list]:
-        """(the backend's prepared dispatch list, the writes) of a t-token step of `plan` with `ivs` and `tail`. The
-        op list depends only on which site and layer each slot takes, so it is prepared once per such layout and
-        reused across the runs of a sweep (the values, positions and heads are in the slots' uniforms)."""
-        op_list, writes = self.ops_for(plan, ivs, tail)
+    def step(self, plan, t: int, ivs: list[Intervention], tail: tuple = (), resume=None) -> tuple[object, list]:
+        """(the backend's prepared dispatch list, the writes) of a t-token step of `plan` with `ivs` and `tail` (and
+        `resume`, as `ops_for`). The op list depends only on which site and layer each slot takes, so it is prepared
+        once per such layout and reused across the runs of a sweep (the values, positions and heads are in the
+        slots' uniforms)."""
+        op_list, writes = self.ops_for(plan, ivs, tail, resume)
         key = (id(plan), t, tuple(id(o) for o in op_list))
         run = self._prepared.get(key)
         if run is None:

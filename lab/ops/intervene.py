@@ -14,6 +14,7 @@ from lab.ops import Op, groups_1d
 WG = 64
 PARAMS = struct.Struct("<7If")      # Params { stride, c0, c1, r0, r1, op, vec, scale }
 OPS = {"zero": 0, "set": 1, "add": 2, "scale": 3}
+LOAD = 4                            # rows from a table, one per position (a resumed run's residual)
 
 
 def intervene(device: gpu.Device, kernels, x: gpu.Buffer, vals: gpu.Buffer, step: gpu.Buffer, params: gpu.Buffer,

@@ -59,6 +59,22 @@ def test_a_sweep_is_its_runs_one_at_a_time(lab):
     assert got[0] != got[1] and got[1] != got[2]            # the runs did differ: each took its own interventions
 
 
+def test_a_resumed_run_is_the_whole_run(lab):
+    """A sweep's run that starts after layer L from the plain run's residual there (the layers before it are the plain
+    run's) gives the whole run's numbers bit for bit, at every site; an intervention before L is refused."""
+    ids, paris = lab.encode(PROMPT), lab.token(" Paris")
+    src = lab.trace(lab.encode("The capital of Italy is"), ["l_out-5"])["l_out-5"]
+    runs = [[Intervention("resid", 5, "set", positions=(2, 3), values=tuple(src[2].tolist()))],
+            [Intervention("attn", 7, "zero", heads=(1,))], [Intervention("mlp", 3, "scale", scale=0.0)],
+            [Intervention("resid", 29, "add", values=tuple([0.5] * 576))]]
+    whole, _ = asyncio.run(lab.exp.sweep(ids, runs, [paris]))
+    resumed, _ = asyncio.run(lab.exp.sweep(ids, runs, [paris], resume=[5, 6, 2, 28]))
+    assert resumed == whole
+    assert whole[0] != whole[1] != whole[2]
+    with pytest.raises(Exception, match="earlier activation"):
+        asyncio.run(lab.exp.sweep(ids, runs[:1], [paris], resume=[6]))
+
+
 def test_stop_keeps_the_runs_done(lab):
     ids, paris = lab.encode(PROMPT), lab.token(" Paris")
     out = lab.ablate(ids, paris, layers=[23], should_stop=lambda: True)
