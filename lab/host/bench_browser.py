@@ -31,6 +31,7 @@ import shlex
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from lab.format import gguf
@@ -123,6 +124,28 @@ def _serve(model: Path, **app_options):
             raise BenchError("the lab's server did not start")
         time.sleep(0.05)
     return srv, thread, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def browser_page(path, chromium: str, args: list[str], **app_options):
+    """The lab's server for `path` in a thread and one fresh page of headless Chromium: yields (page, the server's
+    URL, the page's errors as they come: uncaught exceptions and console errors); everything is closed after."""
+    from playwright.sync_api import sync_playwright
+    srv, thread, url = _serve(Path(path), **app_options)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
+            try:
+                page = browser.new_context().new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                yield page, url, errors
+            finally:
+                browser.close()
+    finally:
+        srv.should_exit = True
+        thread.join(10)
 
 
 class _Page:
@@ -237,7 +260,6 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
     (`gpu` in the JSON): the whole prefill step of the largest prompt (up to the page's step) and decode at the
     shortest and the longest turn's context, each by kernel family too (lab/instruments/profile.py, the same code as the
     native `--profile`)."""
-    from playwright.sync_api import sync_playwright
 
     from lab.settings import DEFAULT_CTX
     default_path, default_args = browser_command()
@@ -251,79 +273,81 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
                          f"real GGUF file (synthetic models have none; use the native backend for them)")
     tok = from_metadata(header.metadata)
     load_avg = [round(x, 2) for x in os.getloadavg()]
-    srv, thread, url = _serve(path)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
-            try:
-                page = browser.new_context().new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                page.add_init_script(f"window.__labBenchCtx = {int(n_ctx)};")
-                if int8:
-                    page.add_init_script("window.__labBenchInt8 = true;")
-                page.add_init_script(path=RECORDER)
-                page.goto(url + "/")
-                lab = _Page(page)
-                selftest = lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]
-                gpu_info = lab.wait("gpu", 0, 10)["info"]
-                adapter = page.evaluate(ADAPTER_JS)
-                if not selftest["ok"]:
-                    raise BenchError(f"the page's GPU self-test failed: {selftest}")
-                heap_boot = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+    with browser_page(path, chromium, args) as (page, url, errors):
+        page.add_init_script(f"window.__labBenchCtx = {int(n_ctx)};")
+        if int8:
+            page.add_init_script("window.__labBenchInt8 = true;")
+        page.add_init_script(path=RECORDER)
+        page.goto(url + "/")
+        lab = _Page(page)
+        selftest = lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]
+        gpu_info = lab.wait("gpu", 0, 10)["info"]
+        adapter = page.evaluate(ADAPTER_JS)
+        if not selftest["ok"]:
+            raise BenchError(f"the page's GPU self-test failed: {selftest}")
+        heap_boot = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
 
-                n = lab.count()
-                t0 = time.perf_counter()
-                page.set_input_files('[data-testid="model-file"]', str(path))
-                stats = lab.wait("loaded", n, turn_timeout_s)["stats"]
-                load_wall = time.perf_counter() - t0
-                heap_load = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
-                ffi = lab.ask({"type": "ffi-cost", "n": 2000}, "ffi-cost", 60)
+        n = lab.count()
+        t0 = time.perf_counter()
+        page.set_input_files('[data-testid="model-file"]', str(path))
+        stats = lab.wait("loaded", n, turn_timeout_s)["stats"]
+        load_wall = time.perf_counter() - t0
+        heap_load = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+        ffi = lab.ask({"type": "ffi-cost", "n": 2000}, "ffi-cost", 60)
 
-                if warmup:
-                    lab.send(WARMUP, 2, turn_timeout_s)
-                    lab.new_chat()
-                out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
-                       "browser": f"Chromium {browser.version}", "chromium_args": list(args),
-                       "adapter": gpu_info["name"], "features": gpu_info["features"], "adapter_info": adapter,
-                       "n_ctx": stats.get("n_ctx"), "int8_prefill": stats.get("int8_prefill"),
-                       "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
-                       "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
-                       "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload
-                       "dispatches_per_decode_token": stats["dispatches_per_token"],
-                       "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"],
-                                    "idle_read_ms": ffi["read_ms"]},
-                       "warmup": warmup, "warm_gpu_s": warm_gpu_s, "prefill": {}, "decode": {}}
-                for i, want in enumerate(prompts):
-                    if i:
-                        lab.new_chat()
-                    if warm_gpu_s:
-                        lab.ask({"type": "warm", "ms": warm_gpu_s * 1e3}, "warm", 60 + warm_gpu_s)
-                    lab.post({"type": "count-calls"})       # counters from zero, wrappers on
-                    turn = lab.send(_prompt_text(tok, header.metadata, want), decode_tokens + 1, turn_timeout_s)
-                    marks = lab.ask({"type": "memory"}, "memory", 30)["calls"]["marks"]
-                    r, ntok = turn["done"], turn["page_prompt_tokens"]
-                    if turn["prompt_ids"] != ntok:
-                        raise BenchError(f"the page shows {ntok} prompt tokens, the worker sent {turn['prompt_ids']}")
-                    out["prefill"][want] = {"prompt_tokens": ntok, "prefilled": r["prefilled"], "reused": r["reused"],
-                                            "tok_s": r["prefill_tok_s"], "ttft_ms": round(r["ttft_s"] * 1e3, 1)}
-                    out["decode"][ntok] = {"tok_s": r["decode_tok_s"], "generated": len(r["ids"]), "stop": r["stop"],
-                                           "weight_gb_s": round(stats["weight_bytes"] * r["decode_tok_s"] / 1e9, 3),
-                                           **_per_token(marks), "page_timings": turn["page_timings"]}
-                if profile:
-                    out["gpu"] = _gpu_profile(lab, stats, out, profile, turn_timeout_s)
-                peak = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
-                out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1),
-                                       "after_load": round(heap_load / 2**20, 1), "peak": round(peak / 2**20, 1)}
-                out["page_errors"] = errors
-            finally:
-                browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+        if warmup:
+            lab.send(WARMUP, 2, turn_timeout_s)
+            lab.new_chat()
+        out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
+               "browser": f"Chromium {page.context.browser.version}", "chromium_args": list(args),
+               "adapter": gpu_info["name"], "features": gpu_info["features"], "adapter_info": adapter,
+               "n_ctx": stats.get("n_ctx"), "int8_prefill": stats.get("int8_prefill"),
+               "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
+               "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
+               "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload
+               "dispatches_per_decode_token": stats["dispatches_per_token"],
+               "ffi_cost": {"call_us": ffi["call_us"], "to_js_us": ffi["to_js_us"],
+                            "idle_read_ms": ffi["read_ms"]},
+               "warmup": warmup, "warm_gpu_s": warm_gpu_s, "prefill": {}, "decode": {}}
+        for i, want in enumerate(prompts):
+            if i:
+                lab.new_chat()
+            if warm_gpu_s:
+                lab.ask({"type": "warm", "ms": warm_gpu_s * 1e3}, "warm", 60 + warm_gpu_s)
+            lab.post({"type": "count-calls"})       # counters from zero, wrappers on
+            turn = lab.send(_prompt_text(tok, header.metadata, want), decode_tokens + 1, turn_timeout_s)
+            marks = lab.ask({"type": "memory"}, "memory", 30)["calls"]["marks"]
+            r, ntok = turn["done"], turn["page_prompt_tokens"]
+            if turn["prompt_ids"] != ntok:
+                raise BenchError(f"the page shows {ntok} prompt tokens, the worker sent {turn['prompt_ids']}")
+            out["prefill"][want] = {"prompt_tokens": ntok, "prefilled": r["prefilled"], "reused": r["reused"],
+                                    "tok_s": r["prefill_tok_s"], "ttft_ms": round(r["ttft_s"] * 1e3, 1)}
+            out["decode"][ntok] = {"tok_s": r["decode_tok_s"], "generated": len(r["ids"]), "stop": r["stop"],
+                                   "weight_gb_s": round(stats["weight_bytes"] * r["decode_tok_s"] / 1e9, 3),
+                                   **_per_token(marks), "page_timings": turn["page_timings"]}
+        if profile:
+            out["gpu"] = _gpu_profile(lab, stats, out, profile, turn_timeout_s)
+        peak = lab.ask({"type": "memory"}, "memory", 30)["wasm_heap"]
+        out["wasm_heap_mb"] = {"after_boot": round(heap_boot / 2**20, 1),
+                               "after_load": round(heap_load / 2**20, 1), "peak": round(peak / 2**20, 1)}
+        out["page_errors"] = errors
     out["load_avg"] = {"start": load_avg, "end": [round(x, 2) for x in os.getloadavg()]}
     return out
+
+
+def _loaded(page, url: str, path, timeout_s: float) -> tuple[_Page, dict]:
+    """The lab page opened with the worker's messages recorded, its GPU self-test passed, and `path` loaded through
+    its file input, as a user loads a model: (the page's messages, the adapter the page got)."""
+    page.add_init_script(path=RECORDER)
+    page.goto(url + "/")
+    lab = _Page(page)
+    if not lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]["ok"]:
+        raise BenchError("the page's GPU self-test failed")
+    adapter = page.evaluate(ADAPTER_JS)
+    n = lab.count()
+    page.set_input_files('[data-testid="model-file"]', str(path))
+    lab.wait("loaded", n, timeout_s)
+    return lab, adapter
 
 
 def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, window: int | None = None,
@@ -332,41 +356,22 @@ def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, wind
     """`lab retrieval-eval --backend browser`: load `path` through the page's file input, index `files` through the
     retrieval card's own file input and Index button, then measure recall with the worker's `retrieval-recall` (the
     card's button takes no seed). The JSON has the native command's keys, plus the adapter."""
-    from playwright.sync_api import sync_playwright
     default_path, default_args = browser_command()
     chromium = chromium or default_path
     args = default_args if args is None else list(args)
-    srv, thread, url = _serve(Path(path))
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
-            try:
-                page = browser.new_context().new_page()
-                page.add_init_script(path=RECORDER)
-                page.goto(url + "/")
-                lab = _Page(page)
-                if not lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]["ok"]:
-                    raise BenchError("the page's GPU self-test failed")
-                adapter = page.evaluate(ADAPTER_JS)
-                n = lab.count()
-                page.set_input_files('[data-testid="model-file"]', str(path))
-                lab.wait("loaded", n, timeout_s)
-                if window is not None:
-                    page.fill('[data-testid="rag-window"]', str(window))
-                if stride is not None:
-                    page.fill('[data-testid="rag-stride"]', str(stride))
-                n = lab.count()
-                page.set_input_files('[data-testid="rag-files"]', [str(f) for f in files])
-                page.click('[data-testid="rag-index"]')
-                plan = lab.wait("retrieval-plan", n, timeout_s)
-                built = lab.wait("retrieval-ready", n, timeout_s)["built"]
-                recall = lab.ask({"type": "retrieval-recall", "queries": queries, "seed": seed, "seq": 0},
-                                 "retrieval-recall", timeout_s)["recall"]
-            finally:
-                browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+    with browser_page(Path(path), chromium, args) as (page, url, _errors):
+        lab, adapter = _loaded(page, url, path, timeout_s)
+        if window is not None:
+            page.fill('[data-testid="rag-window"]', str(window))
+        if stride is not None:
+            page.fill('[data-testid="rag-stride"]', str(stride))
+        n = lab.count()
+        page.set_input_files('[data-testid="rag-files"]', [str(f) for f in files])
+        page.click('[data-testid="rag-index"]')
+        plan = lab.wait("retrieval-plan", n, timeout_s)
+        built = lab.wait("retrieval-ready", n, timeout_s)["built"]
+        recall = lab.ask({"type": "retrieval-recall", "queries": queries, "seed": seed, "seq": 0},
+                         "retrieval-recall", timeout_s)["recall"]
     return {"model": Path(path).name, "backend": "browser", "adapter": adapter, "files": plan["files"],
             "refused": plan["refused"], "windows": built["windows"], "tokens": plan["tokens"],
             "index_seconds": built["seconds"], "windows_per_s": built["windows_per_s"], "recall": recall}
@@ -379,40 +384,21 @@ def experiment_page(path, msg: dict, *, repeat: int = 2, chromium: str | None = 
     card's question) `repeat` times: the first run compiles the intervened plans, the later ones are the warm figure.
     Returns the last run's result (the native command's keys), each run's plan and seconds (the sweep's own, as the
     instrument times it, and the whole experiment from message to result), and the adapter."""
-    from playwright.sync_api import sync_playwright
     default_path, default_args = browser_command()
     chromium = chromium or default_path
     args = default_args if args is None else list(args)
-    srv, thread, url = _serve(Path(path))
     runs = []
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
-            try:
-                page = browser.new_context().new_page()
-                page.add_init_script(path=RECORDER)
-                page.goto(url + "/")
-                lab = _Page(page)
-                if not lab.wait("selftest", 0, BOOT_TIMEOUT_S)["result"]["ok"]:
-                    raise BenchError("the page's GPU self-test failed")
-                adapter = page.evaluate(ADAPTER_JS)
-                n = lab.count()
-                page.set_input_files('[data-testid="model-file"]', str(path))
-                lab.wait("loaded", n, timeout_s)
-                for i in range(repeat):
-                    n = lab.count()
-                    t0 = time.perf_counter()
-                    lab.post({**msg, "type": "experiment", "confirm": True, "seq": i + 1})
-                    done = lab.wait("experiment-result", n, timeout_s)
-                    wall = time.perf_counter() - t0
-                    plan = next((m for m in lab.since(n) if m["type"] == "experiment-plan"), None)
-                    runs.append({"plan": plan, "sweep_s": done["result"].get("seconds"),
-                                 "experiment_s": round(wall, 3), "result": done["result"]})
-            finally:
-                browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+    with browser_page(Path(path), chromium, args) as (page, url, _errors):
+        lab, adapter = _loaded(page, url, path, timeout_s)
+        for i in range(repeat):
+            n = lab.count()
+            t0 = time.perf_counter()
+            lab.post({**msg, "type": "experiment", "confirm": True, "seq": i + 1})
+            done = lab.wait("experiment-result", n, timeout_s)
+            wall = time.perf_counter() - t0
+            plan = next((m for m in lab.since(n) if m["type"] == "experiment-plan"), None)
+            runs.append({"plan": plan, "sweep_s": done["result"].get("seconds"),
+                         "experiment_s": round(wall, 3), "result": done["result"]})
     last = runs[-1]["result"]
     return {**last, "model": Path(path).name, "backend": "browser", "adapter": adapter,
             "timings": [{k: r[k] for k in ("sweep_s", "experiment_s")} | {"runs": r["result"].get("runs")}

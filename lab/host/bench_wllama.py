@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from lab.format import gguf
-from lab.host.bench_browser import ADAPTER_JS, PASSAGE, BenchError, _serve, browser_command
+from lab.host.bench_browser import ADAPTER_JS, PASSAGE, BenchError, browser_command, browser_page
 from lab.text.tokenizer import from_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,6 @@ def bench_wllama(path, *, prompts=(32,), decode_tokens: int = 8, chromium: str |
     `n_ctx`: wllama's KV cache (default as the lab's browser bench: the largest prompt, the decode and slack, or
     the lab's default context if larger)."""
     from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
 
     from lab.settings import DEFAULT_CTX
     if not WASM.exists():
@@ -140,77 +139,64 @@ def bench_wllama(path, *, prompts=(32,), decode_tokens: int = 8, chromium: str |
     greedy_prompt = refs["cpu"]["prompt"] if "cpu" in refs else GREEDY_PROMPT
     greedy_tokens = len(refs["cpu"]["ids"]) if "cpu" in refs else GREEDY_TOKENS
     load_avg = [round(x, 2) for x in os.getloadavg()]
-    srv, thread, url = _serve(path, peer_dir=PEER)
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=list(args))
-            try:
-                page = browser.new_context().new_page()
-                errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                page.goto(url + "/peer/")
-                page.wait_for_function("window.peerBench !== undefined", timeout=BOOT_TIMEOUT_S * 1e3)
-                adapter = page.evaluate(ADAPTER_JS)
+    with browser_page(path, chromium, args, peer_dir=PEER) as (page, url, errors):
+        page.goto(url + "/peer/")
+        page.wait_for_function("window.peerBench !== undefined", timeout=BOOT_TIMEOUT_S * 1e3)
+        adapter = page.evaluate(ADAPTER_JS)
 
-                page.set_input_files('[data-testid="model-file"]', str(path))
-                t0 = time.perf_counter()
-                loaded = page.evaluate("o => peerBench.load(o)", {"n_ctx": n_ctx})
-                load_wall = time.perf_counter() - t0
-                ctx = loaded["context"]
-                features = (adapter or {}).get("features", [])
-                out = {"backend": "wllama", "model": str(path), "arch": header.metadata.get("general.architecture"),
-                       "browser": f"Chromium {browser.version}", "chromium_args": list(args),
-                       "adapter": " ".join(filter(None, ((adapter or {}).get("vendor"),
-                                                         (adapter or {}).get("architecture")))) or None,
-                       "features": features, "adapter_info": adapter, "shader_f16": "shader-f16" in features,
-                       "path": _path(loaded["offloaded"]), "offloaded": loaded["offloaded"],
-                       "libllama": loaded["libllama"], "multithread": loaded["multithread"],
-                       "threads": loaded["threads"], "cross_origin_isolated": loaded["cross_origin_isolated"],
-                       "hardware_concurrency": loaded["hardware_concurrency"],
-                       "n_ctx": ctx["n_ctx"], "n_batch": ctx["n_batch"], "n_ubatch": ctx["n_ubatch"],
-                       # file input to a loaded model, llama.cpp's warm-up run included
-                       "load_wall_s": round(load_wall, 2),
-                       "load_mb_s": round(loaded["file_bytes"] / 1e6 / (loaded["load_ms"] / 1e3), 1),
-                       "load_log": loaded["log"], "banned_tokens": len(ban), "warm_gpu_s": warm_gpu_s,
-                       "prefill": {}, "decode": {}, "timings": {}, "warm": {}}
-                for want in prompts:
-                    out["warm"][want] = page.evaluate("o => peerBench.warm(o)", {"ms": warm_gpu_s * 1e3, "ban": ban})
-                    r = page.evaluate("o => peerBench.turn(o)",
-                                      {"prompt": texts[want], "max_tokens": decode_tokens, "ban": ban})
-                    t = r["timings"]
-                    ntok, gen = t["prompt_n"], t["predicted_n"]
-                    out["prefill"][want] = {"prompt_tokens": ntok, "asked": want, "reused": t["cache_n"],
-                                            "tok_s": round(t["prompt_per_second"], 1),
-                                            "wall_tok_s": round(ntok / (r["ttft_ms"] / 1e3), 1),
-                                            "ttft_ms": round(r["ttft_ms"], 1), "prompt_ms": round(t["prompt_ms"], 1)}
-                    # A turn that ends before decode_tokens sampled an end-of-generation token despite ignore_eos's
-                    # -inf bias: its logits were NaN (a same-shape SmolLM2 on wllama's CPU path after any prompt of 4 or
-                    # more tokens, measured on SwiftShader). Its decode figure would time nothing, so it is left out.
-                    full = gen == decode_tokens
-                    out["decode"][ntok] = {"tok_s": round(t["predicted_per_second"], 1) if full else None,
-                                           "generated": gen, "finish_reason": r["finish_reason"],
-                                           "wall_tok_s": round((gen - 1) / (r["decode_ms"] / 1e3), 1) if full else None}
-                    out["timings"][want] = {**t, "page_ttft_ms": r["ttft_ms"], "page_decode_ms": r["decode_ms"],
-                                            "page_wall_ms": r["wall_ms"], "chunks": r["chunks"]}
-                try:
-                    g = page.evaluate("o => peerBench.greedy(o)",
-                                      {"prompt": greedy_prompt, "max_tokens": greedy_tokens})
-                    ids = [c["id"] for c in g["choices"][0]["logprobs"]["content"]]
-                    out["greedy"] = {"prompt": greedy_prompt, "ids": ids}
-                    for kind, ref in refs.items():     # the leading ids wllama shares with each llama.cpp run
-                        ref = ref["ids"]
-                        same = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
-                        out["greedy"][f"llama_cpp_{kind}"] = {"ids": ref, "same_prefix": same}
-                except PlaywrightError as exc:     # random weights: llama.cpp's invalid UTF-8, refused by wllama
-                    out["greedy"] = {"prompt": greedy_prompt, "error": str(exc).splitlines()[0][:300]}
-                out["log_warnings"] = [x for x in page.evaluate("peerBench.log()")
-                                       if x.startswith(("warn:", "error:"))]
-                out["page_errors"] = errors
-            finally:
-                browser.close()
-    finally:
-        srv.should_exit = True
-        thread.join(10)
+        page.set_input_files('[data-testid="model-file"]', str(path))
+        t0 = time.perf_counter()
+        loaded = page.evaluate("o => peerBench.load(o)", {"n_ctx": n_ctx})
+        load_wall = time.perf_counter() - t0
+        ctx = loaded["context"]
+        features = (adapter or {}).get("features", [])
+        out = {"backend": "wllama", "model": str(path), "arch": header.metadata.get("general.architecture"),
+               "browser": f"Chromium {page.context.browser.version}", "chromium_args": list(args),
+               "adapter": " ".join(filter(None, ((adapter or {}).get("vendor"),
+                                                 (adapter or {}).get("architecture")))) or None,
+               "features": features, "adapter_info": adapter, "shader_f16": "shader-f16" in features,
+               "path": _path(loaded["offloaded"]), "offloaded": loaded["offloaded"],
+               "libllama": loaded["libllama"], "multithread": loaded["multithread"],
+               "threads": loaded["threads"], "cross_origin_isolated": loaded["cross_origin_isolated"],
+               "hardware_concurrency": loaded["hardware_concurrency"],
+               "n_ctx": ctx["n_ctx"], "n_batch": ctx["n_batch"], "n_ubatch": ctx["n_ubatch"],
+               # file input to a loaded model, llama.cpp's warm-up run included
+               "load_wall_s": round(load_wall, 2),
+               "load_mb_s": round(loaded["file_bytes"] / 1e6 / (loaded["load_ms"] / 1e3), 1),
+               "load_log": loaded["log"], "banned_tokens": len(ban), "warm_gpu_s": warm_gpu_s,
+               "prefill": {}, "decode": {}, "timings": {}, "warm": {}}
+        for want in prompts:
+            out["warm"][want] = page.evaluate("o => peerBench.warm(o)", {"ms": warm_gpu_s * 1e3, "ban": ban})
+            r = page.evaluate("o => peerBench.turn(o)",
+                              {"prompt": texts[want], "max_tokens": decode_tokens, "ban": ban})
+            t = r["timings"]
+            ntok, gen = t["prompt_n"], t["predicted_n"]
+            out["prefill"][want] = {"prompt_tokens": ntok, "asked": want, "reused": t["cache_n"],
+                                    "tok_s": round(t["prompt_per_second"], 1),
+                                    "wall_tok_s": round(ntok / (r["ttft_ms"] / 1e3), 1),
+                                    "ttft_ms": round(r["ttft_ms"], 1), "prompt_ms": round(t["prompt_ms"], 1)}
+            # A turn that ends before decode_tokens sampled an end-of-generation token despite ignore_eos's
+            # -inf bias: its logits were NaN (a same-shape SmolLM2 on wllama's CPU path after any prompt of 4 or
+            # more tokens, measured on SwiftShader). Its decode figure would time nothing, so it is left out.
+            full = gen == decode_tokens
+            out["decode"][ntok] = {"tok_s": round(t["predicted_per_second"], 1) if full else None,
+                                   "generated": gen, "finish_reason": r["finish_reason"],
+                                   "wall_tok_s": round((gen - 1) / (r["decode_ms"] / 1e3), 1) if full else None}
+            out["timings"][want] = {**t, "page_ttft_ms": r["ttft_ms"], "page_decode_ms": r["decode_ms"],
+                                    "page_wall_ms": r["wall_ms"], "chunks": r["chunks"]}
+        try:
+            g = page.evaluate("o => peerBench.greedy(o)",
+                              {"prompt": greedy_prompt, "max_tokens": greedy_tokens})
+            ids = [c["id"] for c in g["choices"][0]["logprobs"]["content"]]
+            out["greedy"] = {"prompt": greedy_prompt, "ids": ids}
+            for kind, ref in refs.items():     # the leading ids wllama shares with each llama.cpp run
+                ref = ref["ids"]
+                same = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
+                out["greedy"][f"llama_cpp_{kind}"] = {"ids": ref, "same_prefix": same}
+        except PlaywrightError as exc:     # random weights: llama.cpp's invalid UTF-8, refused by wllama
+            out["greedy"] = {"prompt": greedy_prompt, "error": str(exc).splitlines()[0][:300]}
+        out["log_warnings"] = [x for x in page.evaluate("peerBench.log()")
+                               if x.startswith(("warn:", "error:"))]
+        out["page_errors"] = errors
     out["load_avg"] = {"start": load_avg, "end": [round(x, 2) for x in os.getloadavg()]}
     return out

@@ -333,3 +333,21 @@ def test_forget_wipes_the_experiments_buffers(lab_exp):
     assert page.locator('#exp-result [data-testid="exp-cell"]').count() == 0
     assert page.input_value('[data-testid="exp-pa-clean"]') == CLEAN     # the example back, what was typed gone
     assert not lab.errors() and not lab.foreign_requests()
+
+
+def test_the_cli_runs_the_cards_patching_in_the_page(path, native):
+    """`lab patch --backend browser` (the H200 sweep's command) posts the card's message to a page of its own, twice,
+    and prints the native command's JSON with the sweep's timings: the same recovery as natively. (A process of its
+    own: Playwright's sync API will not start where this session's browser fixture already runs.)"""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "lab.host.cli", "patch", str(path), "--clean", CLEAN, "--corrupt",
+                           CORRUPT, "--target", TARGET, "--backend", "browser"], capture_output=True, text=True,
+                          timeout=SLOW / 1000)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    want = native["patch"]
+    assert out["backend"] == "browser" and len(out["timings"]) == 2 and out["sanity"]["exact"]
+    assert out["foil_id"] == want["foil_id"] and out["runs"] == len(want["layers"]) * len(out["positions"])
+    for row, ref in zip(out["recovery"], want["recovery"]):
+        assert all(abs(a - b) <= 0.01 for a, b in zip(row, ref)), (row, ref)
