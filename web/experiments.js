@@ -10,7 +10,7 @@
 // Everything that comes from the user (prompts, tokens, replies) is set as text (textContent), never parsed as HTML.
 // Its state is store.experiments (freshExperiments): main.js hands the worker's messages to the update functions
 // below and calls renderExperiments on every render.
-import { BLUE, GREEN, RED, rgba, shown } from "/web/panels.js";
+import { BLUE, GREEN, node as el, RED, rgba, shown, withTestid as testid } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -231,13 +231,6 @@ function follow(store) {
 }
 
 // ---- rendering ----------------------------------------------------------------------------------------------------
-const el = (tag, className, text) => {
-  const e = document.createElement(tag);
-  if (className) e.className = className;
-  if (text != null) e.textContent = text;
-  return e;
-};
-const testid = (e, id) => { e.setAttribute("data-testid", id); return e; };
 const secs = (x) => (x < 1 ? `${(x * 1000).toFixed(0)} ms` : x < 10 ? `${x.toFixed(1)} s`
   : x < 120 ? `${x.toFixed(0)} s` : `${(x / 60).toFixed(1)} min`);
 const signed = (x, d = 3) => (x >= 0 ? "+" : "−") + Math.abs(x).toFixed(d);

@@ -16,6 +16,16 @@ export function el(tag, props = {}, children = []) {
   return e;
 }
 
+// The cards' small building blocks (web/retrieval.js, web/experiments.js): an element with a class and its text (set
+// as text, never as HTML: it may come from the user's files or the model), and an element given its data-testid.
+export const node = (tag, className, text) => {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text != null) e.textContent = text;
+  return e;
+};
+export const withTestid = (e, id) => { e.setAttribute("data-testid", id); return e; };
+
 // A token's text made visible: spaces and newlines would otherwise vanish in labels.
 export function shown(piece) {
   return (piece ?? "").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/ /g, "·") || "∅";

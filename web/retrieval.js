@@ -8,6 +8,8 @@
 // dropRetrieval (Forget, a new model, a lost GPU) empties the card and stops what runs; a new chat keeps the index.
 // Its state is store.retrieval (freshRetrieval): main.js hands the worker's messages to the update functions below
 // and calls renderRetrieval on every render.
+import { node as el, withTestid as testid } from "/web/panels.js";
+
 const $ = (id) => document.getElementById(id);
 
 // ---- the card's state: store.retrieval --------------------------------------------------------------------------
@@ -195,13 +197,6 @@ export function wireRetrieval(store, worker, rerender, sampling) {
 }
 
 // ---- rendering ----------------------------------------------------------------------------------------------------
-const el = (tag, className, text) => {
-  const e = document.createElement(tag);
-  if (className) e.className = className;
-  if (text != null) e.textContent = text;
-  return e;
-};
-const testid = (e, id) => { e.setAttribute("data-testid", id); return e; };
 const secs = (x) => `${x.toFixed(x < 10 ? 1 : 0)} s`;   // seconds: a tenth below ten, whole ones above
 
 // The inputs take the worker's defaults once a model is loaded, and its bounds (the window's depends on the context).

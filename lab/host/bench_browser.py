@@ -126,6 +126,12 @@ def _serve(model: Path, **app_options):
     return srv, thread, f"http://127.0.0.1:{port}"
 
 
+def resolve_browser(chromium: str | None, args: list[str] | None) -> tuple[str, list[str]]:
+    """The Chromium binary and flags a page driver launches: the ones given, else `browser_command`'s defaults."""
+    default_path, default_args = browser_command()
+    return chromium or default_path, default_args if args is None else list(args)
+
+
 @contextmanager
 def browser_page(path, chromium: str, args: list[str], **app_options):
     """The lab's server for `path` in a thread and one fresh page of headless Chromium: yields (page, the server's
@@ -262,9 +268,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
     native `--profile`)."""
 
     from lab.settings import DEFAULT_CTX
-    default_path, default_args = browser_command()
-    chromium = chromium or default_path
-    args = default_args if args is None else list(args)
+    chromium, args = resolve_browser(chromium, args)
     n_ctx = n_ctx or max(DEFAULT_CTX, max(prompts) + decode_tokens + 64)
     path = Path(path)
     header = gguf.read_file(path)
@@ -356,9 +360,7 @@ def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, wind
     """`lab retrieval-eval --backend browser`: load `path` through the page's file input, index `files` through the
     retrieval card's own file input and Index button, then measure recall with the worker's `retrieval-recall` (the
     card's button takes no seed). The JSON has the native command's keys, plus the adapter."""
-    default_path, default_args = browser_command()
-    chromium = chromium or default_path
-    args = default_args if args is None else list(args)
+    chromium, args = resolve_browser(chromium, args)
     with browser_page(Path(path), chromium, args) as (page, url, _errors):
         lab, adapter = _loaded(page, url, path, timeout_s)
         if window is not None:
@@ -384,9 +386,7 @@ def experiment_page(path, msg: dict, *, repeat: int = 2, chromium: str | None = 
     card's question) `repeat` times: the first run compiles the intervened plans, the later ones are the warm figure.
     Returns the last run's result (the native command's keys), each run's plan and seconds (the sweep's own, as the
     instrument times it, and the whole experiment from message to result), and the adapter."""
-    default_path, default_args = browser_command()
-    chromium = chromium or default_path
-    args = default_args if args is None else list(args)
+    chromium, args = resolve_browser(chromium, args)
     runs = []
     with browser_page(Path(path), chromium, args) as (page, url, _errors):
         lab, adapter = _loaded(page, url, path, timeout_s)

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from lab.format import gguf
-from lab.host.bench_browser import ADAPTER_JS, PASSAGE, BenchError, browser_command, browser_page
+from lab.host.bench_browser import ADAPTER_JS, PASSAGE, BenchError, browser_page, resolve_browser
 from lab.text.tokenizer import from_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,9 +124,7 @@ def bench_wllama(path, *, prompts=(32,), decode_tokens: int = 8, chromium: str |
     from lab.settings import DEFAULT_CTX
     if not WASM.exists():
         raise BenchError(f"{WASM.relative_to(ROOT)} is missing: run `npm ci` in scripts/peer")
-    default_path, default_args = browser_command()
-    chromium = chromium or default_path
-    args = default_args if args is None else list(args)
+    chromium, args = resolve_browser(chromium, args)
     n_ctx = n_ctx or max(DEFAULT_CTX, max(prompts) + decode_tokens + 64)
     path = Path(path)
     header = gguf.read_file(path)

@@ -83,6 +83,22 @@ class Lab:
                                  f"{self.page.inner_text('[data-testid=load-error]')!r}; console: {self.console[-5:]}"
                                  ) from None
 
+    def send(self, text: str, max_tokens: int | None = None, timeout_ms: int = LOAD_MS) -> str:
+        """Type a prompt (and the reply's length, if given), send it, and wait until the reply is done (stop disabled,
+        the timings shown); returns the reply's text."""
+        page = self.page
+        if max_tokens is not None:
+            page.fill('[data-testid="max-tokens"]', str(max_tokens))
+        page.fill('[data-testid="prompt"]', text)
+        before = page.locator('[data-testid="message"]').count()
+        page.click('[data-testid="send"]')
+        page.wait_for_function(
+            "n => document.querySelectorAll('[data-testid=message]').length >= n + 2"
+            " && document.querySelector('[data-testid=stop]').disabled"
+            " && document.querySelector('[data-testid=timings]').textContent.length > 0", arg=before,
+            timeout=timeout_ms)
+        return page.locator('[data-testid="message"]').last.inner_text()
+
     def foreign_requests(self) -> list[str]:
         return [u for u in self.requests if not (u.startswith(self.url + "/") or u == self.url)
                 and not u.startswith("data:")]

@@ -99,18 +99,6 @@ def _run(lab, kind: str, wait_for: str = "done") -> None:
     assert status.get_attribute("data-state") == wait_for, status.inner_text()
 
 
-def _chat(lab, text: str) -> str:
-    page = lab.page
-    page.fill('[data-testid="prompt"]', text)
-    before = page.locator('[data-testid="message"]').count()
-    page.click('[data-testid="send"]')
-    page.wait_for_function(
-        "n => document.querySelectorAll('[data-testid=message]').length >= n + 2"
-        " && document.querySelector('[data-testid=stop]').disabled"
-        " && document.querySelector('[data-testid=timings]').textContent.length > 0", arg=before, timeout=SLOW)
-    return page.locator('[data-testid="message"]').last.inner_text()
-
-
 def _kv(lab) -> bytes:
     n = len(lab.ids())
     return base64.b64decode(lab.page.evaluate("ps => window.labKvRows(ps).then((m) => m.rows)", list(range(n))))
@@ -131,13 +119,13 @@ def _near(got: float, want: float, scale: float = 1.0) -> bool:
 def test_the_chat_goes_on_as_if_nothing_ran(lab_exp):
     lab, page = lab_exp, lab_exp.page
     # the conversation without experiments, first, while the cache has only ever held chat turns
-    _chat(lab, "Hello there")
-    plain = _chat(lab, "And then?")
+    lab.send("Hello there")
+    plain = lab.send("And then?")
     plain_reuse = page.inner_text('[data-testid="reuse"]')
     # the same conversation with two experiments between its turns, each overwriting the engine's cache from
     # position 0 while it runs (the new chat's first turn reuses the rows of its own tokens, as a chat does)
     page.click('[data-testid="new-chat"]')
-    _chat(lab, "Hello there")
+    lab.send("Hello there")
     rows = _kv(lab)
     assert rows.strip(b"\x00"), "the conversation's KV rows are empty"
     # a token clicked in the context becomes every target
@@ -154,7 +142,7 @@ def test_the_chat_goes_on_as_if_nothing_ran(lab_exp):
     page.fill('[data-testid="exp-ab-heads"]', "2")
     _run(lab, "ablate")
     assert _kv(lab) == rows, "the chat's KV rows changed under an experiment"
-    assert _chat(lab, "And then?") == plain
+    assert lab.send("And then?") == plain
     assert page.inner_text('[data-testid="reuse"]') == plain_reuse
     print(f"\nthe second turn, with and without experiments before it: {plain!r} ({plain_reuse})")
     assert not lab.errors() and not lab.foreign_requests()
@@ -316,7 +304,7 @@ def test_steering_streams_both_replies_and_the_plain_one_is_the_chats(lab_exp):
     assert steered and plain and steered != plain, (steered, plain)
     _look(lab, "steering")
     page.click('[data-testid="new-chat"]')
-    assert _chat(lab, "Tell me about your weekend.") == plain
+    assert lab.send("Tell me about your weekend.") == plain
     print(f"\nsteered {steered!r}, unsteered {plain!r}")
 
 

@@ -34,18 +34,6 @@ def _shot(lab, name: str) -> None:
     lab.page.locator("#kv").screenshot(path=str(SHOTS / f"kv-{name}.png"))
 
 
-def _chat(lab, text: str, max_tokens: int) -> None:
-    page = lab.page
-    page.fill('[data-testid="max-tokens"]', str(max_tokens))
-    page.fill('[data-testid="prompt"]', text)
-    before = page.locator('[data-testid="message"]').count()
-    page.click('[data-testid="send"]')
-    page.wait_for_function(
-        "n => document.querySelectorAll('[data-testid=message]').length >= n + 2"
-        " && document.querySelector('[data-testid=stop]').disabled"
-        " && document.querySelector('[data-testid=timings]').textContent.length > 0", arg=before, timeout=SLOW)
-
-
 def _cells(lab) -> dict[tuple[int, int], tuple[float, float]]:
     """{(layer, position): (|K|, |V|)} as the heatmap's cells carry them."""
     return {(int(c["layer"]), int(c["pos"])): (float(c["k"]), float(c["v"]))
@@ -100,7 +88,7 @@ def test_heatmap_grows_and_equals_the_cache_then_forget_blanks_it(lab_kv):
         new MutationObserver(() => { const g = document.querySelector('[data-testid=kv-heatmap]');
             if (g) window.kvSeen.push([Number(g.dataset.columns), g.dataset.ms]); })
         .observe(document.querySelector('#kv-body'), {childList: true}); }""")
-    _chat(lab, "Name three colours.", max_tokens=4)
+    lab.send("Name three colours.", max_tokens=4)
     used = int(lab.cells("kv-used", ["used"])[0]["used"])
     n_ids = len(lab.ids())
     assert used == n_ids - 1                       # the last token made was never fed back
@@ -151,7 +139,7 @@ def test_heatmap_grows_and_equals_the_cache_then_forget_blanks_it(lab_kv):
 
 def test_a_buffer_left_out_of_the_wipe_stays_lit_and_is_named(lab_kv):
     lab, page = lab_kv, lab_kv.page
-    _chat(lab, "Hi", max_tokens=3)
+    lab.send("Hi", max_tokens=3)
     used = int(lab.cells("kv-used", ["used"])[0]["used"])
     want = _numpy_norms(lab, list(range(used)))
     assert _forget(lab, skip=SKIPPED) == "failed"

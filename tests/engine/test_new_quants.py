@@ -162,6 +162,19 @@ for _il, _types in enumerate((("TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "TQ2_0", "NVF
         TERNARY_FP4[f"blk.{_il}.{_role}.weight"] = _t
 
 
+def _prefill_then_decode(eng, ref, seed: int, what: str) -> None:
+    """37 random ids as one prefill (GEMM, a partial tile), then a decode step (matvec) at 37, each traced and held to
+    the reference; the decode's top token must be the reference's."""
+    ids = np.random.default_rng(seed).integers(0, N_VOCAB, 38).tolist()
+    ref.forward(ids[:37], trace=True)
+    worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
+    ref.forward(ids[37:], start_pos=37, trace=True)
+    g = gpu_trace(eng, ids[37:], 37)
+    worst.append(check_trace(ref, g, "decode at position 37"))
+    assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
+    print(f"\n{what}: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+
+
 def test_ternary_and_fp4_prefill_and_decode_match_reference(device, tmp_path):
     """A prefill of 37 tokens (GEMM, a partial tile) and a decode step (matvec), held to the reference as above."""
     path = write_model(tmp_path / "tfp4.gguf", TERNARY_FP4, seed=3)
@@ -172,14 +185,7 @@ def test_ternary_and_fp4_prefill_and_decode_match_reference(device, tmp_path):
     try:
         eng.weights.upload_file(path)
         assert [w.type.name for w, _ in eng.weights.stacked["blk.0.qkv"]] == ["TQ1_0", "TQ2_0", "MXFP4"]
-        ids = np.random.default_rng(9).integers(0, N_VOCAB, 38).tolist()
-        ref.forward(ids[:37], trace=True)
-        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
-        ref.forward(ids[37:], start_pos=37, trace=True)
-        g = gpu_trace(eng, ids[37:], 37)
-        worst.append(check_trace(ref, g, "decode at position 37"))
-        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
-        print(f"\nternary and fp4: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+        _prefill_then_decode(eng, ref, 9, "ternary and fp4")
     finally:
         eng.close()
         ref.w.drop()
@@ -205,14 +211,7 @@ def test_grid_types_prefill_and_decode_match_reference(device, tmp_path):
     ref = Reference(path)
     try:
         eng.weights.upload_file(path)
-        ids = np.random.default_rng(11).integers(0, N_VOCAB, 38).tolist()
-        ref.forward(ids[:37], trace=True)
-        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
-        ref.forward(ids[37:], start_pos=37, trace=True)
-        g = gpu_trace(eng, ids[37:], 37)
-        worst.append(check_trace(ref, g, "decode at position 37"))
-        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
-        print(f"\ngrid types {qo.IQ_TYPES}: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+        _prefill_then_decode(eng, ref, 11, f"grid types {qo.IQ_TYPES}")
     finally:
         eng.close()
         ref.w.drop()
@@ -236,14 +235,7 @@ def test_one_and_two_bit_types_prefill_and_decode_match_reference(device, tmp_pa
     try:
         eng.weights.upload_file(path)
         assert [w.type.name for w, _ in eng.weights.stacked["blk.0.qkv"]] == ["Q1_0", "Q2_0", "Q1_0"]
-        ids = np.random.default_rng(13).integers(0, N_VOCAB, 38).tolist()
-        ref.forward(ids[:37], trace=True)
-        worst = [check_trace(ref, gpu_trace(eng, ids[:37], 0), "prefill of 37 tokens")]
-        ref.forward(ids[37:], start_pos=37, trace=True)
-        g = gpu_trace(eng, ids[37:], 37)
-        worst.append(check_trace(ref, g, "decode at position 37"))
-        assert g["result_output"].reshape(-1).argmax() == np.asarray(ref.trace["result_output"]).reshape(-1).argmax()
-        print(f"\nQ1_0 and Q2_0: worst relative trace error prefill {worst[0]:.2e}, decode {worst[1]:.2e}")
+        _prefill_then_decode(eng, ref, 13, "Q1_0 and Q2_0")
     finally:
         eng.close()
         ref.w.drop()
