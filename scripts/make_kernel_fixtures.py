@@ -20,7 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host.kernel_cases import attention_expected, make_cases
+from lab.host.kernel_cases import attention_expected, deltanet_expected, make_cases, shortconv_expected
 from lab.host.reference import kernels as ref
 from lab.host.reference import quant as qo
 from lab.host.reference.ops import argmax
@@ -64,6 +64,9 @@ TRAP = {
     "glu": "gate and up not swapped; SiLU vs tanh-GELU",
     "argmax": "ties go to the lowest index, as llama.cpp's greedy sampling",
     "top_k": "ties ordered by index, each element chosen once",
+    "shortconv": "Qwen3.5's conv (silu mode): the state ring's rows before pos, src rows at their stride, silu after",
+    "deltanet": "the delta rule: decay exp(g), g < 0; beta a sigmoid; q, k L2-normed per head; value head h on key "
+                "head h % n_k; the gate after the norm",
 }
 
 
@@ -132,6 +135,14 @@ def expected(spec: dict) -> tuple[str, str, np.ndarray, np.ndarray, float, str]:
         pairs = [p for r in x for p in ref.topk_ref(r, spec["k"])]
         want = np.array([[i, np.float32(v).view(np.uint32)] for i, v in pairs], np.uint32)
         return "out", "u32", want, np.zeros(want.shape), 0.0, "exact: a selection (ids and values)"
+    if op == "shortconv":
+        want, _, tol = shortconv_expected(spec)
+        return ("y", "f32", want, np.full(want.shape, np.abs(want).max()), tol,
+                "of the largest |y|: l_cache products in tap order, then silu's exp")
+    if op == "deltanet":
+        want, _, tol = deltanet_expected(spec)
+        return ("out", "f32", want, np.full(want.shape, np.abs(want).max()), tol,
+                "of the largest |out|: f32 sums of S terms a token, carried by the state; the head's rms norm, silu")
     raise ValueError(op)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from lab.format.ggml import BY_NAME
 from lab.host.reference import attention as attn_ref
 from lab.host.reference import kernels as ref
+from lab.host.reference import ops as ref_ops
 from lab.host.reference import quant as qo
 from lab.host.reference.ops import argmax
 
@@ -239,6 +240,109 @@ def top_k_case(n: int, k: int, rows: int, seed: int) -> Case:
     return Case(f"top_k_n{n}_k{k}", spec, check)
 
 
+# The depthwise causal conv in Qwen3.5's mode (silu of the conv, rows wider than the channels), one step past 0 over a
+# state ring: CONV_TOL = 2e-6 of the largest |y| (l_cache products summed in tap order, then silu's exp within a few
+# ulp), and the ring rows it writes within the same (they are copies of the input: measured bit-exact).
+CONV_TOL = 2e-6
+
+
+def shortconv_expected(spec: dict) -> tuple[np.ndarray, np.ndarray, float]:
+    """(y [t, n], the state ring after the step [ring, n], both float64, and the tolerance) of a silu-mode shortconv
+    spec from its inputs, through the reference forward's causal_conv: seq = the ring's l_cache - 1 rows before pos
+    (zero before position 0), then the step's x rows (the first n floats of each src row)."""
+    n, lc, ring, t, pos = spec["n"], spec["l_cache"], spec["ring"], spec["t"], spec["pos"]
+    x = floats(spec["inputs"]["src"], (t, spec["stride"]))[:, :n].astype(np.float64)
+    state = floats(spec["inputs"]["state"], (ring, n)).astype(np.float64)
+    w = floats(spec["inputs"]["w"], (n, lc)).astype(np.float64)
+    before = np.array([state[(pos - b) % ring] if pos >= b else np.zeros(n) for b in range(lc - 1, 0, -1)])
+    y = ref_ops.silu(ref_ops.causal_conv(np.concatenate([before, x]), w, t))
+    after = state.copy()
+    for j in range(max(0, t - ring), t):
+        after[(pos + j) % ring] = x[j]
+    return y, after, CONV_TOL
+
+
+def shortconv_case(t: int, pos: int, n: int, stride: int, l_cache: int, ring: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    src = ref.f32(rng.standard_normal((t, stride)))
+    state = ref.f32(rng.standard_normal((ring, n)))
+    w = ref.f32(rng.standard_normal((n, l_cache)))
+    spec = {"op": "shortconv", "mode": "silu", "n": n, "stride": stride, "l_cache": l_cache, "ring": ring, "t": t,
+            "pos": pos, "inputs": {"src": src.tobytes(), "w": w.tobytes(), "state": state.tobytes()}}
+    want, after, tol = shortconv_expected(spec)
+
+    def check(out):
+        y, ring_rows = floats(out["y"], (t, n)), floats(out["state"], (ring, n))
+        err = max(float(np.abs(y - want).max()) / float(np.abs(want).max()),
+                  float(np.abs(ring_rows - after).max()) / float(np.abs(after).max()))
+        return finite(err, y), tol
+    return Case(f"shortconv_silu_t{t}_pos{pos}_lc{l_cache}", spec, check)
+
+
+# Qwen3.5's gated delta-net recurrence, one step past 0 from a given state: DELTA_TOL = 4e-6 of the output's and the
+# state's own largest magnitude (sums of S f32 terms per token, the errors carried from token to token by a decay of
+# at most 1 and a contracting update, the per-head rms norm and silu's exp: tests/kernels/test_deltanet.py, where the
+# measured values sit).
+DELTA_TOL = 4e-6
+
+
+def deltanet_ref(proj: np.ndarray, conv: np.ndarray, dt_bias, ssm_a, norm_w, state: np.ndarray, pos: int, *,
+                 n_k: int, n_v: int, S: int, z_offset: int, beta_offset: int, alpha_offset: int,
+                 eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """(out [t, n_v S], the state after the step [n_v, S, S]) of lab.ops.deltanet's step in float64, from the
+    reference ops: q, k L2-normed per key head, beta = sigmoid, g = softplus(alpha + dt_bias) * ssm_a, ggml's
+    gated delta rule (value head h on key head h % n_k) from `state` (zeros at position 0), then the gated RMS norm
+    rms_norm(o) * norm_w * silu(z)."""
+    t, K = len(proj), n_k * S
+    proj, conv = proj.astype(np.float64), conv.astype(np.float64)
+    q = ref_ops.l2_norm(conv[:, :K].reshape(t, n_k, S), eps)
+    k = ref_ops.l2_norm(conv[:, K:2 * K].reshape(t, n_k, S), eps)
+    v = conv[:, 2 * K:].reshape(t, n_v, S)
+    beta = ref_ops.sigmoid(proj[:, beta_offset:beta_offset + n_v])
+    g = ref_ops.softplus(proj[:, alpha_offset:alpha_offset + n_v] + np.asarray(dt_bias, np.float64))
+    g = g * np.asarray(ssm_a, np.float64)
+    s0 = np.zeros((n_v, S, S)) if pos == 0 else np.asarray(state, np.float64).reshape(n_v, S, S)
+    o, s = ref_ops.gated_delta_rule(q, k, v, g, beta, s0)
+    z = proj[:, z_offset:z_offset + n_v * S].reshape(t, n_v, S)
+    out = ref_ops.rms_norm(o, np.asarray(norm_w, np.float64), eps) * ref_ops.silu(z)
+    return out.reshape(t, n_v * S), s
+
+
+def deltanet_expected(spec: dict) -> tuple[np.ndarray, np.ndarray, float]:
+    """(out, state after, tolerance) of a deltanet spec from its inputs."""
+    n_k, n_v, S, t = spec["n_k_heads"], spec["n_v_heads"], spec["head_dim"], spec["t"]
+    inp = spec["inputs"]
+    out, s = deltanet_ref(floats(inp["proj"], (t, spec["proj_stride"])), floats(inp["conv"], (t, -1)),
+                          floats(inp["dt_bias"]), floats(inp["ssm_a"]), floats(inp["norm_w"]), floats(inp["state"]),
+                          spec["pos"], n_k=n_k, n_v=n_v, S=S, z_offset=spec["z_offset"],
+                          beta_offset=spec["beta_offset"], alpha_offset=spec["alpha_offset"], eps=spec["eps"])
+    return out, s, DELTA_TOL
+
+
+def deltanet_case(n_k: int, n_v: int, S: int, t: int, pos: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    conv_width = 2 * n_k * S + n_v * S
+    z = conv_width                                      # proj rows [q k v | z | beta | alpha | 3 floats nobody reads]
+    stride = z + n_v * S + 2 * n_v + 3
+    proj = ref.f32(rng.standard_normal((t, stride)))
+    conv = ref.f32(ref_ops.silu(rng.standard_normal((t, conv_width)) * 1.5))
+    state = ref.f32(rng.standard_normal((n_v, S, S)) * 0.3)
+    spec = {"op": "deltanet", "n_k_heads": n_k, "n_v_heads": n_v, "head_dim": S, "proj_stride": stride,
+            "z_offset": z, "beta_offset": z + n_v * S, "alpha_offset": z + n_v * S + n_v, "eps": 1e-6, "t": t,
+            "pos": pos, "inputs": {"proj": proj.tobytes(), "conv": conv.tobytes(),
+                                   "dt_bias": ref.f32(rng.standard_normal(n_v)).tobytes(),
+                                   "ssm_a": ref.f32(-rng.uniform(0.05, 1.0, n_v)).tobytes(),
+                                   "norm_w": ref.f32(rng.uniform(0.5, 1.5, S)).tobytes(), "state": state.tobytes()}}
+    want, after, tol = deltanet_expected(spec)
+
+    def check(out):
+        got, s = floats(out["out"], (t, n_v * S)), floats(out["state"], (n_v, S, S))
+        err = max(float(np.abs(got - want).max()) / float(np.abs(want).max()),
+                  float(np.abs(s - after).max()) / float(np.abs(after).max()))
+        return finite(err, got), tol
+    return Case(f"deltanet_k{n_k}_v{n_v}_S{S}_t{t}_pos{pos}", spec, check)
+
+
 SMOL = (9, 3, 64)                 # GQA group 3 (SmolLM2)
 QWEN = (14, 2, 64)                # group 7 (Qwen2.5)
 
@@ -279,5 +383,9 @@ def make_cases() -> list[Case]:
     cases += [matvec_case(name, seed=70 + i) for i, name in enumerate(later)]
     cases += [matmul_case(name, t=21, seed=77 + i) for i, name in enumerate(("IQ2_S", "IQ1_M", "Q1_0"))]
     cases += [get_rows_case(name, 1.0, seed=80 + i) for i, name in enumerate(("IQ3_S", "IQ1_S", "Q2_0"))]
+    # Qwen3.5's delta-net layer: its conv (the silu mode) and its recurrence, a prefill chunk and a decode step
+    cases += [shortconv_case(t=5, pos=9, n=200, stride=237, l_cache=4, ring=9, seed=90),
+              deltanet_case(n_k=2, n_v=4, S=32, t=5, pos=7, seed=91),
+              deltanet_case(n_k=2, n_v=2, S=128, t=1, pos=20, seed=92)]
     assert len({c.name for c in cases}) == len(cases)
     return cases

@@ -19,6 +19,7 @@ from lab import gpu
 from lab.format.ggml import BY_NAME
 from lab.ops import make_step, step_bytes
 from lab.ops.attention import attention, kv_write
+from lab.ops.deltanet import deltanet
 from lab.ops.embed import get_rows
 from lab.ops.glu import glu
 from lab.ops.matmul import i8_scratch_bytes, matmul, matmul_i8, matvec
@@ -26,6 +27,7 @@ from lab.ops.norm import rms_norm
 from lab.ops.rope import rope
 from lab.ops.rows import Rows
 from lab.ops.sample import argmax, top_k
+from lab.ops.shortconv import shortconv
 from lab.ops.softmax import softmax
 from lab.ops.weights import alloc_weight, upload_weight
 
@@ -150,9 +152,31 @@ def _top_k(dev, kernels, step, c: _Case):
                  rows=Rows.fixed(c["rows"]))
 
 
+def _shortconv(dev, kernels, step, c: _Case):
+    """src [t, stride], w [n, l_cache], state [ring, n] -> y [t, n] = the conv in the case's mode ("gated" or "silu"),
+    and the state ring rewritten in place (read back as "state")."""
+    n, ring = c["n"], c["ring"]
+    ops = shortconv(dev, kernels, c.input("src"), c.input("w"), c.input("state"), c.output("y", 4 * c["t"] * n), step,
+                    n=n, l_cache=c["l_cache"], ring=ring, mode=c.case.get("mode", "gated"), stride=c.case.get("stride"))
+    c.read_back("state", 4 * ring * n)
+    return ops
+
+
+def _deltanet(dev, kernels, step, c: _Case):
+    """proj [t, proj_stride], conv [t, 2K + n_v S], dt_bias and ssm_a [n_v], norm_w [S], state [n_v, S, S] ->
+    out [t, n_v S], and the state rewritten in place (read back as "state")."""
+    nv, S = c["n_v_heads"], c["head_dim"]
+    ops = deltanet(dev, kernels, c.input("proj"), c.input("conv"), c.input("dt_bias"), c.input("ssm_a"),
+                   c.input("norm_w"), c.input("state"), c.output("out", 4 * c["t"] * nv * S), step,
+                   n_k_heads=c["n_k_heads"], n_v_heads=nv, head_dim=S, proj_stride=c["proj_stride"],
+                   z_offset=c["z_offset"], beta_offset=c["beta_offset"], alpha_offset=c["alpha_offset"], eps=c["eps"])
+    c.read_back("state", 4 * nv * S * S)
+    return ops
+
+
 BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows,
             "rms_norm": _rms_norm, "rope": _rope, "attention": _attention, "softmax": _softmax, "glu": _glu,
-            "argmax": _argmax, "top_k": _top_k}
+            "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet}
 
 
 async def run(device: gpu.Device, kernels, case: dict) -> dict:

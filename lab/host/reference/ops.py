@@ -94,3 +94,55 @@ def argmax(x) -> int | np.ndarray:
     ok = np.isfinite(v)
     i = np.where(ok.any(axis=-1), np.where(ok, v, -np.inf).argmax(axis=-1), NONE)
     return int(i) if i.ndim == 0 else i
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """ggml's op_sigmoid: 1 / (1 + exp(-x))."""
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """ggml's op_softplus: log(1 + exp(x)), and x itself past 20 (where the two agree in float32)."""
+    with np.errstate(over="ignore"):
+        return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """qwen35's build_gdn_l2_norm over the last axis: rms_norm(x, eps / n) / sqrt(n) = x / sqrt(sum(x^2) + eps)."""
+    ss = np.sum(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    return x * (1.0 / np.sqrt(ss + eps)).astype(x.dtype)
+
+
+def causal_conv(seq: np.ndarray, w: np.ndarray, t: int) -> np.ndarray:
+    """ggml_ssm_conv: out[j] = sum_i w[:, i] * seq[j + i] for the t outputs of seq [taps - 1 + t, channels] (the
+    state's rows, then the step's); w [channels, taps], the last tap on the token itself; summed in tap order."""
+    out = seq[0:t] * w[:, 0]
+    for i in range(1, w.shape[1]):
+        out = out + seq[i:i + t] * w[:, i]
+    return out
+
+
+def gated_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                     state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_gated_delta_net (llama.cpp's fused op, token by token as its CPU loop runs): for each token j and value
+    head h (key head h % n_k_heads, ggml's broadcast of q and k over the value heads):
+        S_h <- exp(g[j, h]) * S_h
+        d   <- beta[j, h] * (v[j, h] - S_h^T k)          (S_h [d_k, d_v]: row r a key index, column c a value index)
+        S_h <- S_h + k d^T
+        o[j, h] = S_h^T q / sqrt(d_k)
+    q, k [t, n_k_heads, d_k] (already L2-normed), v [t, n_v_heads, d_v], g and beta [t, n_v_heads], state
+    [n_v_heads, d_k, d_v] (not modified). Returns (o [t, n_v_heads, d_v], the new state)."""
+    s = state.copy()
+    t, n_v = v.shape[0], v.shape[1]
+    n_k, d_k = q.shape[1], q.shape[2]
+    scale = q.dtype.type(1.0 / np.sqrt(d_k))
+    o = np.empty_like(v)
+    for j in range(t):
+        for h in range(n_v):
+            kh, qh = k[j, h % n_k], q[j, h % n_k]
+            s[h] *= np.exp(g[j, h]).astype(s.dtype)
+            d = (v[j, h] - kh @ s[h]) * beta[j, h]
+            s[h] += np.outer(kh, d)
+            o[j, h] = (qh @ s[h]) * scale
+    return o, s
