@@ -10,9 +10,12 @@ Per step the CPU writes only the step uniform (position, token count) and, for p
 token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
 the ids buffer, so the following decode step needs no write of it).
 
-A KV cache can be stepped from any position it holds; lfm2's conv states cannot: each holds the B*x rows of the
-latest positions (a ring of conv_ring rows, lab/engine/scratch.py). The engine keeps the span of positions they hold
-(`held`), refuses a step that would read rows they do not hold, and says where a step may start (`can_resume`).
+A KV cache can be stepped from any position it holds; the conv states (lfm2, qwen35) cannot: each holds the inputs of
+the latest positions (a ring of conv_ring rows, lab/engine/scratch.py). qwen35's recurrent states hold the sum of
+every token so far: only the position they were left at, or a snapshot's (`snapshot=` of `step`). The engine keeps
+the span of positions the live states hold (`held`) and the snapshots' (`snaps`), refuses a step that would read
+what they do not hold, restores a snapshot when a step starts at its position, and says where a step may start
+(`resume_point`).
 
 What it does not know: text (lab.text.tokenizer), turns and KV reuse (lab.engine.session), files (`weights.uploads`
 says which file bytes go where; `weights.upload_file` and the browser's JS helper move them).
@@ -28,7 +31,7 @@ from collections.abc import Awaitable
 from lab import gpu, ops
 from lab.engine import budget
 from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
-from lab.engine.scratch import AHEAD, DEFAULT_BATCH, Scratch, conv_ring
+from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring
 from lab.format.gguf import Header
 from lab.format.model import Config, from_gguf, host_tensors, tensor_views
 from lab.gpu.shaders import KernelCache
@@ -90,8 +93,12 @@ class Engine:
         self.int8_prefill = int8_prefill
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
-        # [lo, hi): the positions whose B*x the conv states hold, as the steps run so far left them (lfm2)
+        # [lo, hi): the positions whose inputs the conv states hold, as the steps run so far left them (lfm2, qwen35);
+        # the recurrent states (qwen35) hold the state after position hi - 1
         self.held = (0, 0)
+        # qwen35: per snapshot slot, the `held` of the states it copied (None: empty), and the slot the next one takes
+        self.snaps: list[tuple[int, int] | None] = [None] * SNAPSHOTS
+        self._next_snap = 0
         # every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py):
         # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
         key = (n_ctx, max_batch, logits_all, int8_prefill)
@@ -132,30 +139,69 @@ class Engine:
 
     @property
     def state_buffers(self) -> dict[int, gpu.Buffer]:
-        """{layer: conv state} of lfm2's short-conv layers, each [conv_ring rows, n_embd] f32, row q % rows holding
-        B*x of position q (`held` says which positions)."""
+        """{layer: conv state} of the conv layers (lfm2's short-conv, qwen35's delta-net), each [conv_ring rows,
+        conv_channels] f32, row q % rows holding the conv input of position q (`held` says which positions)."""
         return {il: self.scratch.conv_state[il] for il in self.cfg.conv_layers}
 
-    # -- the conv states (lfm2) ----------------------------------------------------------------------------
+    @property
+    def recurrent_buffers(self) -> dict[int, gpu.Buffer]:
+        """{layer: recurrent state} of qwen35's delta-net layers, each [ssm_v_heads, d_k, d_v] f32 with
+        state[(h d_k + r) d_v + c] = S_h[r][c], the state after position held[1] - 1."""
+        return {il: self.scratch.recurrent[il] for il in self.cfg.delta_layers}
+
+    # -- the conv and recurrent states (lfm2, qwen35) --------------------------------------------------------
     def can_resume(self, pos: int) -> bool:
-        """Whether a step at `pos` finds in the conv states the rows it reads: the l_cache - 1 positions before it,
-        as the steps so far wrote them (before position 0 there is nothing: a step there always can). Without
-        short-conv layers, any position can (a KV cache is read up to pos, whatever lies past it)."""
-        if not self.cfg.shortconv or pos == 0:
+        """Whether a step at `pos` finds what it reads: the conv states' l_cache - 1 rows before it, as the steps so far
+        wrote them, and (qwen35) a recurrent state left at pos, live or in a snapshot. Before position 0 there is
+        nothing: a step there always can; so can any step of a model with a KV cache only (read up to pos, whatever
+        lies past it)."""
+        if not self.cfg.recurrent or pos == 0:
             return True
+        if self.cfg.delta:
+            return any(h is not None and h[1] == pos for h in (self.held, *self.snaps))
         lo, hi = self.held
         return lo <= max(0, pos - (self.cfg.l_cache - 1)) and pos <= hi
 
+    def resume_point(self, n: int) -> int:
+        """The latest position at or before n a step can start from (0 at worst): n itself where the states allow it,
+        else where the live states or a snapshot stand (the positions from there to n run again)."""
+        held = [h[1] for h in (self.held, *self.snaps) if h is not None]
+        return max(p for p in (0, n, *held) if p <= n and self.can_resume(p))
+
     def _advance(self, pos: int, t: int) -> None:
-        """Refuse a step the conv states cannot serve, else record the positions they hold after it: the step's
-        rows are written, and a row of the ring is overwritten by the position `ring` after it."""
-        if not self.cfg.shortconv:
+        """Refuse a step the states cannot serve, restore the snapshot it starts from (qwen35), and record the positions
+        they hold after it: the step's rows are written, and a row of the ring is overwritten by the position `ring`
+        after it. Snapshots of positions past pos belong to another continuation and are dropped."""
+        cfg = self.cfg
+        if not cfg.recurrent:
             return
         if not self.can_resume(pos):
-            raise EngineError(f"a step at position {pos}: the conv states hold positions {self.held[0]}.."
-                              f"{self.held[1] - 1} and cannot be cut back like a KV cache; run from position 0")
+            raise EngineError(f"a step at position {pos}: the conv and recurrent states hold position "
+                              f"{self.held[1]} and cannot be cut back like a KV cache; run from position 0")
+        if cfg.delta:
+            if pos and self.held[1] != pos:
+                slot = next(i for i, h in enumerate(self.snaps) if h is not None and h[1] == pos)
+                self.device.run([], (), self._snapshot_copies(slot, restore=True))
+                self.held = self.snaps[slot]
+            self.snaps = [h if h is not None and h[1] <= pos else None for h in self.snaps]
         lo = 0 if pos == 0 else self.held[0]
-        self.held = (max(lo, pos + t - conv_ring(self.cfg)), pos + t)
+        self.held = (max(lo, pos + t - conv_ring(cfg)), pos + t)
+
+    def _snapshot_copies(self, slot: int, restore: bool = False) -> list[tuple]:
+        """The copies between the live states (every recurrent, then every conv state, in layer order) and snapshot
+        `slot`: into it, or back out of it with restore=True."""
+        out, off, snap = [], 0, self.scratch.snapshots[slot]
+        for buf in (*self.recurrent_buffers.values(), *self.state_buffers.values()):
+            out.append((snap, off, buf, 0, buf.size) if restore else (buf, 0, snap, off, buf.size))
+            off += buf.size
+        return out
+
+    def _take_snapshot(self) -> list[tuple]:
+        """The copies that keep the states as the step being submitted leaves them, in the next slot (round robin)."""
+        slot = self._next_snap
+        self._next_snap = (slot + 1) % SNAPSHOTS
+        self.snaps[slot] = self.held
+        return self._snapshot_copies(slot)
 
     def plan_for(self, batched: bool) -> Plan:
         """The plan the probes and panels build on: prefill, or decode with its split attention."""
@@ -226,22 +272,26 @@ class Engine:
         self.check_ids(ids)
 
     def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,
-             keep: int | None = None, edit=None) -> None:
+             keep: int | None = None, edit=None, snapshot: bool = False) -> None:
         """Submit one step of t tokens at `pos`. ids=None reuses ids[0] (the previous greedy argmax).
         sampled=True ends the step with top-k (read with `top_k`) instead of argmax (read with `argmax`).
         keep=i also copies the argmax to slot i of `kept`, so that several greedy steps can run before
         one read-back (`kept_ids`): each overwrites ids[0].
         edit(plan, t, pos, tail) -> (dispatches, writes): the step run with an experiment's ops in a copy of the plan
-        (lab/instruments/interventions.py `Interventions.editor`); the engine's own plans stay as they are."""
+        (lab/instruments/interventions.py `Interventions.editor`); the engine's own plans stay as they are.
+        snapshot=True: the recurrent and conv states after this step are also copied aside (qwen35; a no-op for other
+        models), so that a later step can start from here (`resume_point`) whatever ran after."""
         t = len(ids) if ids is not None else (t or 1)
         self._check(ids if ids is not None else [0] * t, pos)
         self._advance(pos, t)
         s = self.scratch
-        copies = ()
+        copies = []
         if keep is not None:
             if sampled or not 0 <= keep < AHEAD:
                 raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
             copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
+        if snapshot and self.cfg.delta:
+            copies += self._take_snapshot()
         writes = self.step_writes(ids, pos, t)
         if edit is None:
             self.device.run(self.prepared(t, sampled, pos), writes, copies)

@@ -9,7 +9,11 @@ of dependent kernels, not by bytes (docs/performance.md).
 Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
 the names lab/host/reference/forward.py traces and the panels key their data by. An lfm2 short-conv layer takes the
 place of attention with attn_norm-L, shortconv_bcx-L (in_proj's [B | C | x]), shortconv_y-L (C * conv, out_proj's
-input) and ffn_inp-L; its conv state is read and written by the one shortconv op, in prefill and decode alike.
+input) and ffn_inp-L; its conv state is read and written by the one shortconv op, in prefill and decode alike. A
+qwen35 delta-net layer records attn_norm-L, linear_attn_qkv_mixed-L (the in-projection's q, k, v), conv_output_silu-L,
+final_output-L (the gated norm of the recurrence's output, ssm_out's input) and ffn_inp-L; its conv and recurrent
+states are each read and written by one op. A qwen35 attention layer adds attn_gated-L (the output after its
+sigmoid gate).
 
 What it does not know: files, tokens, sessions. It reads the engine's weights and scratch buffers, and builds ops.
 """
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from lab import gpu, ops
 from lab.engine.scratch import conv_ring
 from lab.ops import attention as attn_ops
-from lab.ops import elementwise, embed, glu, matmul, norm, rope, sample, shortconv
+from lab.ops import deltanet, elementwise, embed, glu, matmul, norm, rope, sample, shortconv
 from lab.ops.rows import Rows
 from lab.settings import MAX_CANDIDATES
 
@@ -118,6 +122,8 @@ class PlanBuilder:
         for il in range(self.cfg.n_layer):
             if self.cfg.is_conv(il):
                 self._shortconv(il)
+            elif self.cfg.is_delta(il):
+                self._delta(il)
             else:
                 self._attention(il)
             self._feed_forward(il)
@@ -165,6 +171,9 @@ class PlanBuilder:
         self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
         self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
         self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
+        if cfg.attn_gate:   # qwen35: times sigmoid of the gate half of each head's Q rows, last in the fused row
+            self.add(elementwise.sigmoid_gate(dev, kernels, s.att, s.qkv, s.step, Q, W, Q + 2 * KV),
+                     f"attn_gated-{il}", s.att, Q)
         # output projection; the residual add is folded into it unless gemma3's post-norm sits between
         if cfg.post_norms:
             self.add(self.mm(b + "attn_output.weight", s.att, s.tmp))
@@ -188,12 +197,35 @@ class PlanBuilder:
                  f"shortconv_y-{il}", s.att, E)
         self.add(self.mm(b + "shortconv.out_proj.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
 
+    def _delta(self, il: int) -> None:
+        """qwen35's gated delta-net layer in place of attention (llama.cpp build_layer_attn_linear): x -> norm -> the
+        in-projection row [q k v | z | beta | alpha] -> silu(conv(q k v)) over the conv state -> the recurrence over
+        the delta-net state (q, k L2-normed; decay from alpha, dt's bias and A; beta's gate), its output RMS-normed and
+        gated by silu(z) (one op) -> ssm_out, added to x."""
+        cfg, s, vec = self.cfg, self.scratch, self.weights.vectors
+        E, C, V, H, W = cfg.n_embd, cfg.conv_channels, cfg.ssm_inner, cfg.ssm_v_heads, cfg.delta_width
+        b = f"blk.{il}."
+        self._add_normed(self.normed_proj(b + "delta_in", b + "attn_norm.weight", s.delta_in, W, None),
+                         f"attn_norm-{il}")
+        self.trace(f"linear_attn_qkv_mixed-{il}", s.delta_in, C, W)
+        self.add(shortconv.shortconv(self.dev, self.kernels, s.delta_in, vec[b + "ssm_conv1d.weight"],
+                                     s.conv_state[il], s.delta_conv, s.step, n=C, l_cache=cfg.l_cache,
+                                     ring=conv_ring(cfg), mode="silu", stride=W, label=f"delta conv {il}"),
+                 f"conv_output_silu-{il}", s.delta_conv, C)
+        self.add(deltanet.deltanet(self.dev, self.kernels, s.delta_in, s.delta_conv, vec[b + "ssm_dt.bias"],
+                                   vec[b + "ssm_a"], vec[b + "ssm_norm.weight"], s.recurrent[il], s.att, s.step,
+                                   n_k_heads=cfg.ssm_k_heads, n_v_heads=H, head_dim=cfg.ssm_head_dim, proj_stride=W,
+                                   z_offset=C, beta_offset=C + V, alpha_offset=C + V + H, eps=cfg.eps,
+                                   label=f"deltanet {il}"),
+                 f"final_output-{il}", s.att, V)
+        self.add(self.mm(b + "ssm_out.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
+
     def _feed_forward(self, il: int) -> None:
         """Layer il's feed-forward block: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down, added to x."""
         cfg, s = self.cfg, self.scratch
         E = cfg.n_embd
         b = f"blk.{il}."
-        self._add_normed(self.normed_proj(b + "gate_up", b + "ffn_norm.weight", s.gate_up, 2 * cfg.n_ff, None),
+        self._add_normed(self.normed_proj(b + "gate_up", b + cfg.ffn_norm, s.gate_up, 2 * cfg.n_ff, None),
                          f"ffn_norm-{il}")
         down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu")
         if down_in is s.h:      # the GLU ran as its own op (prefill; decode's widest FFNs): its output is a site

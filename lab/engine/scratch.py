@@ -1,6 +1,7 @@
 """What the engine keeps between the ops of a step and between steps: the activations, the KV cache of the attention
-layers and the conv state of lfm2's short-conv layers (`Scratch`), and the sizes they are made at (the prefill step's
-rows, the greedy steps run ahead of a read-back, the positions a conv state can step back).
+layers, the conv states of lfm2's short-conv and qwen35's delta-net layers, and the delta-net layers' recurrent states
+with their snapshots (`Scratch`), and the sizes they are made at (the prefill step's rows, the greedy steps run ahead
+of a read-back, the positions a conv state can step back, the snapshots a recurrent state keeps).
 
     Scratch.alloc(device, cfg, n_ctx, B, ...)   every buffer kind CONVERSATION, each with its shape
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from lab import gpu, ops
 from lab.format.model import Config
 from lab.ops import attention as attn_ops
+from lab.ops import deltanet as deltanet_ops
 from lab.ops import matmul as matmul_ops
 from lab.ops import shortconv as shortconv_ops
 from lab.settings import MAX_CANDIDATES
@@ -30,6 +32,13 @@ AHEAD = 8               # greedy decode steps submitted before one read-back (la
 # advance the state past the tokens the session keeps, and the ring lets the next turn step back to them instead of
 # recomputing the conversation. 16 rows of n_embd f32: 64 KB a layer at LFM2-1.2B's 2048.
 REWIND = 2 * AHEAD
+# A recurrent state (qwen35's delta-net) cannot step back at all: it is the sum of every token so far. The session asks
+# for a snapshot after the last step of each submitted block (lab.engine.session), and a turn that ends inside a block
+# resumes from the latest snapshot at or before its end, one block back at most (GreedyAhead has at most the block it
+# reads and the one queued after it in flight): three slots cover the block before, the block read and the block
+# queued. A snapshot copies every recurrent and conv state of the model (LFM2 has no recurrent state: its conv ring's
+# REWIND rows are its snapshot).
+SNAPSHOTS = 3
 
 
 def conv_ring(cfg: Config) -> int:
@@ -63,9 +72,16 @@ class Scratch:
     k_cache: tuple[gpu.Buffer | None, ...]   # per layer [n_ctx, n_head_kv * head_dim]; None for a short-conv layer
     v_cache: tuple[gpu.Buffer | None, ...]
     qkv_width: int              # floats per fused qkv row
-    # lfm2: per layer [conv_ring rows, n_embd] B*x of the latest positions (row q % rows); None for an attention layer
+    # per conv layer [conv_ring rows, conv_channels] the conv input of the latest positions (row q % rows): lfm2's B*x,
+    # qwen35's q, k, v; None for an attention layer
     conv_state: tuple[gpu.Buffer | None, ...] = ()
     bcx: gpu.Buffer | None = None   # [B, 3 n_embd] lfm2's in_proj rows [B | C | x] (None without short-conv layers)
+    # qwen35: per delta-net layer [ssm_v_heads, d_k, d_v] f32, state[(h d_k + r) d_v + c] (None for other layers)
+    recurrent: tuple[gpu.Buffer | None, ...] = ()
+    delta_in: gpu.Buffer | None = None      # [B, delta_width] the delta-net in-projection rows [q k v | z | beta | alpha]
+    delta_conv: gpu.Buffer | None = None    # [B, conv_channels] silu(conv(q k v)), the recurrence's input
+    # SNAPSHOTS copies of (every recurrent state, every conv state) in one buffer each, in layer order (qwen35)
+    snapshots: tuple[gpu.Buffer, ...] = ()
     xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
     xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
 
@@ -73,16 +89,18 @@ class Scratch:
     def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
               int8: bool = False) -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
-        W = cfg.q_dim + 2 * cfg.kv_dim
+        W = cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)   # [q | k | v] (qwen35: | gate)
+        A = max(cfg.q_dim, cfg.ssm_inner)       # attention's output, or a delta-net layer's gated-norm output
         rows = B if logits_all else 1
+        attends = set(cfg.attention_layers)
         kv_bytes = attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv, cfg.head_dim)
         return cls(
             step=ops.make_step(dev, "step"),
             ids=dev.buffer(4 * B, conv, "ids [B] u32"),
             x=dev.buffer(f32 * B * cfg.n_embd, conv, "x residual [B, n_embd]"),
             xn=dev.buffer(f32 * B * cfg.n_embd, conv, "xn normed [B, n_embd]"),
-            qkv=dev.buffer(f32 * B * W, conv, "qkv [B, q + 2 kv]"),
-            att=dev.buffer(f32 * B * cfg.q_dim, conv, "attention out [B, q]"),
+            qkv=dev.buffer(f32 * B * W, conv, "qkv [B, q + 2 kv]" + (" + gate" if cfg.attn_gate else "")),
+            att=dev.buffer(f32 * B * A, conv, "attention out [B, q]"),
             tmp=dev.buffer(f32 * B * cfg.n_embd, conv, "branch out [B, n_embd]") if cfg.post_norms else None,
             gate_up=dev.buffer(f32 * B * 2 * cfg.n_ff, conv, "gate|up [B, 2 n_ff]"),
             h=dev.buffer(f32 * B * cfg.n_ff, conv, "glu out [B, n_ff]"),
@@ -90,19 +108,32 @@ class Scratch:
             logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
             topk=dev.buffer(8 * MAX_CANDIDATES, conv, "top-k pairs [K] (u32, f32)"),
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
-            k_cache=tuple(None if cfg.is_conv(il) else dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]")
+            k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") if il in attends else None
                           for il in range(cfg.n_layer)),
-            v_cache=tuple(None if cfg.is_conv(il) else dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]")
+            v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") if il in attends else None
                           for il in range(cfg.n_layer)),
-            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._conv(dev, cfg, B) if cfg.shortconv else {}))
+            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._conv(dev, cfg, B) if cfg.recurrent else {}))
 
     @staticmethod
     def _conv(dev: gpu.Device, cfg: Config, B: int) -> dict:
-        ring = conv_ring(cfg)
-        return {"conv_state": tuple(dev.buffer(shortconv_ops.state_bytes(cfg.n_embd, ring), gpu.CONVERSATION,
-                                               f"conv state {il} [{ring}, n_embd]") if cfg.is_conv(il) else None
-                                    for il in range(cfg.n_layer)),
-                "bcx": dev.buffer(4 * B * 3 * cfg.n_embd, gpu.CONVERSATION, "bcx [B, 3 n_embd]")}
+        ring, n, conv = conv_ring(cfg), cfg.conv_channels, gpu.CONVERSATION
+        convs = set(cfg.conv_layers)
+        out = {"conv_state": tuple(dev.buffer(shortconv_ops.state_bytes(n, ring), conv,
+                                              f"conv state {il} [{ring}, {n}]") if il in convs else None
+                                   for il in range(cfg.n_layer))}
+        if cfg.shortconv:
+            out["bcx"] = dev.buffer(4 * B * 3 * cfg.n_embd, conv, "bcx [B, 3 n_embd]")
+        if cfg.delta:
+            d, hv = cfg.ssm_head_dim, cfg.ssm_v_heads
+            state = deltanet_ops.state_bytes(hv, d)
+            out["recurrent"] = tuple(dev.buffer(state, conv, f"delta-net state {il} [{hv}, {d}, {d}]")
+                                     if cfg.is_delta(il) else None for il in range(cfg.n_layer))
+            out["delta_in"] = dev.buffer(4 * B * cfg.delta_width, conv, "delta-net in-projection [B, width]")
+            out["delta_conv"] = dev.buffer(4 * B * n, conv, f"delta-net conv out [B, {n}]")
+            size = len(cfg.delta_layers) * state + len(convs) * shortconv_ops.state_bytes(n, ring)
+            out["snapshots"] = tuple(dev.buffer(size, conv, f"state snapshot {i} (recurrent and conv states)")
+                                     for i in range(SNAPSHOTS))
+        return out
 
     @staticmethod
     def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:

@@ -4,7 +4,10 @@ The reuse rule, here and nowhere else (`Session._reuse`): a turn reuses the long
 session has already run (`cached`), at least one prompt token left to run. A KV cache can be cut to any such prefix.
 A conv state (lfm2) cannot: it holds only the inputs of the latest positions (Engine.can_resume), so a turn that
 extends the conversation (or steps back within the ring the engine keeps, as after greedy steps run past the turn's
-end) reuses it, and anything else (an edit further back, a new chat) runs the whole prompt from position 0.
+end) reuses it, and anything else (an edit further back, a new chat) runs the whole prompt from position 0. A
+recurrent state (qwen35) cannot step back at all: the greedy blocks ask the engine for a snapshot after their last
+step, and a turn resumes from the latest snapshot at or before the cached prefix (Engine.resume_point), running the
+few tokens after it again.
 `Result.reused` says how many prompt tokens were not run again.
 
 What it does not know: how the prompt was made (lab.text.chat renders turns into ids) or where the text
@@ -70,8 +73,10 @@ class GreedyAhead:
         return self.ids.pop(0)
 
     def _submit(self, n: int, first: int) -> None:
+        # the states after a block's last step are kept aside (Engine.step snapshot=): the turn may end inside the
+        # block read next, and the steps queued past its end leave the recurrent states beyond the cached tokens
         for i in range(n):
-            self.engine.step(None, first + i, keep=i, edit=self.edit)
+            self.engine.step(None, first + i, keep=i, edit=self.edit, snapshot=i == n - 1)
 
 
 @dataclass
@@ -79,7 +84,7 @@ class Result:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)       # generated ids (an end-of-generation id is not included)
     text: str = ""
-    reused: int = 0             # prompt tokens not run again: their K/V (and the conv states after them) were kept
+    reused: int = 0             # prompt tokens not run again: their K/V (and the conv/recurrent states after them) were kept
     prefilled: int = 0          # prompt tokens run through prefill this turn
     ttft_s: float = 0.0         # time to first token
     prefill_s: float = 0.0
@@ -117,9 +122,9 @@ class Session:
 
     def _reuse(self, prompt: list[int]) -> int:
         """How many leading prompt tokens this turn does not run again (the module's rule): at least one must run, to
-        produce the logits of the next token; and the conv states (lfm2) must hold the inputs just before the rest."""
-        n = min(self.cached_prefix(prompt), len(prompt) - 1)
-        return n if self.engine.can_resume(n) else 0
+        produce the logits of the next token; and the states (lfm2, qwen35) must hold what the rest reads: the
+        latest position at or before that prefix where they do (Engine.resume_point)."""
+        return self.engine.resume_point(min(self.cached_prefix(prompt), len(prompt) - 1))
 
     async def generate(self, prompt: list[int], settings: Settings, max_new: int, on_token=None,
                        should_stop=None, edit=None) -> Result:
@@ -188,7 +193,7 @@ class Session:
         pos = res.reused
         while pos < len(prompt):
             chunk = prompt[pos:pos + eng.max_batch]
-            eng.step(chunk, pos, sampled=not greedy, edit=edit)
+            eng.step(chunk, pos, sampled=not greedy, edit=edit, snapshot=pos + len(chunk) == len(prompt))
             pos += len(chunk)
             self.cached += chunk
         res.prefilled = len(prompt) - res.reused

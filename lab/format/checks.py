@@ -66,7 +66,7 @@ def show(v: object) -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str                     # count | uint | float | bool | str | strings | ints | numbers | counts
+    kind: str                     # count | uint | float | bool | str | strings | ints | numbers | bools | counts
     required: bool = False
     check: Callable[[object], str | None] | None = None   # the reason the value is refused, or None
     archs: tuple[str, ...] = ()   # config keys: the architectures that read it (empty: all)
@@ -94,7 +94,8 @@ def _scalar_type(kind: str, v: object) -> str | None:
     raise AssertionError(kind)
 
 
-_ARRAY_TYPES = {"strings": ({str}, "strings"), "ints": ({int}, "integers"), "numbers": ({int, float}, "numbers")}
+_ARRAY_TYPES = {"strings": ({str}, "strings"), "ints": ({int}, "integers"), "numbers": ({int, float}, "numbers"),
+                "bools": ({bool}, "bools")}
 
 
 def _type_error(kind: str, v: object) -> str | None:
@@ -211,6 +212,16 @@ CONFIG_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "shortconv.l_cache": Rule("count", required=True, archs=("lfm2",)),
     # false for LFM2's bidirectional embedding models (refused by lab.format.model)
     "attention.causal": Rule("bool", archs=("lfm2",)),
+    # qwen35's gated delta-net layers (llama_model_qwen35::load_arch_hparams; their agreement: lab.format.model)
+    "ssm.conv_kernel": Rule("count", required=True, archs=("qwen35",)),     # taps of the conv over q, k, v
+    "ssm.inner_size": Rule("count", required=True, archs=("qwen35",)),      # value heads x head size
+    "ssm.state_size": Rule("count", required=True, archs=("qwen35",)),      # the head size d_k = d_v
+    "ssm.time_step_rank": Rule("count", required=True, archs=("qwen35",)),  # value heads
+    "ssm.group_count": Rule("count", required=True, archs=("qwen35",)),     # key heads
+    "full_attention_interval": Rule("count", archs=("qwen35",)),            # default 4: every 4th layer attends
+    "attention.recurrent_layers": Rule("bools", archs=("qwen35",)),         # per layer, instead of the interval
+    "rope.dimension_sections": Rule("ints", required=True, archs=("qwen35",)),  # the multi-axis RoPE's 4 sections
+    "nextn_predict_layers": Rule("uint", archs=("qwen35",)),     # trailing multi-token-prediction blocks (skipped)
 }
 
 

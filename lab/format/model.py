@@ -14,10 +14,14 @@ appears as its row ranges (`tensor_views`: phi3's attn_qkv as attn_q/attn_k/attn
 GPU still holds one copy. `HOST_TENSORS` are the only tensors whose values Python reads (rope_freqs: n_rot/2
 floats, read before the plans are built, natively from the path, in the browser with one File.slice).
 
-Hybrids (lfm2): `shortconv` says per layer whether it is a short-convolution block (llama.cpp: head_count_kv[il] == 0,
+Hybrids. lfm2: `shortconv` says per layer whether it is a short-convolution block (llama.cpp: head_count_kv[il] == 0,
 `hparams.is_recr`) instead of attention; such a layer has no K/V, and its memory is the conv state (l_cache - 1 rows
-of B*x, `conv_state_bytes`). `FLAT_TENSORS` (the conv kernel, [n_embd, l_cache] f32) are read whole by their kernel
-rather than through the matmuls, so they are uploaded as one flat f32 buffer.
+of B*x, `conv_state_bytes`). qwen35: `delta` says per layer whether it is a gated delta-net layer (linear attention:
+a conv over its q, k, v channels, then a recurrent state of ssm_head_dim x ssm_head_dim per value head,
+`delta_state_bytes`), the others gated full attention (an output gate per head in the second half of each head's Q
+rows: `attn_gate`). `FLAT_TENSORS` (the conv kernels, [channels, l_cache] f32) are read whole by their kernel rather
+than through the matmuls, so they are uploaded as one flat f32 buffer. A qwen35 file's multi-token-prediction blocks
+(`nextn_predict_layers`, after the model's own) are skipped on purpose and said so (`Config.skipped`).
 
 What it does not know: how tensors reach the GPU (lab.engine) or how tokens are made (lab.text.tokenizer).
 """
@@ -27,21 +31,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from lab.format.checks import ModelError, check_config, show
+from lab.format.checks import U32_MAX, ModelError, check_config, show
 from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
 from lab.format.gguf import Header, TensorInfo
 
-ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2")
+ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35")
 # Architectures a user may well bring, refused by name with the reason (anything else: "unsupported architecture").
 REFUSED = {
     "lfm2moe": "LFM2's mixture-of-experts variant (LFM2-8B-A1B): its expert FFN layers (a router and stacked experts "
                "after the dense leading blocks) are not run by this lab; the dense lfm2 models are",
+    "qwen35moe": "Qwen3.5's mixture-of-experts sizes (35B-A3B and up): their routed expert FFNs are not run by this lab; "
+                 "the dense qwen35 models (0.8B to 27B) are",
 }
 NO_ROPE_STEP = {"smollm3": 4}   # llama_model_smollm3::load_arch_hparams: layers 3, 7, ... have no RoPE
-NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2")   # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX
-MAX_L_CACHE = 8     # lfm2: the longest conv a shortconv kernel holds in registers (every release has l_cache = 3)
+# llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates text (one position on every axis) as NEOX does
+NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35")
+MAX_L_CACHE = 8     # the longest conv a shortconv kernel holds in registers (LFM2 releases: 3; Qwen3.5: 4)
 # Tensors (by name within a block) uploaded as one flat f32 buffer that their kernel reads whole (lab.ops.weights).
-FLAT_TENSORS = ("shortconv.conv.weight",)
+FLAT_TENSORS = ("shortconv.conv.weight", "ssm_conv1d.weight")
+MAX_SSM_HEAD = 256  # qwen35: the widest delta-net head the kernel holds (every release: 128)
 GEMMA = ("gemma2", "gemma3")
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
 HOST_TENSORS = ("rope_freqs.weight",)
@@ -80,8 +88,16 @@ class Config:
     fused_gate_up: bool = False     # ffn_up.weight [n_embd, 2 n_ff] = [gate | up] rows, no ffn_gate (phi3)
     no_rope: tuple[bool, ...] = ()  # per layer: True where Q and K are not rotated (smollm3's NoPE layers); () none
     shortconv: tuple[bool, ...] = ()    # per layer: True for lfm2's short-conv blocks (no attention, no KV); () none
-    l_cache: int = 0                    # lfm2: taps of the depthwise causal conv (its state: the last l_cache - 1 rows)
+    l_cache: int = 0                    # taps of the depthwise causal conv (its state: the last l_cache - 1 rows): lfm2's
+                                        # shortconv.l_cache, qwen35's ssm.conv_kernel
     output_norm: str = "output_norm.weight"     # the final norm's tensor (lfm2 stores it as token_embd_norm.weight)
+    ffn_norm: str = "ffn_norm.weight"   # the feed-forward's input norm, within a block (qwen35: post_attention_norm)
+    delta: tuple[bool, ...] = ()        # per layer: True for qwen35's gated delta-net layers; () none
+    ssm_k_heads: int = 0                # qwen35: delta-net key heads (ssm.group_count)
+    ssm_v_heads: int = 0                # qwen35: delta-net value heads (ssm.time_step_rank), a multiple of the key heads
+    ssm_head_dim: int = 0               # qwen35: d_k = d_v of a delta-net head (ssm.state_size)
+    attn_gate: bool = False             # qwen35: each head's Q rows are [q | gate], attention out *= sigmoid(gate)
+    mtp_layers: int = 0                 # qwen35: multi-token-prediction blocks after the n_layer run here (skipped)
 
     def rotates(self, il: int) -> bool:
         """Whether layer il rotates Q and K (every layer but smollm3's NoPE ones)."""
@@ -91,15 +107,57 @@ class Config:
         """Whether layer il is a short-conv block (lfm2) rather than attention."""
         return bool(self.shortconv and self.shortconv[il])
 
+    def is_delta(self, il: int) -> bool:
+        """Whether layer il is a gated delta-net layer (qwen35) rather than attention."""
+        return bool(self.delta and self.delta[il])
+
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers with attention (and a KV cache): every layer but the short-conv blocks."""
-        return tuple(il for il in range(self.n_layer) if not self.is_conv(il))
+        """The layers with attention (and a KV cache): every layer but the short-conv and delta-net ones."""
+        return tuple(il for il in range(self.n_layer) if not (self.is_conv(il) or self.is_delta(il)))
 
     @property
     def conv_layers(self) -> tuple[int, ...]:
-        """The short-conv layers (each with a conv state instead of a KV cache)."""
-        return tuple(il for il in range(self.n_layer) if self.is_conv(il))
+        """The layers with a conv state: lfm2's short-conv blocks and qwen35's delta-net layers."""
+        return tuple(il for il in range(self.n_layer) if self.is_conv(il) or self.is_delta(il))
+
+    @property
+    def delta_layers(self) -> tuple[int, ...]:
+        """qwen35's gated delta-net layers (each with a recurrent state, besides its conv state)."""
+        return tuple(il for il in range(self.n_layer) if self.is_delta(il))
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model keeps anything besides a KV cache between tokens (conv or delta-net states)."""
+        return bool(self.conv_layers)
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of a conv state row: lfm2's B*x (n_embd); qwen35's q, k and v (2 key dims + the value dim)."""
+        if self.delta:
+            return 2 * self.ssm_k_heads * self.ssm_head_dim + self.ssm_inner
+        return self.n_embd
+
+    @property
+    def ssm_inner(self) -> int:
+        """qwen35: the delta-net's value width, value heads x head size (ssm.inner_size)."""
+        return self.ssm_v_heads * self.ssm_head_dim
+
+    @property
+    def delta_width(self) -> int:
+        """qwen35: floats of a delta-net layer's fused in-projection row [q k v | z | beta | alpha]."""
+        return self.conv_channels + self.ssm_inner + 2 * self.ssm_v_heads
+
+    @property
+    def skipped(self) -> list[str]:
+        """What the file holds that this lab leaves out on purpose, one sentence each (the model card shows them)."""
+        if not self.mtp_layers:
+            return []
+        first = self.n_layer
+        blocks = ", ".join(f"blk.{il}" for il in range(first, first + self.mtp_layers))
+        return [f"{self.mtp_layers} multi-token-prediction block{'s' if self.mtp_layers > 1 else ''} ({blocks}): "
+                f"llama.cpp runs it only to draft tokens for speculative decoding; this lab decodes one token at a "
+                f"time, so its tensors are not uploaded"]
 
     @property
     def rope_pairs(self) -> int:
@@ -119,9 +177,13 @@ class Config:
         return 2 * len(self.attention_layers) * self.n_head_kv * self.head_dim * bytes_per_value
 
     def conv_state_bytes(self, bytes_per_value: int = 4) -> int:
-        """What the short-conv layers keep, whatever the context: conv layers x (l_cache - 1) rows x n_embd x bytes
-        per value (the B*x inputs the next token's conv still reads)."""
-        return len(self.conv_layers) * (self.l_cache - 1) * self.n_embd * bytes_per_value
+        """What the conv layers keep, whatever the context: conv layers x (l_cache - 1) rows x channels x bytes per
+        value (the inputs the next token's conv still reads: lfm2's B*x, qwen35's q, k, v)."""
+        return len(self.conv_layers) * (self.l_cache - 1) * self.conv_channels * bytes_per_value
+
+    def delta_state_bytes(self, bytes_per_value: int = 4) -> int:
+        """What qwen35's delta-net layers keep, whatever the context: layers x value heads x d_k x d_v x bytes."""
+        return len(self.delta_layers) * self.ssm_v_heads * self.ssm_head_dim ** 2 * bytes_per_value
 
 
 def from_gguf(header: Header) -> Config:
@@ -139,12 +201,16 @@ def from_gguf(header: Header) -> Config:
     tensors = {t.name: t for t in header.tensors}
     why: dict[str, str] = {}    # Config field -> the keys its size came from, for the messages of check_tensors
     n_embd, n_vocab = _embedding(arch, kv, tensors, why)
-    n_layer = _layers(arch, kv, tensors, why)
+    n_layer, mtp = _layers(arch, kv, tensors, why)
     shortconv, l_cache = _shortconv(arch, kv, n_layer, why)
+    delta, ssm = _delta(arch, kv, n_layer, mtp, why)
+    l_cache = ssm.pop("l_cache", l_cache)
     n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
     n_ff = kv["feed_forward_length"]
     why["n_ff"] = f"{arch}.feed_forward_length = {n_ff}"
     n_rot, rope_scale, rope_base = _rope(arch, kv, head_dim, tensors, why)
+    if arch == "qwen35":
+        _text_sections(kv, n_rot)
     window, sliding, base_local = _sliding(arch, kv, n_layer, rope_base)
     attn_cap, final_cap = _softcaps(arch, kv, window)
     gemma = arch in GEMMA
@@ -161,7 +227,7 @@ def from_gguf(header: Header) -> Config:
         qkv_bias=arch == "qwen2",
         # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
         tied_output=arch == "gemma2" or "output.weight" not in tensors,
-        qk_norm=arch in ("gemma3", "qwen3", "lfm2"), post_norms=gemma, gelu=gemma,
+        qk_norm=arch in ("gemma3", "qwen3", "lfm2", "qwen35"), post_norms=gemma, gelu=gemma,
         embd_scale=math.sqrt(n_embd) if gemma else 1.0,
         attn_scale=_attention_scale(arch, n_layer, n_embd, n_head, head_dim),
         sliding_window=window if any(sliding) else 0,
@@ -175,6 +241,8 @@ def from_gguf(header: Header) -> Config:
         no_rope=tuple((il + 1) % NO_ROPE_STEP[arch] == 0 for il in range(n_layer)) if arch in NO_ROPE_STEP else (),
         shortconv=shortconv, l_cache=l_cache,
         output_norm="token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight",
+        ffn_norm="post_attention_norm.weight" if arch == "qwen35" else "ffn_norm.weight",
+        delta=delta, attn_gate=arch == "qwen35", mtp_layers=mtp, **ssm,
     )
     check_tensors(cfg, header, why)
     return cfg
@@ -233,17 +301,23 @@ def _heads(arch: str, kv: dict, n_embd: int, why: dict[str, str]) -> tuple[int, 
     return n_head, n_head_kv, head_dim
 
 
-def _layers(arch: str, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, str]) -> int:
-    """n_layer, refused when the file cannot hold that many blocks (checked before anything loops over them)."""
+def _layers(arch: str, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, str]) -> tuple[int, int]:
+    """(n_layer, mtp): the blocks run, refused when the file cannot hold that many (checked before anything loops over
+    them), and qwen35's trailing multi-token-prediction blocks (llama.cpp: n_layer() = block_count -
+    nextn_predict_layers), which this lab skips."""
     a = arch + "."
-    n_layer = kv["block_count"]
-    why["n_layer"] = f"{a}block_count = {n_layer}"
+    n_all = kv["block_count"]
+    mtp = kv.get("nextn_predict_layers", 0)
+    if mtp >= n_all:
+        raise ModelError(f"{a}nextn_predict_layers = {mtp}: the file's {a}block_count = {n_all} leaves no block to run")
+    n_layer = n_all - mtp
+    why["n_layer"] = f"{a}block_count = {n_all}" + (f" - {a}nextn_predict_layers = {mtp}" if mtp else "")
     # phi3 fuses q/k/v into one tensor and gate/up into another; an lfm2 conv block has 8 (norm, conv, in, out, FFN)
-    per_block = 6 if arch == "phi3" else 8 if arch == "lfm2" else 9
+    per_block = 6 if arch == "phi3" else 8 if arch == "lfm2" else 11 if arch == "qwen35" else 9
     if per_block * n_layer > len(tensors):
-        raise ModelError(f"{a}block_count = {n_layer} needs at least {per_block * n_layer} tensors ({per_block} a "
+        raise ModelError(f"{a}block_count = {n_all} needs at least {per_block * n_layer} tensors ({per_block} a "
                          f"block); the file has {len(tensors)}")
-    return n_layer
+    return n_layer, mtp
 
 
 def _shortconv(arch: str, kv: dict, n_layer: int, why: dict[str, str]) -> tuple[tuple[bool, ...], int]:
@@ -280,6 +354,72 @@ def _shortconv(arch: str, kv: dict, n_layer: int, why: dict[str, str]) -> tuple[
     why["l_cache"] = f"{a}shortconv.l_cache = {l_cache}"
     why["n_head_kv"] = f"{a}attention.head_count_kv = {show(per_layer)}"
     return tuple(h == 0 for h in per_layer), l_cache
+
+
+def _delta(arch: str, kv: dict, n_layer: int, mtp: int, why: dict[str, str]) -> tuple[tuple[bool, ...], dict]:
+    """(delta, sizes) for qwen35, as llama_model_qwen35::load_arch_hparams reads them: a layer is a gated delta-net
+    layer where attention.recurrent_layers says so (one bool per block, the MTP blocks included and false), else
+    where (il + 1) % full_attention_interval != 0 (default 4); the conv taps, key and value heads and head size from
+    the ssm.* keys. Other architectures: ((), {})."""
+    if arch != "qwen35":
+        return (), {}
+    a = arch + "."
+    if "attention.recurrent_layers" in kv:
+        per_layer = kv["attention.recurrent_layers"]
+        if len(per_layer) != n_layer + mtp:
+            raise ModelError(f"{a}attention.recurrent_layers has {len(per_layer)} items, but {a}block_count = "
+                             f"{n_layer + mtp}: one per block")
+        if any(per_layer[n_layer:]):
+            raise ModelError(f"{a}attention.recurrent_layers = {show(per_layer)}: a multi-token-prediction block "
+                             f"(after layer {n_layer - 1}) must not be recurrent")
+        delta = tuple(per_layer[:n_layer])
+        why["delta"] = f"{a}attention.recurrent_layers = {show(per_layer)}"
+    else:
+        interval = kv.get("full_attention_interval", 4)
+        delta = tuple((il + 1) % interval != 0 for il in range(n_layer))
+        why["delta"] = f"{a}full_attention_interval = {interval}"
+    if all(delta):
+        raise ModelError(f"every layer is a delta-net layer ({why['delta']}); this lab runs qwen35 models with at "
+                         f"least one attention layer")
+    taps, inner, d, v_heads, k_heads = (kv[f"ssm.{k}"] for k in
+                                        ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+    if not 2 <= taps <= MAX_L_CACHE:
+        raise ModelError(f"{a}ssm.conv_kernel = {taps}: must be in 2..{MAX_L_CACHE} (the conv's taps; every Qwen3.5 "
+                         f"release has 4)")
+    if v_heads % k_heads:
+        raise ModelError(f"{a}ssm.time_step_rank = {v_heads} (value heads) is not a multiple of {a}ssm.group_count = "
+                         f"{k_heads} (key heads)")
+    if inner != v_heads * d:
+        raise ModelError(f"{a}ssm.inner_size = {inner} is not {a}ssm.time_step_rank = {v_heads} x {a}ssm.state_size "
+                         f"= {d}: the value width must be the value heads times the head size")
+    if d % 16 or d > MAX_SSM_HEAD:
+        raise ModelError(f"{a}ssm.state_size = {d}: the delta-net kernel takes head sizes that are multiples of 16 up "
+                         f"to {MAX_SSM_HEAD} (every release: 128)")
+    why.update(l_cache=f"{a}ssm.conv_kernel = {taps}", ssm_inner=f"{a}ssm.inner_size = {inner}",
+               ssm_head_dim=f"{a}ssm.state_size = {d}", ssm_v_heads=f"{a}ssm.time_step_rank = {v_heads}",
+               ssm_k_heads=f"{a}ssm.group_count = {k_heads}")
+    return delta, {"l_cache": taps, "ssm_k_heads": k_heads, "ssm_v_heads": v_heads, "ssm_head_dim": d}
+
+
+def _text_sections(kv: dict, n_rot: int) -> None:
+    """qwen35 rotates with IMROPE (ggml_rope_multi): rotary pair i takes the position of the axis its sector says
+    (sector = i % sum(sections): t where sector % 3 == 0 and sector < 3 s_t, h where % 3 == 1 and < 3 s_h, w where
+    % 3 == 2 and < 3 s_w, else the 4th axis, 0 for text). For text, t = h = w = the token's position, so the
+    rotation is NEOX's exactly when every pair falls on t, h or w; a pair on the 4th axis would not rotate at all,
+    which this lab refuses rather than mimics."""
+    key = "qwen35.rope.dimension_sections"
+    sections = kv["rope.dimension_sections"]
+    if len(sections) < 4 or any(not 0 <= s <= U32_MAX for s in sections) or sum(sections[:4]) == 0:
+        raise ModelError(f"{key} = {show(sections)}: four section sizes expected (llama.cpp reads 4)")
+    t, h, w, _e = sections[:4]
+    total = sum(sections[:4])
+    for i in range(n_rot // 2):
+        sector = i % total
+        axis = sector % 3
+        if not ((axis == 0 and sector < 3 * t) or (axis == 1 and sector < 3 * h) or (axis == 2 and sector < 3 * w)):
+            raise ModelError(f"{key} = {show(sections)}: rotary pair {i} of {n_rot // 2} falls on the fourth axis, "
+                             f"which text leaves at position 0; this lab rotates text when every pair takes the "
+                             f"token's position (Qwen3.5 releases: [11, 11, 10, 0] over 64 rotated dims)")
 
 
 def _rope(arch: str, kv: dict, head_dim: int, tensors: dict[str, TensorInfo],
@@ -366,6 +506,9 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         shapes[b + "attn_norm.weight"] = (e,)
+        if cfg.arch == "qwen35":
+            shapes.update(_qwen35_block(cfg, b, il, stored))
+            continue
         if cfg.is_conv(il):     # lfm2's short-conv block in place of attention (llama_model_lfm2::load_arch_tensors)
             shapes.update({b + "shortconv.conv.weight": ("l_cache", e), b + "shortconv.in_proj.weight": (e, "bcx_rows"),
                            b + "shortconv.out_proj.weight": (e, e), b + "ffn_norm.weight": (e,),
@@ -388,6 +531,34 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
         if cfg.post_norms:
             shapes.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
     return shapes
+
+
+def _qwen35_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple[str, ...]]:
+    """A qwen35 block's tensors but attn_norm (llama_model_qwen35::load_block_trunk): a gated delta-net layer (the
+    fused in-projection of q, k, v, the output gate z, beta and alpha, the conv kernel, dt's bias, A (stored as
+    -exp(A_log)), the gated norm and the out-projection) or a gated attention layer (Q rows [q | gate] per head, stored
+    as one tensor; the engine reads each head's two halves as views: tensor_views); post_attention_norm (the FFN's
+    input norm) and the FFN in both."""
+    e, kv, ff = "n_embd", "n_head_kv * head_dim", "n_ff"
+    out: dict[str, tuple[str, ...]] = {}
+    if cfg.is_delta(il):
+        out.update({b + "attn_qkv.weight": (e, "conv_channels"), b + "attn_gate.weight": (e, "ssm_inner"),
+                    b + "ssm_conv1d.weight": ("l_cache", "conv_channels"), b + "ssm_dt.bias": ("ssm_v_heads",),
+                    b + "ssm_a": ("ssm_v_heads",), b + "ssm_beta.weight": (e, "ssm_v_heads"),
+                    b + "ssm_alpha.weight": (e, "ssm_v_heads"), b + "ssm_norm.weight": ("ssm_head_dim",),
+                    b + "ssm_out.weight": ("ssm_inner", e)})
+    else:
+        if stored:
+            out[b + "attn_q.weight"] = (e, "q_gate_rows")
+        else:
+            for h in range(cfg.n_head):
+                out.update({f"{b}attn_q.weight#q{h}": (e, "head_dim"), f"{b}attn_q.weight#g{h}": (e, "head_dim")})
+        out.update({b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv),
+                    b + "attn_output.weight": ("n_head * head_dim", e),
+                    b + "attn_q_norm.weight": ("head_dim",), b + "attn_k_norm.weight": ("head_dim",)})
+    out.update({b + "post_attention_norm.weight": (e,), b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff),
+                b + "ffn_down.weight": (ff, e)})
+    return out
 
 
 def stored_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -413,6 +584,9 @@ def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, Tenso
 
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
+        if cfg.attn_gate and not cfg.is_delta(il):   # qwen35: each head's rows [q | gate], as two views a head
+            split(b + "attn_q.weight", [(f"{b}attn_q.weight#{part}{h}", cfg.head_dim)
+                                        for h in range(cfg.n_head) for part in "qg"])
         if cfg.fused_qkv:
             split(b + "attn_qkv.weight", [(b + "attn_q.weight", cfg.q_dim), (b + "attn_k.weight", cfg.kv_dim),
                                           (b + "attn_v.weight", cfg.kv_dim)])
@@ -433,6 +607,8 @@ def _size(cfg: Config, dim: str) -> int:
         return 2 * cfg.n_ff
     if dim == "bcx_rows":       # lfm2's in_proj: [B | C | x], n_embd rows each
         return 3 * cfg.n_embd
+    if dim == "q_gate_rows":    # qwen35's attn_q: [q | gate] per head
+        return 2 * cfg.q_dim
     n = 1
     for f in dim.split(" * "):
         n *= getattr(cfg, f)
@@ -478,6 +654,8 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
     for t in header.tensors:
         if t.name not in expected:
             block = t.name.split(".")[1] if t.name.startswith("blk.") else ""
+            if cfg.mtp_layers and block.isdigit() and cfg.n_layer <= int(block) < cfg.n_layer + cfg.mtp_layers:
+                continue    # a multi-token-prediction block: skipped on purpose (Config.skipped says so)
             extra = f" ({layers})" if block.isdigit() and int(block) >= cfg.n_layer else ""
             raise ModelError(f"tensor {t.name} is not one a {cfg.arch} model reads here{extra}: refused rather "
                              f"than ignored")

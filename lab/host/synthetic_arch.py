@@ -109,11 +109,25 @@ SPECS: dict[str, ArchSpec] = {
     # blocks and 2 GQA attention layers, with n_head x head_dim = n_embd as lfm2 needs
     "lfm2": ArchSpec("lfm2", "smollm2", 6, 4, 2, 64, 512, tied=True, kv_per_layer=(0, 0, 2, 0, 0, 2),
                      extra={"rope.freq_base": 1000000.0, "context_length": 128000, "shortconv.l_cache": 3}),
+    # Qwen3.5-shaped (0.8B / 2B config.json: gated delta-net layers with a full-attention layer every 4th, 16 key and
+    # 16 value heads of 128, conv kernel 4; attention 8 query heads over 2 KV heads of 256 with an output gate, 25% of
+    # each head rotated by IMROPE with sections [11, 11, 10], rope_theta 1e7, rms eps 1e-6, tied embeddings): 6 layers
+    # with an interval of 3 (layers 2 and 5 attend: a recurrent layer after an attention layer, and the key other
+    # than the default), 2 key heads under 4 value heads (the broadcast of q and k over value heads), heads of 64
+    # (value width 256: whole K-quant blocks for ssm_out), attention 4 query heads over 1 KV head of 64 with 16 rotated
+    # dims in sections [3, 3, 2, 0]
+    "qwen35": ArchSpec("qwen35", "qwen2.5", 6, 4, 1, 64, 512, tied=True,
+                       extra={"rope.freq_base": 10000000.0, "context_length": 262144, "attention.key_length": 64,
+                              "attention.value_length": 64, "rope.dimension_count": 16,
+                              "rope.dimension_sections": [3, 3, 2, 0], "full_attention_interval": 3,
+                              "ssm.conv_kernel": 4, "ssm.state_size": 64, "ssm.group_count": 2,
+                              "ssm.time_step_rank": 4, "ssm.inner_size": 256}),
 }
 
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
            "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
-           "ffn_down": ("Q4_K", "Q6_K"), "shortconv_in_proj": "Q4_K", "shortconv_out_proj": "Q4_K"}
+           "ffn_down": ("Q4_K", "Q6_K"), "shortconv_in_proj": "Q4_K", "shortconv_out_proj": "Q4_K",
+           "attn_gate": "Q4_K", "ssm_out": "Q4_K"}
 # Type mixes: role -> type, or (type, type of the first and last layers) as llama.cpp's _M mixes give
 # attn_v and ffn_down more bits there. Mixes whose types the kernels do not read yet are left out by
 # `mixes()`, so adding a type to lab.format.ggml.KERNEL_TYPES adds its variant.
@@ -203,6 +217,9 @@ def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]
     for il in range(spec.n_layer):
         b = f"blk.{il}."
         out.append((b + "attn_norm.weight", "norm", (e,), 0.0))
+        if spec.arch == "qwen35":
+            out += _qwen35_block(spec, b, il)
+            continue
         if spec.kv_per_layer and spec.kv_per_layer[il] == 0:
             # the short-conv block: the depthwise kernel [n_embd, l_cache] (F32 in every mix: rows of 3 values are no
             # quant block), in_proj to [B | C | x], out_proj
@@ -238,6 +255,38 @@ def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]
     return out
 
 
+def _qwen35_block(spec: ArchSpec, b: str, il: int) -> list[tuple[str, str, tuple[int, ...], float]]:
+    """A qwen35 block after attn_norm, in llama.cpp's names: a gated delta-net layer unless (il + 1) is a multiple of
+    full_attention_interval, then gated attention (attn_q's rows [q | gate] per head); post_attention_norm and the FFN.
+    ssm_a is A = -exp(A_log) (negative: a decay), ssm_dt.bias dt's bias; the conv kernel F32 in every mix."""
+    x = spec.extra
+    e, hd, ff = spec.n_embd, spec.head_dim, spec.n_ff
+    d, hk, hv, taps = x["ssm.state_size"], x["ssm.group_count"], x["ssm.time_step_rank"], x["ssm.conv_kernel"]
+    out: list[tuple[str, str, tuple[int, ...], float]] = []
+    if (il + 1) % x["full_attention_interval"]:
+        conv = 2 * hk * d + hv * d
+        out += [(b + "attn_qkv.weight", "attn_qkv", (conv, e), 1.0 / np.sqrt(e)),
+                (b + "attn_gate.weight", "attn_gate", (hv * d, e), 1.0 / np.sqrt(e)),
+                (b + "ssm_conv1d.weight", "shortconv_conv", (conv, taps), 1.0 / np.sqrt(taps)),
+                (b + "ssm_dt.bias", "ssm_dt", (hv,), 1.0),
+                (b + "ssm_a", "ssm_a", (hv,), 0.5),
+                (b + "ssm_beta.weight", "ssm_beta", (hv, e), 1.0 / np.sqrt(e)),
+                (b + "ssm_alpha.weight", "ssm_alpha", (hv, e), 1.0 / np.sqrt(e)),
+                (b + "ssm_norm.weight", "norm", (d,), 0.0),
+                (b + "ssm_out.weight", "ssm_out", (e, hv * d), 1.0 / np.sqrt(hv * d))]
+    else:
+        q, kv = spec.n_head * hd, spec.n_head_kv * hd
+        out += [(b + "attn_q.weight", "attn_q", (2 * q, e), 1.0 / np.sqrt(e)),
+                (b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
+                (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)),
+                (b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)),
+                (b + "attn_q_norm.weight", "norm", (hd,), 0.0), (b + "attn_k_norm.weight", "norm", (hd,), 0.0)]
+    return out + [(b + "post_attention_norm.weight", "norm", (e,), 0.0),
+                  (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
+                  (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
+                  (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff))]
+
+
 def file_name(name: str, mix: str) -> str:
     return f"synthetic-{name}-{mix}.gguf"
 
@@ -267,7 +316,10 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     for k, v in spec.extra.items():
-        (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"{a}.{k}", v)
+        if isinstance(v, list):
+            w.add_array(f"{a}.{k}", v)
+        else:
+            (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"{a}.{k}", v)
     for k, f in tok:
         vt = f.types[0]
         value = spec.overrides.get(k, f.contents())
@@ -282,6 +334,10 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
             continue
         if role == "rope_freqs":
             w.add_tensor(tname, llama3_factors(shape[0] * 2, float(spec.extra["rope.freq_base"])))
+            continue
+        if role in ("ssm_a", "ssm_dt"):     # A = -exp(A_log): every value a decay; dt's bias about N(0, 1)
+            v = rng.standard_normal(shape)
+            w.add_tensor(tname, (-np.exp(std * v) if role == "ssm_a" else std * v).astype(np.float32))
             continue
         ttype = "F32" if role == "shortconv_conv" else _type_for(mix, role, il, spec.n_layer)
         if ttype in ("F32", "Q8_0"):

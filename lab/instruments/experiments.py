@@ -94,14 +94,15 @@ class Experiments:
     # -- the cache kept aside ----------------------------------------------------------------------------------
     @asynccontextmanager
     async def kept(self, session):
-        """Run an experiment with the chat's cached K/V rows, and the conv states of lfm2's short-conv layers (whole:
-        a ring of a few rows), copied aside and back (GPU copies, no read-back), and the engine's account of the
-        positions those states hold put back as it was."""
+        """Run an experiment with the chat's cached K/V rows, the conv states (whole: a ring of a few rows) and
+        qwen35's recurrent states copied aside and back (GPU copies, no read-back), and the engine's account of the
+        positions those states and their snapshots hold put back as it was (the experiment's steps take no
+        snapshot, so the snapshot buffers stay as the chat left them)."""
         eng = self.engine
         n = len(session.cached) if session is not None else 0
         pairs = []              # (the engine's buffer, its copy, bytes)
         owner = object()
-        held = eng.held
+        held, snaps = eng.held, list(eng.snaps)
         if n:
             size = 4 * n * self.cfg.kv_dim
             with self.device.owning(owner):
@@ -109,14 +110,15 @@ class Experiments:
                     for name, buf in (("k", k), ("v", v)):
                         pairs.append((buf, self.device.buffer(size, gpu.CONVERSATION,
                                                               f"experiment.kept {name} cache {il} [{n}, kv]"), size))
-                for il, buf in eng.state_buffers.items():
-                    pairs.append((buf, self.device.buffer(buf.size, gpu.CONVERSATION,
-                                                          f"experiment.kept conv state {il}"), buf.size))
+                for what, states in (("conv", eng.state_buffers), ("recurrent", eng.recurrent_buffers)):
+                    for il, buf in states.items():
+                        pairs.append((buf, self.device.buffer(buf.size, gpu.CONVERSATION,
+                                                              f"experiment.kept {what} state {il}"), buf.size))
             self.device.run([], (), [(src, 0, dst, 0, size) for src, dst, size in pairs])
         try:
             yield
         finally:
-            eng.held = held
+            eng.held, eng.snaps = held, snaps
             if n:
                 self.device.run([], (), [(dst, 0, src, 0, size) for src, dst, size in pairs])
                 self.device.free(owner)

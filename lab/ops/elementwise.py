@@ -1,5 +1,5 @@
 """Elementwise builders the forward pass uses (wgsl/elementwise.wgsl): a bias added into a slice of fused rows,
-the copy of the step's last row for the output head, and the final logit soft-cap.
+the copy of the step's last row for the output head, the final logit soft-cap, and qwen35's attention output gate.
 
 Each op covers `n` features of each of the step's t tokens (t read from the step buffer). An op whose output
 is one of its inputs runs an in-place entry (one read_write binding), since WebGPU refuses a buffer bound
@@ -50,3 +50,16 @@ def softcap(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n: int
     k = kernels.get("elementwise", "softcap_to", WG=WG)
     return [Op(k, device.bind(k, [x, params, step], "softcap_to"),
                lambda t: groups_1d(max(1, (rows or t) * n), WG, max_dim))]
+
+
+def sigmoid_gate(device: gpu.Device, kernels, x: gpu.Buffer, gate: gpu.Buffer, step: gpu.Buffer, n: int,
+                 stride: int, offset: int) -> list[Op]:
+    """x[j, :n] *= sigmoid(gate[j, offset:offset+n]) for each of the step's t rows (x rows of n floats, gate rows of
+    `stride`): qwen35's attention output gate, the second half of its Q projection, applied before attn_output."""
+    if x is gate:
+        raise ValueError("sigmoid_gate: the gate must be a buffer other than x")
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(PARAMS.pack(n, 1.0, stride, offset), "gate.params")
+    k = kernels.get("elementwise", "gate_to", WG=WG)
+    return [Op(k, device.bind(k, [x, params, step, gate], "gate_to"),
+               lambda t: groups_1d(max(1, t * n), WG, max_dim))]

@@ -123,7 +123,8 @@ class ModelWeights:
               (lab.format.model.FLAT_TENSORS: lfm2's conv kernel [n_embd, l_cache]).
     stacked:  projections that read the same input, run as one matvec/matmul over their rows stacked:
               stacked["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...] (a short-conv layer's
-              in_proj alone as stacked["blk.N.in_proj"], so it takes the same normed projection); with qkv biases,
+              in_proj alone as stacked["blk.N.in_proj"], so it takes the same normed projection; a delta-net layer's
+              four input projections as stacked["blk.N.delta_in"]: `_mixer`); with qkv biases,
               vectors["blk.N.attn_qkv.bias"] holds the three side by side, as the fused row [q | k | v] needs.
     The stacked rows are the only copy of those tensors (never a second one)."""
 
@@ -137,10 +138,9 @@ class ModelWeights:
         fused = set()
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
-            mixer = ("in_proj", ("shortconv.in_proj",)) if cfg.is_conv(il) else ("qkv", ("attn_q", "attn_k", "attn_v"))
-            for key, names in (mixer, ("gate_up", ("ffn_gate", "ffn_up"))):
-                self.stacked[b + key] = self._stack([f"{b}{n}.weight" for n in names])
-                fused.update(f"{b}{n}.weight" for n in names)
+            for key, names in (self._mixer(cfg, il), ("gate_up", ("ffn_gate.weight", "ffn_up.weight"))):
+                self.stacked[b + key] = self._stack([b + n for n in names])
+                fused.update(b + n for n in names)
             if cfg.qkv_bias:
                 names = [f"{b}attn_{n}.bias" for n in "qkv"]
                 buf = device.buffer(4 * cfg.q_dim + 8 * cfg.kv_dim, gpu.WEIGHTS, b + "attn_qkv.bias")
@@ -164,6 +164,21 @@ class ModelWeights:
                 self.matrices[name] = w
                 for part, off, size in placements(w):
                     self.uploads.append(Upload(name, t.offset + off, size, part.buffer))
+
+    @staticmethod
+    def _mixer(cfg, il: int) -> tuple[str, tuple[str, ...]]:
+        """(stacked key, tensor names within the block) of layer il's input projections, in output-column order:
+        lfm2's short-conv in_proj [B | C | x]; qwen35's delta-net in-projection row [q k v | z | beta | alpha]; an
+        attention layer's [q | k | v], where qwen35's Q heads come first and their output gates last (each head's
+        two halves are views of attn_q: lab.format.model.tensor_views), so the row is [q | k | v | gate]."""
+        if cfg.is_conv(il):
+            return "in_proj", ("shortconv.in_proj.weight",)
+        if cfg.is_delta(il):
+            return "delta_in", ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight")
+        if cfg.attn_gate:
+            return "qkv", (*(f"attn_q.weight#q{h}" for h in range(cfg.n_head)), "attn_k.weight", "attn_v.weight",
+                           *(f"attn_q.weight#g{h}" for h in range(cfg.n_head)))
+        return "qkv", ("attn_q.weight", "attn_k.weight", "attn_v.weight")
 
     def _stack(self, names: list[str]) -> list[tuple[Weight, int]]:
         """Runs of consecutive tensors of one type, each run allocated as one weight of stacked rows.

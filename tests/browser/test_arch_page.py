@@ -101,3 +101,15 @@ def test_smollm3_in_the_page_and_its_layers_without_rope(browser, server_url):
         page.select_option('[data-testid="rope-layer"]', "6")
         page.wait_for_function("!document.querySelector('[data-testid=rope-fetch]').disabled")
         assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+def test_qwen35_in_the_page_is_llama_cpps(browser, server_url):
+    """Qwen3.5's gated delta-net layers (conv and recurrent state, one dispatch each for the whole prefill chunk) and
+    gated attention layers run in the page's worker as natively: greedy ids and logits against llama.cpp."""
+    path = synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
+    with open_lab(browser, server_url) as lab:
+        lab.wait_ready()
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+        _held_to_llama_cpp(lab.page, "qwen35", positions={1, 16, 24})
+        assert lab.errors() == [] and lab.foreign_requests() == []

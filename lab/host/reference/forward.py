@@ -59,7 +59,21 @@ from pathlib import Path
 
 import numpy as np
 
-from lab.host.reference.ops import argmax, gelu_tanh, rms_norm, rope, silu, softcap, softmax, visible
+from lab.host.reference.ops import (
+    argmax,
+    causal_conv,
+    gated_delta_rule,
+    gelu_tanh,
+    l2_norm,
+    rms_norm,
+    rope,
+    sigmoid,
+    silu,
+    softcap,
+    softmax,
+    softplus,
+    visible,
+)
 from lab.host.reference.weights import Hparams, Weights
 
 
@@ -89,8 +103,15 @@ class Reference:
         hp = self.hp
         self._k = [np.zeros((hp.n_head_kv, 0, hp.head_dim), self.dtype) for _ in range(hp.n_layer)]
         self._v = [np.zeros((hp.n_head_kv, 0, hp.head_dim_v), self.dtype) for _ in range(hp.n_layer)]
-        # lfm2: per short-conv layer the last l_cache - 1 rows of B*x, [l_cache - 1, n_embd]; zero before position 0
-        self._conv = [np.zeros((max(hp.l_cache - 1, 0), hp.n_embd), self.dtype) for _ in range(hp.n_layer)]
+        # per conv layer the last l_cache - 1 rows of the conv's input, zero before position 0: lfm2's B*x
+        # [l_cache - 1, n_embd], qwen35's q, k, v [l_cache - 1, 2 key dims + value dims]
+        channels = hp.n_embd
+        if hp.delta_layers:
+            channels = (2 * hp.ssm_k_heads + hp.ssm_v_heads) * hp.ssm_head_dim
+        self._conv = [np.zeros((max(hp.l_cache - 1, 0), channels), self.dtype) for _ in range(hp.n_layer)]
+        # qwen35: per delta-net layer the recurrent state [v heads, d_k, d_v], zero before position 0
+        d = hp.ssm_head_dim
+        self._state = [np.zeros((hp.ssm_v_heads, d, d), self.dtype) for _ in range(hp.n_layer)]
         self.n_past = 0
 
     def _cb(self, name: str, x: np.ndarray) -> np.ndarray:
@@ -158,12 +179,12 @@ class Reference:
         start = 0 if start_pos is None else int(start_pos)
         if start > self.n_past:
             raise ValueError(f"forward: start_pos {start} is past the cache ({self.n_past} positions)")
-        if any(map(hp.is_conv, range(hp.n_layer))):
+        if any(hp.is_conv(il) or hp.is_delta(il) for il in range(hp.n_layer)):
             if start == 0:
                 self.reset()
             elif start != self.n_past:
-                # a conv state holds the inputs just before n_past: it cannot be cut back like a KV cache
-                raise ValueError(f"forward: lfm2 continues at {self.n_past} or starts at 0, not at {start}")
+                # a conv or recurrent state holds what came before n_past: it cannot be cut back like a KV cache
+                raise ValueError(f"forward: {hp.arch} continues at {self.n_past} or starts at 0, not at {start}")
         self._trace_on = trace
         if trace:
             self.trace = {}
@@ -185,6 +206,9 @@ class Reference:
             if hp.is_conv(il):
                 x = self._feed_forward(il, self._cb(f"ffn_inp-{il}", self._shortconv(il, cur) + inp))
                 continue
+            if hp.is_delta(il):
+                x = self._feed_forward(il, self._cb(f"ffn_inp-{il}", self._delta(il, cur) + inp))
+                continue
 
             if f"blk.{il}.attn_qkv.weight" in self.w:      # phi3: one fused projection, rows [q | k | v]
                 qkv = self._linear(cur, il, "attn_qkv")
@@ -194,6 +218,10 @@ class Reference:
                 q = self._linear(cur, il, "attn_q")
                 k = self._linear(cur, il, "attn_k")
                 v = self._linear(cur, il, "attn_v")
+            if hp.attn_gate:    # qwen35: each head's rows are [q | gate]
+                qg = q.reshape(t, hp.n_head, 2 * hp.head_dim)
+                q = np.ascontiguousarray(qg[:, :, :hp.head_dim]).reshape(t, -1)
+                gate = np.ascontiguousarray(qg[:, :, hp.head_dim:]).reshape(t, -1)
             self._cb(f"Qcur-{il}", q)
             self._cb(f"Kcur-{il}", k)
             self._cb(f"Vcur-{il}", v)
@@ -232,6 +260,8 @@ class Reference:
             o = np.matmul(p, Vr)                                              # [n_head, t, hd_v]
             o = o.transpose(1, 0, 2).reshape(t, hp.n_head * hp.head_dim_v)
             o = self._cb(f"kqv_out-{il}", o)
+            if hp.attn_gate:
+                o = self._cb(f"attn_gated-{il}", o * sigmoid(gate))
             cur = self._linear(o, il, "attn_output")
             self._cb(f"attn_out-{il}", cur)
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
@@ -263,10 +293,37 @@ class Reference:
         y = self._cb(f"shortconv_y-{il}", c * conv)
         return self._cb(f"shortconv_out-{il}", self._mm(y, f"blk.{il}.shortconv.out_proj.weight"))
 
+    def _delta(self, il: int, cur: np.ndarray) -> np.ndarray:
+        """qwen35's gated delta-net layer (build_layer_attn_linear): the projections of q k v, z, beta and alpha; the
+        depthwise causal conv over [state; q k v] (ggml_ssm_conv) and SiLU; q and k L2-normed per head; the
+        recurrence (ggml_gated_delta_net) with g = softplus(alpha + dt_bias) * A and beta = sigmoid(beta); the output
+        RMS-normed per head times silu(z); ssm_out. The conv state becomes the last l_cache - 1 rows of the conv's
+        input, the recurrent state the recurrence's last."""
+        hp, t = self.hp, len(cur)
+        b = f"blk.{il}."
+        d, hk, hv = hp.ssm_head_dim, hp.ssm_k_heads, hp.ssm_v_heads
+        qkv = self._cb(f"linear_attn_qkv_mixed-{il}", self._mm(cur, b + "attn_qkv.weight"))
+        z = self._cb(f"z-{il}", self._mm(cur, b + "attn_gate.weight"))
+        beta = sigmoid(self._mm(cur, b + "ssm_beta.weight"))
+        g = softplus(self._mm(cur, b + "ssm_alpha.weight") + self.w.get(b + "ssm_dt.bias")) * self.w.get(b + "ssm_a")
+        seq = np.concatenate([self._conv[il], qkv], axis=0)             # [l_cache - 1 + t, channels]
+        conv = silu(causal_conv(seq, self.w.get(b + "ssm_conv1d.weight"), t))
+        self._conv[il] = seq[t:].copy()
+        self._cb(f"conv_output_silu-{il}", conv)
+        kd = hk * d
+        q = l2_norm(conv[:, :kd].reshape(t, hk, d), hp.eps)
+        k = l2_norm(conv[:, kd:2 * kd].reshape(t, hk, d), hp.eps)
+        v = conv[:, 2 * kd:].reshape(t, hv, d)
+        o, self._state[il] = gated_delta_rule(q, k, v, g, beta, self._state[il])
+        out = rms_norm(o, self.w.get(b + "ssm_norm.weight"), hp.eps) * silu(z.reshape(t, hv, d))
+        out = self._cb(f"final_output-{il}", out.reshape(t, hv * d))
+        return self._cb(f"linear_attn_out-{il}", self._mm(out, b + "ssm_out.weight"))
+
     def _feed_forward(self, il: int, ffn_inp: np.ndarray) -> np.ndarray:
-        """ffn_norm -> the GLU -> ffn_down, added to ffn_inp (through gemma's post-norm): l_out-il."""
+        """ffn_norm (qwen35: post_attention_norm) -> the GLU -> ffn_down, added to ffn_inp (through gemma's post-norm):
+        l_out-il."""
         hp = self.hp
-        cur = rms_norm(ffn_inp, self._lw(il, "ffn_norm.weight"), hp.eps)
+        cur = rms_norm(ffn_inp, self._lw(il, hp.ffn_norm), hp.eps)
         self._cb(f"ffn_norm-{il}", cur)
         if f"blk.{il}.ffn_gate.weight" in self.w:
             gate = self._linear(cur, il, "ffn_gate")

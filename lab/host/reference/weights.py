@@ -27,7 +27,7 @@ from gguf.quants import dequantize
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
 ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox",
-             "gemma3": "neox", "lfm2": "neox"}
+             "gemma3": "neox", "lfm2": "neox", "qwen35": "neox"}     # qwen35: IMROPE, NEOX's rotation for text
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -130,9 +130,18 @@ class Hparams:
     conv_layers: list[bool] = field(default_factory=list)   # lfm2: True where the layer is a short-conv block
     l_cache: int = 0              # lfm2: the short conv's taps
     output_norm: str = "output_norm.weight"
+    ffn_norm: str = "ffn_norm.weight"
+    delta_layers: list[bool] = field(default_factory=list)  # qwen35: True where the layer is a gated delta-net
+    ssm_k_heads: int = 0          # qwen35: ssm.group_count
+    ssm_v_heads: int = 0          # qwen35: ssm.time_step_rank
+    ssm_head_dim: int = 0         # qwen35: ssm.state_size (d_k = d_v)
+    attn_gate: bool = False       # qwen35: attn_q rows [q | gate] per head, the output times sigmoid(gate)
 
     def is_conv(self, il: int) -> bool:
         return bool(self.conv_layers and self.conv_layers[il])
+
+    def is_delta(self, il: int) -> bool:
+        return bool(self.delta_layers and self.delta_layers[il])
 
     def rotates(self, il: int) -> bool:
         return not (self.no_rope_step and (il + 1) % self.no_rope_step == 0)
@@ -164,7 +173,8 @@ class Hparams:
         head_dim = int(k("attention.key_length", n_embd // n_head))
         head_dim_v = int(k("attention.value_length", head_dim))
         n_rot = int(k("rope.dimension_count", head_dim))
-        n_layer = int(k("block_count"))
+        # qwen35 files may end with multi-token-prediction blocks: llama.cpp's n_layer() leaves them out of the graph
+        n_layer = int(k("block_count")) - int(k("nextn_predict_layers", 0, required=False) or 0)
         n_vocab = w.shape("token_embd.weight")[0]
         # llama_model::load_hparams: scaling type "linear" when absent; freq_scale = 1/factor (factor from
         # rope.scaling.factor, else rope.scale_linear; 0 means 1); llama_context: type "none" forces 1.
@@ -207,6 +217,24 @@ class Hparams:
             hp.l_cache = int(k("shortconv.l_cache"))
             hp.qk_norm = True
             hp.output_norm = "token_embd_norm.weight"
+        if arch == "qwen35":
+            # llama_model_qwen35::load_arch_hparams + src/models/qwen35.cpp: recurrent (gated delta-net) layers from
+            # attention.recurrent_layers, else every layer but each full_attention_interval-th (default 4); the
+            # ssm.* sizes; attention layers: Q rows [q | gate] per head, q/k norms, IMROPE (for text, every axis at
+            # the token's position: NEOX over rope.dimension_count dims), the output times sigmoid(gate); the FFN
+            # norm is post_attention_norm
+            per_layer = k("attention.recurrent_layers", None, required=False)
+            if per_layer is not None:
+                hp.delta_layers = [bool(x) for x in per_layer[:n_layer]]
+            else:
+                interval = int(k("full_attention_interval", 4, required=False))
+                hp.delta_layers = [(il + 1) % interval != 0 for il in range(n_layer)]
+            hp.l_cache = int(k("ssm.conv_kernel"))
+            hp.ssm_k_heads, hp.ssm_v_heads = int(k("ssm.group_count")), int(k("ssm.time_step_rank"))
+            hp.ssm_head_dim = int(k("ssm.state_size"))
+            hp.qk_norm = True
+            hp.attn_gate = True
+            hp.ffn_norm = "post_attention_norm.weight"
         if arch == "gemma2":
             # src/models/gemma2.cpp + llama_model_gemma2::load_arch_hparams: window 4096 unless the key says,
             # pattern 2 (even layers slide), SWA base defaults to the global one, soft-caps 50 / 30 by
