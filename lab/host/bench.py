@@ -1,7 +1,8 @@
 """`lab bench`: speed measured, never asserted (CPython, native backend).
 
     lab bench MODEL.gguf | --synthetic NAME                     load MB/s, prefill and decode tok/s, TTFT
-                         (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b: lab/host/synthetic.py)
+                         (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, lfm2-350m,
+                          lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b: lab/host/synthetic.py SPECS)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
 
 Decode is timed as the chat loop runs it (lab.engine.session: greedy steps submitted AHEAD at a time, then

@@ -482,6 +482,10 @@ def _bench(args) -> int:
         path = args.model
         if args.synthetic:
             from lab.host import synthetic
+            if args.synthetic not in synthetic.SPECS:
+                print(f"lab bench: --synthetic {args.synthetic!r} is not one of {', '.join(synthetic.SPECS)}",
+                      file=sys.stderr)
+                return 2
             # with the placeholder vocabulary: the same bytes llama.cpp benchmarks (scripts/device_llamacpp.sh)
             path = synthetic.write(args.synthetic, Path(tmp) / f"{args.synthetic}.gguf", vocab=True)
         if args.profile:
@@ -682,10 +686,11 @@ def main(argv: list[str] | None = None) -> int:
                         "page's prefill of the largest prompt up to its step, and decode at the shortest and longest "
                         "turn's context; add --chromium-flag=--enable-webgpu-developer-features, or Chromium rounds "
                         "timestamps to 100 us)")
-    s.add_argument("--synthetic", choices=("smollm2", "qwen2.5", "gemma3", "llama3.2-1b", "llama3.1-8b"),
-                   help="benchmark a random GGUF with this model's exact tensor shapes and types (browser: the "
-                        "cached real model's header and tokenizer over random blocks, lab/host/sameshape.py; "
-                        "the first three only)")
+    s.add_argument("--synthetic", metavar="NAME",
+                   help="benchmark a random GGUF with this model's exact tensor shapes and types, a name of "
+                        "lab/host/synthetic.py's SPECS (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, "
+                        "lfm2-350m, lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b); browser: the cached real model's header and "
+                        "tokenizer over random blocks (lab/host/sameshape.py), the first three only")
     s.add_argument("--backend", choices=("native", "browser", "wllama"), default="native",
                    help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py; wllama: "
                         "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench_wllama.py")

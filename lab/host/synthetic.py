@@ -2,24 +2,40 @@
 random but valid blocks, so benchmarks run on a GPU machine without copying model files there
 (CPython only: numpy and gguf-py's writer).
 
-The per-layer type mix is the real files' own (llama.cpp's Q4_K_M gives some layers more bits).
-The weights are noise: the output is gibberish, the timing is the real model's.
+`SPECS` are the releases `lab bench --synthetic NAME` offers. The first three carry their real files' own per-layer
+type mix; the others (Llama 3.2 1B and 3.1 8B, and the 2026 shelf: SmolLM3-3B, LFM2-350M and 1.2B, Qwen3.5-0.8B and
+2B, each from its published config.json) are Q4_K_M as llama-quantize writes it: every tensor's type chosen by
+`q4_k_m_types`, a port of llama.cpp's rule that tests/engine/test_sameshape_models.py holds to llama-quantize's own
+dry run. `SMALL` are small variants of the new architectures (few layers, n_embd 256, 512 tokens) made by the same
+code, for tests that must load and run them in seconds. The weights are noise: the output is gibberish, the timing is
+the real model's.
 
+Every file's header is read back by the lab (lab.format.model.from_gguf) before a byte of data is written, so a
+spec whose tensors the lab would refuse (missing, misnamed or misshaped for its architecture) fails at once.
 `write(..., vocab=True)` adds a placeholder vocabulary so llama.cpp (which refuses a file without one) loads
 the same file; `lab bench --synthetic` writes it that way too, so both benchmark the same bytes. The tensors are
 written one at a time after the header: peak memory is a small multiple of the largest tensor, not the file
-(0.78 GB resident for the 4.9 GB llama3.1-8b).
+(0.78 GB resident for the 4.9 GB llama3.1-8b). `cached(name)` keeps one under the lab's cache directory.
+
+What it does not know: the tokenizer of any release (the placeholder vocabulary is not one), or how the engine runs
+the file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lab.format import gguf as gguf_header
 from lab.format.ggml import BY_NAME
+from lab.format.model import from_gguf
+from lab.host import models
 from lab.host.reference.quant import RANDOM_CODES, put_iq1_m_d
+from lab.host.synthetic_arch import llama3_factors
 
 
 @dataclass(frozen=True)
@@ -32,33 +48,95 @@ class Spec:
     head_dim: int
     n_ff: int
     n_vocab: int
-    types: dict          # role -> type name, or (type, other type, layers with the other)
-    extra: dict          # metadata beyond the shapes
+    # role -> type name, or (type, other type, layers with the other): a real file's own mix; or "Q4_K_M": each
+    # tensor's type as llama-quantize gives it (q4_k_m_types)
+    types: dict | str
+    extra: dict          # metadata beyond the shapes: float, int (uint32) or list (array) values
     rope_scaling: tuple | None = None   # llama 3's rope_freqs.weight: (factor, low, high, original context)
+    tied: bool = True    # no output.weight: the head is token_embd
+    kv_per_layer: tuple[int, ...] = ()  # lfm2: attention.head_count_kv per layer, 0 for a short-conv block
 
 
-def _use_more_bits(il: int, n_layer: int) -> bool:
-    return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _q4_k_m(n_layer: int, tied: bool) -> dict:
-    # llama.cpp's Q4_K_M for a dense llama (src/llama-quant.cpp, llama_tensor_get_type_impl, as vendored in
-    # llama-cpp-python 0.3.36): every matrix Q4_K (the ftype's default) except output.weight Q6_K (its rows are
-    # whole 256-blocks), token_embd Q6_K when tied (quantized as the output) else Q4_K, and attn_v / ffn_down
-    # Q6_K in the layers where use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2.
-    more = tuple(il for il in range(n_layer) if _use_more_bits(il, n_layer))
-    types = {r: "Q4_K" for r in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")}
-    types.update(attn_v=("Q4_K", "Q6_K", more), ffn_down=("Q4_K", "Q6_K", more))
-    if tied:
-        types["token_embd"] = "Q6_K"
-    else:
-        types.update(token_embd="Q4_K", output="Q6_K")
-    return types
+def _layer(name: str) -> int:
+    return int(name.split(".")[1]) if name.startswith("blk.") else -1
+
+
+def q4_k_m_types(table: list[tuple[str, int, int]], n_layer: int) -> dict[str, str]:
+    """The type llama-quantize gives each tensor (name, rows, cols) of an F32 file asked for Q4_K_M, without an
+    imatrix or overrides, as src/llama-quant.cpp (vendored in llama-cpp-python 0.3.36) decides it:
+    tensor_allows_quantization keeps 1-D tensors, names not ending in "weight", norms and the convs' kernels
+    (shortconv.conv, ssm_conv1d) as they are (F32 here); llama_tensor_get_type_impl gives output.weight, and
+    token_embd when the head is tied, Q6_K (Q8_0 for rows not of whole 256-blocks); attn_v and attn_qkv (the
+    "attention-v-like" tensors: qwen35's delta-net in-projection counts as one) Q6_K where use_more_bits(i, n) for
+    the i-th of the n such tensors, ffn_down Q6_K where use_more_bits(i, n_layer) for the i-th ffn_down; every other
+    matrix Q4_K (the ftype's default). The counters run in the order llama-quantize visits tensors: its
+    weights_map, sorted by block number, then by name. scripts/make_mixed_fixtures.py records what llama-quantize
+    --dry-run says for each spec and tests/engine/test_sameshape_models.py holds this function to it."""
+    order = sorted(table, key=lambda t: (_layer(t[0]), t[0]))
+    tied = not any(name == "output.weight" for name, _, _ in table)
+    v_like = lambda name: "attn_v.weight" in name or "attn_qkv.weight" in name    # noqa: E731
+    n_v = sum(v_like(name) for name, _, _ in table)
+    i_v = i_down = 0
+    out = {}
+    for name, rows, cols in order:
+        if rows == 1 or not name.endswith("weight") or "_norm.weight" in name or "shortconv.conv" in name \
+                or "ssm_conv1d" in name:
+            out[name] = "F32"
+            continue
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            out[name] = "Q6_K" if cols % 256 == 0 else "Q8_0"
+            continue
+        t = "Q4_K"
+        if v_like(name):
+            t = "Q6_K" if _use_more_bits(i_v, n_v) else "Q4_K"
+            i_v += 1
+        elif "ffn_down" in name:
+            t = "Q6_K" if _use_more_bits(i_down, n_layer) else "Q4_K"
+            i_down += 1
+        if cols % 256:
+            # llama.cpp would fall back to a 32-block type (tensor_type_fallback); no spec here has such a matrix
+            raise ValueError(f"{name}: rows of {cols} values are not whole 256-blocks for {t}")
+        out[name] = t
+    return out
 
 
 def _llama3(n_vocab: int, head_dim: int) -> dict:
     return {"general.file_type": 15, "llama.vocab_size": n_vocab, "llama.attention.layer_norm_rms_epsilon": 1e-5,
             "llama.rope.freq_base": 500000.0, "llama.context_length": 131072, "llama.rope.dimension_count": head_dim}
+
+
+def _smollm3(n_vocab: int, head_dim: int) -> dict:
+    return {"general.file_type": 15, "smollm3.vocab_size": n_vocab, "smollm3.attention.layer_norm_rms_epsilon": 1e-6,
+            "smollm3.rope.freq_base": 5000000.0, "smollm3.context_length": 65536,
+            "smollm3.rope.dimension_count": head_dim}
+
+
+def _lfm2(n_vocab: int = 65536) -> dict:
+    return {"general.file_type": 15, "lfm2.vocab_size": n_vocab, "lfm2.attention.layer_norm_rms_epsilon": 1e-5,
+            "lfm2.rope.freq_base": 1000000.0, "lfm2.context_length": 128000, "lfm2.shortconv.l_cache": 3}
+
+
+def _qwen35(ssm_heads: int) -> dict:
+    """Qwen3.5's keys as llama.cpp's converter writes them (conversion/qwen.py: Qwen3NextModel, _Qwen35MRopeMixin):
+    head size 256 as key and value length, rope.dimension_count 64 = 256 x partial_rotary_factor 0.25, the sections
+    [11, 11, 10, 0], the delta-net's heads (ssm.group_count key heads, ssm.time_step_rank value heads) of
+    ssm.state_size 128, ssm.inner_size = value heads x 128, conv kernel 4, full attention every 4th layer."""
+    return {"general.file_type": 15, "qwen35.context_length": 262144,
+            "qwen35.attention.layer_norm_rms_epsilon": 1e-6, "qwen35.rope.freq_base": 10000000.0,
+            "qwen35.attention.key_length": 256, "qwen35.attention.value_length": 256,
+            "qwen35.rope.dimension_count": 64, "qwen35.rope.dimension_sections": [11, 11, 10, 0],
+            "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 128, "qwen35.ssm.group_count": ssm_heads,
+            "qwen35.ssm.time_step_rank": ssm_heads, "qwen35.ssm.inner_size": ssm_heads * 128,
+            "qwen35.full_attention_interval": 4}
+
+
+def _lfm2_kv(n_head_kv: int, attention=(2, 5, 8, 10, 12, 14), n_layer: int = 16) -> tuple[int, ...]:
+    """lfm2.attention.head_count_kv as llama.cpp's converter writes it: the KV heads on attention layers, 0 on conv."""
+    return tuple(n_head_kv if il in attention else 0 for il in range(n_layer))
 
 
 _QWEN_MORE_BITS = (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21)
@@ -72,17 +150,53 @@ SPECS = {
         "token_embd": "Q5_0", "output": "Q8_0", "attn_q": "Q5_0", "attn_k": "Q5_0",
         "attn_v": ("Q5_0", "Q8_0", _QWEN_MORE_BITS), "attn_output": "Q5_0", "ffn_gate": "Q5_0", "ffn_up": "Q5_0",
         "ffn_down": ("Q4_K", "Q6_K", _QWEN_MORE_BITS)},
-        {"qwen2.attention.layer_norm_rms_epsilon": 1e-6, "qwen2.rope.freq_base": 1000000.0, "qwen2.context_length": 32768}),
+        {"qwen2.attention.layer_norm_rms_epsilon": 1e-6, "qwen2.rope.freq_base": 1000000.0, "qwen2.context_length": 32768},
+        tied=False),
     "gemma3": Spec("gemma3", 18, 640, 4, 1, 256, 2048, 262144, {
         "token_embd": "Q8_0", "attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": ("Q5_0", "Q8_0", _GEMMA_MORE_BITS),
         "attn_output": "Q4_K", "ffn_gate": "Q5_0", "ffn_up": "Q5_0", "ffn_down": ("Q4_K", "Q6_K", _GEMMA_MORE_BITS)},
         {"gemma3.attention.layer_norm_rms_epsilon": 1e-6, "gemma3.rope.freq_base": 1000000.0, "gemma3.context_length": 32768, "gemma3.attention.sliding_window": 512,
          "gemma3.attention.key_length": 256, "gemma3.attention.value_length": 256}),
     # Llama 3.2 1B (tied head) and Llama 3.1 8B in Q4_K_M, with their rope_scaling as rope_freqs.weight
-    "llama3.2-1b": Spec("llama", 16, 2048, 32, 8, 64, 8192, 128256, _q4_k_m(16, tied=True), _llama3(128256, 64),
+    "llama3.2-1b": Spec("llama", 16, 2048, 32, 8, 64, 8192, 128256, "Q4_K_M", _llama3(128256, 64),
                         rope_scaling=(32.0, 1.0, 4.0, 8192)),
-    "llama3.1-8b": Spec("llama", 32, 4096, 32, 8, 128, 14336, 128256, _q4_k_m(32, tied=False),
-                        _llama3(128256, 128), rope_scaling=(8.0, 1.0, 4.0, 8192)),
+    "llama3.1-8b": Spec("llama", 32, 4096, 32, 8, 128, 14336, 128256, "Q4_K_M",
+                        _llama3(128256, 128), rope_scaling=(8.0, 1.0, 4.0, 8192), tied=False),
+    # The 2026 shelf, each in Q4_K_M as llama-quantize writes it from the release's own config.json:
+    # SmolLM3-3B (HuggingFaceTB/SmolLM3-3B config.json, as quoted by several ports: hidden_size 2048,
+    # num_hidden_layers 36, num_attention_heads 16, num_key_value_heads 4, head_dim 128, intermediate_size 11008,
+    # vocab_size 128256, rope_theta 5e6, rms_norm_eps 1e-6, max_position_embeddings 65536, tie_word_embeddings true,
+    # no_rope_layer_interval 4: no key, llama.cpp's smollm3 loader fixes the NoPE step at 4)
+    "smollm3": Spec("smollm3", 36, 2048, 16, 4, 128, 11008, 128256, "Q4_K_M", _smollm3(128256, 128)),
+    # LFM2-350M and LFM2-1.2B (LiquidAI config.json: hidden_size 1024 / 2048, num_hidden_layers 16, num_attention_heads
+    # 16 / 32, num_key_value_heads 8, full_attn_idxs [2, 5, 8, 10, 12, 14] (layer_types: the rest "conv"),
+    # conv_L_cache 3, norm_eps 1e-5, rope_theta 1e6, vocab_size 65536, max_position_embeddings 128000, tied
+    # embeddings; block_ff_dim 6656 / 12288 with block_auto_adjust_ff_dim, block_multiple_of 256, multiplier 1.0,
+    # which llama.cpp's converter (conversion/lfm2.py) writes as feed_forward_length 256 * ceil(int(2/3 x) / 256):
+    # 4608 / 8192). Head size 64 = hidden / heads.
+    "lfm2-350m": Spec("lfm2", 16, 1024, 16, 8, 64, 4608, 65536, "Q4_K_M", _lfm2(), kv_per_layer=_lfm2_kv(8)),
+    "lfm2-1.2b": Spec("lfm2", 16, 2048, 32, 8, 64, 8192, 65536, "Q4_K_M", _lfm2(), kv_per_layer=_lfm2_kv(8)),
+    # Qwen3.5-0.8B and Qwen3.5-2B (Qwen config.json, text_config: hidden_size 1024 / 2048, num_hidden_layers 24,
+    # intermediate_size 3584 / 6144, num_attention_heads 8, num_key_value_heads 2, head_dim 256, partial_rotary_factor
+    # 0.25, rope_theta 1e7, mrope_section [11, 11, 10], full_attention_interval 4 (layer_types: three
+    # linear_attention, then full_attention), linear_num_key_heads 16, linear_num_value_heads 16,
+    # linear_key_head_dim = linear_value_head_dim 128, linear_conv_kernel_dim 4, rms_norm_eps 1e-6, vocab_size 248320,
+    # max_position_embeddings 262144, tie_word_embeddings true). Checked: the 0.8B's layers, widths, heads, head size,
+    # rope_theta and vocabulary against apxml.com's and fitmygpu.com's model pages; the 2B's 24 layers against
+    # llama.cpp's qwen35 loader (24 layers: 0.8B at n_embd 1024, else 2B). Not found in a second source: the delta-net
+    # head counts of both and the 2B's attention heads and FFN width (the project's brief gives them). Without the
+    # multi-token-prediction block the checkpoints carry: llama.cpp skips it unless asked to draft with it, and the
+    # lab skips it, so it changes no timing.
+    "qwen3.5-0.8b": Spec("qwen35", 24, 1024, 8, 2, 256, 3584, 248320, "Q4_K_M", _qwen35(16)),
+    "qwen3.5-2b": Spec("qwen35", 24, 2048, 8, 2, 256, 6144, 248320, "Q4_K_M", _qwen35(16)),
+}
+# Small variants of the new architectures, built by the same code (layout, types, header check, blocks) for the tests
+# of the default run: few layers (smollm3: layer 3 without RoPE; lfm2: 4 conv blocks and 2 attention layers; qwen35:
+# 3 delta-net layers and 1 attention layer), n_embd 256, a vocabulary of 512.
+SMALL = {
+    "smollm3-small": Spec("smollm3", 4, 256, 4, 1, 64, 512, 512, "Q4_K_M", _smollm3(512, 64)),
+    "lfm2-small": Spec("lfm2", 6, 256, 4, 2, 64, 512, 512, "Q4_K_M", _lfm2(512), kv_per_layer=_lfm2_kv(2, (2, 5), 6)),
+    "qwen35-small": Spec("qwen35", 4, 256, 2, 1, 256, 512, 512, "Q4_K_M", _qwen35(2)),
 }
 
 # Byte offsets of the f16 scale fields in each block: set to small finite values so every block is valid.
@@ -121,7 +235,7 @@ def _role_type(spec: Spec, role: str, il: int) -> str:
     return t
 
 
-def _add_vocab(w, n_vocab: int) -> None:
+def add_vocab(w, n_vocab: int) -> None:
     """A placeholder SentencePiece vocabulary of n_vocab tokens (<unk>, <s>, </s>, then t3, t4, ...): enough for
     llama.cpp to load the file; not a tokenizer anyone chats with."""
     w.add_tokenizer_model("llama")
@@ -133,47 +247,97 @@ def _add_vocab(w, n_vocab: int) -> None:
     w.add_eos_token_id(2)
 
 
-def tensor_table(spec: Spec) -> list[tuple[str, str, int, int]]:
-    """(name, type, rows, cols) of every tensor in file order; 1-D tensors have rows 1."""
+def _layout(spec: Spec) -> list[tuple[str, str, int, int]]:
+    """(name, role, rows, cols) of every tensor in file order, as llama.cpp's loader of the architecture names and
+    shapes them (cols: ne0, the contiguous row; 1-D tensors have rows 1); role "" for a tensor that is F32 in every
+    file (norms, biases, rope_freqs, the convs' kernels, qwen35's A)."""
     a = spec.arch
     e, q, kv, ff = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim, spec.n_ff
-    out = [("rope_freqs.weight", "F32", 1, spec.head_dim // 2)] if spec.rope_scaling else []
-    out.append(("token_embd.weight", spec.types["token_embd"], spec.n_vocab, e))
-    if "output" in spec.types:
-        out.append(("output.weight", spec.types["output"], spec.n_vocab, e))
-    out.append(("output_norm.weight", "F32", 1, e))
+    out = [("rope_freqs.weight", "", 1, spec.head_dim // 2)] if spec.rope_scaling else []
+    out.append(("token_embd.weight", "token_embd", spec.n_vocab, e))
+    if not spec.tied:
+        out.append(("output.weight", "output", spec.n_vocab, e))
+    # lfm2's final norm is stored under the name of token_embd_norm (llama.cpp: LLM_TENSOR_OUTPUT_NORM_LFM2)
+    out.append(("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", "", 1, e))
     for il in range(spec.n_layer):
         b = f"blk.{il}."
+        if a == "qwen35":
+            out += _qwen35_block(spec, b, il)
+            continue
+        if spec.kv_per_layer and spec.kv_per_layer[il] == 0:
+            # lfm2's short-conv block: the depthwise kernel [n_embd, l_cache], in_proj to [B | C | x], out_proj
+            out += [(b + "attn_norm.weight", "", 1, e),
+                    (b + "shortconv.conv.weight", "", e, spec.extra["lfm2.shortconv.l_cache"]),
+                    (b + "shortconv.in_proj.weight", "shortconv_in_proj", 3 * e, e),
+                    (b + "shortconv.out_proj.weight", "shortconv_out_proj", e, e), (b + "ffn_norm.weight", "", 1, e),
+                    (b + "ffn_gate.weight", "ffn_gate", ff, e), (b + "ffn_up.weight", "ffn_up", ff, e),
+                    (b + "ffn_down.weight", "ffn_down", e, ff)]
+            continue
         for role, rows, cols in (("attn_q", q, e), ("attn_k", kv, e), ("attn_v", kv, e), ("attn_output", e, q),
                                  ("ffn_gate", ff, e), ("ffn_up", ff, e), ("ffn_down", e, ff)):
-            out.append((b + role + ".weight", _role_type(spec, role, il), rows, cols))
+            out.append((b + role + ".weight", role, rows, cols))
         norms = ["attn_norm", "ffn_norm"] + (["post_attention_norm", "post_ffw_norm"] if a == "gemma3" else [])
-        out += [(b + n + ".weight", "F32", 1, e) for n in norms]
+        out += [(b + n + ".weight", "", 1, e) for n in norms]
         if a == "qwen2":
-            out += [(b + role + ".bias", "F32", 1, n) for role, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv))]
-        if a == "gemma3":
-            out += [(b + "attn_q_norm.weight", "F32", 1, spec.head_dim), (b + "attn_k_norm.weight", "F32", 1, spec.head_dim)]
+            out += [(b + role + ".bias", "", 1, n) for role, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv))]
+        if a in ("gemma3", "lfm2"):
+            out += [(b + "attn_q_norm.weight", "", 1, spec.head_dim), (b + "attn_k_norm.weight", "", 1, spec.head_dim)]
     return out
 
 
-def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
-    """Write the synthetic file of spec `name`. vocab: add the placeholder vocabulary llama.cpp needs (the page's
-    chat cannot use it: `lab bench --backend browser` refuses files without a tokenizer and takes the real header
-    instead, lab/host/sameshape.py). The header and tensor table go first, then each tensor's bytes as they are made."""
+def _qwen35_block(spec: Spec, b: str, il: int) -> list[tuple[str, str, int, int]]:
+    """A qwen35 block (llama_model_qwen35::load_block_trunk): a gated delta-net layer where (il + 1) %
+    full_attention_interval != 0, else gated attention (attn_q holds [q | gate] rows per head); both with
+    post_attention_norm (the FFN's input norm) and the FFN."""
+    x = spec.extra
+    e, ff = spec.n_embd, spec.n_ff
+    d, k_heads, v_heads = (x[f"qwen35.ssm.{k}"] for k in ("state_size", "group_count", "time_step_rank"))
+    inner, channels = v_heads * d, 2 * k_heads * d + v_heads * d      # value width; conv channels q, k, v
+    out = [(b + "attn_norm.weight", "", 1, e)]
+    if (il + 1) % x["qwen35.full_attention_interval"]:
+        out += [(b + "attn_qkv.weight", "attn_qkv", channels, e), (b + "attn_gate.weight", "attn_gate", inner, e),
+                (b + "ssm_conv1d.weight", "", channels, x["qwen35.ssm.conv_kernel"]), (b + "ssm_dt.bias", "", 1, v_heads),
+                (b + "ssm_a", "", 1, v_heads), (b + "ssm_beta.weight", "ssm_beta", v_heads, e),
+                (b + "ssm_alpha.weight", "ssm_alpha", v_heads, e), (b + "ssm_norm.weight", "", 1, d),
+                (b + "ssm_out.weight", "ssm_out", e, inner)]
+    else:
+        q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+        out += [(b + "attn_q.weight", "attn_q", 2 * q, e), (b + "attn_k.weight", "attn_k", kv, e),
+                (b + "attn_v.weight", "attn_v", kv, e), (b + "attn_output.weight", "attn_output", e, q),
+                (b + "attn_q_norm.weight", "", 1, spec.head_dim), (b + "attn_k_norm.weight", "", 1, spec.head_dim)]
+    return out + [(b + "post_attention_norm.weight", "", 1, e), (b + "ffn_gate.weight", "ffn_gate", ff, e),
+                  (b + "ffn_up.weight", "ffn_up", ff, e), (b + "ffn_down.weight", "ffn_down", e, ff)]
+
+
+def tensor_table(spec: Spec) -> list[tuple[str, str, int, int]]:
+    """(name, type, rows, cols) of every tensor in file order; 1-D tensors have rows 1."""
+    layout = _layout(spec)
+    if spec.types == "Q4_K_M":
+        types = q4_k_m_types([(name, rows, cols) for name, _, rows, cols in layout], spec.n_layer)
+        return [(name, types[name], rows, cols) for name, _, rows, cols in layout]
+    return [(name, _role_type(spec, role, _layer(name)) if role else "F32", rows, cols)
+            for name, role, rows, cols in layout]
+
+
+def _start(spec: Spec, label: str, path: Path, vocab: bool):
+    """A gguf-py writer of `spec` at `path` with the header and tensor table written and flushed (the data not yet),
+    and that table; the header is read back and checked by lab.format.model.from_gguf, so a file the lab would
+    refuse (a tensor missing, misnamed or misshaped for the architecture) is never written."""
     import gguf
-    spec = SPECS[name]
-    rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), spec.arch)
-    w.add_name(f"synthetic {name}")
+    w.add_name(f"synthetic {label}")
     w.add_block_count(spec.n_layer)
     w.add_embedding_length(spec.n_embd)
     w.add_feed_forward_length(spec.n_ff)
     w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
+    w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
     for k, v in spec.extra.items():
-        (w.add_float32 if isinstance(v, float) else w.add_uint32)(k, v)
+        if isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            (w.add_float32 if isinstance(v, float) else w.add_uint32)(k, v)
     if vocab:
-        _add_vocab(w, spec.n_vocab)
+        add_vocab(w, spec.n_vocab)
 
     table = tensor_table(spec)
     for tname, type_name, rows, cols in table:
@@ -187,14 +351,58 @@ def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    w.flush()
+    from_gguf(gguf_header.read(Path(path).read_bytes()))
+    return w, table
+
+
+def spec(name: str) -> Spec:
+    """The spec of a real release (SPECS) or of a small variant (SMALL)."""
+    return SPECS[name] if name in SPECS else SMALL[name]
+
+
+def header(s: Spec, path: Path, vocab: bool = False) -> gguf_header.Header:
+    """The header of spec `s`'s file alone, written at `path` (no tensor data: cheap at any size), as the lab
+    reads it."""
+    w, _ = _start(s, "header", path, vocab)
+    w.close()
+    return gguf_header.read(Path(path).read_bytes())
+
+
+def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
+    """Write the synthetic file of spec `name` (SPECS or SMALL). vocab: add the placeholder vocabulary llama.cpp
+    needs (the page's chat cannot use it: `lab bench --backend browser` refuses files without a tokenizer and takes
+    the real header instead, lab/host/sameshape.py). The header and tensor table go first (checked by the lab's
+    from_gguf), then each tensor's bytes as they are made."""
+    s = spec(name)
+    rng = np.random.default_rng(seed)
+    w, table = _start(s, name, path, vocab)
     for tname, type_name, rows, cols in table:
         if tname == "rope_freqs.weight":
-            from lab.host.synthetic_arch import llama3_factors
-            factor, low, high, orig = spec.rope_scaling
-            base = spec.extra[f"{spec.arch}.rope.freq_base"]
+            factor, low, high, orig = s.rope_scaling
+            base = s.extra[f"{s.arch}.rope.freq_base"]
             data = llama3_factors(2 * cols, base, factor, low, high, orig)
+        elif tname.endswith(".ssm_a"):
+            # qwen35's A is stored as -exp(A_log) (the converter's own transform): always negative, so each token's
+            # decay exp(softplus(alpha + dt) * A) is below 1 and the random model's delta-net state stays finite
+            data = -np.exp(rng.standard_normal((rows, cols), dtype=np.float32))
         else:
             data = random_blocks(type_name, rows, cols, rng)
         w.write_tensor_data(data)
     w.close()
+    return path
+
+
+def cached(name: str, vocab: bool = True) -> Path:
+    """Spec `name`'s file (seed 0) under lab.host.models.cache_dir() / "synthetic", written once (atomically: two
+    builders at once never share a half-written file) and reused while the spec and its tensor table are the same
+    (their hash is in the file name, so an edited spec or layout never reads a stale file)."""
+    s = spec(name)
+    key = hashlib.sha256(repr((s, tensor_table(s), vocab)).encode()).hexdigest()[:12]
+    path = models.cache_dir() / "synthetic" / f"spec-{name}-{key}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        write(name, tmp, vocab=vocab)
+        tmp.replace(path)
     return path
