@@ -115,8 +115,9 @@ SPECS: dict[str, ArchSpec] = {
     # with an interval of 3 (layers 2 and 5 attend: a recurrent layer after an attention layer, and the key other
     # than the default), 2 key heads under 4 value heads (the broadcast of q and k over value heads), heads of 64
     # (value width 256: whole K-quant blocks for ssm_out), attention 4 query heads over 1 KV head of 64 with 16 rotated
-    # dims in sections [3, 3, 2, 0]
-    "qwen35": ArchSpec("qwen35", "qwen2.5", 6, 4, 1, 64, 512, tied=True,
+    # dims in sections [3, 3, 2, 0]; SmolLM2's vocabulary (the 49,152-row table keeps the F32 file at 60 MB, and the
+    # device runs can build it from the one real model they carry)
+    "qwen35": ArchSpec("qwen35", "smollm2", 6, 4, 1, 64, 512, tied=True,
                        extra={"rope.freq_base": 10000000.0, "context_length": 262144, "attention.key_length": 64,
                               "attention.value_length": 64, "rope.dimension_count": 16,
                               "rope.dimension_sections": [3, 3, 2, 0], "full_attention_interval": 3,
