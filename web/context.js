@@ -94,5 +94,8 @@ export function renderContext(store) {
     + `weights ${fmtBytes(budget.weight_bytes)}, activations ${fmtBytes(budget.scratch_bytes)}; `
     + `largest buffer ${fmtBytes(budget.largest.bytes)} of ${fmtBytes(budget.max_buffer_size)} allowed; `
     + `the model's own context: ${budget.n_ctx_train}`
-    + (n === budget.n_ctx && !budget.fits ? " (does not fit: see the error)" : "");
+    + (budget.state_bytes ? `; its recurrent and conv states ${fmtBytes(budget.conv_state_bytes + budget.delta_state_bytes)}`
+       + ` whatever the length (buffers ${fmtBytes(budget.state_bytes)} with the snapshots and rings)` : "")
+    + (n === budget.n_ctx && !budget.fits ? " (does not fit: see the error)" : "")
+    + (budget.skipped?.length ? `. Left out on purpose: ${budget.skipped.join("; ")}` : "");
 }

@@ -78,7 +78,8 @@ class Budget:
         return not self.problems
 
     def total(self, what: str) -> int:
-        """Bytes of "weights", "kv", "state" (conv states) or "scratch" (activations, logits, the step uniform)."""
+        """Bytes of "weights", "kv", "state" (conv and recurrent states, their snapshots) or "scratch" (activations,
+        logits, the step uniform)."""
         sel = {"weights": lambda n: n.kind == gpu.WEIGHTS, "kv": lambda n: n.kv, "state": lambda n: n.state,
                "scratch": lambda n: n.kind != gpu.WEIGHTS and not n.kv and not n.state}[what]
         return sum(n.size for n in self.needs if sel(n))
@@ -112,8 +113,11 @@ class Budget:
                 "problems": list(self.problems), "suggestion": self.suggestion,
                 "message": None if self.fits else self.message(),
                 "kv_bytes_per_token": cfg.kv_bytes_per_token(), "default_ctx": context_for(cfg.n_ctx_train),
-                # hybrids: the conv states' buffers (the ring), and the model's own state (l_cache - 1 rows a layer)
-                "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes()}
+                # hybrids: the conv and recurrent states' buffers (rings, snapshots), and the model's own states
+                # (l_cache - 1 conv rows a layer; qwen35's d_k x d_v per value head), flat in the context
+                "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes(),
+                "delta_state_bytes": cfg.delta_state_bytes(),
+                "skipped": cfg.skipped}     # what the file holds that the lab leaves out on purpose, and why
 
 
 def _fmt(n: int) -> str:
@@ -136,7 +140,7 @@ def scratch_needs(limits: dict[str, int], cfg: Config, n_ctx: int, max_batch: in
     dev = _Counting(limits)
     s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8)
     kv = {id(b) for b in s.k_cache + s.v_cache if b is not None}
-    state = {id(b) for b in s.conv_state if b is not None}
+    state = {id(b) for b in (*s.conv_state, *s.recurrent, *s.snapshots) if b is not None}
     return [Need(b.label, b.size, b.kind, kv=id(b) in kv, state=id(b) in state) for b in dev.buffers]
 
 

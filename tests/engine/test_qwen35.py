@@ -78,6 +78,10 @@ def test_layer_kinds_and_memory(made):
     assert len(s.snapshots) == SNAPSHOTS and all(b.size == live and b.kind == gpu.CONVERSATION for b in s.snapshots)
     b = budget.count(eng.device.info.limits, eng.header, cfg, N_CTX, logits_all=True)
     assert b.total("kv") == 2 * 2 * N_CTX * cfg.kv_dim * 4
+    assert b.total("state") == sum(x.size for x in (*eng.recurrent_buffers.values(), *eng.state_buffers.values(),
+                                                    *s.snapshots))
+    card = b.card(cfg)
+    assert card["delta_state_bytes"] == cfg.delta_state_bytes() and card["skipped"] == []
 
 
 def test_every_traced_tensor_matches_the_reference(made, path):
