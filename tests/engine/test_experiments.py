@@ -145,13 +145,15 @@ def test_cli_steer_json(smollm2_path, capsys):
     assert len(out["plain"]["ids"]) == len(out["steered"]["ids"]) == 4
 
 
-def test_a_hybrid_keeps_its_conv_states_through_an_experiment(device):
-    """lfm2 (short-conv blocks with a conv state that cannot be cut back): an experiment between two turns puts the
-    states and the engine's account of them back, so the next turn reuses them and is the turn it would have been;
-    ablation sweeps only the attention layers, and attribution gives the conv blocks their bar without heads."""
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_a_hybrid_keeps_its_states_through_an_experiment(device, arch):
+    """lfm2 (short-conv blocks with a conv state that cannot be cut back) and qwen35 (delta-net layers: a conv state and
+    a recurrent state, with snapshots): an experiment between two turns puts the states and the engine's account of
+    them back, so the next turn reuses them and is the turn it would have been; ablation sweeps only the attention
+    layers, and attribution gives the other blocks their bar without heads."""
     from lab.host import synthetic_arch
     from lab.host.models import cache_dir
-    lab = Lab.load(synthetic_arch.build("lfm2", "f32", cache_dir() / "synthetic"), 64, device=device)
+    lab = Lab.load(synthetic_arch.build(arch, "f32", cache_dir() / "synthetic"), 64, device=device)
     try:
         eng, tok = lab.engine, lab.tok
         turn1, turn2 = lab.encode("The old lighthouse keeper"), lab.encode(" climbed the")
@@ -160,7 +162,8 @@ def test_a_hybrid_keeps_its_conv_states_through_an_experiment(device):
         def chat(experiment):
             s = Session(eng, tok)
             r1 = asyncio.run(s.generate(turn1, greedy, 3))
-            states = [asyncio.run(eng.device.read(b)) for b in eng.state_buffers.values()]
+            kept = [*eng.state_buffers.values(), *eng.recurrent_buffers.values()]
+            states = [asyncio.run(eng.device.read(b)) for b in kept]
             if experiment:
                 async def run():
                     async with lab.exp.kept(s):
@@ -169,7 +172,7 @@ def test_a_hybrid_keeps_its_conv_states_through_an_experiment(device):
                         out = await lab.exp.ablate(lab.encode("Once upon"), 5, mode="mean")
                         assert {r["layer"] for r in out["rows"]} == set(eng.cfg.attention_layers)
                 asyncio.run(run())
-            assert [asyncio.run(eng.device.read(b)) for b in eng.state_buffers.values()] == states
+            assert [asyncio.run(eng.device.read(b)) for b in kept] == states
             return asyncio.run(s.generate(turn1 + r1.ids + turn2, greedy, 5))
 
         with_exp, without = chat(True), chat(False)
