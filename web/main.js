@@ -52,6 +52,7 @@ const store = {
   attn: { layer: 0, head: 0 },                           // the attention panel's choice
   lens: { positions: null },                             // logit-lens positions chosen; null: all (panels.js lensPositions)
   kv: freshKv(),                                         // the KV cache: rows held and their magnitudes (kv-view)
+  memory: freshMemory(null),                             // a hybrid's conv and delta-net states (memory-view)
   forget: null,                                          // the last Forget report
   busy: { embedding: false, inspect: 0, forget: false },
   // The cards with state of their own: each module owns the shape of its key and the functions that update it.
@@ -68,6 +69,16 @@ const store = {
 function freshKv() {
   return { used: 0, columns: [], rev: 0, ms: null, after: null };
 }
+
+// A hybrid's states for the memory card (lab/instruments/memory.py): conv, the rows the next token reads
+// {start, end, layers, values}; records, [{pos, norms: Float32Array [n_delta, H]}] read as tokens arrived; head, the
+// picked delta-net head's matrix ("memory-head"); snaps, the positions the engine's snapshots hold; pick, the
+// {layer, head} chosen; after, what Forget read back.
+function freshMemory(mem, pick) {
+  return { conv: null, records: [], head: null, snaps: null, after: null, rev: 0, busy: false,
+           pick: pick ?? { layer: mem && mem.delta ? mem.delta.layers[0] : 0, head: 0 } };
+}
+const dropMemory = () => { store.memory = freshMemory(store.loaded && store.loaded.memory, store.memory.pick); };
 
 function freshProbe() {
   return { attention: null, lens: null, residual: new Map() };  // residual: position -> Float32Array [n_layer + 1]
@@ -169,7 +180,8 @@ function renderChat() {
   $("timings").textContent = t
     ? `first token ${(t.ttft_s * 1000).toFixed(0)} ms · prefill ${rate(t.prefill_tok_s)} tok/s · decode ${rate(t.decode_tok_s)} tok/s · ${t.ids.length} tokens (${t.stop})`
     : "";
-  $("reuse").textContent = t ? `prefilled ${t.prefilled}, reused ${t.reused}` : "";
+  // a hybrid's turn: what it continued from besides the K/V rows (lab/instruments/memory.py reuse_note)
+  $("reuse").textContent = t ? `prefilled ${t.prefilled}, reused ${t.reused}${t.reuse_note ? `: ${t.reuse_note}` : ""}` : "";
 }
 
 function tokenEl(tok, index) {
@@ -208,6 +220,10 @@ function renderTokens() {
 }
 
 const panelActions = { selectHead: (h) => { store.attn.head = h; render(); } };
+// The memory card picks a delta-net layer and head: its matrix is read from the GPU.
+const memoryActions = {
+  pickState: (layer, head) => { store.memory.pick = { layer, head }; store.memory.rev++; requestMemoryHead(); render(); },
+};
 // The Experiments card picks a layer and a head for the panels (a heatmap cell, a head's bar).
 const experimentActions = { selectHead: (layer, head) => { store.attn = { layer, head }; render(); } };
 
@@ -220,7 +236,7 @@ function render() {
   renderResidual(store);
   renderAttention(store, panelActions);
   renderLens(store);
-  renderKv(store);
+  renderKv(store, memoryActions);
   renderForget(store);
   renderVerify(store);
   renderContext(store);
@@ -298,6 +314,15 @@ function stripKey(e) {
   $("tokens").children[selectedPos(store)].scrollIntoView({ block: "nearest", inline: "nearest" });
 }
 
+// The picked delta-net head's state, when the card lacks it (a reply or a new pick); Forget's read-back draws its own.
+function requestMemoryHead() {
+  const mem = store.loaded && store.loaded.memory, m = store.memory, h = m.head;
+  if (!mem || !mem.delta || store.generating || !store.context.length || m.busy || m.after) return;
+  if (h && h.layer === m.pick.layer && h.head === m.pick.head && h.pos === store.kv.used) return;
+  m.busy = true;
+  worker.postMessage({ type: "memory-head", ...m.pick });
+}
+
 // A card computes only while it is on screen: an inspection holds the worker (one message at a time) for seconds to
 // minutes on a CPU device, and a card nobody looks at must not delay the next turn. Any element with data-panel=NAME
 // sets store.panels[NAME]; a sliver at the screen's edge (under a tenth of the card) does not count as shown.
@@ -320,6 +345,7 @@ function clearConversation() {
   if (store.generating) { worker.postMessage({ type: "stop" }); store.dropTurn = true; }
   store.messages = []; store.context = []; store.timings = null;
   store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv = freshKv();
+  dropMemory();
   revokeExports();
   dropRope(store.rope);
   dropPerplexity(store.perplexity, worker);
@@ -335,7 +361,9 @@ function forgetAll(skip) {
   $("system-prompt").value = "";
   store.forget = null;
   store.busy.forget = true;
-  worker.postMessage(skip ? { type: "forget", skip } : { type: "forget" });
+  // the delta-net head the memory card shows is redrawn from Forget's read-back
+  const head = store.loaded && store.loaded.memory && store.loaded.memory.delta ? store.memory.pick : undefined;
+  worker.postMessage({ type: "forget", ...(skip ? { skip } : {}), ...(head ? { head } : {}) });
   render();
 }
 
@@ -346,6 +374,8 @@ function forgetAll(skip) {
 //   lab/instruments/kernelcheck.py on inputs in base64; the worker makes and frees its own buffers for them.
 // - labKvRows(positions) (tests/browser/test_kv_page.py): the raw K and V rows of every layer at those positions,
 //   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
+// - labStateBytes() (tests/browser/test_hybrid_page.py): every conv and delta-net state's and snapshot's raw bytes,
+//   read without the memory card's code, so a test can check the card's rows and Forget's zeros.
 // - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
 //   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
@@ -376,6 +406,7 @@ function answered(m) {
 
 window.labKernelCheck = (cases) => ask("kernel-check", { cases });
 window.labKvRows = (positions) => ask("kv-rows", { positions });
+window.labStateBytes = () => ask("state-bytes", {});
 window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
 window.labLastLogits = (ids) => ask("last-logits", { ids });
 window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos, families, reps, warm_ms });
@@ -394,7 +425,7 @@ const onWorker = {
   loaded: (m) => {
     if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
-    store.loading = null; store.kv = freshKv();
+    store.loading = null; store.kv = freshKv(); store.memory = freshMemory(m.stats.memory);
     retrievalLoaded(store.retrieval, m.stats);
     experimentsLoaded(store, worker);
   },
@@ -420,6 +451,7 @@ const onWorker = {
     store.kv.used = m.result.kv_used;
     requestEmbedding();
     requestInspect();
+    requestMemoryHead();
   },
   embedding: (m) => {
     store.busy.embedding = false;
@@ -433,6 +465,7 @@ const onWorker = {
   },
   forget: (m) => {
     store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv;
+    store.memory.after = m.memory; store.memory.rev++;
     retrievalForgotten(store.retrieval, m.report);
     experimentsForgotten(store.experiments, m.report);
   },
@@ -443,6 +476,18 @@ const onWorker = {
     for (let p = m.start; p < m.end; p++) cols.push(m.norms.subarray((p - m.start) * w, (p - m.start + 1) * w));
     store.kv.ms = m.ms; store.kv.after = null; store.kv.rev++;
   },
+  "memory-view": (m) => {
+    if (store.dropTurn) return;
+    const mem = store.memory;
+    mem.conv = m.conv; mem.snaps = m.snaps; mem.after = null; mem.rev++;
+    // a state read at a position replaces any read at or past it (the prompt may have been run again from 0)
+    if (m.delta) mem.records = mem.records.filter((r) => r.pos < m.state_pos).concat([{ pos: m.state_pos, norms: m.delta }]);
+  },
+  "memory-head": (m) => {
+    store.memory.busy = false;
+    if (!store.memory.after) { store.memory.head = m; store.memory.rev++; }
+    requestMemoryHead();          // the pick moved on while this one was read
+  },
   // the cards' own messages: each updates its card's key; what they mean for the rest of the store is said here
   "verify-progress": (m) => verifyProgress(store.verify, m),
   "verify-kernels": (m) => verifyKernels(store.verify, m),
@@ -450,13 +495,13 @@ const onWorker = {
   verify: (m) => { if (verifyResult(store.verify, m)) store.kv.used = 0; },
   rope: (m) => ropeAnswer(store.rope, m, store.context.length),
   // a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
-  "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) store.kv = freshKv(); },
+  "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) { store.kv = freshKv(); dropMemory(); } },
   perplexity: (m) => pplResult(store.perplexity, m),
   // embedding windows and questions overwrites the KV cache from position 0: the chat's KV picture is dropped
   "retrieval-plan": (m) => retrievalPlan(store.retrieval, m),
-  "retrieval-progress": (m) => { if (retrievalProgress(store.retrieval, m)) store.kv = freshKv(); },
+  "retrieval-progress": (m) => { if (retrievalProgress(store.retrieval, m)) { store.kv = freshKv(); dropMemory(); } },
   "retrieval-ready": (m) => retrievalReady(store.retrieval, m),
-  "retrieval-hits": (m) => { if (retrievalHits(store.retrieval, m)) store.kv = freshKv(); },
+  "retrieval-hits": (m) => { if (retrievalHits(store.retrieval, m)) { store.kv = freshKv(); dropMemory(); } },
   "retrieval-token": (m) => retrievalToken(store.retrieval, m),
   "retrieval-answer": (m) => retrievalAnswer(store.retrieval, m),
   "retrieval-recall": (m) => retrievalRecall(store.retrieval, m),
@@ -499,6 +544,7 @@ const onError = {
   "probe-inspect": (m) => { store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1); },
   "probe-embedding": (m) => { store.error = `embedding: ${m.message}`; store.busy.embedding = false; },
   forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
+  "memory-head": (m) => { store.error = `memory: ${m.message}`; store.memory.busy = false; },
   "probe-rope": (m) => { store.error = `RoPE demo: ${m.message}`; ropeFailed(store.rope); },
   verify: (m) => verifyFailed(store.verify, m),
   "verify-kernels": (m) => verifyFailed(store.verify, m),

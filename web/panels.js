@@ -221,10 +221,27 @@ export function noRopeStep(noRope) {
   return n === 2 ? "2nd" : n === 3 ? "3rd" : `${n}th`;
 }
 
-// The layer and head the attention panel shows: the user's choice, within what the inspection holds.
+// The layers the attention panel offers: those with attention (a hybrid's conv and delta-net layers have none).
+const attnLayers = (store) => store.loaded.kv.layers;
+
+// The layer and head the attention panel shows: the user's choice, within what the inspection holds; a choice of a
+// layer without attention moves to the first attention layer after it (or the last one).
 export function attnChoice(store) {
-  const a = store.probe.attention;
-  return { layer: Math.min(store.attn.layer, a.n_layer - 1), head: Math.min(store.attn.head, a.n_head - 1) };
+  const a = store.probe.attention, layers = attnLayers(store);
+  const layer = layers.find((il) => il >= store.attn.layer) ?? layers.at(-1);
+  return { layer, head: Math.min(store.attn.head, a.n_head - 1) };
+}
+
+// Why a hybrid's attention panel lists only some layers: the others, by kind, and where their memory is shown.
+function attnWhyNot(store) {
+  const mem = store.loaded.memory;
+  const others = mem.layers.map((k, il) => [il, k]).filter(([, k]) => k !== "attention");
+  if (!others.length) return [];
+  const names = { conv: "short-conv", delta: "gated delta-net" };
+  const kinds = [...new Set(others.map(([, k]) => k))].map((k) => names[k]).join(" and ");
+  return [el("p", { class: "muted", testid: "attention-why", textContent: `Only the attention layers are listed. Layers `
+    + `${others.map(([il]) => il).join(", ")} are ${kinds} layers: no query meets the keys of earlier tokens there, so `
+    + "there are no attention weights to show; what they keep instead is in the memory card." })];
 }
 
 export function renderAttention(store, act) {
@@ -233,7 +250,7 @@ export function renderAttention(store, act) {
   if (!a) { probePlaceholder(body, store); return; }
   const { layer, head } = attnChoice(store);
   const noRope = (store.loaded && store.loaded.rope.no_rope) || [];
-  fillSelect($("attention-layer"), range(a.n_layer), (i) => `layer ${i}${noRope.includes(i) ? " (no RoPE)" : ""}`, layer);
+  fillSelect($("attention-layer"), attnLayers(store), (i) => `layer ${i}${noRope.includes(i) ? " (no RoPE)" : ""}`, layer);
   fillSelect($("attention-head"), range(a.n_head), (i) => `head ${i}`, head);
   const w = a.end - a.start;
   const label = (p) => shown(store.context[p] ? store.context[p].piece : "?");
@@ -258,6 +275,7 @@ export function renderAttention(store, act) {
     el("p", { class: "muted" }, [
       `layer ${layer}, head ${head}: positions ${a.start}..${a.end - 1} of ${a.n}; shade ∝ √p; `,
       cost("attention-cost", a.ms.pass), where]),
+    ...attnWhyNot(store),
     ...(noRope.includes(layer) ? [el("p", { class: "muted", testid: "attention-no-rope", textContent:
       `Layer ${layer} has no rotary position embedding (NoPE: this model leaves every ${noRopeStep(noRope)} layer ` +
       "unrotated): its scores compare what q and k hold, not where they sit; position reaches it only through what " +
@@ -330,7 +348,7 @@ export function kvColumns(store) {
 
 function kvGrid(store, kv, cols, n_layer) {
   let maxK = 0, maxV = 0;
-  for (const c of cols) for (let il = 0; il < n_layer; il++) { maxK = Math.max(maxK, c.norms[2 * il]); maxV = Math.max(maxV, c.norms[2 * il + 1]); }
+  for (const c of cols) for (const il of kv.layers) { maxK = Math.max(maxK, c.norms[2 * il]); maxV = Math.max(maxV, c.norms[2 * il + 1]); }
   const sel = store.kv.after ? null : selectedPos(store);
   const used = store.kv.used;
   const piece = (p) => (store.context[p] ? shown(store.context[p].piece) : "");
@@ -340,7 +358,7 @@ function kvGrid(store, kv, cols, n_layer) {
   grid.append(el("div", { class: "corner", textContent: "layer ↓ position →" }),
     ...cols.map((c) => el("div", { class: c.pos === sel ? "klabel selected" : "klabel", textContent: piece(c.pos) || String(c.pos),
                                    title: `position ${c.pos}` })));
-  for (let il = 0; il < n_layer; il++) {
+  for (const il of kv.layers) {          // a hybrid's layers without attention keep no K/V: no row (their memory is below)
     const win = kv.window[il];
     grid.append(el("div", { class: "qlabel kv-layer", testid: "kv-layer", textContent: `L${il}`,
       data: { layer: il, used, attended: win ? Math.min(used, win) : used },
@@ -370,19 +388,21 @@ function kvForgetLine(a) {
     [el("b", { textContent: `NOT wiped: ${a.lit_cells} cells still hold data, in ${a.lit.join(", ")}. ` }), counts]);
 }
 
-export function renderKv(store) {
+export function renderKv(store, act) {
   const body = $("kv-body");
   const kv = store.loaded && store.loaded.kv;
   if (!kv) { kvDrawn = { key: null }; placeholder(body, false, "load a model first"); return; }
   const used = store.kv.used, after = store.kv.after;
-  const key = [store.kv, store.kv.rev, after, selectedPos(store), store.context.length, used, store.loaded, store.busy.forget];
+  const key = [store.kv, store.kv.rev, after, selectedPos(store), store.context.length, used, store.loaded, store.busy.forget,
+               store.memory, store.memory.rev];
   if (kvDrawn.key && key.every((x, i) => x === kvDrawn.key[i])) return;
   kvDrawn = { key };
   let cols = kvColumns(store);
   const n = cols.length;
   if (n > KV_MAX_COLS) cols = cols.slice(n - KV_MAX_COLS);
   const parts = [
-    el("p", {}, ["bytes per token = 2 (K and V) × ", el("b", { textContent: kv.n_layer }), " layers × ",
+    el("p", {}, ["bytes per token = 2 (K and V) × ", el("b", { textContent: kv.layers.length }),
+      kv.layers.length < kv.n_layer ? ` attention layers (of ${kv.n_layer}) × ` : " layers × ",
       el("b", { textContent: kv.n_head_kv }), " KV heads × ", el("b", { textContent: kv.head_dim }), " head size × ",
       el("b", { textContent: kv.bytes_per_value }), " bytes = ",
       el("b", { testid: "kv-bytes-per-token", textContent: kv.bytes_per_token.toLocaleString("en") }), " B"]),
@@ -400,7 +420,188 @@ export function renderKv(store) {
     // no position yet: the layer rows alone, so the picture's shape is there before it fills
     parts.push(...kvGrid(store, kv, [], kv.n_layer));
   }
+  const mem = store.loaded.memory;
+  if (mem && (mem.conv || mem.delta)) parts.push(...memoryParts(store, mem, act));
   body.replaceChildren(...parts);
+}
+
+// ---- a hybrid's states (the memory card's lower half) ---------------------------------------------------------
+// What a layer without attention keeps, read from the GPU (lab/instruments/memory.py): a conv layer its last
+// l_cache - 1 inputs, a delta-net layer a d_k x d_v matrix per value head. Both stay the same size whatever the length.
+const NB = (n) => n.toLocaleString("en");
+
+// Signed values as a canvas of one pixel per value (red positive, blue negative, full colour at ±max, shaded by
+// √(|v| / max) as the KV heatmap is, so the many small values of a state stay visible next to its few large ones), for
+// rows far wider than a grid of elements could hold (a conv row has n_embd channels, a head d_k x d_v values).
+function signedPixels(values, rows, cols, max, props) {
+  const canvas = el("canvas", { width: cols, height: rows, ...props });
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(cols, rows);
+  for (let i = 0; i < rows * cols; i++) {
+    const v = values[i], a = max > 0 ? Math.sqrt(Math.min(1, Math.abs(v) / max)) : 0, c = v >= 0 ? RED : BLUE;
+    for (let ch = 0; ch < 3; ch++) img.data[4 * i + ch] = WHITE - (WHITE - c[ch]) * a;
+    img.data[4 * i + 3] = WHITE;
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas;
+}
+
+const maxAbs = (xs) => { let m = 0; for (const x of xs) m = Math.max(m, Math.abs(x)); return m; };
+const l2 = (xs) => { let s = 0; for (const x of xs) s += x * x; return Math.sqrt(s); };
+
+// The bytes each kind keeps, the arithmetic written out, and a line of both over the conversation so far: the KV
+// cache's bytes rise with every token, the states' stay flat.
+function memoryBytes(store, mem) {
+  const kv = mem.kv, used = store.kv.used, bpv = mem.bytes_per_value;
+  const state = (mem.conv ? mem.conv.bytes : 0) + (mem.delta ? mem.delta.bytes : 0);
+  const lines = [el("p", {}, [`KV cache: ${NB(kv.bytes_per_token)} B per token (above) × ${used} tokens = `,
+    el("b", { textContent: NB(used * kv.bytes_per_token) }), " B, growing with every token"])];
+  if (mem.conv) {
+    const c = mem.conv;
+    lines.push(el("p", { testid: "memory-conv-bytes", data: { bytes: c.bytes } }, [`conv states: ${c.layers.length} layers × `
+      + `${c.rows} inputs (l_cache − 1) × ${c.channels} channels × ${bpv} bytes = `, el("b", { textContent: NB(c.bytes) }),
+      " B, whatever the length"]));
+  }
+  if (mem.delta) {
+    const d = mem.delta;
+    lines.push(el("p", { testid: "memory-delta-bytes", data: { bytes: d.bytes } }, [`delta-net states: ${d.layers.length} `
+      + `layers × ${d.heads} heads × ${d.d_k} × ${d.d_v} × ${bpv} bytes = `, el("b", { textContent: NB(d.bytes) }),
+      " B, whatever the length"]));
+  }
+  if (mem.snapshots) {
+    const s = mem.snapshots;
+    lines.push(el("p", { class: "muted", testid: "memory-snapshot-bytes", data: { bytes: s.count * s.bytes } }, [
+      `and the engine's snapshots of them (below): ${s.count} copies × (${NB(mem.delta.bytes)} B of delta-net states + `
+      + `${NB(s.ring_bytes)} B of whole conv rings) = `, el("b", { textContent: NB(s.count * s.bytes) }), " B, flat too"]));
+  }
+  const cross = Math.ceil(state / kv.bytes_per_token);
+  const span = Math.max(used, 2 * cross, 8);
+  const W = 400, H = 90, y = (b) => H - 4 - ((H - 8) * b) / Math.max(span * kv.bytes_per_token, state);
+  const x = (t) => (W * t) / span;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("class", "memory-growth");
+  svg.setAttribute("data-testid", "memory-growth");
+  Object.assign(svg.dataset, { used, kvBytes: used * kv.bytes_per_token, stateBytes: state, cross });
+  const line = (pts, cls) => {
+    const l = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    l.setAttribute("points", pts.map(([t, b]) => `${x(t).toFixed(1)},${y(b).toFixed(1)}`).join(" "));
+    l.setAttribute("class", cls);
+    return l;
+  };
+  svg.append(line([[0, 0], [span, span * kv.bytes_per_token]], "kv-ideal"), line([[0, 0], [used, used * kv.bytes_per_token]], "kv-line"),
+    line([[0, state], [span, state]], "state-line"));
+  lines.push(svg, el("p", { class: "scale muted" }, [
+    el("span", { class: "swatch", style: `background: ${rgba(KV_K, 1)}` }), ` KV bytes over the tokens (solid: the ${used} held now) · `,
+    el("span", { class: "swatch", style: `background: ${rgba(RED, 1)}` }), ` state bytes, flat at ${fmtBytes(state)} · `
+      + `past ${cross} tokens the KV cache outweighs the states`]));
+  return lines;
+}
+
+// The conv rows a token at the conversation's end reads, one canvas a conv layer: rows = positions, columns = channels.
+function convParts(store, mem, src, after) {
+  const c = mem.conv;
+  if (!src) {
+    return [el("p", { class: "muted", textContent: store.kv.used ? "the conv states no longer hold this conversation's "
+      + "last inputs (another run went through the model): the next turn runs from position 0" : "No conversation yet." })];
+  }
+  const n = src.end - src.start, w = c.channels, per = n * w;
+  if (!n) return [el("p", { class: "muted", textContent: "The conv states hold no input yet." })];
+  const max = maxAbs(src.values);
+  const rows = src.layers.map((il, i) => {
+    const vals = src.values.subarray(i * per, (i + 1) * per);
+    const lit = after ? after.conv.lit_rows[i] : null;
+    return el("div", { class: "state-row" }, [el("span", { class: "bar-label", textContent: `L${il}` }),
+      signedPixels(vals, n, w, max, { class: "conv-state", testid: "conv-state", title: `layer ${il}: the inputs of positions `
+        + `${src.start}..${src.end - 1}, ${w} channels (rows: positions)`,
+        data: { layer: il, start: src.start, end: src.end, norm: l2(vals), max: maxAbs(vals), ...(lit != null ? { lit } : {}) } })]);
+  });
+  return [el("h3", { textContent: "Conv layers: the last inputs" }),
+    el("p", { class: "explain", textContent: `A conv layer mixes each channel over its last ${c.rows + 1} inputs, so all it `
+      + `keeps between tokens is the ${c.rows} inputs before the next one: positions ${src.start}..${src.end - 1} below, `
+      + "a row each, red positive and blue negative. Nothing older survives; the KV cache above keeps every position." }),
+    ...rows, el("p", { class: "scale muted", textContent: `full colour at |x| = ${fmt(max, 3)}, shade √(|x| / max) · `
+      + (after ? "read back from the GPU after Forget" : "read from the GPU's conv rings") })];
+}
+
+// A delta-net layer's memory: each layer's norm over the conversation (a strip, one cell per read), and the picked
+// head's d_k x d_v matrix.
+function deltaParts(store, mem, act, after) {
+  const d = mem.delta, m = store.memory, pick = m.pick;
+  const records = after ? [{ pos: 0, norms: after.delta.norms }] : m.records;
+  const layerNorm = (norms, i) => l2(norms.subarray(i * d.heads, (i + 1) * d.heads));
+  let max = 0;
+  for (const r of records) for (let i = 0; i < d.layers.length; i++) max = Math.max(max, layerNorm(r.norms, i));
+  const strips = d.layers.map((il, i) => el("div", { class: il === pick.layer ? "state-row picked" : "state-row" }, [
+    el("button", { type: "button", class: "bar-label", testid: "delta-pick", data: { layer: il }, textContent: `L${il}`,
+      title: `show layer ${il}'s state`, onclick: () => act.pickState(il, pick.head) }),
+    el("div", { class: "strip delta-strip", testid: "delta-strip", data: { layer: il, count: records.length } }, records.map((r) => {
+      const v = layerNorm(r.norms, i), h = r.norms[i * d.heads + Math.min(pick.head, d.heads - 1)];
+      const s = el("span", { class: "sv", testid: "delta-norm", data: { layer: il, pos: r.pos, value: v, head: h },
+        title: `layer ${il} after ${r.pos} positions: ‖S‖ = ${fmt(v, 3)} (head ${pick.head}: ${fmt(h, 3)})` });
+      s.style.background = rgba(GREEN, max > 0 ? v / max : 0);
+      return s;
+    }))]));
+  const head = after ? after.delta.head : m.head;
+  const shown = head && head.layer === pick.layer && head.head === pick.head ? head : null;
+  const select = el("select", { testid: "memory-head", onchange: (e) => act.pickState(pick.layer, Number(e.target.value)) },
+    range(d.heads).map((h) => el("option", { value: h, textContent: `head ${h}`, selected: h === pick.head })));
+  const picture = shown ? [signedPixels(shown.values, d.d_k, d.d_v, maxAbs(shown.values), { class: "delta-state", testid: "delta-state",
+      data: { layer: shown.layer, head: shown.head, norm: l2(shown.values), max: maxAbs(shown.values) },
+      title: `layer ${shown.layer}, head ${shown.head}: S [${d.d_k} × ${d.d_v}], rows k, columns v` }),
+    el("p", { class: "scale muted", textContent: `rows: key index 0..${d.d_k - 1} · columns: value index 0..${d.d_v - 1} · `
+      + `full colour at |s| = ${fmt(maxAbs(shown.values), 3)}, shade √(|s| / max) · ‖S‖ = ${fmt(l2(shown.values), 3)} · `
+      + (after ? "read back from the GPU after Forget" : "read from the GPU") })]
+    : [el("p", { class: "muted", textContent: store.kv.used ? "reading the state…" : "No conversation yet." })];
+  return [el("h3", { textContent: "Delta-net layers: a fixed matrix per head" }),
+    el("p", { class: "explain", textContent: `A delta-net layer keeps no list of past tokens: each head holds one ${d.d_k} × ${d.d_v} `
+      + "matrix S, and every token rewrites it (S ← decay · S + β k (v − S k)ᵀ: it fades what it held, then writes the new "
+      + "value under the new key). Its size never changes; what changes is what it holds. A strip per layer: ‖S‖ over all "
+      + "heads at each read, greener = larger. Click a layer, pick a head: its matrix below." }),
+    ...strips, el("p", { class: "muted" }, [`layer ${pick.layer}, `, select]), ...picture,
+    ...(mem.snapshots ? snapshotParts(store, mem, after) : [])];
+}
+
+// The engine's copies of every state (lab/engine/scratch.py SNAPSHOTS): where each stands, or after Forget what its
+// read-back held.
+function snapshotParts(store, mem, after) {
+  const s = mem.snapshots, at = store.memory.snaps;
+  const cells = range(s.count).map((slot) => {
+    if (after) {
+      const left = after.snaps ? after.snaps[slot] : 0;
+      return el("span", { class: left ? "snap bad" : "snap", testid: "state-snapshot", data: { slot, after: left },
+        textContent: left ? `copy ${slot}: ${NB(left)} words still set` : `copy ${slot}: zero` });
+    }
+    const pos = at ? at[slot] : null;
+    return el("span", { class: pos == null ? "snap" : "snap held", testid: "state-snapshot", data: { slot, pos: pos ?? "" },
+      textContent: pos == null ? `copy ${slot}: empty` : `copy ${slot}: after position ${pos - 1}` });
+  });
+  return [el("h3", { textContent: "Snapshots: copies of every state" }),
+    el("p", { class: "explain", textContent: "A delta-net state cannot be stepped back: it is every token so far folded "
+      + "into one matrix. Greedy decoding runs a few tokens ahead of what the chat keeps, so after each block the engine "
+      + `copies every state aside (${s.count} copies, reused in turn); the next turn resumes from the latest copy at or `
+      + "before its start and runs the few tokens after it again. They are conversation data: Forget wipes them too." }),
+    el("p", { class: "snaps" }, cells)];
+}
+
+function memoryParts(store, mem, act) {
+  const after = store.memory.after;
+  const parts = [el("h3", { textContent: "What each kind of layer keeps" }),
+    el("p", { class: "muted", testid: "memory-kinds", data: { kinds: mem.layers.join(" ") },
+      textContent: mem.layers.map((k, il) => `L${il} ${k}`).join(" · ") }), ...memoryBytes(store, mem)];
+  if (after) parts.push(memoryForgetLine(after));
+  if (mem.conv) parts.push(...convParts(store, mem, after ? after.conv : store.memory.conv, after));
+  if (mem.delta) parts.push(...deltaParts(store, mem, act, after));
+  return parts;
+}
+
+// What Forget's read-back of the states showed (the "forget" message's memory).
+function memoryForgetLine(a) {
+  const counts = `${a.checked} state buffers${a.snaps ? " (snapshots included)" : ""} read back after the wipe: ${NB(a.before)} non-zero words before, ${NB(a.after)} after.`;
+  if (!a.after) return el("p", { class: "kv-forget", testid: "memory-forget", data: { state: "wiped", before: a.before, after: a.after } },
+    [el("b", { textContent: "States wiped: every value read back as zero. " }), counts]);
+  return el("p", { class: "kv-forget bad", testid: "memory-forget", data: { state: "failed", before: a.before, after: a.after, lit: a.lit.join("|") } },
+    [el("b", { textContent: `NOT wiped: ${a.lit.join(", ")} still hold data. ` }), counts]);
 }
 
 // ---- forget ------------------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@
   (lab/instruments/forget.py `wipe(on_after=...)`), so the page can redraw the heatmap from what the GPU holds once
   the cache is cleared. It shares nothing with the kernel: a wrong kernel cannot make a dirty cache look clean.
 
-Layout of a picture: f32 [positions, n_layer, 2], [p, l, 0] = |K| and [p, l, 1] = |V| of layer l at position p.
+Layout of a picture: f32 [positions, n_layer, 2], [p, l, 0] = |K| and [p, l, 1] = |V| of layer l at position p. A
+layer without attention (lfm2's short-conv blocks, qwen35's delta-net layers: `engine.kv_layers` lists the others)
+has no cache: its cells stay 0, and the page draws no row for it (its memory is lab/instruments/memory.py's).
 
 What it does not know: tokens or text (the page labels positions), sessions (the caller says which positions are
 filled), the wipe itself (lab/instruments/forget.py).
@@ -44,7 +46,7 @@ class KvView:
             self.out = dev.buffer(4 * COLS * self.n_layer * 2, conv, f"kvview.norms [{COLS}, n_layer, 2]")
             self.span = dev.uniform(bytes(_SPAN.size), "kvview.span (a, n)", kind=conv)
             self.bound = []
-            for il, (k, v) in enumerate(engine.kv_buffers):
+            for il, (k, v) in zip(engine.kv_layers, engine.kv_buffers):
                 params = dev.uniform(_LAYER.pack(il, self.n_layer, self.kvd, 0), f"kvview.layer {il}")
                 self.bound.append(dev.bind(self.kernel, [k, v, self.out, self.span, params], f"kvview layer {il}"))
 
@@ -95,7 +97,7 @@ class AfterPicture:
     def __init__(self, engine) -> None:
         self.n_layer, self.kvd, self.n_ctx = engine.cfg.n_layer, engine.cfg.kv_dim, engine.n_ctx
         self._where = {}                      # id(buffer) -> (layer, 0 for K or 1 for V)
-        for il, (k, v) in enumerate(engine.kv_buffers):
+        for il, (k, v) in zip(engine.kv_layers, engine.kv_buffers):
             self._where[id(k)], self._where[id(v)] = (il, 0), (il, 1)
         self.lit: dict[tuple[int, int], dict[int, float]] = {}   # (layer, w) -> {row: norm}
         self.labels: dict[tuple[int, int], str] = {}

@@ -16,6 +16,10 @@
   fused QKV rows are read there; the chunk holding `pos` then runs on through the rope, the KV write and the probe
   variant of that layer's attention.
 
+Layers without attention (lfm2's short-conv blocks, qwen35's delta-net layers; `engine.kv_layers` lists the others)
+have no attention to probe: their slots of the attention output stay 0, and `rope_inputs` refuses them. The residual
+and the lens read every layer (`l_out-L` is traced for every kind).
+
 Decode pays nothing: the probe variants are separate op lists, built the first time a panel asks, and run only
 between turns; the decode plan is never touched.
 
@@ -23,6 +27,11 @@ The chat is not disturbed either. Earlier positions are not recomputed: their K/
 attention needs. Positions the cache already holds run without the kv_write ops, so the probe sees the K/V the chat
 used and leaves them as they were; only positions past the session's cache are written (the last generated token,
 never fed back), where the session's next turn writes anyway.
+A hybrid's conv and recurrent states are another matter: a layer's state at a position is everything before it folded
+together, so it cannot be read at an earlier position, nor stepped back. For a model with them the pass runs from
+position 0 (every layer recomputed; attention still reads the chat's K/V for the positions the cache holds), with the
+states copied aside before it and back after it (GPU copies, as lab/instruments/experiments.py `kept` does), so the
+next turn finds them as the chat left them.
 
 Cost: the pass costs what a prefill of the window costs (positions before it are not recomputed; a request for the
 lens alone runs only its own positions and those the cache lacks); the lens adds one output-head projection per
@@ -43,6 +52,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from lab import gpu, ops
+from lab.instruments.memory import recurrent_buffers
 from lab.ops import attention as attn_ops
 from lab.ops import embed, matmul, norm, sample, softmax
 from lab.ops.rows import Rows
@@ -126,7 +136,7 @@ class Sites(NamedTuple):
     embd: int                                   # the op leaving the residual that enters layer 0
     attention: dict[int, tuple[int, bool]]      # each ATTENTION op -> (its layer, whether it is the layer's last)
     l_out: dict[int, int]                       # the op leaving a layer's output -> that layer
-    probed: list[list[ops.Op]]                  # per layer: its attention with the probe buffer bound
+    probed: dict[int, list[ops.Op]]             # per attention layer: its attention with the probe buffer bound
 
 
 def neighbours_work(table) -> tuple[int, int]:
@@ -255,8 +265,8 @@ class Probes:
             return ops.Op(k, dev.bind(k, resources + [step, self.win, u], label),
                           lambda t: ops.groups_1d(max(1, n_threads(t)), WG, max_dim))
 
-        self._gather = [small("attn_gather", [self.attn_probe, self.attn], (H, eng.n_ctx, il, cols),
-                              lambda t: t * H * cols, f"probe.attn_gather {il}") for il in range(L)]
+        self._gather = {il: small("attn_gather", [self.attn_probe, self.attn], (H, eng.n_ctx, il, cols),
+                                  lambda t: t * H * cols, f"probe.attn_gather {il}") for il in eng.kv_layers}
         self._copy = [small("lens_copy", [x, self.lens_x], (E, il, P, 0), lambda t: t * E, f"probe.lens_copy {il}")
                       for il in range(L)]
         self._norm = [small("row_norm", [x, self.resid], (E, slot, 0, 0), lambda t: t, f"probe.row_norm {slot}")
@@ -271,7 +281,7 @@ class Probes:
         self._lens, self._lens_one = [], []
         for il in range(L):
             off = il * P * E
-            normed = norm.rms_norm(dev, kc, self.lens_x, eng.weights.vectors["output_norm.weight"], self.lens_xn,
+            normed = norm.rms_norm(dev, kc, self.lens_x, eng.weights.vectors[cfg.output_norm], self.lens_xn,
                                    self.lens_step, E, cfg.eps, in_offset=off, out_offset=off)
             top = (softmax.softmax(dev, kc, self.lens_logits, self.lens_logits, self.lens_step, V)
                    + sample.top_k(dev, kc, self.lens_logits,
@@ -281,6 +291,9 @@ class Probes:
                                                  max_tokens=P, x_offset=off) + top
             self._lens_one += normed + matmul.matvec(dev, kc, self.head, self.lens_xn, self.lens_logits,
                                                      x_offset=off) + top
+        # a hybrid's states, copied aside and back around each pass (the module's docstring)
+        self._states = [(buf, dev.buffer(buf.size, conv, f"probe.kept {buf.label}"))
+                        for buf in list(eng.state_buffers.values()) + list(recurrent_buffers(eng).values())]
         self._sites = {batched: self._find_sites(batched) for batched in (True, False)}
 
     def _find_sites(self, batched: bool) -> Sites:
@@ -290,7 +303,7 @@ class Probes:
         eng, n_layer = self.engine, self.engine.cfg.n_layer
         plan = eng.plan_for(batched)
         attention = {}
-        for il in range(n_layer):
+        for il in eng.kv_layers:
             last = first = plan.at(f"kqv_out-{il}")
             if plan.ops[last].role != ops.ATTENTION:
                 raise RuntimeError(f"probes: op {last} of the engine's plan is {plan.ops[last].kernel.label}, "
@@ -301,7 +314,7 @@ class Probes:
         # the residual entering layer 0 is llama.cpp's inp_scaled where the model scales the embedding (gemma3)
         return Sites(embd=plan.at("inp_scaled" if eng.cfg.embd_scale != 1.0 else "inp_embd"), attention=attention,
                      l_out={plan.at(f"l_out-{il}"): il for il in range(n_layer)},
-                     probed=[eng.attention_op(il, batched, self.attn_probe) for il in range(n_layer)])
+                     probed={il: eng.attention_op(il, batched, self.attn_probe) for il in eng.kv_layers})
 
     def _variant(self, v: Variant) -> list[ops.Op]:
         plan = self._variants.get(v)
@@ -365,6 +378,10 @@ class Probes:
             raise ValueError(f"rope: position {pos} of {len(ids)} (context {eng.n_ctx})")
         if not 0 <= layer < cfg.n_layer:
             raise ValueError(f"rope: layer {layer} of {cfg.n_layer}")
+        if layer not in eng.kv_layers:
+            raise ValueError(f"rope: layer {layer} of this {cfg.arch} model has no attention (its memory is a "
+                             f"{'delta-net' if cfg.is_delta(layer) else 'short-conv'} state, with no query or key "
+                             f"to rotate); attention layers: {', '.join(map(str, eng.kv_layers))}")
         if not cfg.rotates(layer):
             raise ValueError(f"rope: layer {layer} of this {cfg.arch} model has no rotary position embedding (NoPE): "
                              f"its q and k are used as projected, so there is no pairing to show; pick another layer")
@@ -378,6 +395,7 @@ class Probes:
         keys, q, probs = [], b"", b""
         # chunks as in `inspect`: at most self.chunk, never straddling `cached` (K/V written only from there on)
         bounds = sorted(set(range(0, cached, self.chunk)) | set(range(cached, end, self.chunk)) | {end})
+        self._set_aside()
         for a, b in itertools.pairwise(bounds):
             t, last = b - a, b == end
             # the batched plan even for one position: decode's projection may rotate in its epilogue (Decode.qkv_rope)
@@ -392,11 +410,22 @@ class Probes:
             if last:                      # the probe holds P(token j, head h, key k) at (j * n_head + h) * n_ctx + k
                 raw = await dev.read(self.attn_probe, 4 * (t - 1) * H * eng.n_ctx, 4 * H * eng.n_ctx)
                 probs = b"".join(raw[4 * h * eng.n_ctx: 4 * (h * eng.n_ctx + end)] for h in range(H))
+        self._put_back()
         sliding = cfg.sliding[layer]
         return RopeInputs(pos, layer, H, cfg.n_head_kv, q, b"".join(keys), probs, cfg.head_dim, cfg.n_rot,
                           cfg.rope_base_local if sliding else cfg.rope_base, cfg.rope_scale, eng.rope_freqs,
                           cfg.rope_neox, cfg.attn_scale, cfg.sliding_window if sliding else 0, cfg.attn_softcap,
                           round((time.perf_counter() - t0) * 1e3, 1))
+
+    def _set_aside(self) -> None:
+        """Copy a hybrid's conv and recurrent states aside before a pass that recomputes them from position 0."""
+        if self._states:
+            self.device.run([], (), [(buf, 0, kept, 0, buf.size) for buf, kept in self._states])
+
+    def _put_back(self) -> None:
+        """The states as the chat left them (ordered after the pass: the next submit finds them restored)."""
+        if self._states:
+            self.device.run([], (), [(kept, 0, buf, 0, buf.size) for buf, kept in self._states])
 
     def _run(self, plan: list[ops.Op], ids: list[int], pos: int) -> None:
         t = len(ids)
@@ -426,18 +455,21 @@ class Probes:
         L, H, w = cfg.n_layer, cfg.n_head, end - start
         cached = max(0, min(cached, end))
         l0 = end - lens
-        # the window's positions are recomputed only for attention or residual norms; the lens needs its own rows
-        first = min(start if attention or residual else end, cached, l0 if lens else end)
+        # the window's positions are recomputed only for attention or residual norms; the lens needs its own rows;
+        # a hybrid's states hold no earlier position, so its pass starts at 0 (the module's docstring)
+        first = 0 if self._states else min(start if attention or residual else end, cached, l0 if lens else end)
         t0 = time.perf_counter()
         dev.write(self.win, _WINDOW.pack(start, w, l0, lens))
         # 1. the pass: chunks of at most self.chunk that never straddle `cached` (K/V written only from there), each
         #    through the variant of the plan the engine itself would run (decode for one token, else prefill)
         bounds = sorted(set(range(first, cached, self.chunk)) | set(range(max(first, cached), end, self.chunk))
                         | {end})
+        self._set_aside()
         for a, b in zip(bounds, bounds[1:]):
             plan = self._variant(Variant(batched=b - a > 1, write_kv=a >= cached, attention=attention,
                                          lens=bool(lens), residual=residual))
             self._run(plan, ids[a:b], a)
+        self._put_back()
         # (native submits return at once: the first read waits for the GPU, so it closes the pass's timing)
         att = await dev.read(self.attn, 0, 4 * L * H * w * (w + 1)) if attention else await dev.read(self.win)
         t1 = time.perf_counter()

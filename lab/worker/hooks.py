@@ -17,6 +17,7 @@ from pyodide.ffi import to_js
 
 from lab.instruments import kernelcheck, weightread
 from lab.instruments import profile as gpu_profile
+from lab.instruments.memory import recurrent_buffers
 from lab.worker.protocol import answered
 from lab.worker.state import Loaded, Worker, clear_staging
 
@@ -41,7 +42,20 @@ async def kv_rows(msg: dict, w: Worker) -> dict:
         layers.append([await engine.device.read(b, 4 * kvd * lo, 4 * kvd * (hi - lo)) for b in pair])
     raw = b"".join(layers[il][kv][4 * kvd * (p - lo):4 * kvd * (p - lo + 1)]
                    for p in positions for il in range(len(layers)) for kv in (0, 1))
-    return {"kvd": kvd, "n_layer": len(layers), "rows": base64.b64encode(raw).decode()}
+    return {"kvd": kvd, "n_layer": len(layers), "layers": list(engine.kv_layers), "rows": base64.b64encode(raw).decode()}
+
+
+@answered
+async def state_bytes(msg: dict, w: Worker) -> dict:
+    """The raw bytes of every conv state (whole rings), delta-net recurrent state (by layer) and snapshot of them (by
+    slot), in base64, read straight from the buffers (not through lab/instruments/memory.py), for a test to check the
+    memory card's numbers and Forget's zeros on its own."""
+    engine = w.loaded().engine
+    read = engine.device.read
+    conv = {str(il): base64.b64encode(await read(b)).decode() for il, b in engine.state_buffers.items()}
+    delta = {str(il): base64.b64encode(await read(b)).decode() for il, b in recurrent_buffers(engine).items()}
+    snaps = [base64.b64encode(await read(b)).decode() for b in engine.scratch.snapshots]
+    return {"conv": conv, "delta": delta, "snapshots": snaps, "held": list(engine.held)}
 
 
 @answered

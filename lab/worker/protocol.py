@@ -25,7 +25,9 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "reset": "new chat: the conversation dropped, the model kept -> reset",
     "probe-embedding": "{id (a token id), index}: its embedding row and neighbours -> embedding",
     "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
-    "forget": "{skip?}: wipe and check every conversation buffer (skip: tests, one buffer left) -> forget",
+    "forget": "{skip?, head?}: wipe and check every conversation buffer (skip: tests, one buffer left; head: the "
+              "memory card's {layer, head}, redrawn from the read-back) -> forget",
+    "memory-head": "{layer, head}: one delta-net head's recurrent state for the memory card -> memory-head",
     "probe-rope": "{pos, layer, seq}: the RoPE card's q, k and probabilities (lab/worker/rope.py) -> rope",
     "verify": "{file, seq}: the verification card's replay (lab/worker/verify.py) -> verify-progress, verify",
     "verify-kernels": "{seq}: the verification card's kernel fixtures -> verify-kernels",
@@ -48,6 +50,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                   "experiment-result",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
+    "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
+                   "memory card's code (answered)",
     "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
     "greedy-ids": "{id, ids, n}: n greedy ids after raw ids, no template, no stop (answered)",
     "kernel-check": "{id, cases}: kernel cases through lab/instruments/kernelcheck.py, base64 both ways (answered)",
@@ -68,11 +72,15 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "prompt": "{ids, pieces}: the rendered prompt",
     "token": "{id, piece, text, index, kv_used}: one generated token",
     "kv-view": "{start, end, n_layer, norms, ms}: the KV panel's new columns",
-    "done": "{result}: the turn's ids, text and timings",
+    "done": "{result}: the turn's ids, text and timings, kv_used, and reuse_note (what a hybrid's turn continued from)",
     "reset": "{}: the conversation is gone",
     "embedding": "{index, id, piece, values, norm, neighbours, ...}",
     "inspection": "{n, start, end, attention, residual, lens, pieces, ...}",
-    "forget": "{report, kv}: the wipe's proof and the KV caches as read back after it",
+    "forget": "{report, kv, memory}: the wipe's proof, and the KV caches and a hybrid's states as read back after it",
+    "memory-view": "{pos, state_pos, conv {start, end, layers, values} | null, delta (norms [n_delta, H]) | null, "
+                   "snaps (the positions the snapshots hold) | null, ms}: "
+                   "a hybrid's states for the memory card",
+    "memory-head": "{layer, head, pos, values}: one delta-net head's state [d_k, d_v]",
     "rope": "{seq, n, pos, layer, q, k, probs, ...}: see lab/worker/rope.py",
     "verify-progress": "{seq, model, prompt, steps}: a reference was found; the replay starts",
     "verify": "{seq, hash, result | null, kv_used?}",
@@ -100,7 +108,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
                          "pieces {id: piece}}",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
-    "kv-rows": "{id, kvd, n_layer, rows}",
+    "kv-rows": "{id, kvd, n_layer, layers, rows}",
+    "state-bytes": "{id, conv {layer: base64}, delta {layer: base64}, snapshots [base64], held}",
     "last-logits": "{id, logits}",
     "greedy-ids": "{id, ids}",
     "kernel-check": "{id, results, adapter, buffers {before, after}}",

@@ -28,7 +28,7 @@ from lab.engine.session import Session
 from lab.format import gguf
 from lab.format.model import host_tensors
 from lab.gpu.browser import open_browser
-from lab.instruments import forget, kvview, probes, selftest
+from lab.instruments import forget, kvview, memory, probes, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
@@ -156,6 +156,8 @@ def _unload(w: Worker) -> None:
             old.probes.close()
         if old.kv_view is not None:
             old.kv_view.close()
+        if old.memory is not None:
+            old.memory.close()
         old.engine.close()
 
 
@@ -204,8 +206,9 @@ async def _load(msg: dict, w: Worker) -> None:
         "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
         "int8_prefill": engine.int8_prefill, "max_batch": engine.max_batch,
         "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
-               "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx,
+               "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx, "layers": list(engine.kv_layers),
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
+        "memory": memory.describe(engine),
         "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
@@ -226,6 +229,8 @@ async def _chat(msg: dict, w: Worker) -> None:
 
     if lo.kv_view is None:
         lo.kv_view = kvview.KvView(lo.engine)
+    if lo.memory is None and lo.engine.cfg.recurrent:
+        lo.memory = memory.MemoryView(lo.engine)
     view, live = lo.kv_view, bool(msg.get("kv_view"))
     shown = 0       # cache rows the page has this turn: the first read starts at 0 (the prompt may have replaced rows)
 
@@ -237,20 +242,53 @@ async def _chat(msg: dict, w: Worker) -> None:
             w.post({"type": "kv-view", **body, "norms": w.f32(body["norms"])})
             shown = end
 
+    async def memory_view() -> None:
+        """A hybrid's states for the memory card: the conv rows the next token reads, the delta-net norms."""
+        if lo.memory is not None:
+            _post_memory(w, await lo.memory.view(len(session.cached)))
+
+    async def live_columns() -> None:
+        await kv_columns()
+        await memory_view()
+
     def on_token(tid: int, piece: str):
         w.post({"type": "token", "id": tid, "piece": tok.piece(tid), "text": piece, "index": len(context),
                 "kv_used": len(session.cached)})
         context.append(tid)
-        return kv_columns() if live else None      # the KV panel is on screen: its new column with each token
+        return live_columns() if live else None    # the memory card is on screen: its new column with each token
 
     w.stop_clear()
+    # what the KV cache holds of this prompt (one token must run) and where the live states stand, before the turn:
+    # the chat's reuse line says what a hybrid's turn continued from (memory.reuse_note)
+    cached, states_at = min(session.cached_prefix(prompt), len(prompt) - 1), lo.engine.held[1]
     result = await session.generate(prompt, settings, int(msg.get("max_new") or MAX_NEW), on_token=on_token,
                                     should_stop=w.stop_requested)
     await kv_columns()                             # the rest (all of it while the panel is off screen)
+    await memory_view()                            # the states as the turn leaves them
     done = result.to_dict()
     del done["prompt_ids"]                       # the page has them from the "prompt" message
     done["kv_used"] = len(session.cached)
+    done["reuse_note"] = memory.reuse_note(lo.engine.cfg, result.reused, cached, states_at)
     w.post({"type": "done", "result": done})
+
+
+def _post_memory(w: Worker, body: dict) -> None:
+    if body["conv"] is not None:
+        body["conv"] = {**body["conv"], "values": w.f32(body["conv"]["values"])}
+    if body["delta"] is not None:
+        body["delta"] = w.f32(body["delta"])
+    w.post({"type": "memory-view", **body})
+
+
+async def _memory_head(msg: dict, w: Worker) -> None:
+    """One delta-net head's state matrix as the GPU holds it, for the memory card's heatmap."""
+    lo = w.loaded()
+    if lo.memory is None:
+        lo.memory = memory.MemoryView(lo.engine)
+    layer, head = int(msg["layer"]), int(msg["head"])
+    values = await lo.memory.delta_head(layer, head)
+    w.post({"type": "memory-head", "layer": layer, "head": head, "pos": len(lo.session.cached),
+            "values": w.f32(values)})
 
 
 async def _reset(msg: dict, w: Worker) -> None:
@@ -304,29 +342,43 @@ async def _forget(msg: dict, w: Worker) -> None:
     The retrieval index goes too, in that order: its buffers stay alive through the wipe, so the report's read-back
     covers them (`retrieval.*`, non-zero before, zero after), and only then is it dropped (buffers freed, the files'
     ids and names emptied). The Experiments card's buffers are held the same way and closed after the wipe."""
-    picture, rows, index, held = None, 0, None, None
+    picture, states, rows, index, held = None, None, 0, None, None
     lo = w.state.loaded
     if lo is not None:
         lo.tokenizer.drop_caches()
         rows = len(lo.session.cached)       # the columns the KV panel showed
         picture = kvview.AfterPicture(lo.engine)
+        if lo.memory is not None:           # and the states the memory card showed: the conv rows, the picked head
+            pick = msg.get("head")
+            # the rows the card showed: at the conversation's end, or (a second Forget) where the rings last stood
+            states = memory.StateAfter(lo.engine, memory.conv_span(lo.engine, rows or lo.engine.held[1]),
+                                       (int(pick["layer"]), int(pick["head"])) if pick else None)
         index, held = lo.index, lo.experiments
         w.state.loaded = lo.fresh(keep_index=False)
     try:
         device = w.state.device
         if device is None:
             raise RuntimeError("no GPU: nothing was ever computed here")
-        report = await forget.wipe(device, on_after=picture, skip=msg.get("skip"))
+        seen = [c for c in (picture, states) if c is not None]
+        report = await forget.wipe(device, on_after=lambda *read: [c(*read) for c in seen], skip=msg.get("skip"))
     finally:
         if index is not None:
             index.drop()
         if held is not None:
             held.close()
-    kv = None
+    kv = mem = None
     if picture is not None:
         kv = picture.picture(rows)
         kv["norms"] = w.f32(kv["norms"])
-    w.post({"type": "forget", "report": report.to_dict(), "kv": kv})
+    if states is not None:
+        mem = states.picture()
+        if mem["conv"] is not None:
+            mem["conv"]["values"] = w.f32(mem["conv"]["values"])
+        if mem["delta"] is not None:
+            mem["delta"]["norms"] = w.f32(mem["delta"]["norms"])
+            if mem["delta"]["head"] is not None:
+                mem["delta"]["head"]["values"] = w.f32(mem["delta"]["head"]["values"])
+    w.post({"type": "forget", "report": report.to_dict(), "kv": kv, "memory": mem})
 
 
 # -- the table: one handler a message type (lab/worker/protocol.py INCOMING catalogues them) -----------------
@@ -338,6 +390,7 @@ ROUTES: dict[str, Handler] = {
     IN.PROBE_EMBEDDING: _probe_embedding,
     IN.PROBE_INSPECT: _probe_inspect,
     IN.FORGET: _forget,
+    IN.MEMORY_HEAD: _memory_head,
     IN.PROBE_ROPE: rope.run,
     IN.VERIFY: verify.run,
     IN.VERIFY_KERNELS: verify.run_kernels,
@@ -349,6 +402,7 @@ ROUTES: dict[str, Handler] = {
     IN.EXPERIMENT_TOKENS: experiments.tokens,
     IN.EXPERIMENT: experiments.run,
     IN.KV_ROWS: hooks.kv_rows,
+    IN.STATE_BYTES: hooks.state_bytes,
     IN.LAST_LOGITS: hooks.last_logits,
     IN.GREEDY_IDS: hooks.greedy_ids,
     IN.KERNEL_CHECK: hooks.kernel_check,

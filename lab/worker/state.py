@@ -14,7 +14,7 @@ from lab.engine.engine import Engine
 from lab.engine.session import Session
 from lab.format import gguf
 from lab.gpu.shaders import KernelCache
-from lab.instruments import kvview
+from lab.instruments import kvview, memory
 from lab.instruments.experiments import Experiments
 from lab.instruments.probes import Probes
 from lab.instruments.retrieval import Index
@@ -34,6 +34,7 @@ class Loaded:
     session: Session
     probes: Probes | None = None                        # built on the first panel request, freed with the engine
     kv_view: kvview.KvView | None = None                # the KV panel's norms pass, built on the first chat
+    memory: memory.MemoryView | None = None             # a hybrid's state reads for the memory card, likewise
     context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
     index: Index | None = None                          # the retrieval card's index of the user's files
     experiments: Experiments | None = None              # the Experiments card's runs, made on its first experiment
@@ -45,7 +46,7 @@ class Loaded:
         self.drop_conversation()
         keep = keep_index
         return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes,
-                      kv_view=self.kv_view, index=self.index if keep else None,
+                      kv_view=self.kv_view, memory=self.memory, index=self.index if keep else None,
                       experiments=self.experiments if keep else None)
 
     def drop_conversation(self) -> None:
