@@ -89,6 +89,9 @@ async def wipe(device: gpu.Device, *, on_after=None, skip: str | None = None) ->
     is left uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed."""
     t0 = time.perf_counter()
     found = conversation_buffers(device)
+    if skip is not None and skip not in {b.label for b in found}:
+        # a hook that silently skipped nothing would let a stale label pass a test as a clean wipe
+        raise ValueError(f"skip: no conversation buffer is labelled {skip!r}")
     staging = device.staging(max((b.size for b in found), default=0)) if found else []
     conv = conversation_buffers(device)          # again: sizing may have replaced a staging buffer
     direct = [b for b in conv if b in staging]

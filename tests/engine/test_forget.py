@@ -189,3 +189,10 @@ def test_text_caches_are_dropped(tok):
     assert tok.drop_caches() > 0
     assert not tok._cache
     assert tok.drop_caches() == 0
+
+
+def test_the_skip_hook_refuses_a_label_it_cannot_find(made, device):
+    """The tests' skip hook names the buffer left uncleared: a label that matches none is an error, not a clean
+    wipe (a stale label once made a deliberately incomplete wipe read as complete)."""
+    with pytest.raises(ValueError, match="no conversation buffer is labelled 'conv state 9 \\[18, n_embd\\]'"):
+        asyncio.run(forget.wipe(device, skip="conv state 9 [18, n_embd]"))
