@@ -3,7 +3,9 @@
 Runs only with a Python that has llama-cpp-python (the reference venv):
 
     LLAMA_CPP_LIB_PATH=.../llama.cpp/build/bin /root/refvenv/bin/python scripts/make_verify_fixtures.py [smollm2 qwen2.5
-    gemma3]
+    gemma3 lfm2 qwen35]
+
+(lfm2 and qwen35: the synthetic F32 hybrids of lab/host/synthetic_arch.py, built with the project venv first.)
 
 Per model, the fixed prompt PROMPT (tokenized by llama.cpp with the vocabulary's BOS) is fed to llama.cpp one token
 at a time, as generation runs, and the final logits are written over the full vocabulary as little-endian f32:
@@ -20,6 +22,7 @@ The kernel checks' fixtures (reference/kernels.json) come from scripts/make_kern
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -34,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_fixtures import f32_copy
 
-from lab.host import models
+from lab.host import models, synthetic_arch
 from lab.instruments import verify
 
 OUT = ROOT / "reference"
@@ -76,8 +79,21 @@ def reference(name: str, kind: str, path: str, prompt_ids: list[int], eog: set[i
             "eval_s": round(time.time() - t0, 1)}
 
 
+# The hybrids the lab runs but no real weights of which are reachable here: their synthetic F32 files
+# (lab/host/synthetic_arch.py), so that the card's replay holds them to llama.cpp as it holds the real models.
+SYNTHETIC = ("lfm2", "qwen35")
+
+
+def model_file(name: str) -> tuple[str, str, str]:
+    """(path, file name, sha256) of the model `name`: a real one (lab.host.models) or a synthetic hybrid."""
+    if name in SYNTHETIC:
+        path = synthetic_arch.build(name, "f32", models.cache_dir() / "synthetic")
+        return str(path), path.name, hashlib.sha256(path.read_bytes()).hexdigest()
+    return str(models.path(name)), models.MODELS[name].filename, models.MODELS[name].sha256
+
+
 def make(name: str) -> tuple[str, dict]:
-    path = str(models.path(name))
+    path, file_name, sha = model_file(name)
     llm = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     prompt_ids = llm.tokenize(PROMPT.encode("utf-8"), add_bos=True, special=False)   # BOS per the vocabulary
     n_vocab = llm.n_vocab()
@@ -91,7 +107,7 @@ def make(name: str) -> tuple[str, dict]:
     finally:
         if os.path.exists(dst):
             os.remove(dst)
-    entry = {"model": name, "file": models.MODELS[name].filename, "sha256": models.MODELS[name].sha256,
+    entry = {"model": name, "file": file_name, "sha256": sha,
              "prompt": PROMPT, "prompt_ids": prompt_ids, "n_vocab": n_vocab, "references": refs,
              "llama_cpp_python": llama_cpp.__version__}
     return verify.file_content_hash(path), entry

@@ -156,3 +156,23 @@ def test_same_name_other_bytes_has_no_reference(lab, smollm2_path, tmp_path):
     _kernels_all_pass(lab)
     _shot(lab, "verify-no-reference")
     assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+def test_card_on_a_hybrid(lab):
+    """The synthetic Qwen3.5-shaped file (gated delta-net layers: the replay's prefill and 16 decode steps carry their
+    conv and recurrent states): found by its content, and every exact row passes as for the real models."""
+    from lab.host import synthetic_arch
+    from lab.host.models import cache_dir
+    path = synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
+    lab.wait_ready()
+    lab.pick(path)
+    lab.wait_loaded(path.name)
+    _run_card(lab)
+    status = lab.page.locator('[data-testid="verify-status"]')
+    assert status.get_attribute("data-state") == "done" and status.get_attribute("data-ok") == "true", \
+        status.inner_text()
+    got = {(r["reference"], r["check"]): r for r in lab.cells("verify-row", ["reference", "check", "verdict", "number"])}
+    assert all(got[("exact", c)]["verdict"] == "pass" for c in ("max |diff|", "RMS diff", "argmax", "greedy 16")), got
+    assert float(got[("exact", "greedy 16")]["number"]) == 16
+    _kernels_all_pass(lab)
+    assert lab.errors() == [] and lab.foreign_requests() == []

@@ -23,7 +23,24 @@ from lab.instruments import verify
 
 MODELS = [pytest.param("smollm2", "smollm2_path"),
           pytest.param("qwen2.5", "qwen_path", marks=pytest.mark.slow),
-          pytest.param("gemma3", "gemma_path", marks=pytest.mark.slow)]
+          pytest.param("gemma3", "gemma_path", marks=pytest.mark.slow),
+          # the hybrids, on their synthetic F32 files (the replay's decode steps carry their conv and recurrent states)
+          pytest.param("lfm2", "lfm2_path"),
+          pytest.param("qwen35", "qwen35_path")]
+
+
+@pytest.fixture
+def lfm2_path():
+    from lab.host import synthetic_arch
+    from lab.host.models import cache_dir
+    return synthetic_arch.build("lfm2", "f32", cache_dir() / "synthetic")
+
+
+@pytest.fixture
+def qwen35_path():
+    from lab.host import synthetic_arch
+    from lab.host.models import cache_dir
+    return synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
 
 
 @pytest.mark.parametrize("name,path_fixture", MODELS)
