@@ -39,6 +39,9 @@ MATVEC_LOOPS = {
     "Q5_K": ("matvec_k.wgsl", {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
     "Q6_K": ("matvec_q6_k.wgsl", {}),
 }
+# Values one step of a type's own loop covers (its "unit": the K loops a 16-byte piece of 32 values, Q6_K 64).
+LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64}
+TALL = 16384            # rows from which a matvec is a tall output head (the vocabulary's rows)
 
 
 def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str = "", swiftshader: bool = False) -> int:
@@ -48,18 +51,23 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
     pays for every thread of a workgroup instead: just enough for one pass over a row's groups, 64..256
     (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's).
     A type with its own loop: 64 threads, or 128 under 2,048 rows (too few workgroups to fill the GPU). On the
-    H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5.
+    H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5. A tall head of
+    short rows (Qwen3.5-0.8B's tied Q6_K table, 248,320 x 1,024: 16 units a row) left three of 64 threads idle
+    (0.35 TB/s, 0.6 ms of a 2.2 ms decode step): there, as many threads as a row has units, 16..64.
     SwiftShader (the page without a GPU) runs a workgroup as 4-wide SIMD groups switched at each barrier: 4 threads
     for every shape and type. SmolLM2 in Chromium: gate_up 3072x576 Q4_1 7.9 ms at 4 threads, 12.6 at 8, 62 at 64;
     the 49152x576 Q8_0 head 222, 209 and 842 ms."""
     if swiftshader:
         return gpu.SWIFTSHADER_WG
     if type_name in MATVEC_LOOPS:
+        if rows >= TALL:
+            units = cols // LOOP_UNIT[type_name]
+            return min(64, max(16, 1 << max(units - 1, 0).bit_length()))
         return 64 if rows >= 2048 else 128
     gpr = cols // 8
     if software:
         return 256 if gpr >= 512 else 128 if gpr >= 192 else 64
-    if rows >= 16384:
+    if rows >= TALL:
         return 32
     return 256 if gpr >= 192 else 128
 

@@ -97,14 +97,14 @@ def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-@pytest.mark.parametrize("wg", [4, 32, 256])
-def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, wg):
-    """The GPU's workgroup sizes (32 threads for a tall head, 256 for long rows; this CPU adapter picks
-    64..256 by row length; SwiftShader 4) on both reduction paths."""
-    raw, W = tensor("Q4_K")
+@pytest.mark.parametrize("name,wg", [("Q4_K", 4), ("Q4_K", 32), ("Q4_K", 256), ("Q6_K", 16), ("Q4_K", 16)])
+def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, name, wg):
+    """The GPU's workgroup sizes (32 threads for a tall head, 16 for a tall head of short K-quant rows, 256 for long
+    rows; this CPU adapter picks 64..256 by row length; SwiftShader 4) on both reduction paths."""
+    raw, W = tensor(name)
     x = rand(W.shape[1], seed=2)
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
-        y = r.matvec(r.weight("Q4_K", raw), x, wg=wg)
+        y = r.matvec(r.weight(name, raw), x, wg=wg)
     assert qo.dot_err(y, W, x) <= DOT_TOL
     assert any(f"WG={wg}" in k.label.split() for k in r.kernels._cache.values())
 
@@ -131,6 +131,9 @@ def test_matvec_wg_rule():
     assert matvec_wg(576, 49152) == 32 and matvec_wg(1536, 576) == 256 and matvec_wg(576, 960) == 128
     assert matvec_wg(576, 49152, software=True) == 64 and matvec_wg(4864, 896, software=True) == 256
     assert matvec_wg(4096, 14336, type_name="Q4_K") == 64 and matvec_wg(4864, 896, type_name="Q6_K") == 128
+    # tall heads of short rows: as many threads as a row has units of the type's loop
+    assert matvec_wg(1024, 248320, type_name="Q6_K") == 16 and matvec_wg(2048, 128256, type_name="Q6_K") == 32
+    assert matvec_wg(4096, 128256, type_name="Q6_K") == 64 and matvec_wg(1024, 151936, type_name="Q4_K") == 32
     assert matvec_wg(576, 49152, software=True, swiftshader=True) == 4
     assert matvec_wg(4096, 14336, software=True, type_name="Q4_K", swiftshader=True) == 4
 
