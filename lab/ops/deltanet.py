@@ -12,11 +12,25 @@ from __future__ import annotations
 import struct
 
 from lab import gpu
+from lab.gpu.shaders import subgroup_consts
 from lab.ops import Op
 
 # n_k_heads, n_v_heads, proj_stride, z_offset, beta_offset, alpha_offset, eps, _p0
 PARAMS = struct.Struct("<6IfI")
-MIN_HEAD, MAX_HEAD = 16, 256     # S: the workgroup size (WebGPU's default limit 256), a multiple of 16
+MIN_HEAD, MAX_HEAD = 16, 256     # S, a multiple of 16: S lanes(S) threads a workgroup, at most WebGPU's default 256
+MAX_LANES = 4                    # lanes a column: adjacent lanes of one subgroup (WGSL's subgroups hold 4 at least)
+
+
+def lanes(device: gpu.Device, head_dim: int) -> int:
+    """The lanes that split each column's rows (wgsl/deltanet.wgsl's P, the header says why): the largest power of two
+    (their partial sums meet by a butterfly of subgroup shuffles; it divides S / 4) that keeps S P threads within 256,
+    at most MAX_LANES; 1 without subgroups."""
+    if "subgroups" not in device.info.features:
+        return 1
+    p = 1
+    while 2 * p <= MAX_LANES and 2 * p * head_dim <= 256:
+        p *= 2
+    return p
 
 
 def state_bytes(n_v_heads: int, head_dim: int) -> int:
@@ -53,7 +67,7 @@ def deltanet(device: gpu.Device, kernels, proj: gpu.Buffer, conv: gpu.Buffer, dt
         raise ValueError(f"{label}: out must be a buffer of its own")
     if any(state is b for b in (proj, conv, dt_bias, ssm_a, norm_w)):
         raise ValueError(f"{label}: the state must be a buffer of its own")
-    k = kernels.get("deltanet", S=S)
+    k = kernels.get("deltanet", S=S, P=lanes(device, S), **subgroup_consts(device))
     params = device.uniform(PARAMS.pack(nk, nv, proj_stride, z_offset, beta_offset, alpha_offset, eps, 0),
                             f"{label}.params")
     bound = device.bind(k, [proj, conv, dt_bias, ssm_a, norm_w, state, out, params, step], label)

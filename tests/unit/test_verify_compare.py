@@ -29,9 +29,17 @@ def _logits(entry, kind) -> array:
 
 # -- content hash ----------------------------------------------------------------------------------------------------
 def test_every_index_entry_is_keyed_by_its_file_content():
-    from lab.host import models
+    """Each reference is keyed by its file's content: the real models where downloaded, and the synthetic hybrids
+    (rebuilt from their fixed seeds), whose sha256 the entry also records."""
+    import hashlib
+
+    from lab.host import models, synthetic_arch
     for digest, entry in index()["models"].items():
-        p = models.path(entry["model"])
+        if entry["file"].startswith("synthetic-"):
+            p = synthetic_arch.build(entry["model"], "f32", models.cache_dir() / "synthetic")
+            assert hashlib.sha256(p.read_bytes()).hexdigest() == entry["sha256"], entry["model"]
+        else:
+            p = models.path(entry["model"])
         if p.exists():
             assert verify.file_content_hash(p) == digest, entry["model"]
 
