@@ -199,8 +199,10 @@ def test_qwen35_memory_card_two_turns_delta_states_and_forget(browser, server_ur
         reuse = page.inner_text('[data-testid="reuse"]')
         assert reuse.startswith("prefilled ") and "nothing of this text was run before" in reuse, reuse
         first = _delta_cells(lab)
-        # the card was on screen from the first turn: a read at each of its 4 tokens, each at its own position
-        assert all(len(v) == 4 and len(set(v)) == 4 for v in first.values()), first
+        # the card was on screen from the first turn: reads as its tokens arrived, not only at its end. One a token
+        # where each step is read back before the next (SwiftShader); on a fast GPU the greedy steps run ahead in
+        # blocks, the states with them, and a read finds them where the GPU has left them: 2 to 4 distinct records.
+        assert all(2 <= len(v) <= 4 and len(set(v)) == len(v) for v in first.values()), first
         _send_watching(lab, "And then?", 4)
         reuse = page.inner_text('[data-testid="reuse"]')
         reused = int(reuse.split("reused ")[1].split(":")[0])
@@ -215,10 +217,11 @@ def test_qwen35_memory_card_two_turns_delta_states_and_forget(browser, server_ur
         strips = _delta_cells(lab)
         assert sorted(strips) == [0, 1, 3, 4]
         for il, values in strips.items():
-            # the second turn streamed with the card on screen: a read at each of its 4 tokens (the first after the
-            # prefill), each after a different position, appended to the first turn's
-            assert values[:len(first[il])] == first[il] and len(values) == len(first[il]) + 4, (il, values)
-            assert all(v > 0 for v in values) and len(set(values[-4:])) == 4, (il, values)
+            # the second turn streamed with the card on screen: its reads (one a token where steps are read back one
+            # by one, fewer where the GPU runs ahead, as above), each at a new position, appended to the first turn's
+            new = values[len(first[il]):]
+            assert values[:len(first[il])] == first[il] and 2 <= len(new) <= 4, (il, values)
+            assert all(v > 0 for v in values) and len(set(new)) == len(new), (il, values)
         raw = _raw(page)
         last = {int(c["layer"]): float(c["value"]) for c in lab.cells("delta-norm", ["layer", "value"])}
         for il, s in raw["delta"].items():          # the last record is the states as they stand: ‖S‖ over all heads
