@@ -376,8 +376,9 @@ function forgetAll(skip) {
 //   read from the caches without the KV panel's kernel, so a test can check the panel's numbers.
 // - labStateBytes() (tests/browser/test_hybrid_page.py): every conv and delta-net state's and snapshot's raw bytes,
 //   read without the memory card's code, so a test can check the card's rows and Forget's zeros.
-// - labGreedyIds(ids, n) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through the
-//   engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture;
+// - labGreedyIds(ids, n, session) (tests/browser/test_arch_page.py): n greedy ids after raw prompt ids, straight through
+//   the engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture; with
+//   session, as a turn of the worker's Session (reusing what the last turn left: a hybrid's states), with `reused`;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
 // - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work
 //   (lab/instruments/profile.py; `lab bench --backend browser --profile` asks the worker directly). Drops the
@@ -407,7 +408,7 @@ function answered(m) {
 window.labKernelCheck = (cases) => ask("kernel-check", { cases });
 window.labKvRows = (positions) => ask("kv-rows", { positions });
 window.labStateBytes = () => ask("state-bytes", {});
-window.labGreedyIds = (ids, n) => ask("greedy-ids", { ids, n });
+window.labGreedyIds = (ids, n, session = false) => ask("greedy-ids", { ids, n, session });
 window.labLastLogits = (ids) => ask("last-logits", { ids });
 window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos, families, reps, warm_ms });
 window.labWeightBytes = (name, offset, size) => ask("weight-bytes", { name, offset, size }).then((m) => m.bytes);

@@ -18,6 +18,7 @@ from pyodide.ffi import to_js
 from lab.instruments import kernelcheck, weightread
 from lab.instruments import profile as gpu_profile
 from lab.instruments.memory import recurrent_buffers
+from lab.settings import Settings
 from lab.worker.protocol import answered
 from lab.worker.state import Loaded, Worker, clear_staging
 
@@ -74,8 +75,13 @@ async def last_logits(msg: dict, w: Worker) -> dict:
 async def greedy_ids(msg: dict, w: Worker) -> dict:
     """n greedy ids after raw prompt ids, straight through the engine's prefill and decode steps (no chat template, no
     end-of-generation stop), as llama.cpp's architecture fixtures were made. The chat's cache is dropped: the steps
-    overwrite it."""
+    overwrite it. With `session`, the ids go through the worker's own Session instead (a turn: it reuses what the
+    last one left, KV cache and a hybrid's states, and stops at an end-of-generation id), and `reused` says how many
+    prompt ids it did not run again."""
     lo = w.loaded()
+    if msg.get("session"):
+        res = await lo.session.generate([int(i) for i in msg["ids"]], Settings(greedy=True), int(msg["n"]))
+        return {"ids": res.ids, "reused": res.reused, "stop": res.stop}
     lo.session.reset()
     ids, n, engine = [int(i) for i in msg["ids"]], int(msg["n"]), lo.engine
     out = []

@@ -53,7 +53,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
                    "memory card's code (answered)",
     "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
-    "greedy-ids": "{id, ids, n}: n greedy ids after raw ids, no template, no stop (answered)",
+    "greedy-ids": "{id, ids, n, session?}: n greedy ids after raw ids, no template, no stop; session: as a turn of the "
+                  "worker's Session, reusing what the last turn left (answered)",
     "kernel-check": "{id, cases}: kernel cases through lab/instruments/kernelcheck.py, base64 both ways (answered)",
     "weight-bytes": "{id, name, offset, size}: a tensor's bytes read back from the GPU, base64 (answered)",
     "profile": "{id?, t, pos, families, reps, warm_ms}: GPU time of a step by timestamp queries, on random ids; "
@@ -111,7 +112,7 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "kv-rows": "{id, kvd, n_layer, layers, rows}",
     "state-bytes": "{id, conv {layer: base64}, delta {layer: base64}, snapshots [base64], held}",
     "last-logits": "{id, logits}",
-    "greedy-ids": "{id, ids}",
+    "greedy-ids": "{id, ids, reused?, stop?}",
     "kernel-check": "{id, results, adapter, buffers {before, after}}",
     "weight-bytes": "{id, bytes}",
     "profile": "{id, t, pos, rows [{family, dispatches, gpu_us, ...}]}",

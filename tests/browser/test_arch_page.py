@@ -13,6 +13,7 @@ import base64
 import json
 
 import numpy as np
+import pytest
 
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
@@ -112,4 +113,31 @@ def test_qwen35_in_the_page_is_llama_cpps(browser, server_url):
         lab.pick(path)
         lab.wait_loaded(path.name)
         _held_to_llama_cpp(lab.page, "qwen35", positions={1, 16, 24})
+        assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+@pytest.mark.parametrize("spec", ["lfm2", "qwen35"])
+def test_a_hybrid_over_48_tokens_and_two_turns_in_the_page(browser, server_url, spec):
+    """As tests/engine/test_hybrid_parity.py, in the page's worker: 48 greedy ids after each of three prompts, and a
+    two-turn chat through the worker's Session whose second turn reuses the states and is still llama.cpp's."""
+    from tests.engine.test_hybrid_parity import compared, fixture
+    fx = fixture(spec)
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
+    with open_lab(browser, server_url) as lab:
+        page = lab.page
+        lab.wait_ready()
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+        for p in fx["prompts"]:
+            got = page.evaluate("([ids, n]) => window.labGreedyIds(ids, n).then((m) => m.ids)",
+                                [p["prompt_ids"], len(p["greedy"])])
+            n = compared(got, p["greedy"], p["top2_gap"])
+            assert n >= 40 and got[:n] == p["greedy"][:n], (spec, p["text"])
+        chat = fx["chat"]
+        turn = "([ids, n]) => window.labGreedyIds(ids, n, true)"
+        t1 = page.evaluate(turn, [chat["turn1_ids"], len(chat["turn1_greedy"])])
+        assert t1["ids"] == chat["turn1_greedy"] and t1["reused"] == 0, t1
+        t2 = page.evaluate(turn, [chat["turn2_ids"], len(chat["turn2_greedy"])])
+        n = compared(t2["ids"], chat["turn2_greedy"], chat["turn2_gaps"])
+        assert t2["reused"] >= len(chat["turn1_ids"]) and n >= 40 and t2["ids"][:n] == chat["turn2_greedy"][:n], t2
         assert lab.errors() == [] and lab.foreign_requests() == []
