@@ -1,9 +1,10 @@
 """The hybrids held to llama.cpp over longer runs (tests/fixtures/hybrid/<spec>-chat.json, from
-scripts/make_hybrid_fixtures.py): on the synthetic F32 lfm2 and qwen35 files, natively (lavapipe), 48 greedy ids after each of three prompts, and a
-two-turn chat whose second turn reuses the states the first left (KV rows, conv rings, delta-net states) and must
-still give llama.cpp's 48 ids, which llama.cpp computed from a fresh context over the whole second prompt. Compared up
-to llama.cpp's first near-tie (top-2 gap under NEAR_TIE: F32 on both sides, summation order apart) or an
-end-of-generation id (where a turn stops). The page runs the same: tests/browser/test_arch_page.py."""
+scripts/make_hybrid_fixtures.py): on the synthetic F32 lfm2 and qwen35 files, natively (lavapipe), 48 greedy ids
+after each of three prompts, and a two-turn chat whose second turn reuses the states the first left (KV rows, conv
+rings, delta-net states) and must still give llama.cpp's 48 ids, which llama.cpp computed from a fresh context over
+the whole second prompt. Compared up to llama.cpp's first near-tie (top-2 gap under NEAR_TIE: F32 on both sides,
+summation order apart) or an end-of-generation id (where a turn stops). The page runs the same:
+tests/browser/test_arch_page.py."""
 
 from __future__ import annotations
 
