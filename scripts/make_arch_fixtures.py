@@ -70,6 +70,20 @@ def f32_copy(src: Path, dst: Path) -> None:
     copy(str(src), str(dst))
 
 
+def greedy_on(llm, n: int) -> tuple[list[int], list[float]]:
+    """n greedy ids continuing the context as llm holds it (the logits of its last token first), and llama.cpp's
+    top-2 logit gap at each step (the tests stop comparing at a near-tie). Also scripts/make_mixed_fixtures.py's and
+    scripts/make_hybrid_fixtures.py's."""
+    ids, gaps = [], []
+    for _ in range(n):
+        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
+        top2 = np.argsort(-row, kind="stable")[:2]
+        ids.append(int(top2[0]))
+        gaps.append(round(float(row[top2[0]] - row[top2[1]]), 5))
+        llm.eval([ids[-1]])
+    return ids, gaps
+
+
 def run(spec: str, mix: str) -> dict:
     path = synthetic_arch.build(spec, mix, synthetic_dir())
     # The quantized files run as F32 copies: this machine's llama.cpp build (GGML_NATIVE) dies with SIGILL in its
@@ -102,13 +116,7 @@ def _run(spec: str, mix: str, path: Path, run_path: Path) -> dict:
         top = np.argsort(-row, kind="stable")[:TOP]
         positions.append({"pos": p, "top_ids": [int(i) for i in top], "top_logits": [round(float(row[i]), 5) for i in top],
                           "sample_logits": [round(float(row[i]), 5) for i in sample]})
-    ids, gaps = [], []
-    for _ in range(GREEDY_N):
-        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        top2 = np.argsort(-row, kind="stable")[:2]
-        ids.append(int(top2[0]))
-        gaps.append(round(float(row[top2[0]] - row[top2[1]]), 5))
-        llm.eval([int(top2[0])])
+    ids, gaps = greedy_on(llm, GREEDY_N)
     del llm
     return {
         "spec": spec, "mix": mix, "arch": synthetic_arch.SPECS[spec].arch, "n_vocab": n_vocab,

@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_arch_fixtures import greedy_on
+
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
 
@@ -41,14 +43,7 @@ def greedy(llm, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     """n greedy ids after `ids` from a fresh context, and llama.cpp's top-2 gap at each step."""
     llm.reset()
     llm.eval(ids)
-    out, gaps = [], []
-    for _ in range(n):
-        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        top2 = np.argsort(-row, kind="stable")[:2]
-        out.append(int(top2[0]))
-        gaps.append(round(float(row[top2[0]] - row[top2[1]]), 5))
-        llm.eval([out[-1]])
-    return out, gaps
+    return greedy_on(llm, n)
 
 
 def run(spec: str) -> dict:

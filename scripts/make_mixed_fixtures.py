@@ -152,6 +152,7 @@ def llama_cpp_answers(path: Path) -> dict:
     import llama_cpp
     copy = Path(tempfile.gettempdir()) / f"llm-lab-{path.stem}-f32.gguf"
     sys.path.insert(0, str(ROOT / "scripts"))
+    from make_arch_fixtures import greedy_on
     from make_fixtures import f32_copy
     f32_copy(str(path), str(copy))
     try:
@@ -162,13 +163,7 @@ def llama_cpp_answers(path: Path) -> dict:
             llm.reset()
             llm.eval(prompt)
             positions = [{"pos": p, "logits": [round(float(x), 5) for x in llm.scores[p]]} for p in POSITIONS]
-            ids, gaps = [], []
-            for _ in range(GREEDY_N):
-                row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-                top2 = np.argsort(-row, kind="stable")[:2]
-                ids.append(int(top2[0]))
-                gaps.append(round(float(row[top2[0]] - row[top2[1]]), 5))
-                llm.eval([int(top2[0])])
+            ids, gaps = greedy_on(llm, GREEDY_N)
             out.append({"prompt": list(prompt), "positions": positions, "greedy": ids, "top2_gap": gaps})
         del llm
         return {"runs": out, "llama_cpp_python": llama_cpp.__version__}
