@@ -231,7 +231,7 @@ def test_decode_is_untouched_by_panels(engine, probe, tok):
     inspect_s = time.perf_counter() - t0
     opened = decode_tok_s()
     assert engine.prepared(1) is plan and engine.dispatches_per_step(1) == dispatches
-    assert not any(op in engine.decode.ops for op in probe._gather + probe._copy + probe._norm)
+    assert not any(op in engine.decode.ops for op in list(probe._gather.values()) + probe._copy + probe._norm)
     print(f"\ndecode tok/s: panels closed {closed:.2f}, after an inspection (probe plans built) {opened:.2f}; "
           f"attention + residual inspection of {len(prompt)} positions {inspect_s:.2f} s")
 
@@ -244,8 +244,8 @@ def test_probe_variant_is_the_engine_plan_plus_probes(engine, probe, tok, batche
     base = engine.plan_for(batched).ops
     plan = probe._variant(probes.Variant(batched, write_kv=True, attention=True, lens=True, residual=True))
     sites = probe._sites[batched]
-    probed = sites.probed
-    extra = set(map(id, probe._gather + probe._copy + probe._norm + [op for p in probed for op in p]))
+    probed = list(sites.probed.values())
+    extra = set(map(id, list(probe._gather.values()) + probe._copy + probe._norm + [op for p in probed for op in p]))
     ours = [op for op in plan if id(op) not in extra]
     engine_attn = [op for op in base if op.kernel.label.startswith("attention:")]
     assert all(op in base for op in ours)

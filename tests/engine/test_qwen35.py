@@ -8,55 +8,31 @@ tests/kernels/test_deltanet.py and test_shortconv.py."""
 
 from __future__ import annotations
 
-import asyncio
-
-import numpy as np
 import pytest
 
 from lab import gpu
 from lab.engine import budget
 from lab.engine import session as session_mod
-from lab.engine.engine import Engine, EngineError
-from lab.engine.load import validate
+from lab.engine.engine import EngineError
 from lab.engine.scratch import AHEAD, SNAPSHOTS, conv_ring
 from lab.engine.session import Session
-from lab.format import gguf
-from lab.host import synthetic_arch
-from lab.host.models import cache_dir
-from lab.host.native import open_native
-from lab.host.reference import Reference
 from lab.instruments import forget
 from lab.settings import Settings
+from tests.engine.hybrids import engine_on, greedy_chat, prompt_ids, run, synthetic, traced_names_matching_the_reference
 
 N_CTX = 160
-TRACE_TOL = 1e-4        # relative to the tensor's largest |value|: f32 summation order (measured ~1e-6)
-TEXT = ("The old lighthouse keeper climbed the stairs every evening, counting the steps: one hundred and twelve. "
-        "Nobody knew why he still did it.")
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 @pytest.fixture(scope="module")
 def path():
-    return synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
+    return synthetic("qwen35")
 
 
 @pytest.fixture(scope="module")
 def made(path):
-    """An engine on a device of its own, so that Forget's registry holds this engine's buffers only."""
-    device = open_native()
-    header = gguf.read_file(path)
-    cfg, tok = validate(header)
-    eng = Engine(device, header, cfg, n_ctx=N_CTX, logits_all=True)
-    eng.weights.upload_file(path)
+    eng, tok = engine_on(path, N_CTX)
     yield eng, tok
     eng.close()
-
-
-def prompt_ids(tok) -> list[int]:
-    return tok.encode(TEXT, add_bos=tok.add_bos)
 
 
 def test_layer_kinds_and_memory(made):
@@ -88,32 +64,11 @@ def test_every_traced_tensor_matches_the_reference(made, path):
     """Prefill from 0 and then one decode step, every traced tensor of both against the numpy reference (its own
     states carried between the two calls, as the engine's are)."""
     eng, tok = made
-    ids = prompt_ids(tok)
-    ref = Reference(path)
-    ref.forward(ids[:-1], trace=True)
-    want_prefill = dict(ref.trace)
-    ref.forward(ids[-1:], start_pos=len(ids) - 1, trace=True)
-    want_decode = dict(ref.trace)
-    names = set()
-    for got, want in ((run(eng.traced(ids[:-1], 0)), want_prefill),
-                      (run(eng.traced(ids[-1:], len(ids) - 1)), want_decode)):
-        for name, raw in got.items():
-            w = np.asarray(want[name], np.float32).reshape(-1)
-            g = np.frombuffer(raw, np.float32)
-            if name in ("result_output", "result_norm"):
-                w = w[-len(g):]             # the engine's head row(s) are the reference's last
-            err = float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-30))
-            assert err <= TRACE_TOL, f"{name}: {err:.3g}"
-            names.add(name)
+    names = traced_names_matching_the_reference(eng, tok, path)
     for il in (0, 1, 3, 4):
         assert {f"linear_attn_qkv_mixed-{il}", f"conv_output_silu-{il}", f"final_output-{il}", f"ffn_inp-{il}",
                 f"l_out-{il}"} <= names
     assert {"kqv_out-2", "attn_gated-2", "attn_gated-5", "Qcur_rope-5"} <= names
-
-
-def greedy_chat(eng, tok, prompt, n, session=None):
-    session = session or Session(eng, tok)
-    return session, run(session.generate(prompt, Settings(greedy=True), n))
 
 
 def test_a_follow_up_turn_reuses_the_states(made):
