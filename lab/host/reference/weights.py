@@ -319,7 +319,7 @@ class Hparams:
             hp.n_swa = int(k("attention.sliding_window"))
             hp.head_dim_swa = int(k("attention.key_length_swa"))
             hp.n_rot_swa = int(k("rope.dimension_count_swa", hp.head_dim_swa, required=False))
-            hp.rope_base_swa = float(k("rope.freq_base_swa", rope_base, required=False))
+            hp.rope_base_swa = float(k("rope.freq_base_swa", 10000.0, required=False))   # llama_hparams' default
             hp.kv_heads = per_layer_kv or []
             hp.ff_layers = ff_layers
             hp.kv_from_start = n_layer - int(k("attention.shared_kv_layers", 0, required=False))
