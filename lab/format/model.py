@@ -57,7 +57,8 @@ GEMMA4_MOE = ("gemma4's mixture-of-experts size (26B-A4B): its routed expert FFN
 # gemma4: tensors a shared-KV layer may hold that llama.cpp loads (TENSOR_NOT_REQUIRED) and never reads
 GEMMA4_UNREAD = ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
-HOST_TENSORS = ("rope_freqs.weight",)
+# gemma4's layer_output_scale: one float a block, a constant of the plan (lab.engine.plans) rather than a buffer
+HOST_TENSORS = ("rope_freqs.weight", "layer_output_scale.weight")
 
 
 @dataclass(frozen=True)
@@ -632,7 +633,7 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
             shapes.update(_qwen35_block(cfg, b, il, stored))
             continue
         if cfg.arch == "gemma4":
-            shapes.update(_gemma4_block(cfg, b, il))
+            shapes.update(_gemma4_block(cfg, b, il, stored))
             continue
         if cfg.is_conv(il):     # lfm2's short-conv block in place of attention (llama_model_lfm2::load_arch_tensors)
             shapes.update({b + "shortconv.conv.weight": ("l_cache", e), b + "shortconv.in_proj.weight": (e, "bcx_rows"),
@@ -686,7 +687,7 @@ def _qwen35_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple
     return out
 
 
-def _gemma4_block(cfg: Config, b: str, il: int) -> dict[str, tuple[str, ...]]:
+def _gemma4_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple[str, ...]]:
     """A gemma4 block's tensors but attn_norm (llama_model_gemma4::load_arch_tensors), each size the layer's own
     ("head_dim@3": head_dim_of(3)): Q with its norm; K, V and K's norm on layers with their own K/V; the output, the
     post-attention norm, the GeGLU FFN and its norms; the per-layer embedding's gate, projection and norm; out_scale."""
@@ -701,7 +702,7 @@ def _gemma4_block(cfg: Config, b: str, il: int) -> dict[str, tuple[str, ...]]:
     if cfg.n_embd_per_layer:
         out.update({b + "inp_gate.weight": (e, "n_embd_per_layer"), b + "proj.weight": ("n_embd_per_layer", e),
                     b + "post_norm.weight": (e,)})
-    if cfg.out_scale:
+    if cfg.out_scale and stored:    # read by the host (HOST_TENSORS), not uploaded
         out[b + "layer_output_scale.weight"] = ("one",)
     return out
 
@@ -742,7 +743,11 @@ def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, Tenso
 
 def host_tensors(cfg: Config, header: Header) -> list[TensorInfo]:
     """The tensors whose values the host must read and hand to the engine (HOST_TENSORS the model uses)."""
-    return [t for t in header.tensors if t.name in HOST_TENSORS and (cfg.rope_freqs or cfg.rope_freqs_full)]
+    def used(name: str) -> bool:
+        if name == "rope_freqs.weight":
+            return cfg.rope_freqs or cfg.rope_freqs_full
+        return cfg.out_scale and name.startswith("blk.") and name.split(".", 2)[2] == "layer_output_scale.weight"
+    return [t for t in header.tensors if used(t.name)]
 
 
 def _size(cfg: Config, dim: str) -> int:

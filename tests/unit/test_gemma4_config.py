@@ -36,13 +36,14 @@ def test_gemma4_config():
     assert c.attn_scale == 1.0 and c.embd_scale == 16.0 and c.final_softcap == 8.0 and c.attn_softcap == 0.0
     assert c.qk_norm and c.v_norm and c.post_norms and c.gelu and c.rope_neox and c.tied_output and c.out_scale
     assert c.rope_freqs_full and not c.rope_freqs and c.n_embd_per_layer == 32
-    assert [t.name for t in model.host_tensors(c, gemma4())] == ["rope_freqs.weight"]
+    assert [t.name for t in model.host_tensors(c, gemma4())] == ["rope_freqs.weight"] + [
+        f"blk.{il}.layer_output_scale.weight" for il in range(7)]
     t = model.expected_tensors(c)
     assert t["per_layer_token_embd.weight"] == (224, N_VOCAB) and t["per_layer_model_proj.weight"] == (256, 224)
     assert t["blk.0.attn_q.weight"] == (256, 256) and t["blk.2.attn_q.weight"] == (256, 512)
     assert t["blk.2.attn_k.weight"] == (256, 128) and t["blk.3.attn_v.weight"] == (256, 128)
     assert t["blk.6.ffn_down.weight"] == (512, 256) and t["blk.0.inp_gate.weight"] == (256, 32)
-    assert t["blk.0.proj.weight"] == (32, 256) and t["blk.4.layer_output_scale.weight"] == (1,)
+    assert t["blk.0.proj.weight"] == (32, 256) and "blk.4.layer_output_scale.weight" not in t
     assert "blk.5.attn_k.weight" not in t and "blk.6.attn_k_norm.weight" not in t and "rope_freqs.weight" not in t
     assert "shared_kv_layers" in c.skipped[0]
 

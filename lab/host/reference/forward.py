@@ -341,7 +341,7 @@ class Reference:
             o = self._cb(f"kqv_out-{il}", o)
             cur = self._cb(f"attn_out-{il}", self._mm(o, f"blk.{il}.attn_output.weight"))
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
-            x = self._feed_forward(il, ffn_inp, out_name="pe_in" if per_layer is not None else "l_out")
+            x = self._feed_forward(il, ffn_inp, out_name="pe_in")
             if per_layer is not None:
                 g = gelu_tanh(self._mm(x, f"blk.{il}.inp_gate.weight")) * per_layer[il]
                 y = rms_norm(self._mm(g, f"blk.{il}.proj.weight"), self._lw(il, "post_norm.weight"), hp.eps)
