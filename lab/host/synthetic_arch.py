@@ -99,7 +99,7 @@ SPECS: dict[str, ArchSpec] = {
     "gemma2": ArchSpec("gemma2", "gemma3", 4, 2, 1, 256, 512, tied=True,
                        extra={"rope.freq_base": 10000.0, "context_length": 8192, "attention.key_length": 256,
                               "attention.value_length": 256, "attention.sliding_window": 8,
-                              "attn_logit_softcapping": 2.0, "final_logit_softcapping": 8.0}),
+                              "attn_logit_softcapping": 2.0, "final_logit_softcapping": 15.0}),
     # Gemma 3 1B-shaped: head 256, 6 layers (5 sliding at base 10000, 1 global at 1e6)
     "gemma3": ArchSpec("gemma3", "gemma3", 6, 2, 1, 256, 512, tied=True,
                        extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.key_length": 256,
@@ -131,7 +131,8 @@ SPECS: dict[str, ArchSpec] = {
     # soft-cap 30, attention scale 1, sliding base 1e4 / full 1e6): 7 layers [S S F S F | S F], the last two sharing
     # layers 3 (sliding) and 4 (full); sliding heads of 64 over 2 KV heads, full heads of 128 over 1 KV head (per-layer
     # head_count_kv); n_ff 256, 512 on the shared layers; 32 per-layer embedding dims (the [224, 49152] table keeps
-    # the F32 file small); a soft-cap of 8 that binds on random weights; SmolLM2's vocabulary
+    # the F32 file small); a soft-cap of 15 that binds on random weights (8 left llama.cpp near-ties in the first greedy
+    # step of the Q4_K_M mix); SmolLM2's vocabulary
     "gemma4": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
                        ff_per_layer=(256, 256, 256, 256, 256, 512, 512),
                        extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
@@ -141,7 +142,7 @@ SPECS: dict[str, ArchSpec] = {
                               "attention.sliding_window": 8,
                               "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
                               "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
-                              "final_logit_softcapping": 8.0}),
+                              "final_logit_softcapping": 15.0}),
 }
 
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
