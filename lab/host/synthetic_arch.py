@@ -99,7 +99,7 @@ SPECS: dict[str, ArchSpec] = {
     "gemma2": ArchSpec("gemma2", "gemma3", 4, 2, 1, 256, 512, tied=True,
                        extra={"rope.freq_base": 10000.0, "context_length": 8192, "attention.key_length": 256,
                               "attention.value_length": 256, "attention.sliding_window": 8,
-                              "attn_logit_softcapping": 2.0, "final_logit_softcapping": 15.0}),
+                              "attn_logit_softcapping": 2.0, "final_logit_softcapping": 8.0}),
     # Gemma 3 1B-shaped: head 256, 6 layers (5 sliding at base 10000, 1 global at 1e6)
     "gemma3": ArchSpec("gemma3", "gemma3", 6, 2, 1, 256, 512, tied=True,
                        extra={"rope.freq_base": 1000000.0, "context_length": 32768, "attention.key_length": 256,

@@ -33,7 +33,7 @@ def test_gemma4_config():
     # layers 5 (sliding) and 6 (full) read the caches of 3 and 4, the last own layers of their kind
     assert [c.kv_source(il) for il in range(7)] == [0, 1, 2, 3, 4, 3, 4] and not c.has_kv(5)
     assert c.kv_bytes_per_token() == 2 * 4 * (2 * 64 + 2 * 64 + 128 + 2 * 64 + 128)
-    assert c.attn_scale == 1.0 and c.embd_scale == 16.0 and c.final_softcap == 8.0 and c.attn_softcap == 0.0
+    assert c.attn_scale == 1.0 and c.embd_scale == 16.0 and c.final_softcap == 15.0 and c.attn_softcap == 0.0
     assert c.qk_norm and c.v_norm and c.post_norms and c.gelu and c.rope_neox and c.tied_output and c.out_scale
     assert c.rope_freqs_full and not c.rope_freqs and c.n_embd_per_layer == 32
     assert [t.name for t in model.host_tensors(c, gemma4())] == ["rope_freqs.weight"] + [
