@@ -114,6 +114,8 @@ class Config:
     v_norm: bool = False                # gemma4: V RMS-normed per head without a weight
     out_scale: bool = False             # gemma4: blk.N.layer_output_scale [1] multiplies each block's output
     rope_freqs_full: bool = False       # gemma4: rope_freqs (proportional RoPE) read by the full layers only
+    v_is_k: tuple[bool, ...] = ()       # gemma4: per layer True where the file has no attn_v: V is K's projection
+                                        # (attention_k_eq_v; llama.cpp: "if v_proj is not present, use k_proj")
 
     def head_dim_of(self, il: int) -> int:
         """Layer il's head size (key = value length): gemma4's sliding layers have their own."""
@@ -587,6 +589,8 @@ def _gemma4(kv: dict, n_layer: int, n_head: int, head_dim: int, tensors: dict[st
                 ff_widths=per_layer.get("feed_forward_length", ()), kv_from_start=kv_from,
                 n_embd_per_layer=kv["embedding_length_per_layer_input"], v_norm=True,
                 out_scale="blk.0.layer_output_scale.weight" in tensors,
+                v_is_k=tuple(f"blk.{il}.attn_v.weight" not in tensors and (kv_from < 0 or il < kv_from)
+                             for il in range(n_layer)),
                 rope_freqs_full="rope_freqs.weight" in tensors)
 
 
@@ -695,7 +699,9 @@ def _gemma4_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple
     kv, ff = f"n_head_kv@{il} * head_dim@{il}", f"n_ff@{il}"
     out = {b + "attn_q.weight": (e, q), b + "attn_q_norm.weight": (hd,)}
     if cfg.has_kv(il):
-        out.update({b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv), b + "attn_k_norm.weight": (hd,)})
+        out.update({b + "attn_k.weight": (e, kv), b + "attn_k_norm.weight": (hd,)})
+        if not (stored and cfg.v_is_k[il]):     # V = K: the engine reads attn_k's rows again as attn_v (tensor_views)
+            out[b + "attn_v.weight"] = (e, kv)
     out.update({b + "attn_output.weight": (q, e), b + "post_attention_norm.weight": (e,), b + "ffn_norm.weight": (e,),
                 b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff), b + "ffn_down.weight": (ff, e),
                 b + "post_ffw_norm.weight": (e,)})
@@ -730,6 +736,8 @@ def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, Tenso
 
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
+        if cfg.v_is_k and cfg.v_is_k[il]:     # gemma4 without attn_v: V's rows are K's (the same file bytes)
+            out[b + "attn_v.weight"] = replace(out[b + "attn_k.weight"], name=b + "attn_v.weight")
         if cfg.attn_gate and not cfg.is_delta(il):   # qwen35: each head's rows [q | gate], as two views a head
             split(b + "attn_q.weight", [(f"{b}attn_q.weight#{part}{h}", cfg.head_dim)
                                         for h in range(cfg.n_head) for part in "qg"])

@@ -57,6 +57,7 @@ class ArchSpec:
     rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2]
     kv_per_layer: tuple[int, ...] = ()     # lfm2: attention.head_count_kv as an array, 0 for a short-conv layer
     ff_per_layer: tuple[int, ...] = ()     # gemma4: feed_forward_length as an array (double-wide shared-KV layers)
+    v_is_k: bool = False                   # gemma4: full layers without attn_v (attention_k_eq_v: V is K's projection)
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -135,6 +136,18 @@ SPECS: dict[str, ArchSpec] = {
     # step of the Q4_K_M mix); SmolLM2's vocabulary
     "gemma4": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
                        ff_per_layer=(256, 256, 256, 256, 256, 512, 512),
+                       extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
+                              "attention.key_length": 128, "attention.value_length": 128,
+                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
+                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
+                              "attention.sliding_window": 8,
+                              "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
+                              "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
+                              "final_logit_softcapping": 15.0}),
+    # The same shape with attention_k_eq_v (as the pages on Gemma 4 describe its full layers): no attn_v on the full
+    # layers, whose V is then K's projection (llama.cpp: "if v_proj is not present, use k_proj")
+    "gemma4kv": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
+                       ff_per_layer=(256, 256, 256, 256, 256, 512, 512), v_is_k=True,
                        extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
                               "attention.key_length": 128, "attention.value_length": 128,
                               "attention.key_length_swa": 64, "attention.value_length_swa": 64,
@@ -307,9 +320,10 @@ def _gemma4_tensors(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], flo
         out += [(b + "attn_norm.weight", "norm", (e,), 0.0),
                 (b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e))]
         if il < kv_from:
-            out += [(b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
-                    (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)),
-                    (b + "attn_k_norm.weight", "qk_norm", (hd,), 0.0)]
+            out.append((b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)))
+            if not (spec.v_is_k and not swa[il]):
+                out.append((b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)))
+            out.append((b + "attn_k_norm.weight", "qk_norm", (hd,), 0.0))
         out += [(b + "attn_q_norm.weight", "qk_norm", (hd,), 0.0),
                 (b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)),
                 (b + "post_attention_norm.weight", "norm", (e,), 0.0),

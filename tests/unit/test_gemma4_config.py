@@ -58,6 +58,20 @@ def test_gemma4_shared_layers_own_kv_weights_are_skipped_not_refused():
         model.from_gguf(gemma4(add=(k2,)))
 
 
+def test_gemma4_full_layers_without_attn_v_read_k_as_v():
+    """attention_k_eq_v: a full layer without attn_v takes V from K's projection (llama.cpp: "if v_proj is not present,
+    use k_proj"); the engine reads attn_k's rows a second time as attn_v (a view of the same file bytes)."""
+    h = header("gemma4kv", md={"gemma4.attention.head_count_kv": list(SPEC.kv_per_layer),
+                               "gemma4.feed_forward_length": list(SPEC.ff_per_layer)})
+    c = model.from_gguf(h)
+    assert c.v_is_k == (False, False, True, False, True, False, False)
+    assert "blk.2.attn_v.weight" not in model.stored_tensors(c) and "blk.2.attn_v.weight" in model.expected_tensors(c)
+    views = model.tensor_views(c, {t.name: t for t in h.tensors})
+    k, v = views["blk.2.attn_k.weight"], views["blk.2.attn_v.weight"]
+    assert (v.offset, v.nbytes, v.shape) == (k.offset, k.nbytes, k.shape)
+    assert model.from_gguf(gemma4()).v_is_k == (False,) * 7
+
+
 def test_gemma4_without_per_layer_embeddings_or_sharing():
     """The larger dense size (31B) has no per-layer embeddings and no shared-KV tail: both are optional."""
     drop = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight",

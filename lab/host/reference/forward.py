@@ -322,7 +322,9 @@ class Reference:
             src = hp.kv_source(il)
             if src == il:
                 k = self._cb(f"Kcur-{il}", self._mm(cur, f"blk.{il}.attn_k.weight")).reshape(t, n_kv_head, hd)
-                v = self._cb(f"Vcur-{il}", self._mm(cur, f"blk.{il}.attn_v.weight")).reshape(t, n_kv_head, hd)
+                # no attn_v (attention_k_eq_v): V is K's projection, before K's norm and RoPE
+                v_name = f"blk.{il}.attn_v.weight" if f"blk.{il}.attn_v.weight" in self.w else f"blk.{il}.attn_k.weight"
+                v = self._cb(f"Vcur-{il}", self._mm(cur, v_name)).reshape(t, n_kv_head, hd)
                 k = self._cb(f"Kcur_normed-{il}", rms_norm(k, self._lw(il, "attn_k_norm.weight"), hp.eps))
                 v = self._cb(f"Vcur_normed-{il}", rms_norm(v, None, hp.eps))
                 k = self._cb(f"Kcur_rope-{il}", rope(k, pos, n_rot, base, hp.rope_type, 1.0, factors))
