@@ -31,7 +31,7 @@ from collections.abc import Awaitable
 from lab import gpu, ops
 from lab.engine import budget
 from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
-from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring
+from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring, qkv_width
 from lab.format.gguf import Header
 from lab.format.model import Config, from_gguf, host_tensors, tensor_views
 from lab.gpu.shaders import KernelCache
@@ -75,13 +75,19 @@ class Engine:
         self.cfg = cfg = cfg or from_gguf(header)
         if n_ctx < MIN_CTX or max_batch < 1:
             raise EngineError(f"context {n_ctx} (at least {MIN_CTX}) and batch {max_batch} must be positive")
-        self.rope_freqs = None      # [n_rot/2] llama 3 frequency factors: theta_i / factor_i, every layer
+        # [n_rot/2] frequency factors, theta_i / factor_i: llama 3's on every layer, gemma4's on its full layers
+        self.rope_freqs = None
+        self.out_scale: dict[int, float] = {}   # gemma4: layer -> layer_output_scale, a constant of the plans
         for t in host_tensors(cfg, header):
             raw = (host_values or {}).get(t.name)
             if raw is None or len(raw) != t.nbytes:
                 raise EngineError(f"tensor {t.name}: its {t.nbytes} bytes were not read from the file (the engine "
                                   f"needs its values before it builds the plans)")
-            self.rope_freqs = array("f", bytes(raw)).tolist()
+            values = array("f", bytes(raw)).tolist()
+            if t.name == "rope_freqs.weight":
+                self.rope_freqs = values
+            else:
+                self.out_scale[int(t.name.split(".")[1])] = values[0]
         self.n_ctx = n_ctx
         self.max_batch = max_batch
         # decode steps with at most this many keys run attention in one dispatch (plans.with_whole_attention); on a
@@ -134,8 +140,9 @@ class Engine:
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers whose K/V `kv_buffers` lists, in order: every layer but lfm2's short-conv blocks."""
-        return self.cfg.attention_layers
+        """The layers whose K/V `kv_buffers` lists, in order: every layer but lfm2's short-conv blocks, qwen35's
+        delta-net layers and gemma4's shared-KV layers (which read an earlier layer's: Config.kv_source)."""
+        return tuple(il for il in self.cfg.attention_layers if self.cfg.has_kv(il))
 
     @property
     def state_buffers(self) -> dict[int, gpu.Buffer]:
@@ -219,9 +226,10 @@ class Engine:
         """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.instruments.probes builds it
         again with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
         cfg, s = self.cfg, self.scratch
-        return attn_ops.attention(self.device, self.kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.att,
-                                  s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim,
-                                  q_stride=s.qkv_width, q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
+        src = cfg.kv_source(il)     # gemma4's shared-KV layers attend an earlier layer's cache
+        return attn_ops.attention(self.device, self.kernels, s.qkv, s.k_cache[src], s.v_cache[src], s.att,
+                                  s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv_of(il),
+                                  head_dim=cfg.head_dim_of(il), q_stride=qkv_width(cfg, il), q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
                                   probe=probe, mode="prefill" if batched else "whole" if whole else "decode",
                                   # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU

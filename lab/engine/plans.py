@@ -21,10 +21,11 @@ What it does not know: files, tokens, sessions. It reads the engine's weights an
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from lab import gpu, ops
-from lab.engine.scratch import conv_ring
+from lab.engine.scratch import conv_ring, qkv_width
 from lab.ops import attention as attn_ops
 from lab.ops import deltanet, elementwise, embed, glu, matmul, norm, rope, sample, shortconv
 from lab.ops.rows import Rows
@@ -105,8 +106,8 @@ class PlanBuilder:
         """RoPE for layer il's QKV projection to apply in its own epilogue, or None for the rope op after it."""
         return None
 
-    def glu_then(self, act: str) -> tuple[gpu.Buffer, dict]:
-        """The GLU of the [gate | up] rows: (the down projection's input, its fused options)."""
+    def glu_then(self, act: str, n_ff: int) -> tuple[gpu.Buffer, dict]:
+        """The GLU of the [gate | up] rows of 2 n_ff: (the down projection's input, its fused options)."""
         raise NotImplementedError
 
     def head(self) -> bool:
@@ -119,6 +120,8 @@ class PlanBuilder:
         """Embedding, then each layer's attention (or short-conv) and feed-forward blocks, then the output: the whole
         step."""
         self._embedding()
+        if self.cfg.n_embd_per_layer:
+            self._per_layer_inputs()
         for il in range(self.cfg.n_layer):
             if self.cfg.is_conv(il):
                 self._shortconv(il)
@@ -127,6 +130,8 @@ class PlanBuilder:
             else:
                 self._attention(il)
             self._feed_forward(il)
+            if self.cfg.arch == "gemma4":
+                self._gemma4_tail(il)
         self._output()
         return self.plan
 
@@ -137,20 +142,64 @@ class PlanBuilder:
                                 scale=cfg.embd_scale),
                  "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", s.x, cfg.n_embd)
 
+    def _per_layer_inputs(self) -> None:
+        """gemma4's per-layer inputs, once a step (project_per_layer_inputs): the token's rows of per_layer_token_embd
+        times sqrt(width), plus the scaled embedding through per_layer_model_proj times 1/sqrt(n_embd), RMS-normed per
+        layer slice (per_layer_proj_norm); the sum times 1/sqrt(2). Layer il reads its slice in _gemma4_tail."""
+        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
+        P = cfg.n_embd_per_layer
+        N = cfg.n_layer * P
+        self.add(embed.get_rows(dev, kernels, self.weights.matrices["per_layer_token_embd.weight"], s.ids, s.per_layer,
+                                s.step, scale=math.sqrt(P)), "inp_per_layer_selected", s.per_layer, N)
+        self.add(self.mm("per_layer_model_proj.weight", s.x, s.per_layer_proj))
+        self.add(elementwise.scale(dev, kernels, s.per_layer_proj, s.step, N, 1.0 / math.sqrt(cfg.n_embd)))
+        self.add(norm.rms_norm(dev, kernels, s.per_layer_proj, self.weights.vectors["per_layer_proj_norm.weight"],
+                               s.per_layer_proj, s.step, N, cfg.eps, group=P, residual=s.per_layer),
+                 "per_layer_proj", s.per_layer_proj, N)
+        self.add(elementwise.scale(dev, kernels, s.per_layer, s.step, N, 1.0 / math.sqrt(2.0)),
+                 "inp_per_layer", s.per_layer, N)
+
+    def _gemma4_tail(self, il: int) -> None:
+        """What a gemma4 block adds after its FFN's residual (pe_in): the per-layer embedding, GELU of inp_gate times
+        this layer's slice of the per-layer inputs -> proj -> post_norm, added to x; then x times layer_output_scale."""
+        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
+        E, P, b = cfg.n_embd, cfg.n_embd_per_layer, f"blk.{il}."
+        if P:
+            self.add(self.mm(b + "inp_gate.weight", s.x, s.gate_up))
+            self.add(glu.glu(dev, kernels, s.gate_up, s.per_layer, s.h, s.step, P, act="geglu",
+                             up_stride=cfg.n_layer * P, up_offset=il * P))
+            self.add(self.mm(b + "proj.weight", s.h, s.tmp))
+            self.add(norm.rms_norm(dev, kernels, s.tmp, self.weights.vectors[b + "post_norm.weight"], s.tmp, s.step, E,
+                                   cfg.eps, residual=s.x), f"per_layer_embd_out-{il}", s.tmp, E)
+        if il in self.eng.out_scale:
+            self.add(elementwise.scale(dev, kernels, s.x, s.step, E, self.eng.out_scale[il]))
+        self.trace(f"l_out-{il}", s.x, E)
+
     def _attention(self, il: int) -> None:
         """Layer il's attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache ->
-        attention -> output projection, added to x."""
+        attention -> output projection, added to x. gemma4: the layer's own head size, KV heads and rotated dims; V
+        RMS-normed without a weight; a shared-KV layer projects and rotates Q alone and attends an earlier layer's
+        cache (Engine.attention_op)."""
         cfg, dev, kernels, s, vec = self.cfg, self.dev, self.kernels, self.scratch, self.weights.vectors
-        E, Q, KV, W = cfg.n_embd, cfg.q_dim, cfg.kv_dim, s.qkv_width
+        E, Q, KV, W, HD = cfg.n_embd, cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il)
+        own = cfg.has_kv(il)
         b = f"blk.{il}."
         base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
         fused = self.qkv_rope(il, base) if cfg.rotates(il) else None
         self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
                                           b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
-        if cfg.qk_norm:     # per head over the adjacent Q and K heads, each part with its own weight
+        if cfg.qk_norm and own:     # per head over the adjacent Q and K heads, each part with its own weight
             self.add(norm.rms_norm(dev, kernels, s.qkv, vec[b + "attn_q_norm.weight"], s.qkv, s.step, Q + KV,
-                                   cfg.eps, group=cfg.head_dim, in_stride=W, in_offset=0,
+                                   cfg.eps, group=HD, in_stride=W, in_offset=0,
                                    w2=vec[b + "attn_k_norm.weight"], split=cfg.n_head))
+        elif cfg.qk_norm:
+            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[b + "attn_q_norm.weight"], s.qkv, s.step, Q, cfg.eps,
+                                   group=HD, in_stride=W, in_offset=0))
+        if cfg.v_norm and own:      # gemma4: V RMS-normed per head, without a weight (times ones)
+            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[f"ones.{HD}"], s.qkv, s.step, KV, cfg.eps, group=HD,
+                                   in_stride=W, in_offset=Q + KV))
+        # rope_freqs: llama 3's on every layer; gemma4's (proportional RoPE) on its full layers only
+        factors = None if cfg.rope_freqs_full and cfg.sliding[il] else self.eng.rope_freqs
         if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
             self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
         elif not cfg.rotates(il):
@@ -163,13 +212,14 @@ class PlanBuilder:
         else:
             # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
             # rotated K and the V into the cache (role KV_WRITE).
-            self.add(rope.rope(dev, kernels, s.qkv, s.step, cfg.n_head + cfg.n_head_kv, cfg.head_dim, cfg.n_rot,
-                               base, cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent", row_stride=W,
-                               col_offset=0, freq_factors=self.eng.rope_freqs,
-                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx)),
+            self.add(rope.rope(dev, kernels, s.qkv, s.step, cfg.n_head + (cfg.n_head_kv_of(il) if own else 0), HD,
+                               cfg.n_rot_of(il), base, cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent",
+                               row_stride=W, col_offset=0, freq_factors=factors,
+                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx) if own else None),
                      f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-        self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
-        self.trace(f"Vcur-{il}", s.qkv, KV, W, Q + KV)
+        if own:
+            self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
+            self.trace(f"Vcur_normed-{il}" if cfg.v_norm else f"Vcur-{il}", s.qkv, KV, W, Q + KV)
         self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
         if cfg.attn_gate:   # qwen35: times sigmoid of the gate half of each head's Q rows, last in the fused row
             self.add(elementwise.sigmoid_gate(dev, kernels, s.att, s.qkv, s.step, Q, W, Q + 2 * KV),
@@ -223,18 +273,19 @@ class PlanBuilder:
     def _feed_forward(self, il: int) -> None:
         """Layer il's feed-forward block: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down, added to x."""
         cfg, s = self.cfg, self.scratch
-        E = cfg.n_embd
+        E, FF = cfg.n_embd, cfg.n_ff_of(il)
         b = f"blk.{il}."
-        self._add_normed(self.normed_proj(b + "gate_up", b + cfg.ffn_norm, s.gate_up, 2 * cfg.n_ff, None),
+        self._add_normed(self.normed_proj(b + "gate_up", b + cfg.ffn_norm, s.gate_up, 2 * FF, None),
                          f"ffn_norm-{il}")
-        down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu")
+        down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu", FF)
         if down_in is s.h:      # the GLU ran as its own op (prefill; decode's widest FFNs): its output is a site
-            self.trace(f"{'ffn_geglu' if cfg.gelu else 'ffn_swiglu'}-{il}", s.h, cfg.n_ff)
+            self.trace(f"{'ffn_geglu' if cfg.gelu else 'ffn_swiglu'}-{il}", s.h, FF)
         if cfg.post_norms:
             self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
             self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[b + "post_ffw_norm.weight"],
                                    s.tmp, s.step, E, cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
-            self.trace(f"l_out-{il}", s.x, E)
+            # gemma4's block goes on (_gemma4_tail): the residual here is what llama.cpp calls pe_in
+            self.trace(f"{'pe_in' if cfg.arch == 'gemma4' else 'l_out'}-{il}", s.x, E)
         else:
             self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts), f"l_out-{il}", s.x, E)
 
@@ -290,9 +341,9 @@ class Prefill(PlanBuilder):
                                             offset=0))
         return out
 
-    def glu_then(self, act):
+    def glu_then(self, act, n_ff):
         s = self.scratch
-        self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+        self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, n_ff, act=act))
         return s.h, {}
 
     def head(self):
@@ -337,13 +388,13 @@ class Decode(PlanBuilder):
         return rope.QkvRope(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, tuple(freqs), s.step,
                             s.k_cache[il], s.v_cache[il], self.eng.n_ctx)
 
-    def glu_then(self, act):
+    def glu_then(self, act, n_ff):
         # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's
         # 14,336-wide FFN that made ffn_down 46 us a layer on the H200. FFNs that wide take one GLU op first;
         # narrower ones keep the fold, which saves a dispatch where dispatches bound the step.
         s = self.scratch
-        if self.cfg.n_ff >= GLU_APART:
-            self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, self.cfg.n_ff, act=act))
+        if n_ff >= GLU_APART:
+            self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, n_ff, act=act))
             return s.h, {}
         return s.gate_up, {"glu": act}
 

@@ -46,6 +46,14 @@ def conv_ring(cfg: Config) -> int:
     return cfg.l_cache - 1 + REWIND
 
 
+def qkv_width(cfg: Config, il: int) -> int:
+    """Floats of layer il's projection row: [q | k | v] (qwen35: | gate); gemma4 per layer, Q alone on a layer that
+    reads an earlier layer's K/V."""
+    if cfg.arch != "gemma4":
+        return cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)
+    return cfg.q_dim_of(il) + (2 * cfg.kv_dim_of(il) if cfg.has_kv(il) else 0)
+
+
 def prefill_batch(info) -> int:
     """The prefill step a page load uses on this adapter (lab.gpu.AdapterInfo)."""
     return DEFAULT_BATCH if info.software else GPU_BATCH
@@ -84,16 +92,23 @@ class Scratch:
     snapshots: tuple[gpu.Buffer, ...] = ()
     xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
     xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
+    # gemma4's per-layer inputs [B, n_layer x n_embd_per_layer] (layer il's slice at il x n_embd_per_layer), and the
+    # projection of the scaled embedding that goes into them (None without per-layer embeddings)
+    per_layer: gpu.Buffer | None = None
+    per_layer_proj: gpu.Buffer | None = None
 
     @classmethod
     def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
               int8: bool = False) -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
         W = cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)   # [q | k | v] (qwen35: | gate)
+        if cfg.arch == "gemma4":    # each layer its own widths: the widest row
+            W = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
         A = max(cfg.q_dim, cfg.ssm_inner)       # attention's output, or a delta-net layer's gated-norm output
         rows = B if logits_all else 1
-        attends = set(cfg.attention_layers)
-        kv_bytes = attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv, cfg.head_dim)
+        # a cache per attention layer with K/V of its own (gemma4's shared-KV layers read an earlier layer's)
+        attends = {il for il in cfg.attention_layers if cfg.has_kv(il)}
+        kv_bytes = [attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv_of(il), cfg.head_dim_of(il)) for il in range(cfg.n_layer)]
         return cls(
             step=ops.make_step(dev, "step"),
             ids=dev.buffer(4 * B, conv, "ids [B] u32"),
@@ -108,11 +123,11 @@ class Scratch:
             logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
             topk=dev.buffer(8 * MAX_CANDIDATES, conv, "top-k pairs [K] (u32, f32)"),
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
-            k_cache=tuple(dev.buffer(kv_bytes, conv, f"k cache {il} [n_ctx, kv]") if il in attends else None
+            k_cache=tuple(dev.buffer(kv_bytes[il], conv, f"k cache {il} [n_ctx, kv]") if il in attends else None
                           for il in range(cfg.n_layer)),
-            v_cache=tuple(dev.buffer(kv_bytes, conv, f"v cache {il} [n_ctx, kv]") if il in attends else None
+            v_cache=tuple(dev.buffer(kv_bytes[il], conv, f"v cache {il} [n_ctx, kv]") if il in attends else None
                           for il in range(cfg.n_layer)),
-            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._conv(dev, cfg, B) if cfg.recurrent else {}))
+            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._per_layer(dev, cfg, B)), **(cls._conv(dev, cfg, B) if cfg.recurrent else {}))
 
     @staticmethod
     def _conv(dev: gpu.Device, cfg: Config, B: int) -> dict:
@@ -134,6 +149,14 @@ class Scratch:
             out["snapshots"] = tuple(dev.buffer(size, conv, f"state snapshot {i} (recurrent and conv states)")
                                      for i in range(SNAPSHOTS))
         return out
+
+    @staticmethod
+    def _per_layer(dev: gpu.Device, cfg: Config, B: int) -> dict:
+        if not cfg.n_embd_per_layer:
+            return {}
+        n = cfg.n_layer * cfg.n_embd_per_layer
+        return {"per_layer": dev.buffer(4 * B * n, gpu.CONVERSATION, f"per-layer inputs [B, {n}]"),
+                "per_layer_proj": dev.buffer(4 * B * n, gpu.CONVERSATION, f"per-layer projection [B, {n}]")}
 
     @staticmethod
     def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:

@@ -202,12 +202,12 @@ CONFIG_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "vocab_size": Rule("count"),                       # when present: the embedding rows
     # 0: none. Read where llama.cpp's loader reads it: llama never does (Mistral-style files run with full causal
     # attention there, and here); phi3 reads it and switches SWA off; gemma2 / gemma3 slide (lab.format.model).
-    "attention.sliding_window": Rule("uint", archs=("phi3", "gemma2", "gemma3", "lfm2")),
+    "attention.sliding_window": Rule("uint", archs=("phi3", "gemma2", "gemma3", "lfm2", "gemma4")),
     # llama.cpp also takes a per-layer bool array here; this lab only the period (an array is refused by type)
     "attention.sliding_window_pattern": Rule("uint", archs=("gemma2", "gemma3")),
-    "rope.freq_base_swa": Rule("float", check=_freq_base, archs=("gemma2", "gemma3")),
+    "rope.freq_base_swa": Rule("float", check=_freq_base, archs=("gemma2", "gemma3", "gemma4")),
     "attn_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
-    "final_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3")),
+    "final_logit_softcapping": Rule("float", check=_softcap, archs=("gemma2", "gemma3", "gemma4")),
     # lfm2: the short conv's taps (llama.cpp: n_shortconv_l_cache, asserted > 1; its range: lab.format.model)
     "shortconv.l_cache": Rule("count", required=True, archs=("lfm2",)),
     # false for LFM2's bidirectional embedding models (refused by lab.format.model)
@@ -222,6 +222,14 @@ CONFIG_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "attention.recurrent_layers": Rule("bools", archs=("qwen35",)),         # per layer, instead of the interval
     "rope.dimension_sections": Rule("ints", required=True, archs=("qwen35",)),  # the multi-axis RoPE's 4 sections
     "nextn_predict_layers": Rule("uint", archs=("qwen35",)),     # trailing multi-token-prediction blocks (skipped)
+    # gemma4 (llama_model_gemma4::load_arch_hparams; their agreement: lab.format.model): sliding layers' own head size
+    # and rotated dims, the trailing layers that read an earlier layer's K/V, the per-layer embedding width
+    "attention.key_length_swa": Rule("count", required=True, archs=("gemma4",)),
+    "attention.value_length_swa": Rule("count", required=True, archs=("gemma4",)),
+    "rope.dimension_count_swa": Rule("count", archs=("gemma4",)),
+    "attention.shared_kv_layers": Rule("uint", archs=("gemma4",)),
+    "embedding_length_per_layer_input": Rule("uint", required=True, archs=("gemma4",)),
+    "expert_feed_forward_length": Rule("uint", archs=("gemma4",)),   # MoE sizes only: refused (lab.format.model)
 }
 
 
@@ -237,6 +245,12 @@ def _kv_heads_per_layer(v: int | list[int]) -> str | None:
 ARCH_RULES: dict[str, dict[str, Rule]] = {
     # lfm2: one KV head count per layer, 0 for a short-conv layer (a scalar is read as every layer's)
     "lfm2": {"attention.head_count_kv": Rule("counts", check=_kv_heads_per_layer)},
+    # gemma4: the sliding layers as a per-layer bool array (no period); KV heads and FFN widths per layer (the
+    # shared-KV layers' FFN may be double-wide); a scalar is every layer's (get_key_or_arr)
+    "gemma4": {"attention.sliding_window_pattern": Rule("bools", required=True),
+               "attention.sliding_window": Rule("count", required=True),
+               "attention.head_count_kv": Rule("counts", check=_kv_heads_per_layer),
+               "feed_forward_length": Rule("counts", required=True, check=_kv_heads_per_layer)},
 }
 
 TOKENIZER_KEYS: dict[str, Rule] = {

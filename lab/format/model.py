@@ -35,7 +35,7 @@ from lab.format.checks import U32_MAX, ModelError, check_config, show
 from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
 from lab.format.gguf import Header, TensorInfo
 
-ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35")
+ARCHITECTURES = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35", "gemma4")
 # Architectures a user may well bring, refused by name with the reason (anything else: "unsupported architecture").
 REFUSED = {
     "lfm2moe": "LFM2's mixture-of-experts variant (LFM2-8B-A1B): its expert FFN layers (a router and stacked experts "
@@ -45,14 +45,20 @@ REFUSED = {
 }
 NO_ROPE_STEP = {"smollm3": 4}   # llama_model_smollm3::load_arch_hparams: layers 3, 7, ... have no RoPE
 # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates text (one position on every axis) as NEOX does
-NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35")
+NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35", "gemma4")
 MAX_L_CACHE = 8     # the longest conv a shortconv kernel holds in registers (LFM2 releases: 3; Qwen3.5: 4)
 # Tensors (by name within a block) uploaded as one flat f32 buffer that their kernel reads whole (lab.ops.weights).
 FLAT_TENSORS = ("shortconv.conv.weight", "ssm_conv1d.weight")
 MAX_SSM_HEAD = 256  # qwen35: the widest delta-net head the kernel holds (every release: 128)
-GEMMA = ("gemma2", "gemma3")
+GEMMA = ("gemma2", "gemma3", "gemma4")
+# gemma4's mixture-of-experts size (26B-A4B): a router (ffn_gate_inp) and stacked experts beside the dense FFN
+GEMMA4_MOE = ("gemma4's mixture-of-experts size (26B-A4B): its routed expert FFNs (ffn_gate_inp, ffn_gate_up_exps, "
+              "ffn_down_exps beside the dense FFN) are not run by this lab; the dense gemma4 models (E2B, E4B, 31B) are")
+# gemma4: tensors a shared-KV layer may hold that llama.cpp loads (TENSOR_NOT_REQUIRED) and never reads
+GEMMA4_UNREAD = ("attn_k.weight", "attn_v.weight", "attn_k_norm.weight")
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
-HOST_TENSORS = ("rope_freqs.weight",)
+# gemma4's layer_output_scale: one float a block, a constant of the plan (lab.engine.plans) rather than a buffer
+HOST_TENSORS = ("rope_freqs.weight", "layer_output_scale.weight")
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,49 @@ class Config:
     ssm_head_dim: int = 0               # qwen35: d_k = d_v of a delta-net head (ssm.state_size)
     attn_gate: bool = False             # qwen35: each head's Q rows are [q | gate], attention out *= sigmoid(gate)
     mtp_layers: int = 0                 # qwen35: multi-token-prediction blocks after the n_layer run here (skipped)
+    # gemma4: head_dim / n_head_kv / n_ff are the LARGEST over the layers (what scratch is sized by); per layer:
+    head_dim_swa: int = 0               # gemma4: sliding layers' head size (attention.key_length_swa); 0: head_dim
+    n_rot_swa: int = 0                  # gemma4: sliding layers' rotated dims (rope.dimension_count_swa)
+    kv_heads: tuple[int, ...] = ()      # per layer KV heads (attention.head_count_kv as an array); () every layer's
+    ff_widths: tuple[int, ...] = ()     # per layer FFN width (feed_forward_length as an array); () every layer's
+    kv_from_start: int = -1             # gemma4: layers il >= this read an earlier layer's K/V (kv_source); -1: none
+    n_embd_per_layer: int = 0           # gemma4: one layer's slice of per_layer_token_embd [n_layer x this, n_vocab]
+    v_norm: bool = False                # gemma4: V RMS-normed per head without a weight
+    out_scale: bool = False             # gemma4: blk.N.layer_output_scale [1] multiplies each block's output
+    rope_freqs_full: bool = False       # gemma4: rope_freqs (proportional RoPE) read by the full layers only
+    v_is_k: tuple[bool, ...] = ()       # gemma4: per layer True where the file has no attn_v: V is K's projection
+                                        # (attention_k_eq_v; llama.cpp: "if v_proj is not present, use k_proj")
+
+    def head_dim_of(self, il: int) -> int:
+        """Layer il's head size (key = value length): gemma4's sliding layers have their own."""
+        return self.head_dim_swa if self.head_dim_swa and self.sliding[il] else self.head_dim
+
+    def n_head_kv_of(self, il: int) -> int:
+        return self.kv_heads[il] if self.kv_heads else self.n_head_kv
+
+    def n_ff_of(self, il: int) -> int:
+        return self.ff_widths[il] if self.ff_widths else self.n_ff
+
+    def n_rot_of(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.sliding[il] else self.n_rot
+
+    def q_dim_of(self, il: int) -> int:
+        return self.n_head * self.head_dim_of(il)
+
+    def kv_dim_of(self, il: int) -> int:
+        return self.n_head_kv_of(il) * self.head_dim_of(il)
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer il projects and caches its own K/V (llama_hparams::has_kv)."""
+        return self.kv_from_start < 0 or il < self.kv_from_start
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose cache layer il attends: itself, or for gemma4's shared-KV layers (il >= kv_from_start)
+        the last layer with a cache of the same kind (llama.cpp's layer_reuse_cb: kv_from_start - 2 for a sliding
+        layer, kv_from_start - 1 for a full one; from_gguf checks that those are of that kind)."""
+        if self.has_kv(il):
+            return il
+        return self.kv_from_start - (2 if self.sliding[il] else 1)
 
     def rotates(self, il: int) -> bool:
         """Whether layer il rotates Q and K (every layer but smollm3's NoPE ones)."""
@@ -151,6 +200,10 @@ class Config:
     @property
     def skipped(self) -> list[str]:
         """What the file holds that this lab leaves out on purpose, one sentence each (the model card shows them)."""
+        if self.kv_from_start >= 0 and self.kv_from_start < self.n_layer:
+            return [f"layers {self.kv_from_start}..{self.n_layer - 1} have no K/V of their own (attention.shared_kv_layers):"
+                    f" each reads the cache of layer {self.kv_from_start - 2} (sliding) or {self.kv_from_start - 1} "
+                    f"(full); K/V projections such a layer holds are never read, as in llama.cpp, and not uploaded"]
         if not self.mtp_layers:
             return []
         first = self.n_layer
@@ -174,6 +227,8 @@ class Config:
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """2 (K and V) x attention layers x KV heads x head size x bytes per value (short-conv layers keep none)."""
+        if self.kv_heads or self.head_dim_swa or self.kv_from_start >= 0:   # gemma4: per-layer sizes, shared tail
+            return 2 * sum(self.kv_dim_of(il) for il in self.attention_layers if self.has_kv(il)) * bytes_per_value
         return 2 * len(self.attention_layers) * self.n_head_kv * self.head_dim * bytes_per_value
 
     def conv_state_bytes(self, bytes_per_value: int = 4) -> int:
@@ -197,8 +252,13 @@ def from_gguf(header: Header) -> Config:
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
                          f"{', '.join(ARCHITECTURES)}")
-    kv = check_config(md, arch)
     tensors = {t.name: t for t in header.tensors}
+    if arch == "gemma4":
+        moe = next((n for n in tensors if n.endswith("ffn_gate_inp.weight")), None)
+        if moe or md.get("gemma4.expert_count"):
+            why_moe = f"tensor {moe}" if moe else f"gemma4.expert_count = {show(md['gemma4.expert_count'])}"
+            raise ModelError(f"{why_moe}: {GEMMA4_MOE}")
+    kv = check_config(md, arch)
     why: dict[str, str] = {}    # Config field -> the keys its size came from, for the messages of check_tensors
     n_embd, n_vocab = _embedding(arch, kv, tensors, why)
     n_layer, mtp = _layers(arch, kv, tensors, why)
@@ -207,7 +267,9 @@ def from_gguf(header: Header) -> Config:
     l_cache = ssm.pop("l_cache", l_cache)
     n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
     n_ff = kv["feed_forward_length"]
-    why["n_ff"] = f"{arch}.feed_forward_length = {n_ff}"
+    why["n_ff"] = f"{arch}.feed_forward_length = {show(n_ff)}"
+    g4 = _gemma4(kv, n_layer, n_head, head_dim, tensors, why) if arch == "gemma4" else {}
+    n_ff = max(n_ff) if isinstance(n_ff, list) else n_ff
     n_rot, rope_scale, rope_base = _rope(arch, kv, head_dim, tensors, why)
     if arch == "qwen35":
         _text_sections(kv, n_rot)
@@ -227,9 +289,9 @@ def from_gguf(header: Header) -> Config:
         qkv_bias=arch == "qwen2",
         # gemma2's head is always token_embd (an output.weight would be a tensor llama.cpp does not read)
         tied_output=arch == "gemma2" or "output.weight" not in tensors,
-        qk_norm=arch in ("gemma3", "qwen3", "lfm2", "qwen35"), post_norms=gemma, gelu=gemma,
+        qk_norm=arch in ("gemma3", "qwen3", "lfm2", "qwen35", "gemma4"), post_norms=gemma, gelu=gemma,
         embd_scale=math.sqrt(n_embd) if gemma else 1.0,
-        attn_scale=_attention_scale(arch, n_layer, n_embd, n_head, head_dim),
+        attn_scale=1.0 if arch == "gemma4" else _attention_scale(arch, n_layer, n_embd, n_head, head_dim),
         sliding_window=window if any(sliding) else 0,
         sliding=sliding,
         attn_softcap=attn_cap,
@@ -242,7 +304,7 @@ def from_gguf(header: Header) -> Config:
         shortconv=shortconv, l_cache=l_cache,
         output_norm="token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight",
         ffn_norm="post_attention_norm.weight" if arch == "qwen35" else "ffn_norm.weight",
-        delta=delta, attn_gate=arch == "qwen35", mtp_layers=mtp, **ssm,
+        delta=delta, attn_gate=arch == "qwen35", mtp_layers=mtp, **ssm, **g4,
     )
     check_tensors(cfg, header, why)
     return cfg
@@ -465,6 +527,9 @@ def _sliding(arch: str, kv: dict, n_layer: int, rope_base: float) -> tuple[int, 
     elif arch == "gemma3":
         window = kv.get("attention.sliding_window", 0)
         period = kv.get("attention.sliding_window_pattern", 6)
+    elif arch == "gemma4":      # the pattern is a per-layer array (checked in _gemma4); base_swa defaults to 10000
+        pattern = kv["attention.sliding_window_pattern"]
+        return kv["attention.sliding_window"], tuple(pattern), float(kv.get("rope.freq_base_swa", 10000.0))
     else:
         window, period = 0, 1
     # llama_hparams::set_swa_pattern(n, dense_first=false): layer il slides iff n == 0 or il % n < n - 1.
@@ -473,6 +538,60 @@ def _sliding(arch: str, kv: dict, n_layer: int, rope_base: float) -> tuple[int, 
     base_local = float(kv.get("rope.freq_base_swa", rope_base if arch == "gemma2" else 10000.0)) if arch in GEMMA \
         else rope_base
     return window, sliding, base_local
+
+
+def _gemma4(kv: dict, n_layer: int, n_head: int, head_dim: int, tensors: dict[str, TensorInfo],
+            why: dict[str, str]) -> dict:
+    """gemma4's Config fields as llama_model_gemma4::load_arch_hparams reads them, each refused by name where this
+    lab (or llama.cpp) cannot run it: the per-layer sliding array, the sliding layers' head size and rotated dims,
+    per-layer KV heads and FFN widths, the shared-KV tail (whose last two own layers must be a sliding then a full
+    one: llama.cpp's layer_reuse_cb reads them by kind), the per-layer embedding width, out_scale, and the full
+    layers' rope_freqs."""
+    a = "gemma4."
+    pattern = kv["attention.sliding_window_pattern"]
+    if len(pattern) != n_layer:
+        raise ModelError(f"{a}attention.sliding_window_pattern has {len(pattern)} items, but {why['n_layer']}")
+    hd_swa = kv["attention.key_length_swa"]
+    if kv["attention.value_length_swa"] != hd_swa:
+        raise ModelError(f"{a}attention.value_length_swa = {kv['attention.value_length_swa']} differs from "
+                         f"{a}attention.key_length_swa = {hd_swa}: Gemma 4 needs them equal (llama.cpp refuses too)")
+    n_rot_swa = kv.get("rope.dimension_count_swa", hd_swa)
+    if n_rot_swa % 2 or n_rot_swa > hd_swa:
+        raise ModelError(f"{a}rope.dimension_count_swa = {n_rot_swa}: must be even and at most {a}"
+                         f"attention.key_length_swa = {hd_swa}")
+    per_layer = {}
+    for key in ("attention.head_count_kv", "feed_forward_length"):
+        v = kv.get(key, n_head)
+        if isinstance(v, list):
+            if len(v) != n_layer:
+                raise ModelError(f"{a}{key} has {len(v)} items, but {why['n_layer']}")
+            if 0 in v:
+                raise ModelError(f"{a}{key} = {show(v)}: every gemma4 layer attends and has an FFN (no 0)")
+            per_layer[key] = tuple(v)
+    heads = per_layer.get("attention.head_count_kv", ())
+    bad = next((n for n in heads if n_head % n), None)
+    if bad:
+        raise ModelError(f"{a}attention.head_count = {n_head} is not a multiple of {a}attention.head_count_kv item {bad}")
+    shared = kv.get("attention.shared_kv_layers", 0)
+    kv_from = n_layer - shared if shared else -1
+    if shared:
+        # llama.cpp asserts n_layer_kv_from_start >= 2 and reads kv_from - 2 for a sliding layer, kv_from - 1 for a full
+        # one; a file where those are not of that kind would attend a cache of another head size
+        if kv_from < 2 or not pattern[kv_from - 2] or pattern[kv_from - 1]:
+            raise ModelError(f"{a}attention.shared_kv_layers = {shared}: layers {kv_from}.. would read the K/V of "
+                             f"layers {kv_from - 2} (must slide) and {kv_from - 1} (must be full), which "
+                             f"{a}attention.sliding_window_pattern does not give")
+    if not all(pattern) and "rope_freqs.weight" not in tensors:
+        raise ModelError("tensor rope_freqs.weight is missing (a gemma4 model's full layers need it: proportional RoPE)")
+    why.update(head_dim_swa=f"{a}attention.key_length_swa = {hd_swa}", n_embd_per_layer=(
+        f"{a}embedding_length_per_layer_input = {kv['embedding_length_per_layer_input']}"))
+    return dict(head_dim_swa=hd_swa, n_rot_swa=n_rot_swa, kv_heads=heads,
+                ff_widths=per_layer.get("feed_forward_length", ()), kv_from_start=kv_from,
+                n_embd_per_layer=kv["embedding_length_per_layer_input"], v_norm=True,
+                out_scale="blk.0.layer_output_scale.weight" in tensors,
+                v_is_k=tuple(f"blk.{il}.attn_v.weight" not in tensors and (kv_from < 0 or il < kv_from)
+                             for il in range(n_layer)),
+                rope_freqs_full="rope_freqs.weight" in tensors)
 
 
 def _attention_scale(arch: str, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> float:
@@ -490,6 +609,8 @@ def _softcaps(arch: str, kv: dict, window: int) -> tuple[float, float]:
         return float(kv.get("attn_logit_softcapping", 50.0)), float(kv.get("final_logit_softcapping", 30.0))
     if arch == "gemma3":
         return 0.0, 0.0 if window > 0 else float(kv.get("final_logit_softcapping", 0.0))
+    if arch == "gemma4":        # the final cap only, where the key is present (the sliding graph applies it too)
+        return 0.0, float(kv.get("final_logit_softcapping", 0.0))
     return 0.0, 0.0
 
 
@@ -503,11 +624,20 @@ def _symbolic_tensors(cfg: Config, stored: bool = False) -> dict[str, tuple[str,
         shapes["output.weight"] = (e, v)
     if stored and cfg.rope_freqs:
         shapes["rope_freqs.weight"] = ("rope_pairs",)
+    if stored and cfg.rope_freqs_full:      # gemma4: [head_dim / 2] of the full layers
+        shapes["rope_freqs.weight"] = ("rope_pairs",)
+    if cfg.n_embd_per_layer:                # gemma4's per-layer token embeddings, their projection and its norm
+        shapes.update({"per_layer_token_embd.weight": ("n_embd_per_layer * n_layer", v),
+                       "per_layer_model_proj.weight": (e, "n_embd_per_layer * n_layer"),
+                       "per_layer_proj_norm.weight": ("n_embd_per_layer",)})
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
         shapes[b + "attn_norm.weight"] = (e,)
         if cfg.arch == "qwen35":
             shapes.update(_qwen35_block(cfg, b, il, stored))
+            continue
+        if cfg.arch == "gemma4":
+            shapes.update(_gemma4_block(cfg, b, il, stored))
             continue
         if cfg.is_conv(il):     # lfm2's short-conv block in place of attention (llama_model_lfm2::load_arch_tensors)
             shapes.update({b + "shortconv.conv.weight": ("l_cache", e), b + "shortconv.in_proj.weight": (e, "bcx_rows"),
@@ -561,6 +691,28 @@ def _qwen35_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple
     return out
 
 
+def _gemma4_block(cfg: Config, b: str, il: int, stored: bool) -> dict[str, tuple[str, ...]]:
+    """A gemma4 block's tensors but attn_norm (llama_model_gemma4::load_arch_tensors), each size the layer's own
+    ("head_dim@3": head_dim_of(3)): Q with its norm; K, V and K's norm on layers with their own K/V; the output, the
+    post-attention norm, the GeGLU FFN and its norms; the per-layer embedding's gate, projection and norm; out_scale."""
+    e, hd, q = "n_embd", f"head_dim@{il}", f"n_head * head_dim@{il}"
+    kv, ff = f"n_head_kv@{il} * head_dim@{il}", f"n_ff@{il}"
+    out = {b + "attn_q.weight": (e, q), b + "attn_q_norm.weight": (hd,)}
+    if cfg.has_kv(il):
+        out.update({b + "attn_k.weight": (e, kv), b + "attn_k_norm.weight": (hd,)})
+        if not (stored and cfg.v_is_k[il]):     # V = K: the engine reads attn_k's rows again as attn_v (tensor_views)
+            out[b + "attn_v.weight"] = (e, kv)
+    out.update({b + "attn_output.weight": (q, e), b + "post_attention_norm.weight": (e,), b + "ffn_norm.weight": (e,),
+                b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff), b + "ffn_down.weight": (ff, e),
+                b + "post_ffw_norm.weight": (e,)})
+    if cfg.n_embd_per_layer:
+        out.update({b + "inp_gate.weight": (e, "n_embd_per_layer"), b + "proj.weight": ("n_embd_per_layer", e),
+                    b + "post_norm.weight": (e,)})
+    if cfg.out_scale and stored:    # read by the host (HOST_TENSORS), not uploaded
+        out[b + "layer_output_scale.weight"] = ("one",)
+    return out
+
+
 def stored_tensors(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor the file must hold, with its GGUF shape (ne0 first)."""
     return {name: tuple(_size(cfg, d) for d in dims) for name, dims in _symbolic_tensors(cfg, True).items()}
@@ -584,6 +736,8 @@ def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, Tenso
 
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
+        if cfg.v_is_k and cfg.v_is_k[il]:     # gemma4 without attn_v: V's rows are K's (the same file bytes)
+            out[b + "attn_v.weight"] = replace(out[b + "attn_k.weight"], name=b + "attn_v.weight")
         if cfg.attn_gate and not cfg.is_delta(il):   # qwen35: each head's rows [q | gate], as two views a head
             split(b + "attn_q.weight", [(f"{b}attn_q.weight#{part}{h}", cfg.head_dim)
                                         for h in range(cfg.n_head) for part in "qg"])
@@ -597,7 +751,11 @@ def tensor_views(cfg: Config, tensors: dict[str, TensorInfo]) -> dict[str, Tenso
 
 def host_tensors(cfg: Config, header: Header) -> list[TensorInfo]:
     """The tensors whose values the host must read and hand to the engine (HOST_TENSORS the model uses)."""
-    return [t for t in header.tensors if t.name in HOST_TENSORS and cfg.rope_freqs]
+    def used(name: str) -> bool:
+        if name == "rope_freqs.weight":
+            return cfg.rope_freqs or cfg.rope_freqs_full
+        return cfg.out_scale and name.startswith("blk.") and name.split(".", 2)[2] == "layer_output_scale.weight"
+    return [t for t in header.tensors if used(t.name)]
 
 
 def _size(cfg: Config, dim: str) -> int:
@@ -609,9 +767,12 @@ def _size(cfg: Config, dim: str) -> int:
         return 3 * cfg.n_embd
     if dim == "q_gate_rows":    # qwen35's attn_q: [q | gate] per head
         return 2 * cfg.q_dim
+    if dim == "one":
+        return 1
     n = 1
     for f in dim.split(" * "):
-        n *= getattr(cfg, f)
+        name, _, il = f.partition("@")      # "head_dim@3": layer 3's own (gemma4)
+        n *= getattr(cfg, f"{name}_of")(int(il)) if il else getattr(cfg, name)
     return n
 
 
@@ -640,7 +801,7 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
                              f"{f'; {layers}' if name.startswith('blk.') else ''})")
         shape = tuple(_size(cfg, d) for d in dims)
         if tuple(t.shape) != shape:
-            fields = dict.fromkeys(f for d in dims for f in d.split(" * "))
+            fields = dict.fromkeys(f.partition("@")[0] for d in dims for f in d.split(" * "))
             src = "; ".join(why[f] for f in fields if f in why)
             raise ModelError(f"tensor {name} has shape {list(t.shape)}, expected {list(shape)} = "
                              f"[{', '.join(dims)}]{f' from {src}' if src else ''}")
@@ -656,6 +817,9 @@ def check_tensors(cfg: Config, header: Header, why: dict[str, str] | None = None
             block = t.name.split(".")[1] if t.name.startswith("blk.") else ""
             if cfg.mtp_layers and block.isdigit() and cfg.n_layer <= int(block) < cfg.n_layer + cfg.mtp_layers:
                 continue    # a multi-token-prediction block: skipped on purpose (Config.skipped says so)
+            if (cfg.kv_from_start >= 0 and block.isdigit() and cfg.kv_from_start <= int(block) < cfg.n_layer
+                    and t.name.split(".", 2)[2] in GEMMA4_UNREAD):
+                continue    # a shared-KV layer's own K/V weights: llama.cpp loads and never reads them (skipped)
             extra = f" ({layers})" if block.isdigit() and int(block) >= cfg.n_layer else ""
             raise ModelError(f"tensor {t.name} is not one a {cfg.arch} model reads here{extra}: refused rather "
                              f"than ignored")

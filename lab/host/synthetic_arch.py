@@ -56,6 +56,8 @@ class ArchSpec:
     overrides: dict = field(default_factory=dict)    # tokenizer keys replaced (tokenizer.ggml.pre)
     rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2]
     kv_per_layer: tuple[int, ...] = ()     # lfm2: attention.head_count_kv as an array, 0 for a short-conv layer
+    ff_per_layer: tuple[int, ...] = ()     # gemma4: feed_forward_length as an array (double-wide shared-KV layers)
+    v_is_k: bool = False                   # gemma4: full layers without attn_v (attention_k_eq_v: V is K's projection)
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -123,12 +125,45 @@ SPECS: dict[str, ArchSpec] = {
                               "rope.dimension_sections": [3, 3, 2, 0], "full_attention_interval": 3,
                               "ssm.conv_kernel": 4, "ssm.state_size": 64, "ssm.group_count": 2,
                               "ssm.time_step_rank": 4, "ssm.inner_size": 256}),
+    # Gemma 4 E2B / E4B-shaped (google/gemma-4-E2B config.json: sliding layers with heads of 256 over 1 KV head and a
+    # full layer every 5th with heads of 512 (global_head_dim) whose RoPE is "proportional" (25% of the pairs rotate:
+    # rope_freqs 1 then 1e30), the last 20 of 35 layers reading the K/V of the last two layers that have their own
+    # (num_kv_shared_layers), double-wide FFNs on those, per-layer token embeddings of 256 per layer, final logit
+    # soft-cap 30, attention scale 1, sliding base 1e4 / full 1e6): 7 layers [S S F S F | S F], the last two sharing
+    # layers 3 (sliding) and 4 (full); sliding heads of 64 over 2 KV heads, full heads of 128 over 1 KV head (per-layer
+    # head_count_kv); n_ff 256, 512 on the shared layers; 32 per-layer embedding dims (the [224, 49152] table keeps
+    # the F32 file small); a soft-cap of 15 that binds on random weights (8 left llama.cpp near-ties in the first greedy
+    # step of the Q4_K_M mix); SmolLM2's vocabulary
+    "gemma4": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
+                       ff_per_layer=(256, 256, 256, 256, 256, 512, 512),
+                       extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
+                              "attention.key_length": 128, "attention.value_length": 128,
+                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
+                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
+                              "attention.sliding_window": 8,
+                              "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
+                              "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
+                              "final_logit_softcapping": 15.0}),
+    # The same shape with attention_k_eq_v (as the pages on Gemma 4 describe its full layers): no attn_v on the full
+    # layers, whose V is then K's projection (llama.cpp: "if v_proj is not present, use k_proj")
+    "gemma4kv": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
+                       ff_per_layer=(256, 256, 256, 256, 256, 512, 512), v_is_k=True,
+                       extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
+                              "attention.key_length": 128, "attention.value_length": 128,
+                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
+                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
+                              "attention.sliding_window": 8,
+                              "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
+                              "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
+                              "final_logit_softcapping": 15.0}),
 }
 
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
            "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
            "ffn_down": ("Q4_K", "Q6_K"), "shortconv_in_proj": "Q4_K", "shortconv_out_proj": "Q4_K",
-           "attn_gate": "Q4_K", "ssm_out": "Q4_K"}
+           "attn_gate": "Q4_K", "ssm_out": "Q4_K", "per_layer_model_proj": "Q4_K", "inp_gate": "Q4_K",
+           # rows of 32 and 224 (the synthetic gemma4's per-layer width) are no K-quant block: Q8_0
+           "per_layer_token_embd": "Q8_0", "per_layer_proj": "Q8_0"}
 # Type mixes: role -> type, or (type, type of the first and last layers) as llama.cpp's _M mixes give
 # attn_v and ffn_down more bits there. Mixes whose types the kernels do not read yet are left out by
 # `mixes()`, so adding a type to lab.format.ggml.KERNEL_TYPES adds its variant.
@@ -215,6 +250,8 @@ def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]
     if spec.rope_freqs:
         out.append(("rope_freqs.weight", "rope_freqs", (hd // 2,), 0.0))
     gemma = spec.arch in ("gemma2", "gemma3")
+    if spec.arch == "gemma4":
+        return out + _gemma4_tensors(spec)
     for il in range(spec.n_layer):
         b = f"blk.{il}."
         out.append((b + "attn_norm.weight", "norm", (e,), 0.0))
@@ -253,6 +290,52 @@ def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]
         out.append((b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff)))
         if gemma:
             out.append((b + "post_ffw_norm.weight", "norm", (e,), 0.0))
+    return out
+
+
+def gemma4_swa(spec: ArchSpec) -> list[bool]:
+    return list(spec.extra["attention.sliding_window_pattern"])
+
+
+def _gemma4_tensors(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]]:
+    """gemma4's tensors after token_embd and output_norm, in llama.cpp's names (llama_model_gemma4::load_arch_tensors):
+    the per-layer token embeddings [V, n_layer x per-layer width], their projection from the residual and its norm;
+    rope_freqs (the full layers' proportional RoPE: factor 1 on the first quarter of the pairs, 1e30 on the rest, so
+    those never turn); per block the attention (no K/V projection or K norm from shared_kv_layers on), its post-norm,
+    the GeGLU FFN (per-layer width) and its post-norm, the per-layer input gate, projection and post-norm, and
+    layer_output_scale [1]."""
+    x = spec.extra
+    e, n, ple = spec.n_embd, spec.n_layer, x["embedding_length_per_layer_input"]
+    swa = gemma4_swa(spec)
+    kv_from = n - x["attention.shared_kv_layers"]
+    hd_full = x["attention.key_length"]
+    out = [("per_layer_token_embd.weight", "per_layer_token_embd", ("V", ple * n), 0.25),
+           ("per_layer_model_proj.weight", "per_layer_model_proj", (ple * n, e), 1.0 / np.sqrt(e)),
+           ("per_layer_proj_norm.weight", "norm", (ple,), 0.0),
+           ("rope_freqs.weight", "rope_freqs", (hd_full // 2,), 0.0)]
+    for il in range(n):
+        b = f"blk.{il}."
+        hd = x["attention.key_length_swa"] if swa[il] else hd_full
+        q, kv, ff = spec.n_head * hd, spec.kv_per_layer[il] * hd, spec.ff_per_layer[il]
+        out += [(b + "attn_norm.weight", "norm", (e,), 0.0),
+                (b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e))]
+        if il < kv_from:
+            out.append((b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)))
+            if not (spec.v_is_k and not swa[il]):
+                out.append((b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)))
+            out.append((b + "attn_k_norm.weight", "qk_norm", (hd,), 0.0))
+        out += [(b + "attn_q_norm.weight", "qk_norm", (hd,), 0.0),
+                (b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)),
+                (b + "post_attention_norm.weight", "norm", (e,), 0.0),
+                (b + "ffn_norm.weight", "norm", (e,), 0.0),
+                (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
+                (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
+                (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff)),
+                (b + "post_ffw_norm.weight", "norm", (e,), 0.0),
+                (b + "inp_gate.weight", "inp_gate", (ple, e), 1.0 / np.sqrt(e)),
+                (b + "proj.weight", "per_layer_proj", (e, ple), 1.0 / np.sqrt(ple)),
+                (b + "post_norm.weight", "norm", (e,), 0.0),
+                (b + "layer_output_scale.weight", "out_scale", (1,), 0.0)]
     return out
 
 
@@ -312,7 +395,7 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     w.add_uint32("general.file_type", 0 if mix == "f32" else 7 if mix == "q8_0" else 15)
     w.add_block_count(spec.n_layer)
     w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
@@ -333,8 +416,19 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
         if role == "norm":
             w.add_tensor(tname, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
+        if role == "qk_norm":   # gemma4 (attention scale 1): q.k of std ~1 rather than ~sqrt(head size), so that the
+            # softmax is not one-hot and llama.cpp's float16 GELU table moves the logits by less than F32_TOL
+            w.add_tensor(tname, ((1.0 + 0.1 * rng.standard_normal(shape)) * shape[0] ** -0.25).astype(np.float32))
+            continue
+        if role == "rope_freqs" and spec.arch == "gemma4":   # proportional RoPE: a quarter of the pairs turn
+            turn = shape[0] // 4
+            w.add_tensor(tname, np.array([1.0] * turn + [1e30] * (shape[0] - turn), np.float32))
+            continue
         if role == "rope_freqs":
             w.add_tensor(tname, llama3_factors(shape[0] * 2, float(spec.extra["rope.freq_base"])))
+            continue
+        if role == "out_scale":     # layer_output_scale: one multiplier of the block's output, away from 1
+            w.add_tensor(tname, (0.6 + 0.2 * rng.random(shape)).astype(np.float32))
             continue
         if role in ("ssm_a", "ssm_dt"):     # A = -exp(A_log): every value a decay; dt's bias about N(0, 1)
             v = rng.standard_normal(shape)

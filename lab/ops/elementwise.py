@@ -1,11 +1,12 @@
 """Elementwise builders the forward pass uses (wgsl/elementwise.wgsl): a bias added into a slice of fused rows,
-the copy of the step's last row for the output head, the final logit soft-cap, and qwen35's attention output gate.
+the copy of the step's last row for the output head, the final logit soft-cap, qwen35's attention output gate, and a
+scale in place (gemma4's per-layer input scales and layer_output_scale).
 
 Each op covers `n` features of each of the step's t tokens (t read from the step buffer). An op whose output
 is one of its inputs runs an in-place entry (one read_write binding), since WebGPU refuses a buffer bound
 read-only and writable at once. The file's other entries have no builder here: `scale_add` is
-lab.instruments.selftest's, and add / mul / scale / fill_zero are built by tests/kernels/elementwise_ops.py (no model
-path uses them).
+lab.instruments.selftest's, and add / mul / fill_zero are built by tests/kernels/elementwise_ops.py (no model path uses
+them).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def add_bias(device: gpu.Device, kernels, x: gpu.Buffer, bias: gpu.Buffer, step:
     k = kernels.get("elementwise", "bias_to", WG=WG)
     return [Op(k, device.bind(k, [x, params, step, bias], "bias_to"),
                lambda t: groups_1d(max(1, t * n), WG, max_dim))]
+
+
+def scale(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n: int, s: float) -> list[Op]:
+    """x *= s in place over the step's t rows of n floats."""
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(PARAMS.pack(n, float(s), 0, 0), "scale.params")
+    k = kernels.get("elementwise", "scale_to", WG=WG)
+    return [Op(k, device.bind(k, [x, params, step], "scale_to"), lambda t: groups_1d(max(1, t * n), WG, max_dim))]
 
 
 def last_row(device: gpu.Device, kernels, src: gpu.Buffer, out: gpu.Buffer, step: gpu.Buffer, n: int) -> list[Op]:

@@ -12,6 +12,7 @@ weight bytes: the native loader (`upload_file`) and the browser's `labUpload` (w
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from lab import gpu
@@ -151,6 +152,12 @@ class ModelWeights:
                     self.uploads.append(Upload(n, t.offset, t.nbytes, buf, off))
                     off += t.nbytes
                 fused.update(names)
+        if cfg.v_norm:
+            # gemma4 RMS-norms V without a weight: the norm kernel multiplies by one, so a ones vector per head size
+            for hd in sorted({cfg.head_dim_of(il) for il in range(cfg.n_layer)}):
+                buf = device.buffer(4 * hd, gpu.CONSTANT, f"ones [{hd}] (V's weightless norm)")
+                device.write(buf, struct.pack(f"<{hd}f", *([1.0] * hd)))
+                self.vectors[f"ones.{hd}"] = buf
         for name, shape in expected_tensors(cfg).items():
             if name in fused:
                 continue
@@ -175,6 +182,8 @@ class ModelWeights:
             return "in_proj", ("shortconv.in_proj.weight",)
         if cfg.is_delta(il):
             return "delta_in", ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight")
+        if not cfg.has_kv(il):  # gemma4's shared-KV layers project Q only (K and V: an earlier layer's cache)
+            return "qkv", ("attn_q.weight",)
         if cfg.attn_gate:
             return "qkv", (*(f"attn_q.weight#q{h}" for h in range(cfg.n_head)), "attn_k.weight", "attn_v.weight",
                            *(f"attn_q.weight#g{h}" for h in range(cfg.n_head)))

@@ -140,4 +140,16 @@ def test_a_hybrid_over_48_tokens_and_two_turns_in_the_page(browser, server_url, 
         t2 = page.evaluate(turn, [chat["turn2_ids"], len(chat["turn2_greedy"])])
         n = compared(t2["ids"], chat["turn2_greedy"], chat["turn2_gaps"])
         assert t2["reused"] >= len(chat["turn1_ids"]) and n >= 40 and t2["ids"][:n] == chat["turn2_greedy"][:n], t2
+
+
+def test_gemma4_in_the_page_is_llama_cpps(browser, server_url):
+    """Gemma 4's layers in the page's worker as natively: sliding and full layers with heads of their own size, the
+    shared-KV tail attending earlier layers' caches, the per-layer embeddings, layer_output_scale (read with rope_freqs
+    from the file by the worker's slices): greedy ids and logits against llama.cpp."""
+    path = synthetic_arch.build("gemma4", "f32", cache_dir() / "synthetic")
+    with open_lab(browser, server_url) as lab:
+        lab.wait_ready()
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+        _held_to_llama_cpp(lab.page, "gemma4", positions={1, 16, 24})
         assert lab.errors() == [] and lab.foreign_requests() == []

@@ -57,7 +57,8 @@ REF_TOL = 1e-3          # engine vs numpy reference, relative to max |ref| (meas
 # phi3, smollm3, lfm2), ~1 min on lavapipe with the cores to itself (lfm2: 6 s). qwen3 (151936 tokens) and the gemmas
 # (262144 tokens, 270 MB of F32 weights) and every quantized mix are behind --slow (the gemma2 file alone took 9 min on
 # a loaded machine).
-DEFAULT = {("llama3", "f32"), ("mistral", "f32"), ("phi3", "f32"), ("smollm3", "f32"), ("lfm2", "f32"), ("qwen35", "f32")}
+DEFAULT = {("llama3", "f32"), ("mistral", "f32"), ("phi3", "f32"), ("smollm3", "f32"), ("lfm2", "f32"), ("qwen35", "f32"),
+           ("gemma4", "f32"), ("gemma4kv", "f32")}
 
 
 def _cases() -> list:

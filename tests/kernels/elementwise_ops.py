@@ -1,4 +1,4 @@
-"""Builders for the elementwise entries no model path uses (add / mul / scale over the step's rows, fill_zero), so
+"""Builders for the elementwise entries no model path uses (add / mul over the step's rows, fill_zero), so
 the tests keep checking those kernels of wgsl/elementwise.wgsl. Same conventions as lab/ops: each returns `Op`s
 whose grid depends on the step's token count; the workgroup size and Params layout are lab.ops.elementwise's."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 from lab import gpu
 from lab.ops import Op, groups_1d
 from lab.ops.elementwise import PARAMS, WG
+from lab.ops.elementwise import scale as scale  # noqa: F401  (a model path uses it now: gemma4; the tests import it here)
 
 
 def _grid(n: int, max_per_dim: int):
@@ -36,14 +37,6 @@ def mul(device: gpu.Device, kernels, a: gpu.Buffer, b: gpu.Buffer, out: gpu.Buff
         n: int) -> list[Op]:
     """out = a * b over t rows of n floats. `out` may be `a` or `b`."""
     return _binary(device, kernels, "mul", a, b, out, step, n)
-
-
-def scale(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n: int, s: float) -> list[Op]:
-    """x *= s in place over t rows of n floats."""
-    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    params = device.uniform(PARAMS.pack(n, float(s), 0, 0), "scale.params")
-    k = kernels.get("elementwise", "scale_to", WG=WG)
-    return [Op(k, device.bind(k, [x, params, step], "scale_to"), _grid(n, max_dim))]
 
 
 def fill_zero(device: gpu.Device, kernels, buf: gpu.Buffer, n_words: int | None = None,

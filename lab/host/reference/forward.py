@@ -101,8 +101,10 @@ class Reference:
     # -- helpers --------------------------------------------------------------------------------
     def reset(self) -> None:
         hp = self.hp
-        self._k = [np.zeros((hp.n_head_kv, 0, hp.head_dim), self.dtype) for _ in range(hp.n_layer)]
-        self._v = [np.zeros((hp.n_head_kv, 0, hp.head_dim_v), self.dtype) for _ in range(hp.n_layer)]
+        # gemma4: each layer its own KV heads and head size (head_dim_of is head_dim_v there: llama.cpp requires it)
+        self._k = [np.zeros((hp.n_head_kv_of(il), 0, hp.head_dim_of(il)), self.dtype) for il in range(hp.n_layer)]
+        self._v = [np.zeros((hp.n_head_kv_of(il), 0, hp.head_dim_of(il) if hp.head_dim_swa else hp.head_dim_v),
+                            self.dtype) for il in range(hp.n_layer)]
         # per conv layer the last l_cache - 1 rows of the conv's input, zero before position 0: lfm2's B*x
         # [l_cache - 1, n_embd], qwen35's q, k, v [l_cache - 1, 2 key dims + value dims]
         channels = hp.n_embd
@@ -198,6 +200,9 @@ class Reference:
         if hp.embed_scale != 1.0:
             x = x * dt.type(hp.embed_scale)
             self._cb("inp_scaled", x)
+        if hp.arch == "gemma4":
+            x = self._gemma4(ids, x, pos, start)
+            return self._finish(x, n_kv, all_logits)
 
         for il in range(hp.n_layer):
             inp = x
@@ -267,6 +272,11 @@ class Reference:
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
             x = self._feed_forward(il, ffn_inp)
 
+        return self._finish(x, n_kv, all_logits)
+
+    def _finish(self, x: np.ndarray, n_kv: int, all_logits: bool) -> np.ndarray:
+        """The last layer's output -> result_norm -> logits (the last row only unless all_logits)."""
+        hp, dt = self.hp, self.dtype
         self.n_past = n_kv
         if not all_logits:
             x = x[-1:]
@@ -276,6 +286,74 @@ class Reference:
         self._cb("result_output", logits)
         self._trace_on = False
         return np.asarray(logits, dtype=np.float32) if dt != np.float32 else logits
+
+    def _per_layer_inputs(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """gemma4's per-layer inputs [n_layer, t, per-layer width] (build_inp_per_layer + project_per_layer_inputs):
+        the token's rows of per_layer_token_embd times sqrt(width), plus the scaled embedding projected by
+        per_layer_model_proj times 1/sqrt(n_embd) and RMS-normed per layer slice (per_layer_proj_norm), the sum
+        times 1/sqrt(2)."""
+        hp, dt = self.hp, self.dtype
+        t, n, w = len(ids), hp.n_layer, hp.n_embd_per_layer
+        sel = self.w.rows("per_layer_token_embd.weight", ids).reshape(t, n, w) * dt.type(np.sqrt(np.float32(w)))
+        self._cb("inp_per_layer_selected", sel)
+        proj = (self._mm(x, "per_layer_model_proj.weight") * dt.type(1.0 / np.sqrt(np.float32(hp.n_embd))))
+        proj = rms_norm(proj.reshape(t, n, w), self.w.get("per_layer_proj_norm.weight"), hp.eps)
+        self._cb("per_layer_proj", proj)
+        inp = self._cb("inp_per_layer", (proj + sel) * dt.type(1.0 / np.sqrt(np.float32(2.0))))
+        return np.ascontiguousarray(inp.transpose(1, 0, 2))
+
+    def _gemma4(self, ids: np.ndarray, x: np.ndarray, pos: np.ndarray, start: int) -> np.ndarray:
+        """gemma4's blocks (src/models/gemma4.cpp), x the scaled embedding [t, n_embd]; returns the last l_out.
+        Per block: attention with the layer's own head size, RoPE and K/V (or an earlier layer's: kv_source), its
+        post-norm and residual; the GeGLU FFN, its post-norm and residual (pe_in); the per-layer embedding (GELU of
+        inp_gate, times this layer's per-layer input, proj, post_norm) added; times layer_output_scale."""
+        hp, dt = self.hp, self.dtype
+        t = len(ids)
+        per_layer = self._per_layer_inputs(ids, x) if "per_layer_token_embd.weight" in self.w else None
+        for il in range(hp.n_layer):
+            inp = x
+            cur = self._cb(f"attn_norm-{il}", rms_norm(x, self._lw(il, "attn_norm.weight"), hp.eps))
+            hd, n_kv_head, swa = hp.head_dim_of(il), hp.n_head_kv_of(il), hp.is_swa(il)
+            base, n_rot = hp.rope_base_for(il), hp.n_rot_of(il)
+            factors = None if swa else hp.rope_factors   # rope_freqs: the full layers' proportional RoPE only
+            q = self._cb(f"Qcur-{il}", self._mm(cur, f"blk.{il}.attn_q.weight")).reshape(t, hp.n_head, hd)
+            q = self._cb(f"Qcur_normed-{il}", rms_norm(q, self._lw(il, "attn_q_norm.weight"), hp.eps))
+            q = self._cb(f"Qcur_rope-{il}", rope(q, pos, n_rot, base, hp.rope_type, 1.0, factors))
+            src = hp.kv_source(il)
+            if src == il:
+                k = self._cb(f"Kcur-{il}", self._mm(cur, f"blk.{il}.attn_k.weight")).reshape(t, n_kv_head, hd)
+                # no attn_v (attention_k_eq_v): V is K's projection, before K's norm and RoPE
+                v_name = f"blk.{il}.attn_v.weight" if f"blk.{il}.attn_v.weight" in self.w else f"blk.{il}.attn_k.weight"
+                v = self._cb(f"Vcur-{il}", self._mm(cur, v_name)).reshape(t, n_kv_head, hd)
+                k = self._cb(f"Kcur_normed-{il}", rms_norm(k, self._lw(il, "attn_k_norm.weight"), hp.eps))
+                v = self._cb(f"Vcur_normed-{il}", rms_norm(v, None, hp.eps))
+                k = self._cb(f"Kcur_rope-{il}", rope(k, pos, n_rot, base, hp.rope_type, 1.0, factors))
+                self._k[il] = np.concatenate([self._k[il][:, :start], k.transpose(1, 0, 2)], axis=1)
+                self._v[il] = np.concatenate([self._v[il][:, :start], v.transpose(1, 0, 2)], axis=1)
+            elif hp.is_swa(src) != swa or hp.head_dim_of(src) != hd:
+                raise ValueError(f"gemma4: layer {il} would read layer {src}'s K/V, a layer of the other kind")
+            K, V = self._k[src], self._v[src]                                  # [n_kv_head, n_kv, hd]
+            rep = hp.n_head // K.shape[0]
+            Kr = np.repeat(K, rep, axis=0) if rep > 1 else K
+            Vr = np.repeat(V, rep, axis=0) if rep > 1 else V
+            kq = np.matmul(q.transpose(1, 0, 2), Kr.transpose(0, 2, 1)) * dt.type(hp.attn_scale)
+            kq = np.where(self._mask(il, pos, K.shape[1])[None], kq, -np.inf)
+            p = self._cb(f"kq_soft_max-{il}", softmax(kq, axis=-1).astype(dt))
+            o = np.matmul(p, Vr).transpose(1, 0, 2).reshape(t, hp.n_head * hd)
+            o = self._cb(f"kqv_out-{il}", o)
+            cur = self._cb(f"attn_out-{il}", self._mm(o, f"blk.{il}.attn_output.weight"))
+            ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
+            x = self._feed_forward(il, ffn_inp, out_name="pe_in")
+            if per_layer is not None:
+                g = gelu_tanh(self._mm(x, f"blk.{il}.inp_gate.weight")) * per_layer[il]
+                y = rms_norm(self._mm(g, f"blk.{il}.proj.weight"), self._lw(il, "post_norm.weight"), hp.eps)
+                self._cb(f"per_layer_embd_out-{il}", y)
+                x = x + y
+            scale = self._lw(il, "layer_output_scale.weight")
+            if scale is not None:
+                x = x * scale
+            x = self._cb(f"l_out-{il}", x)
+        return x
 
     def _shortconv(self, il: int, cur: np.ndarray) -> np.ndarray:
         """lfm2's short-conv block (build_shortconv_block): in_proj to [B | C | x]; B*x; the depthwise causal conv
@@ -319,7 +397,7 @@ class Reference:
         out = self._cb(f"final_output-{il}", out.reshape(t, hv * d))
         return self._cb(f"linear_attn_out-{il}", self._mm(out, b + "ssm_out.weight"))
 
-    def _feed_forward(self, il: int, ffn_inp: np.ndarray) -> np.ndarray:
+    def _feed_forward(self, il: int, ffn_inp: np.ndarray, out_name: str = "l_out") -> np.ndarray:
         """ffn_norm (qwen35: post_attention_norm) -> the GLU -> ffn_down, added to ffn_inp (through gemma's post-norm):
         l_out-il."""
         hp = self.hp
@@ -334,7 +412,7 @@ class Reference:
         glu = self._cb(f"{'ffn_swiglu' if hp.ffn_act == 'silu' else 'ffn_geglu'}-{il}", act * up)
         cur = self._linear(glu, il, "ffn_down")
         self._cb(f"ffn_out-{il}", cur)
-        return self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", "l_out")
+        return self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", out_name)
 
     # -- generation and the lab panels ----------------------------------------------------------
     def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:

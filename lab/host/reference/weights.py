@@ -27,7 +27,7 @@ from gguf.quants import dequantize
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
 ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox",
-             "gemma3": "neox", "lfm2": "neox", "qwen35": "neox"}     # qwen35: IMROPE, NEOX's rotation for text
+             "gemma3": "neox", "lfm2": "neox", "qwen35": "neox", "gemma4": "neox"}     # qwen35: IMROPE, NEOX's rotation for text
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -136,6 +136,15 @@ class Hparams:
     ssm_v_heads: int = 0          # qwen35: ssm.time_step_rank
     ssm_head_dim: int = 0         # qwen35: ssm.state_size (d_k = d_v)
     attn_gate: bool = False       # qwen35: attn_q rows [q | gate] per head, the output times sigmoid(gate)
+    # gemma4: per-layer attention shapes (sliding layers have their own head size and rotated dims), the layers from
+    # kv_from_start on reading an earlier layer's K/V, and the per-layer token embeddings
+    head_dim_swa: int = 0         # gemma4: attention.key_length_swa (= value_length_swa)
+    n_rot_swa: int = 0            # gemma4: rope.dimension_count_swa
+    kv_heads: list[int] = field(default_factory=list)   # per layer KV heads where the file gives an array
+    ff_layers: list[int] = field(default_factory=list)  # per layer FFN widths where the file gives an array
+    kv_from_start: int = -1       # gemma4: layers il >= this have no K/V of their own (-1: every layer has)
+    n_embd_per_layer: int = 0     # gemma4: width of one layer's slice of the per-layer token embedding
+    v_norm: bool = False          # gemma4: V RMS-normed per head, without a weight
 
     def is_conv(self, il: int) -> bool:
         return bool(self.conv_layers and self.conv_layers[il])
@@ -151,6 +160,24 @@ class Hparams:
 
     def rope_base_for(self, il: int) -> float:
         return self.rope_base_swa if self.is_swa(il) else self.rope_base
+
+    def head_dim_of(self, il: int) -> int:
+        """Layer il's head size: gemma4's sliding layers have their own (key_length_swa)."""
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(il) else self.head_dim
+
+    def n_rot_of(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def n_head_kv_of(self, il: int) -> int:
+        return self.kv_heads[il] if self.kv_heads else self.n_head_kv
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose cached K/V layer il attends (llama.cpp's layer_reuse_cb for gemma3n / gemma4): itself,
+        or from kv_from_start on the last layer with a cache of the same kind (kv_from_start - 2 for a sliding
+        layer, kv_from_start - 1 for a full one)."""
+        if self.kv_from_start < 0 or il < self.kv_from_start:
+            return il
+        return self.kv_from_start - (2 if self.is_swa(il) else 1)
 
     @classmethod
     def from_weights(cls, w: Weights) -> Hparams:
@@ -170,6 +197,8 @@ class Hparams:
         n_head_kv = k("attention.head_count_kv", n_head)
         per_layer_kv = [int(n) for n in n_head_kv] if isinstance(n_head_kv, list) else None
         n_head_kv = max(per_layer_kv) if per_layer_kv else int(n_head_kv)
+        n_ff = k("feed_forward_length")
+        ff_layers = [int(n) for n in n_ff] if isinstance(n_ff, list) else []
         head_dim = int(k("attention.key_length", n_embd // n_head))
         head_dim_v = int(k("attention.value_length", head_dim))
         n_rot = int(k("rope.dimension_count", head_dim))
@@ -190,7 +219,8 @@ class Hparams:
         rope_base = float(k("rope.freq_base", 10000.0))
         hp = cls(
             arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-            head_dim=head_dim, head_dim_v=head_dim_v, n_ff=int(k("feed_forward_length")), n_vocab=n_vocab,
+            head_dim=head_dim, head_dim_v=head_dim_v, n_ff=max(ff_layers) if ff_layers else int(n_ff),
+            n_vocab=n_vocab,
             eps=float(k("attention.layer_norm_rms_epsilon")), n_rot=n_rot, rope_type=ROPE_TYPE[arch],
             rope_base=rope_base, rope_base_swa=rope_base,
             # llama / qwen2 graphs: kq_scale = 1/sqrt(n_embd_head)
@@ -277,4 +307,30 @@ class Hparams:
             hp.qk_norm = True
             hp.post_norms = True
             hp.ffn_act = "gelu"
+        if arch == "gemma4":
+            # llama_model_gemma4::load_arch_hparams + src/models/gemma4.cpp: sliding layers from the pattern ARRAY,
+            # with their own head size (key_length_swa), rotated dims (rope.dimension_count_swa) and base
+            # (rope.freq_base_swa); full layers' proportional RoPE through rope_freqs (the full layers only); the
+            # layers from n_layer - shared_kv_layers on read an earlier layer's K/V (kv_source); per-layer KV heads and
+            # FFN widths from arrays; Q/K norms with weights, V RMS-normed without one; attention scale 1;
+            # embeddings times sqrt(n_embd); post-norms; GeGLU; per-layer token embeddings (forward._per_layer_inputs);
+            # final logit soft-cap where the key is present.
+            hp.swa_layers = [bool(x) for x in k("attention.sliding_window_pattern")]
+            hp.n_swa = int(k("attention.sliding_window"))
+            hp.head_dim_swa = int(k("attention.key_length_swa"))
+            hp.n_rot_swa = int(k("rope.dimension_count_swa", hp.head_dim_swa, required=False))
+            hp.rope_base_swa = float(k("rope.freq_base_swa", 10000.0, required=False))   # llama_hparams' default
+            hp.kv_heads = per_layer_kv or []
+            hp.ff_layers = ff_layers
+            hp.kv_from_start = n_layer - int(k("attention.shared_kv_layers", 0, required=False))
+            hp.n_embd_per_layer = int(k("embedding_length_per_layer_input", 0, required=False))
+            hp.final_softcap = float(k("final_logit_softcapping", 0.0, required=False) or 0.0)
+            hp.attn_scale = 1.0
+            hp.embed_scale = float(np.sqrt(np.float32(n_embd)))
+            hp.qk_norm = True
+            hp.v_norm = True
+            hp.post_norms = True
+            hp.ffn_act = "gelu"
+            if "rope_freqs.weight" in w:
+                hp.rope_factors = np.asarray(w.get("rope_freqs.weight"), dtype=np.float64)
         return hp
