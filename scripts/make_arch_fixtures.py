@@ -73,7 +73,7 @@ def f32_copy(src: Path, dst: Path) -> None:
 def greedy_on(llm, n: int) -> tuple[list[int], list[float]]:
     """n greedy ids continuing the context as llm holds it (the logits of its last token first), and llama.cpp's
     top-2 logit gap at each step (the tests stop comparing at a near-tie). Also scripts/make_mixed_fixtures.py's and
-    scripts/make_hybrid_fixtures.py's."""
+    scripts/make_long_fixtures.py's."""
     ids, gaps = [], []
     for _ in range(n):
         row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)

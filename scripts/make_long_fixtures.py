@@ -1,15 +1,17 @@
-"""llama.cpp's answers for the hybrids' longer parity checks (tests/fixtures/hybrid/<spec>-chat.json). NOT part of CI.
+"""llama.cpp's answers for the longer parity checks of the 2026 architectures (tests/fixtures/long/<spec>.json). NOT
+part of CI.
 
     LLAMA_CPP_LIB_PATH=/root/ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin \\
-        /root/refvenv/bin/python scripts/make_hybrid_fixtures.py [lfm2 qwen35]
+        /root/refvenv/bin/python scripts/make_long_fixtures.py [lfm2 qwen35 smollm3 gemma4]
 
-On each synthetic F32 hybrid (lab/host/synthetic_arch.py, built with the project venv first: the tests' bytes),
+On each synthetic F32 file (lab/host/synthetic_arch.py, built with the project venv first: the tests' bytes),
 with an F32 KV cache and flash attention off as scripts/make_arch_fixtures.py runs llama.cpp:
 
   prompts   for each of PROMPTS (with the vocabulary's BOS): its ids and GREEDY_N greedy ids, each step's top-2 gap
   chat      a two-turn conversation: turn 1's ids and TURN1_N greedy ids; turn 2's ids (turn 1, its reply, then more
             text) and GREEDY_N greedy ids, llama.cpp running turn 2's whole prompt in a fresh context. The lab must
-            give the same ids while it reuses the states turn 1 left (tests/engine/test_hybrid_parity.py, and the page).
+            give the same ids while it reuses what turn 1 left: the KV cache, a hybrid's states
+            (tests/engine/test_long_parity.py, and the page).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from make_arch_fixtures import greedy_on
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
 
-OUT = ROOT / "tests" / "fixtures" / "hybrid"
+OUT = ROOT / "tests" / "fixtures" / "long"
 PROMPTS = ("The old lighthouse keeper climbed the stairs every evening, counting the steps.",
            "In the village market, a merchant sold spices from faraway lands",
            "Once upon a time")
@@ -67,10 +69,10 @@ def run(spec: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    for spec in argv or ["lfm2", "qwen35"]:
+    for spec in argv or ["lfm2", "qwen35", "smollm3", "gemma4"]:
         t = time.time()
         data = run(spec)
-        out = OUT / f"{spec}-chat.json"
+        out = OUT / f"{spec}.json"
         out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
         gaps = [g for p in data["prompts"] for g in p["top2_gap"]] + data["chat"]["turn2_gaps"]
         print(f"{out.name}: {out.stat().st_size:,} bytes, min gap {min(gaps):.4f}, {time.time() - t:.1f}s", flush=True)
