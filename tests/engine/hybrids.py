@@ -1,4 +1,4 @@
-"""What the hybrids' engine tests share (tests/engine/test_hybrid.py for lfm2, test_qwen35.py for qwen35): an engine
+"""What the newer architectures' engine tests share (test_hybrid.py for lfm2, test_qwen35.py, test_gemma4.py): an engine
 on a device of its own over a synthetic F32 file, the prompt, a greedy turn, and every traced tensor of a prefill and
 the decode step after it against the numpy reference."""
 

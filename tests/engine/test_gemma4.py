@@ -21,9 +21,9 @@ from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.host.reference import Reference
 from lab.ops import weights as weights_mod
+from tests.engine.hybrids import traced_names_matching_the_reference
 
 N_CTX = 64
-TRACE_TOL = 1e-4        # relative to the tensor's largest |value|: f32 summation order (measured ~1e-6)
 REF_TOL = 1e-3          # logits, relative to the reference's largest (tests/engine/test_architectures.py)
 TEXT = ("The old lighthouse keeper climbed the stairs every evening, counting the steps: one hundred and twelve. "
         "Nobody knew why he still did it.")
@@ -71,23 +71,7 @@ def test_every_traced_tensor_matches_the_reference(made, path):
     """Prefill from 0 past the sliding window, then one decode step: every traced tensor of both against the numpy
     reference (its cache carried between the two calls, as the engine's is)."""
     eng, tok = made
-    ids = tok.encode(TEXT, add_bos=tok.add_bos)
-    ref = Reference(path)
-    ref.forward(ids[:-1], trace=True)
-    want_prefill = dict(ref.trace)
-    ref.forward(ids[-1:], start_pos=len(ids) - 1, trace=True)
-    want_decode = dict(ref.trace)
-    names = set()
-    for got, want in ((run(eng.traced(ids[:-1], 0)), want_prefill),
-                      (run(eng.traced(ids[-1:], len(ids) - 1)), want_decode)):
-        for name, raw in got.items():
-            w = np.asarray(want[name], np.float32).reshape(-1)
-            g = np.frombuffer(raw, np.float32)
-            if name in ("result_output", "result_norm"):
-                w = w[-len(g):]             # the engine's head row(s) are the reference's last
-            err = float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-30))
-            assert err <= TRACE_TOL, f"{name}: {err:.3g}"
-            names.add(name)
+    names = traced_names_matching_the_reference(eng, tok, path)
     assert {"inp_per_layer_selected", "per_layer_proj", "inp_per_layer"} <= names
     for il in range(7):
         assert {f"Qcur_rope-{il}", f"kqv_out-{il}", f"attn_post_norm-{il}", f"pe_in-{il}",
