@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -144,19 +144,10 @@ SPECS: dict[str, ArchSpec] = {
                               "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
                               "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
                               "final_logit_softcapping": 15.0}),
-    # The same shape with attention_k_eq_v (as the pages on Gemma 4 describe its full layers): no attn_v on the full
-    # layers, whose V is then K's projection (llama.cpp: "if v_proj is not present, use k_proj")
-    "gemma4kv": ArchSpec("gemma4", "smollm2", 7, 4, 2, 64, 256, tied=True, kv_per_layer=(2, 2, 1, 2, 1, 2, 1),
-                       ff_per_layer=(256, 256, 256, 256, 256, 512, 512), v_is_k=True,
-                       extra={"rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0, "context_length": 131072,
-                              "attention.key_length": 128, "attention.value_length": 128,
-                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
-                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
-                              "attention.sliding_window": 8,
-                              "attention.sliding_window_pattern": [True, True, False, True, False, True, False],
-                              "attention.shared_kv_layers": 2, "embedding_length_per_layer_input": 32,
-                              "final_logit_softcapping": 15.0}),
 }
+# The same shape with attention_k_eq_v (as the pages on Gemma 4 describe its full layers): no attn_v on the full
+# layers, whose V is then K's projection (llama.cpp: "if v_proj is not present, use k_proj")
+SPECS["gemma4kv"] = replace(SPECS["gemma4"], v_is_k=True)
 
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
            "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",

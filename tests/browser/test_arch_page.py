@@ -104,15 +104,18 @@ def test_smollm3_in_the_page_and_its_layers_without_rope(browser, server_url):
         assert lab.errors() == [] and lab.foreign_requests() == []
 
 
-def test_qwen35_in_the_page_is_llama_cpps(browser, server_url):
-    """Qwen3.5's gated delta-net layers (conv and recurrent state, one dispatch each for the whole prefill chunk) and
-    gated attention layers run in the page's worker as natively: greedy ids and logits against llama.cpp."""
-    path = synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
+@pytest.mark.parametrize("spec", ["qwen35", "gemma4"])
+def test_a_2026_architecture_in_the_page_is_llama_cpps(browser, server_url, spec):
+    """The page's worker runs as natively, greedy ids and logits against llama.cpp: Qwen3.5's gated delta-net layers
+    (conv and recurrent state, one dispatch each for the whole prefill chunk) and gated attention layers; Gemma 4's
+    sliding and full layers with heads of their own size, the shared-KV tail attending earlier layers' caches, the
+    per-layer embeddings, layer_output_scale (read with rope_freqs from the file by the worker's slices)."""
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     with open_lab(browser, server_url) as lab:
         lab.wait_ready()
         lab.pick(path)
         lab.wait_loaded(path.name)
-        _held_to_llama_cpp(lab.page, "qwen35", positions={1, 16, 24})
+        _held_to_llama_cpp(lab.page, spec, positions={1, 16, 24})
         assert lab.errors() == [] and lab.foreign_requests() == []
 
 
@@ -143,16 +146,3 @@ def test_48_tokens_and_two_turns_in_the_page(browser, server_url, spec):
         t2 = page.evaluate(turn, [chat["turn2_ids"], len(chat["turn2_greedy"])])
         n = compared(t2["ids"], chat["turn2_greedy"], chat["turn2_gaps"])
         assert t2["reused"] >= len(chat["turn1_ids"]) and n >= 40 and t2["ids"][:n] == chat["turn2_greedy"][:n], t2
-
-
-def test_gemma4_in_the_page_is_llama_cpps(browser, server_url):
-    """Gemma 4's layers in the page's worker as natively: sliding and full layers with heads of their own size, the
-    shared-KV tail attending earlier layers' caches, the per-layer embeddings, layer_output_scale (read with rope_freqs
-    from the file by the worker's slices): greedy ids and logits against llama.cpp."""
-    path = synthetic_arch.build("gemma4", "f32", cache_dir() / "synthetic")
-    with open_lab(browser, server_url) as lab:
-        lab.wait_ready()
-        lab.pick(path)
-        lab.wait_loaded(path.name)
-        _held_to_llama_cpp(lab.page, "gemma4", positions={1, 16, 24})
-        assert lab.errors() == [] and lab.foreign_requests() == []
