@@ -4,11 +4,11 @@ random but valid blocks, so benchmarks run on a GPU machine without copying mode
 
 `SPECS` are the releases `lab bench --synthetic NAME` offers. The first three carry their real files' own per-layer
 type mix; the others (Llama 3.2 1B and 3.1 8B, and the 2026 shelf: SmolLM3-3B, LFM2-350M and 1.2B, Qwen3.5-0.8B and
-2B, each from its published config.json) are Q4_K_M as llama-quantize writes it: every tensor's type chosen by
-`q4_k_m_types`, a port of llama.cpp's rule that tests/engine/test_sameshape_models.py holds to llama-quantize's own
-dry run. `SMALL` are small variants of the new architectures (few layers, n_embd 256, 512 tokens) made by the same
-code, for tests that must load and run them in seconds. The weights are noise: the output is gibberish, the timing is
-the real model's.
+2B, Gemma 4 E2B and E4B, each from its published config.json) are Q4_K_M as llama-quantize writes it: every tensor's
+type chosen by `q4_k_m_types`, a port of llama.cpp's rule that tests/engine/test_sameshape_models.py holds to
+llama-quantize's own dry run. `SMALL` are small variants of the new architectures (few layers, n_embd 256, 512 tokens)
+made by the same code, for tests that must load and run them in seconds. The weights are noise: the output is
+gibberish, the timing is the real model's.
 
 Every file's header is read back by the lab (lab.format.model.from_gguf) before a byte of data is written, so a
 spec whose tensors the lab would refuse (missing, misnamed or misshaped for its architecture) fails at once.
@@ -55,6 +55,7 @@ class Spec:
     rope_scaling: tuple | None = None   # llama 3's rope_freqs.weight: (factor, low, high, original context)
     tied: bool = True    # no output.weight: the head is token_embd
     kv_per_layer: tuple[int, ...] = ()  # lfm2: attention.head_count_kv per layer, 0 for a short-conv block
+    ff_per_layer: tuple[int, ...] = ()  # gemma4: feed_forward_length per layer (E2B's double-wide shared-KV layers)
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -68,9 +69,10 @@ def _layer(name: str) -> int:
 def q4_k_m_types(table: list[tuple[str, int, int]], n_layer: int) -> dict[str, str]:
     """The type llama-quantize gives each tensor (name, rows, cols) of an F32 file asked for Q4_K_M, without an
     imatrix or overrides, as src/llama-quant.cpp (vendored in llama-cpp-python 0.3.36) decides it:
-    tensor_allows_quantization keeps 1-D tensors, names not ending in "weight", norms and the convs' kernels
-    (shortconv.conv, ssm_conv1d) as they are (F32 here); llama_tensor_get_type_impl gives output.weight, and
-    token_embd when the head is tied, Q6_K (Q8_0 for rows not of whole 256-blocks); attn_v and attn_qkv (the
+    tensor_allows_quantization keeps 1-D tensors, names not ending in "weight", norms, the convs' kernels
+    (shortconv.conv, ssm_conv1d) and gemma4's per_layer_model_proj as they are (F32 here); llama_tensor_get_type_impl
+    gives output.weight, and the token embeddings (token_embd and gemma4's per_layer_token_embd: one category) when the
+    head is tied, Q6_K (Q8_0 for rows not of whole 256-blocks); attn_v and attn_qkv (the
     "attention-v-like" tensors: qwen35's delta-net in-projection counts as one) Q6_K where use_more_bits(i, n) for
     the i-th of the n such tensors, ffn_down Q6_K where use_more_bits(i, n_layer) for the i-th ffn_down; every other
     matrix Q4_K (the ftype's default). The counters run in the order llama-quantize visits tensors: its
@@ -84,10 +86,10 @@ def q4_k_m_types(table: list[tuple[str, int, int]], n_layer: int) -> dict[str, s
     out = {}
     for name, rows, cols in order:
         if rows == 1 or not name.endswith("weight") or "_norm.weight" in name or "shortconv.conv" in name \
-                or "ssm_conv1d" in name:
+                or "ssm_conv1d" in name or "per_layer_model_proj" in name:
             out[name] = "F32"
             continue
-        if name == "output.weight" or (tied and name == "token_embd.weight"):
+        if name == "output.weight" or (tied and name in ("token_embd.weight", "per_layer_token_embd.weight")):
             out[name] = "Q6_K" if cols % 256 == 0 else "Q8_0"
             continue
         t = "Q4_K"
@@ -132,6 +134,23 @@ def _qwen35(ssm_heads: int) -> dict:
             "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 128, "qwen35.ssm.group_count": ssm_heads,
             "qwen35.ssm.time_step_rank": ssm_heads, "qwen35.ssm.inner_size": ssm_heads * 128,
             "qwen35.full_attention_interval": 4}
+
+
+def _gemma4(n_layer: int, full_every: int, shared: int, hd_swa: int = 256, hd_full: int = 512) -> dict:
+    """Gemma 4's keys as llama.cpp's converter writes them (conversion: Gemma4Model): heads of 256 on sliding layers
+    (key_length_swa, all of them rotated at base 1e4), 512 on full ones (key_length, global_head_dim) with RoPE base
+    1e6 over all 512 dims, of which rope_freqs.weight (factor 1 on the first quarter of the pairs, 1e30 on the rest)
+    keeps the partial_rotary_factor 0.25 of "proportional" RoPE; a full layer every `full_every`-th (layer_types);
+    the last `shared` layers reading earlier layers' K/V; per-layer input embeddings of 256; final soft-cap 30."""
+    return {"general.file_type": 15, "gemma4.context_length": 131072, "gemma4.attention.layer_norm_rms_epsilon": 1e-6,
+            "gemma4.rope.freq_base": 1000000.0, "gemma4.rope.freq_base_swa": 10000.0,
+            "gemma4.attention.key_length": hd_full, "gemma4.attention.value_length": hd_full,
+            "gemma4.attention.key_length_swa": hd_swa, "gemma4.attention.value_length_swa": hd_swa,
+            "gemma4.rope.dimension_count": hd_full, "gemma4.rope.dimension_count_swa": hd_swa,
+            "gemma4.attention.sliding_window": 512,
+            "gemma4.attention.sliding_window_pattern": [(il + 1) % full_every != 0 for il in range(n_layer)],
+            "gemma4.attention.shared_kv_layers": shared, "gemma4.embedding_length_per_layer_input": 256,
+            "gemma4.final_logit_softcapping": 30.0}
 
 
 def _lfm2_kv(n_head_kv: int, attention=(2, 5, 8, 10, 12, 14), n_layer: int = 16) -> tuple[int, ...]:
@@ -189,14 +208,28 @@ SPECS = {
     # lab skips it, so it changes no timing.
     "qwen3.5-0.8b": Spec("qwen35", 24, 1024, 8, 2, 256, 3584, 248320, "Q4_K_M", _qwen35(16)),
     "qwen3.5-2b": Spec("qwen35", 24, 2048, 8, 2, 256, 6144, 248320, "Q4_K_M", _qwen35(16)),
+    # Gemma 4 E2B and E4B (google/gemma-4-E2B / E4B config.json, text_config, as quoted alike by several ports'
+    # tests: hidden_size 1536 / 2560, num_hidden_layers 35 / 42, num_attention_heads 8, num_key_value_heads 1 / 2,
+    # head_dim 256, global_head_dim 512, layer_types four / five sliding_attention then a full_attention, repeated,
+    # sliding_window 512, intermediate_size 6144 / 10240 with use_double_wide_mlp true / false (E2B's 20 shared-KV
+    # layers are 12288 wide), num_kv_shared_layers 20 / 18, hidden_size_per_layer_input 256, vocab_size 262144,
+    # rope_parameters full 1e6 proportional with partial_rotary_factor 0.25, sliding 1e4, final_logit_softcapping 30,
+    # rms_norm_eps 1e-6, tie_word_embeddings true; llama.cpp's gemma4 loader: 35 layers E2B, 42 E4B). The shared
+    # layers are written without K/V projections of their own (the lab skips them where a file has them; llama.cpp
+    # loads them and never reads them), so the timing is that of the layers both engines run.
+    "gemma4-e2b": Spec("gemma4", 35, 1536, 8, 1, 512, 6144, 262144, "Q4_K_M", _gemma4(35, 5, 20),
+                       ff_per_layer=(6144,) * 15 + (12288,) * 20),
+    "gemma4-e4b": Spec("gemma4", 42, 2560, 8, 2, 512, 10240, 262144, "Q4_K_M", _gemma4(42, 6, 18)),
 }
 # Small variants of the new architectures, built by the same code (layout, types, header check, blocks) for the tests
 # of the default run: few layers (smollm3: layer 3 without RoPE; lfm2: 4 conv blocks and 2 attention layers; qwen35:
-# 3 delta-net layers and 1 attention layer), n_embd 256, a vocabulary of 512.
+# 3 delta-net layers and 1 attention layer; gemma4: 6 layers [S S F | S S F], the last 3 reading layers 1 and 2,
+# heads of 64 and 128), n_embd 256, a vocabulary of 512.
 SMALL = {
     "smollm3-small": Spec("smollm3", 4, 256, 4, 1, 64, 512, 512, "Q4_K_M", _smollm3(512, 64)),
     "lfm2-small": Spec("lfm2", 6, 256, 4, 2, 64, 512, 512, "Q4_K_M", _lfm2(512), kv_per_layer=_lfm2_kv(2, (2, 5), 6)),
     "qwen35-small": Spec("qwen35", 4, 256, 2, 1, 256, 512, 512, "Q4_K_M", _qwen35(2)),
+    "gemma4-small": Spec("gemma4", 6, 256, 4, 1, 128, 512, 512, "Q4_K_M", _gemma4(6, 3, 3, 64, 128)),
 }
 
 # Byte offsets of the f16 scale fields in each block: set to small finite values so every block is valid.
@@ -259,6 +292,8 @@ def _layout(spec: Spec) -> list[tuple[str, str, int, int]]:
         out.append(("output.weight", "output", spec.n_vocab, e))
     # lfm2's final norm is stored under the name of token_embd_norm (llama.cpp: LLM_TENSOR_OUTPUT_NORM_LFM2)
     out.append(("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", "", 1, e))
+    if a == "gemma4":
+        return out + _gemma4_tensors(spec)
     for il in range(spec.n_layer):
         b = f"blk.{il}."
         if a == "qwen35":
@@ -309,6 +344,37 @@ def _qwen35_block(spec: Spec, b: str, il: int) -> list[tuple[str, str, int, int]
                   (b + "ffn_up.weight", "ffn_up", ff, e), (b + "ffn_down.weight", "ffn_down", e, ff)]
 
 
+def _gemma4_tensors(spec: Spec) -> list[tuple[str, str, int, int]]:
+    """gemma4's tensors after token_embd and output_norm (llama_model_gemma4::load_arch_tensors): the per-layer token
+    embeddings [n_vocab rows of n_layer x 256], their projection from the residual and its norm, rope_freqs (the full
+    layers' proportional RoPE); per block the attention (sliding heads of key_length_swa, full of key_length; no K/V
+    from shared_kv_layers on), its post-norm, the GeGLU FFN of the layer's width and its norms, the per-layer input's
+    gate, projection and post-norm, and layer_output_scale."""
+    x, e, n = spec.extra, spec.n_embd, spec.n_layer
+    ple, swa = x["gemma4.embedding_length_per_layer_input"], x["gemma4.attention.sliding_window_pattern"]
+    kv_from = n - x["gemma4.attention.shared_kv_layers"]
+    out = [("per_layer_token_embd.weight", "per_layer_token_embd", spec.n_vocab, ple * n),
+           ("per_layer_model_proj.weight", "per_layer_model_proj", ple * n, e),
+           ("per_layer_proj_norm.weight", "", 1, ple),
+           ("rope_freqs.weight", "", 1, x["gemma4.attention.key_length"] // 2)]
+    for il in range(n):
+        b = f"blk.{il}."
+        hd = x["gemma4.attention.key_length_swa"] if swa[il] else x["gemma4.attention.key_length"]
+        q, kv = spec.n_head * hd, spec.n_head_kv * hd
+        ff = spec.ff_per_layer[il] if spec.ff_per_layer else spec.n_ff
+        out += [(b + "attn_norm.weight", "", 1, e), (b + "attn_q.weight", "attn_q", q, e)]
+        if il < kv_from:
+            out += [(b + "attn_k.weight", "attn_k", kv, e), (b + "attn_v.weight", "attn_v", kv, e),
+                    (b + "attn_k_norm.weight", "", 1, hd)]
+        out += [(b + "attn_q_norm.weight", "", 1, hd), (b + "attn_output.weight", "attn_output", e, q),
+                (b + "post_attention_norm.weight", "", 1, e), (b + "ffn_norm.weight", "", 1, e),
+                (b + "ffn_gate.weight", "ffn_gate", ff, e), (b + "ffn_up.weight", "ffn_up", ff, e),
+                (b + "ffn_down.weight", "ffn_down", e, ff), (b + "post_ffw_norm.weight", "", 1, e),
+                (b + "inp_gate.weight", "inp_gate", ple, e), (b + "proj.weight", "per_layer_proj", e, ple),
+                (b + "post_norm.weight", "", 1, e), (b + "layer_output_scale.weight", "", 1, 1)]
+    return out
+
+
 def tensor_table(spec: Spec) -> list[tuple[str, str, int, int]]:
     """(name, type, rows, cols) of every tensor in file order; 1-D tensors have rows 1."""
     layout = _layout(spec)
@@ -328,7 +394,7 @@ def _start(spec: Spec, label: str, path: Path, vocab: bool):
     w.add_name(f"synthetic {label}")
     w.add_block_count(spec.n_layer)
     w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
     for k, v in spec.extra.items():
@@ -378,7 +444,12 @@ def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
     rng = np.random.default_rng(seed)
     w, table = _start(s, name, path, vocab)
     for tname, type_name, rows, cols in table:
-        if tname == "rope_freqs.weight":
+        if tname == "rope_freqs.weight" and s.arch == "gemma4":
+            # proportional RoPE: the first quarter of the pairs turn (factor 1), the rest never (1e30)
+            data = np.array([1.0] * (cols // 4) + [1e30] * (cols - cols // 4), np.float32)
+        elif tname.endswith("layer_output_scale.weight"):
+            data = np.ones((rows, cols), np.float32)        # a block's output multiplier: noise would compound
+        elif tname == "rope_freqs.weight":
             factor, low, high, orig = s.rope_scaling
             base = s.extra[f"{s.arch}.rope.freq_base"]
             data = llama3_factors(2 * cols, base, factor, low, high, orig)
