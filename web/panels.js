@@ -165,7 +165,50 @@ export function renderEmbedding(store) {
     strip,
     el("p", { class: "scale muted", textContent: `blue negative, red positive, full colour at |v| = ${fmt(scale)}` }),
     el("h3", { textContent: "Nearest tokens by cosine over the whole embedding table" }),
-    nbs);
+    nbs,
+    ...(e.per_layer ? perLayer(e.per_layer, e.weight_bytes) : []));
+}
+
+// gemma4's per-layer embedding of the token: its row of per_layer_token_embd as one row a layer (cells shaded as the
+// main strip, scaled by this row's largest magnitude), each slice's L2 norm beside it, and where it enters the model.
+function perLayer(p, mainBytes) {
+  const { values, norms, n_layer: L, width: P } = p;
+  let scale = 0;
+  for (const v of values) scale = Math.max(scale, Math.abs(v));
+  const grid = el("div", { class: "per-layer", testid: "embedding-per-layer", data: { layers: L, width: P } }, [
+    el("span", { class: "muted", textContent: "layer" }),
+    el("span", { class: "pl-axis muted" }, [el("span", { textContent: "dim 0" }), el("span", { textContent: `dim ${P - 1}` })]),
+    el("span", { class: "pl-norm muted", textContent: "L2 norm" }),
+  ]);
+  for (let il = 0; il < L; il++) {
+    const cells = el("div", { class: "pl-cells", testid: "per-layer-row", data: { layer: il } }, range(P).map((d) => {
+      const v = values[il * P + d];
+      const c = el("span", { title: `layer ${il}, dim ${d}: ${fmt(v, 5)}`, data: { layer: il, dim: d, value: v } });
+      c.style.background = diverging(v, scale);
+      return c;
+    }));
+    grid.append(el("span", { textContent: `L${il}` }), cells,
+      el("span", { class: "pl-norm", testid: "per-layer-norm", data: { layer: il, value: norms[il] }, textContent: fmt(norms[il], 3) }));
+  }
+  return [
+    el("h3", { textContent: `Per-layer embedding: ${L} slices of ${P}, one a layer` }),
+    el("div", { class: "muted pl-note", testid: "embedding-per-layer-note" }, [
+      el("p", { textContent: `This model also gives every token a row of per_layer_token_embd (${L} × ${P} values). `
+        + `Shown as the table stores it: before the ×√${P} scale and before the mix with the main embedding's projection.` }),
+      el("ul", {}, [
+        el("li", { textContent: `Layer i's per-layer input: (slice i × √${P} + slice i of the main embedding through `
+          + "per_layer_model_proj, RMS-normed by per_layer_proj_norm) × 1/√2, once a step." }),
+        el("li", { textContent: "Layer i reads it after its feed-forward: GELU(inp_gate · h) × that input → proj → "
+          + "post_norm, added to the residual stream." }),
+      ]),
+    ]),
+    grid,
+    el("p", { class: "scale muted", textContent: `blue negative, red positive, full colour at |v| = ${fmt(scale)} (this row's largest)` }),
+    el("p", { class: "muted", testid: "per-layer-no-neighbours", textContent:
+      `No nearest tokens over this table: a query would read all of it, ${si(p.table_bytes, "B")} `
+      + `(${(p.table_bytes / mainBytes).toFixed(1)}× the main table's ${si(mainBytes, "B")}), for a cosine over a row `
+      + "that no layer reads whole." }),
+  ];
 }
 
 // ---- residual stream -------------------------------------------------------------------------------------

@@ -16,7 +16,12 @@ function embeddingData(store) {
   if (!e) return null;
   return { panel: "embedding", model: model(store), position: e.index, id: e.id, piece: e.piece, norm: e.norm,
            values: Array.from(e.values), neighbours: e.neighbours.map((n) => ({ id: n.id, piece: n.piece, cos: n.cos })),
-           cost: { ms: e.ms, macs: e.macs, weight_bytes: e.weight_bytes } };
+           cost: { ms: e.ms, macs: e.macs, weight_bytes: e.weight_bytes },
+           // gemma4: the row of per_layer_token_embd as stored, [n_layer][width], and each slice's L2 norm
+           ...(e.per_layer ? { per_layer: {
+             n_layer: e.per_layer.n_layer, width: e.per_layer.width, norms: Array.from(e.per_layer.norms),
+             values: range(e.per_layer.n_layer).map((il) => Array.from(
+               e.per_layer.values.subarray(il * e.per_layer.width, (il + 1) * e.per_layer.width))) } } : {}) };
 }
 
 const STRIP_ROW = 192;         // embedding values per row of the picture
@@ -34,11 +39,33 @@ function drawEmbedding(canvas, store) {
   };
   const size = heatmapSize(strip);
   const lines = d.neighbours.map((n, i) => `${String(i + 1).padStart(2)}. ${shown(n.piece).padEnd(16)} ${n.cos.toFixed(4)}  #${n.id}`);
-  const ctx = sheet(canvas, Math.max(size.width, textWidth(lines, MONO)), size.height + 12 + linesHeight(lines.length + 1),
+  const pl = d.per_layer ? perLayerPicture(d.per_layer) : null;
+  const below = size.height + 12 + linesHeight(lines.length + 1);
+  const ctx = sheet(canvas, Math.max(size.width, textWidth(lines, MONO), pl ? pl.size.width : 0),
+    below + (pl ? 12 + linesHeight(1) + pl.size.height : 0),
     `Embedding of ${shown(d.piece)} (id ${d.id}, position ${d.position})`,
     [`L2 norm ${d.norm.toFixed(4)} · ${d.values.length} values, red positive, blue negative, full colour at |v| = ${scale.toFixed(4)}`]);
   drawHeatmap(ctx, 0, strip);
   drawLines(ctx, size.height + 12, ["Nearest tokens by cosine over the whole embedding table:", ...lines]);
+  if (pl) {
+    drawLines(ctx, below + 12, [pl.title]);
+    drawHeatmap(ctx, below + 12 + linesHeight(1), pl.spec);
+  }
+}
+
+const PER_LAYER_WIDTH = 512;   // picture pixels across one layer's slice
+
+// gemma4's per-layer row as a heatmap of one row a layer, each labelled with its layer and its slice's L2 norm.
+function perLayerPicture(p) {
+  let scale = 0;
+  for (const row of p.values) for (const v of row) scale = Math.max(scale, Math.abs(v));
+  const spec = {
+    cols: range(p.width).map(() => ""), rows: p.norms.map((n, il) => `L${il} ${n.toFixed(3)}`),
+    cellW: Math.max(2, Math.floor(PER_LAYER_WIDTH / p.width)), cellH: 12,
+    colour: (r, c) => (p.values[r][c] >= 0 ? RED : BLUE), alpha: (r, c) => Math.min(1, Math.abs(p.values[r][c]) / (scale || 1)),
+  };
+  return { spec, size: heatmapSize(spec), title: `Per-layer embedding (per_layer_token_embd as stored): ${p.n_layer} `
+    + `layers x ${p.width} dims (row label: layer, slice L2 norm), full colour at |v| = ${scale.toFixed(4)}` };
 }
 
 // ---- residual stream --------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 - `embedding(token_id)`: the token's embedding row (the table's own get_rows, dequantized on the GPU), its L2 norm,
   and its nearest neighbours by cosine over the whole quantized table: a matvec of the table with the row gives
   every dot product; row norms come from one kernel run once per model (wgsl/row_norms.wgsl); the cosine kernel
-  divides, and the sampler's top_k picks the best.
+  divides, and the sampler's top_k picks the best. A model with per-layer embeddings (gemma4) also gets the token's
+  row of `per_layer_token_embd` by the same get_rows (from whichever part of the split table holds it), with each
+  layer slice's L2 norm; no neighbours over that table: it is n_layer x width wide (5.8x the main table for E2B),
+  so a query would read that much more for a cosine over a row no layer reads whole.
 - `inspect(ids, cached, start, end)`: runs positions start .. end-1 of the conversation again through a probe
   variant of the engine's own plans and keeps what the panels need: attention probabilities with queries and keys
   in that window (every layer and head, plus each query's mass on keys before the window), the residual norm after
@@ -46,6 +49,7 @@ What it does not know: text, the page, sessions (the caller says how many leadin
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import time
 from dataclasses import dataclass
@@ -65,6 +69,7 @@ LENS_K = 5             # logit lens: candidates per cell (top-1 shown, the rest 
 CHUNK = 64             # most tokens per step of a probe pass: the attention probe holds [CHUNK, n_head, n_ctx]
                        # floats (an engine with 512-token prefill steps would need 268 MB of it for an 8B at 4,096)
 WG = 64
+PER_LAYER = "per_layer_token_embd.weight"      # gemma4's per-layer token embeddings [n_vocab, n_layer x width]
 _WINDOW = struct.Struct("<4I")   # struct Window { w0, wn, l0, ln } in wgsl/probes.wgsl
 _PARAMS = struct.Struct("<4I")
 
@@ -78,6 +83,10 @@ class Embedding:
     ms: float                              # GPU work and read-back
     macs: int = 0                          # multiply-adds and weight bytes read: neighbours_work
     weight_bytes: int = 0
+    per_layer: bytes | None = None         # gemma4: f32 [n_layer, width], the token's row of per_layer_token_embd as
+                                           #   stored (before x sqrt(width) and the mix with the projection); else None
+    per_layer_norms: list[float] | None = None     # each layer slice's L2 norm
+    per_layer_table_bytes: int = 0         # what a neighbours query over that table would read (not run)
 
 
 @dataclass
@@ -213,7 +222,13 @@ class Probes:
         params = dev.uniform(_PARAMS.pack(V, 0xFF800000, 0, 0), "probe.cosine.params")   # V, -inf as bits
         cos = ops.Op(kcos, dev.bind(kcos, [self.sims, self.norms, self.q_id, params], "probe.cosine"),
                      lambda t, g=ops.groups_1d(V, WG, max_dim): g)
+        per_layer = []
+        if cfg.n_embd_per_layer:
+            self.q_per_layer = dev.buffer(4 * cfg.n_layer * cfg.n_embd_per_layer, conv,
+                                          "probe.query per-layer row [n_layer x per-layer width]")
+            per_layer = embed.get_rows(dev, kc, eng.weights.matrices[PER_LAYER], self.q_id, self.q_per_layer, step)
         return (embed.get_rows(dev, kc, table, self.q_id, self.q_row, step)
+                + per_layer
                 + matmul.matvec(dev, kc, table, self.q_row, self.sims)
                 + [cos]
                 + sample.top_k(dev, kc, self.sims, self.nb, step, V, NEIGHBOURS, rows=Rows.fixed(1)))
@@ -230,8 +245,17 @@ class Probes:
         values = await dev.read(self.q_row)
         nb = _pairs(await dev.read(self.nb), 0, NEIGHBOURS)
         (norm_,) = struct.unpack("<f", await dev.read(self.norms, 4 * token_id, 4))
-        return Embedding(token_id, values[:4 * eng.cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3,
-                         *neighbours_work(eng.weights.embedding))
+        per_layer, norms, table_bytes = None, None, 0
+        cfg = eng.cfg
+        if cfg.n_embd_per_layer:
+            n, P = cfg.n_layer * cfg.n_embd_per_layer, cfg.n_embd_per_layer
+            per_layer = (await dev.read(self.q_per_layer))[:4 * n]
+            row = struct.unpack(f"<{n}f", per_layer)
+            # n_layer x width floats: a few thousand for E2B, summed here in double rather than by another kernel
+            norms = [math.sqrt(math.fsum(v * v for v in row[il * P:(il + 1) * P])) for il in range(cfg.n_layer)]
+            table_bytes = neighbours_work(eng.weights.matrices[PER_LAYER])[1]
+        return Embedding(token_id, values[:4 * cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3,
+                         *neighbours_work(eng.weights.embedding), per_layer, norms, table_bytes)
 
     # -- the inspection pass ------------------------------------------------------------------------------
     def _build_pass(self) -> None:

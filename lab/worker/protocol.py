@@ -75,7 +75,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "kv-view": "{start, end, n_layer, norms, ms}: the KV panel's new columns",
     "done": "{result}: the turn's ids, text and timings, kv_used, and reuse_note (what a hybrid's turn continued from)",
     "reset": "{}: the conversation is gone",
-    "embedding": "{index, id, piece, values, norm, neighbours, ...}",
+    "embedding": "{index, id, piece, values, norm, neighbours, per_layer: null or gemma4's {values, norms, n_layer, "
+                 "width, table_bytes}, ...}",
     "inspection": "{n, start, end, attention, residual, lens, pieces, ...}",
     "forget": "{report, kv, memory}: the wipe's proof, and the KV caches and a hybrid's states as read back after it",
     "memory-view": "{pos, state_pos, conv {start, end, layers, values} | null, delta (norms [n_delta, H]) | null, "

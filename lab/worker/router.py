@@ -300,11 +300,15 @@ async def _reset(msg: dict, w: Worker) -> None:
 # -- panels --------------------------------------------------------------------------------------------------
 async def _probe_embedding(msg: dict, w: Worker) -> None:
     pr, tok = w.probes(), w.loaded().tokenizer
+    cfg = pr.engine.cfg
     e = await pr.embedding(int(msg["id"]))
     w.post({"type": "embedding", "index": int(msg["index"]), "id": e.id, "piece": tok.piece(e.id),
             "values": w.f32(e.values), "norm": e.norm, "ms": round(e.ms, 1), "macs": e.macs,
             "weight_bytes": e.weight_bytes,
-            "neighbours": [{"id": i, "piece": tok.piece(i), "cos": c} for i, c in e.neighbours]})
+            "neighbours": [{"id": i, "piece": tok.piece(i), "cos": c} for i, c in e.neighbours],
+            "per_layer": None if e.per_layer is None else {
+                "values": w.f32(e.per_layer), "norms": e.per_layer_norms, "n_layer": cfg.n_layer,
+                "width": cfg.n_embd_per_layer, "table_bytes": e.per_layer_table_bytes}})
 
 
 async def _probe_inspect(msg: dict, w: Worker) -> None:

@@ -5,7 +5,8 @@ of the fixture's prompt, run through the worker's engine (the `labGreedyIds` tes
 the chat runs, without a template), must be llama.cpp's id for id up to the first step where llama.cpp's own top-2
 gap is a near-tie; and the logits at prompt positions 1, 5, 9, 16, 24 (each the last row of a prefill of the
 prompt's first p + 1 ids, `labLastLogits`) must be llama.cpp's within F32_TOL over its top 64 and 64 fixed ids, with
-the same top-1 (tests/engine/test_architectures.py holds the same file natively, with the tolerance's reason)."""
+the same top-1 (tests/engine/test_architectures.py holds the same file natively, with the tolerance's reason). The
+other 2026 architectures likewise, and Gemma 4's per-layer embedding in the embedding inspector."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import json
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 from lab.host import synthetic_arch
 from lab.host.models import cache_dir
 from tests.browser.conftest import open_lab
+from tests.browser.test_layout import check_png, download, shot
 from tests.conftest import FIXTURES
 
 NEAR_TIE = 0.01          # as tests/engine/test_architectures.py: F32 on both sides, summation order apart
@@ -146,3 +150,58 @@ def test_48_tokens_and_two_turns_in_the_page(browser, server_url, spec):
         t2 = page.evaluate(turn, [chat["turn2_ids"], len(chat["turn2_greedy"])])
         n = compared(t2["ids"], chat["turn2_greedy"], chat["turn2_gaps"])
         assert t2["reused"] >= len(chat["turn1_ids"]) and n >= 40 and t2["ids"][:n] == chat["turn2_greedy"][:n], t2
+
+
+def test_gemma4_per_layer_embedding_in_the_inspector(browser, server_url):
+    """The embedding inspector on a Gemma 4 file shows the token's row of per_layer_token_embd beside the main one:
+    n_layer rows of the per-layer width, every cell the file's value (read on the GPU by the worker's probes,
+    tests/engine/test_gemma4.py holds it natively for a table in several bindings), each slice's norm, the note on
+    where it enters the model, and why there are no neighbours over that table; the card's JSON export holds the
+    same. The card is saved as docs/screenshots/embedding-per-layer.png (LAB_DOC_SHOTS=1)."""
+    path = synthetic_arch.build("gemma4", "f32", cache_dir() / "synthetic")
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    table = dequantize(tensors["per_layer_token_embd.weight"].data, tensors["per_layer_token_embd.weight"].tensor_type)
+    main = dequantize(tensors["token_embd.weight"].data, tensors["token_embd.weight"].tensor_type)
+    n_layer, width = 7, 32
+    with open_lab(browser, server_url) as lab:
+        page = lab.page
+        lab.wait_ready()
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+        lab.send("The lighthouse keeper", max_tokens=2)
+        ids = lab.ids()
+        pos = 2
+        page.click(f'[data-testid=token][data-index="{pos}"]')
+        lab.open_panel("embedding")
+        page.wait_for_selector("[data-testid=per-layer-row]", timeout=300_000)
+        tid = ids[pos]
+        assert page.inner_text("[data-testid=embedding-id]") == str(tid)
+        grid = lab.cells("embedding-per-layer", ["layers", "width"])
+        assert grid == [{"layers": str(n_layer), "width": str(width)}]
+        rows = page.evaluate("[...document.querySelectorAll('[data-testid=per-layer-row]')]"
+                             ".map(r => [...r.children].map(c => Number(c.dataset.value)))")
+        want = table[tid].reshape(n_layer, width)
+        assert len(rows) == n_layer and all(len(r) == width for r in rows)
+        np.testing.assert_array_equal(np.array(rows, np.float32), want)            # every value, exactly
+        norms = lab.cells("per-layer-norm", ["layer", "value"])
+        want_norms = np.linalg.norm(want.astype(np.float64), axis=1)
+        np.testing.assert_allclose([float(n["value"]) for n in norms], want_norms, rtol=1e-6)
+        assert page.locator("[data-testid=per-layer-norm]").all_inner_texts() == [f"{n:.3f}" for n in want_norms]
+        note = page.inner_text("[data-testid=embedding-per-layer-note]")
+        assert "per_layer_token_embd (7 × 32 values)" in note and "before the ×√32 scale" in note
+        assert "Layer i's per-layer input" in note and "after its feed-forward" in note
+        no_nb = page.inner_text("[data-testid=per-layer-no-neighbours]")
+        ratio = tensors["per_layer_token_embd.weight"].n_bytes / tensors["token_embd.weight"].n_bytes   # 224 / 256
+        assert f"{ratio:.1f}× the main table" in no_nb, no_nb
+        shown_main = page.evaluate("[...document.querySelectorAll('[data-testid=embedding-values] [data-dim]')]"
+                                   ".map(e => Number(e.dataset.value))")
+        np.testing.assert_array_equal(np.array(shown_main, np.float32), main[tid])
+        d = json.loads(download(lab, "embedding", "json")[1])
+        assert d["per_layer"]["n_layer"] == n_layer and d["per_layer"]["width"] == width
+        np.testing.assert_array_equal(np.array(d["per_layer"]["values"], np.float32), want)
+        assert d["per_layer"]["norms"] == [float(n["value"]) for n in norms]
+        name, png = download(lab, "embedding", "png")                 # the picture adds the per-layer rows
+        w, h = check_png(png)
+        assert name == "llm-lab-embedding.png" and h > 7 * 12
+        shot(lab, "embedding-per-layer", "embedding")
+        assert lab.errors() == [] and lab.foreign_requests() == []

@@ -84,6 +84,8 @@ def test_king_embedding_and_neighbours(lab_chat, ref, tok):
     cost = lab_chat.cells("embedding-cost", ["ms", "macs", "bytes"])[0]        # the whole table, read once
     assert float(cost["ms"]) > 0 and int(cost["macs"]) == 49152 * 576
     assert int(cost["bytes"]) == int(ref.w.tensors["token_embd.weight"].n_bytes)
+    assert page.query_selector("[data-testid=embedding-per-layer]") is None       # no per-layer table: no section
+    assert "Per-layer" not in page.inner_text("#embedding-body")
     print("\n' king' neighbours in Chromium:", page.locator("[data-testid=neighbour]").all_inner_texts())
     print("embedding panel:", page.inner_text("#embedding-body p"))
 

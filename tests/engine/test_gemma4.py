@@ -11,6 +11,8 @@ import asyncio
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 from lab.engine import budget
 from lab.engine.engine import Engine, read_host_values
@@ -20,6 +22,8 @@ from lab.host import synthetic_arch
 from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.host.reference import Reference
+from lab.instruments import forget, probes
+from lab.instruments.probes import Probes
 from lab.ops import weights as weights_mod
 from tests.engine.hybrids import traced_names_matching_the_reference
 
@@ -79,23 +83,26 @@ def test_every_traced_tensor_matches_the_reference(made, path):
     assert {f"Vcur_normed-{il}" for il in range(5)} <= names and "Kcur_rope-5" not in names
 
 
-def test_the_per_layer_table_split_over_bindings(path, monkeypatch):
-    """E2B's per-layer table at 8 bits is over one 2 GB binding: the engine splits it in row ranges (alloc_weight) and
-    the lookup reads each token's row from the part that holds it. Here the table is cut into 4 parts (a binding of
-    a quarter of it, not a whole number of rows) and the logits still match the reference."""
+def in_four_parts(path, monkeypatch) -> tuple[Engine, object]:
+    """An engine whose per-layer table is cut into 4 parts: a binding of a quarter of it, not a whole number of rows
+    (E2B's table at 8 bits is over one 2 GB binding, and alloc_weight splits it in row ranges)."""
     alloc = weights_mod.alloc_weight
-    made_parts = {}
 
     def small(device, name, type, rows, cols, max_binding=None):
-        if name == "per_layer_token_embd.weight":
+        if name == probes.PER_LAYER:
             max_binding = type.row_bytes(cols) * rows // 4 + 12
-        w = alloc(device, name, type, rows, cols, max_binding)
-        made_parts[name] = len(w.parts)
-        return w
+        return alloc(device, name, type, rows, cols, max_binding)
     monkeypatch.setattr(weights_mod, "alloc_weight", small)
     eng, tok = engine(open_native(), path)
+    assert len(eng.weights.matrices[probes.PER_LAYER].parts) == 4
+    return eng, tok
+
+
+def test_the_per_layer_table_split_over_bindings(path, monkeypatch):
+    """The lookup reads each token's row from the part that holds it: with the table in 4 parts the logits still
+    match the reference."""
+    eng, tok = in_four_parts(path, monkeypatch)
     try:
-        assert made_parts["per_layer_token_embd.weight"] == 4
         ids = tok.encode(TEXT, add_bos=tok.add_bos)
         eng.step(ids, 0)
         raw = run(eng.device.read(eng.scratch.logits, 0, 4 * len(ids) * eng.cfg.n_vocab))
@@ -103,4 +110,37 @@ def test_the_per_layer_table_split_over_bindings(path, monkeypatch):
         want = Reference(path).forward(ids)
         assert float(np.abs(got - want).max() / np.abs(want).max()) <= REF_TOL
     finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("mix", ["f32", "q8_0"])
+def test_the_embedding_inspector_reads_the_per_layer_row(mix, monkeypatch):
+    """The embedding inspector (lab/instruments/probes.py) shows a token's row of per_layer_token_embd as stored:
+    read on the GPU from whichever of the table's 4 parts holds it, it is gguf's dequantization of the file's tensor
+    exactly (the first and last token of every part), each layer slice's norm is that slice's, the main row is still
+    token_embd's; and Forget wipes the buffer the row was read into."""
+    path = synthetic_arch.build("gemma4", mix, cache_dir() / "synthetic")
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    want = {name: dequantize(tensors[name].data, tensors[name].tensor_type)
+            for name in ("token_embd.weight", probes.PER_LAYER)}
+    eng, _ = in_four_parts(path, monkeypatch)
+    pr = Probes(eng)
+    try:
+        cfg, table = eng.cfg, eng.weights.matrices[probes.PER_LAYER]
+        L, P = cfg.n_layer, cfg.n_embd_per_layer
+        ids = sorted({i for part in table.parts for i in (part.first_row, part.first_row + part.n_rows - 1)})
+        assert len(ids) == 8 and ids[-1] == cfg.n_vocab - 1
+        for tid in ids:
+            e = run(pr.embedding(tid))
+            row = want[probes.PER_LAYER][tid].reshape(L, P)
+            np.testing.assert_array_equal(np.frombuffer(e.per_layer, np.float32).reshape(L, P), row,
+                                          err_msg=f"token {tid}")
+            np.testing.assert_allclose(e.per_layer_norms, np.linalg.norm(row.astype(np.float64), axis=1), rtol=1e-6)
+            np.testing.assert_array_equal(np.frombuffer(e.values, np.float32), want["token_embd.weight"][tid])
+        assert e.per_layer_table_bytes == tensors[probes.PER_LAYER].n_bytes
+        report = run(forget.wipe(eng.device))
+        assert report.wiped and pr.q_per_layer in forget.conversation_buffers(eng.device)
+        assert eng.device.read_sync(pr.q_per_layer) == bytes(pr.q_per_layer.size)
+    finally:
+        pr.close()
         eng.close()

@@ -80,6 +80,7 @@ def test_neighbours_match_reference(probe, ref, tok, word):
     table = ref.w.get("token_embd.weight")
     np.testing.assert_array_equal(np.frombuffer(e.values, np.float32), table[tid])    # dequantization is exact
     assert e.norm == pytest.approx(float(np.linalg.norm(table[tid].astype(np.float64))), rel=1e-6)
+    assert e.per_layer is None and e.per_layer_norms is None      # no per-layer embeddings in this model
 
 
 def test_king_neighbours_look_royal(probe, tok):
