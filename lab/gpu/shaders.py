@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from functools import cache
 from pathlib import Path
 
 from lab.format import iq_grids
+from lab.gpu import CONSTANT
 
 _dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parents[2] / "wgsl"))
 _KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
@@ -104,6 +106,14 @@ def wgsl_tables() -> dict[str, str]:
     return out
 
 
+def grid_bytes(name: str) -> bytes:
+    """Grid NAME (a key of _GRIDS) as ggml lays it out, for a storage binding (wgsl/matvec_iq_storage.wgsl): each point
+    its 8 bytes (IQ2, IQ1), or 4 (IQ3), little-endian. No packing: a storage buffer is not compiled into the kernel,
+    so its length costs no compile time."""
+    points, width = _GRIDS[name]
+    return struct.pack(f"<{len(points)}{'Q' if width == 8 else 'I'}", *points)
+
+
 def set_dir(path) -> None:
     global _dir
     _dir = Path(path)
@@ -146,11 +156,27 @@ def _read(name: str, seen: set[str], fill_name) -> str:
 
 class KernelCache:
     """Pipelines cached by (file, entry, constants) and labelled with that key, so errors and
-    profiles name the exact variant."""
+    profiles name the exact variant; and the constant tables some of them bind (`table`)."""
 
     def __init__(self, device) -> None:
         self.device = device
         self._cache: dict = {}
+        self._tables: dict = {}     # (id(owner), label) -> Buffer (its .owner keeps that id from being reused)
+
+    def table(self, label: str, data: bytes):
+        """A storage buffer of kind CONSTANT holding `data` (a fact of a format, such as a quant grid), made once per
+        owner: the device's current one (`Device.owning`), so the table lives and is freed with the buffers of
+        whoever builds the ops that bind it (an engine, its probes, a kernel check), never left behind by them or
+        pulled from under them. A table its owner has freed is made again."""
+        owner = self.device.current_owner
+        buf = self._tables.get((id(owner), label))
+        if buf is not None and buf.owner is owner and buf in self.device.buffers:
+            return buf
+        self._tables = {k: b for k, b in self._tables.items() if b in self.device.buffers}
+        buf = self.device.buffer(len(data), CONSTANT, label)
+        self.device.write(buf, data)
+        self._tables[(id(owner), label)] = buf
+        return buf
 
     def get(self, name: str, entry: str = "main", **consts):
         key = (name, entry, tuple(sorted(consts.items())))
