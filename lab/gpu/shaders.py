@@ -67,7 +67,9 @@ def subgroup_consts(device) -> dict:
 # On the H200 (`lab bench kernels`, 14336 x 4096) the unpacked form read 0.09 TB/s in IQ2_XXS's matvec and 0.10 in
 # IQ3_XXS's; packed, 0.25 and 0.20, IQ2_XS and IQ2_S 0.25-0.28, IQ3_S 0.22, but IQ1_S and IQ1_M (1,024 words) 0.04-0.05,
 # as one array or four (the parts cost nothing there: IQ2_S 0.29 as one, 0.28 as two). All far under the issue's
-# 1.0: a storage binding or a workgroup copy of the grid is the next thing to measure.
+# 1.0. The grid types' own matvec loop (wgsl/matvec_iq.wgsl) binds ggml's unpacked table as a storage buffer instead
+# (grid_bytes, wgsl/matvec_iq_storage.wgsl), or reads these arrays where asked (`lab bench kernels --grid` compares
+# the two; not measured on a GPU yet).
 GRID_PART = 256
 _GRIDS = {"IQ2XXS": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS": (iq_grids.IQ2XS_GRID, 8), "IQ2S": (iq_grids.IQ2S_GRID, 8),
           "IQ3XXS": (iq_grids.IQ3XXS_GRID, 4), "IQ3S": (iq_grids.IQ3S_GRID, 4), "IQ1S": (iq_grids.IQ1S_GRID, 8)}
