@@ -132,6 +132,11 @@ class Device:
         finally:
             self._owner = outer
 
+    @property
+    def current_owner(self) -> object:
+        """The owner of the buffers made now (`owning`'s; None outside it)."""
+        return self._owner
+
     def _register(self, size: int, kind: str, label: str, uniform: bool) -> Buffer:
         if kind not in KINDS:
             raise ValueError(f"unknown buffer kind {kind!r} for {label}")

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from functools import cache
 from pathlib import Path
 
 from lab.format import iq_grids
+from lab.gpu import CONSTANT
 
 _dir = Path(os.environ.get("LAB_WGSL_DIR", Path(__file__).resolve().parents[2] / "wgsl"))
 _KEY = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
@@ -65,7 +67,9 @@ def subgroup_consts(device) -> dict:
 # On the H200 (`lab bench kernels`, 14336 x 4096) the unpacked form read 0.09 TB/s in IQ2_XXS's matvec and 0.10 in
 # IQ3_XXS's; packed, 0.25 and 0.20, IQ2_XS and IQ2_S 0.25-0.28, IQ3_S 0.22, but IQ1_S and IQ1_M (1,024 words) 0.04-0.05,
 # as one array or four (the parts cost nothing there: IQ2_S 0.29 as one, 0.28 as two). All far under the issue's
-# 1.0: a storage binding or a workgroup copy of the grid is the next thing to measure.
+# 1.0. The grid types' own matvec loop (wgsl/matvec_iq.wgsl) binds ggml's unpacked table as a storage buffer instead
+# (grid_bytes, wgsl/matvec_iq_storage.wgsl), or reads these arrays where asked (`lab bench kernels --grid` compares
+# the two; not measured on a GPU yet).
 GRID_PART = 256
 _GRIDS = {"IQ2XXS": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS": (iq_grids.IQ2XS_GRID, 8), "IQ2S": (iq_grids.IQ2S_GRID, 8),
           "IQ3XXS": (iq_grids.IQ3XXS_GRID, 4), "IQ3S": (iq_grids.IQ3S_GRID, 4), "IQ1S": (iq_grids.IQ1S_GRID, 8)}
@@ -102,6 +106,14 @@ def wgsl_tables() -> dict[str, str]:
         out[f"{name}_LEVELS"] = "vec2<u32>(" + ", ".join(
             f"0x{sum(v << (8 * k) for k, v in enumerate(lv[i:i + 4])):x}u" for i in (0, 4)) + ")"
     return out
+
+
+def grid_bytes(name: str) -> bytes:
+    """Grid NAME (a key of _GRIDS) as ggml lays it out, for a storage binding (wgsl/matvec_iq_storage.wgsl): each point
+    its 8 bytes (IQ2, IQ1), or 4 (IQ3), little-endian. No packing: a storage buffer is not compiled into the kernel,
+    so its length costs no compile time."""
+    points, width = _GRIDS[name]
+    return struct.pack(f"<{len(points)}{'Q' if width == 8 else 'I'}", *points)
 
 
 def set_dir(path) -> None:
@@ -146,11 +158,27 @@ def _read(name: str, seen: set[str], fill_name) -> str:
 
 class KernelCache:
     """Pipelines cached by (file, entry, constants) and labelled with that key, so errors and
-    profiles name the exact variant."""
+    profiles name the exact variant; and the constant tables some of them bind (`table`)."""
 
     def __init__(self, device) -> None:
         self.device = device
         self._cache: dict = {}
+        self._tables: dict = {}     # (id(owner), label) -> Buffer (its .owner keeps that id from being reused)
+
+    def table(self, label: str, data: bytes):
+        """A storage buffer of kind CONSTANT holding `data` (a fact of a format, such as a quant grid), made once per
+        owner: the device's current one (`Device.owning`), so the table lives and is freed with the buffers of
+        whoever builds the ops that bind it (an engine, its probes, a kernel check), never left behind by them or
+        pulled from under them. A table its owner has freed is made again."""
+        owner = self.device.current_owner
+        buf = self._tables.get((id(owner), label))
+        if buf is not None and buf.owner is owner and buf in self.device.buffers:
+            return buf
+        self._tables = {k: b for k, b in self._tables.items() if b in self.device.buffers}
+        buf = self.device.buffer(len(data), CONSTANT, label)
+        self.device.write(buf, data)
+        self._tables[(id(owner), label)] = buf
+        return buf
 
     def get(self, name: str, entry: str = "main", **consts):
         key = (name, entry, tuple(sorted(consts.items())))

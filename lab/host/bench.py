@@ -160,16 +160,19 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     return out
 
 
-def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=()) -> list[dict]:
+def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=(),
+                  grids: tuple[str, ...] = ("storage",)) -> list[dict]:
     """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols): `repeat`
     dispatches of one kernel in one pass, timed by timestamp queries where the adapter has them (else
-    by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
+    by the wall clock around submit and read-back, which small shapes then cannot amortize). A grid type
+    (lab/ops/matmul.py IQ_GRID) gets one row per home of its grid in `grids` (GRID_HOMES), its "grid" field saying
+    which; the other types one row, "grid" empty."""
     import numpy as np
 
     from lab.format.ggml import BY_NAME
     from lab.gpu.shaders import KernelCache
     from lab.host.synthetic import random_blocks
-    from lab.ops.matmul import matmul, matvec
+    from lab.ops.matmul import IQ_GRID, matmul, matvec
     from lab.ops.weights import alloc_weight, upload_weight
     device = open_native(disable=tuple(disable))
     timestamps = "timestamp-query" in device.info.features
@@ -192,26 +195,27 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
         y = device.buffer(4 * rows * tokens, gpu.CONVERSATION, "y")
         device.write(x, rng.standard_normal(cols * tokens).astype(np.float32).tobytes())
         device.run([], writes=[(step, 0, ops.step_bytes(0, tokens, 1))])
-        mv = [op.at(1) for op in matvec(device, kc, w, x, y, step)] * repeat
-        mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
-        res = {"type": type_name, "rows": rows, "cols": cols, "weight_bytes": w.rows * w.row_bytes}
-        for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
-            device.run(plan)
-            device.read_sync(y, 0, 4)
-            if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
-                s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
-            else:
-                t0 = _now()
+        for grid in grids if type_name in IQ_GRID else ("",):
+            mv = [op.at(1) for op in matvec(device, kc, w, x, y, step, grid=grid or "storage")] * repeat
+            mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
+            res = {"type": type_name, "rows": rows, "cols": cols, "grid": grid, "weight_bytes": w.rows * w.row_bytes}
+            for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
                 device.run(plan)
                 device.read_sync(y, 0, 4)
-                s = (_now() - t0) / reps
-            if name == "matvec":
-                res["matvec_us"] = round(s * 1e6, 1)
-                res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
-            else:
-                res["matmul_us"] = round(s * 1e6, 1)
-                res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
-        rows_out.append(res)
+                if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
+                    s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
+                else:
+                    t0 = _now()
+                    device.run(plan)
+                    device.read_sync(y, 0, 4)
+                    s = (_now() - t0) / reps
+                if name == "matvec":
+                    res["matvec_us"] = round(s * 1e6, 1)
+                    res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
+                else:
+                    res["matmul_us"] = round(s * 1e6, 1)
+                    res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
+            rows_out.append(res)
         for b in (x, y, *(p.buffer for p in w.parts)):
             device.destroy(b)
     return rows_out

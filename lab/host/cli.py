@@ -429,15 +429,22 @@ def _bench(args) -> int:
             print(f"lab bench kernels: no shapes of type {', '.join(sorted(unknown))} (the table has "
                   f"{', '.join(dict.fromkeys(sh[0] for sh in bench.KERNEL_SHAPES))})", file=sys.stderr)
             return 2
+        from lab.ops.matmul import GRID_HOMES
+        grids = tuple(args.grid.split(","))
+        if set(grids) - set(GRID_HOMES) or not grids:
+            print(f"lab bench kernels: --grid takes {', '.join(GRID_HOMES)} (comma-separated), not {args.grid}",
+                  file=sys.stderr)
+            return 2
         rows = bench.bench_kernels([sh for sh in bench.KERNEL_SHAPES if types is None or sh[0] in types],
-                                   repeat=args.repeat, disable=args.disable)
+                                   repeat=args.repeat, disable=args.disable, grids=grids)
         if args.json:
             print(json.dumps(rows))
         else:
-            print(f"{'type':6s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} {'GB/s':>8s} {'GEMM us':>10s} {'GFLOP/s':>8s}")
+            print(f"{'type':7s} {'grid':7s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} {'GB/s':>8s} "
+                  f"{'GEMM us':>10s} {'GFLOP/s':>8s}")
             for r in rows:
-                print(f"{r['type']:6s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} {r['matvec_us']:10.1f} "
-                      f"{r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
+                print(f"{r['type']:7s} {r['grid']:7s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} "
+                      f"{r['matvec_us']:10.1f} {r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}")
         return 0
     if args.backend == "browser":
         from lab.host import bench_browser, browser_args, models
@@ -708,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
                         "warm-up run does (an idle GPU lowers its clocks; browser, 0: turns as typed after a pause)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
+    s.add_argument("--grid", default="storage",
+                   help="kernels: where the grid types' matvec reads its grid, one row per home: storage (a storage "
+                        "binding, the engine's), private (the WGSL private arrays), or storage,private to compare them")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_bench)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 from lab import gpu
-from lab.gpu.shaders import KernelCache, subgroup_consts
+from lab.gpu.shaders import KernelCache, grid_bytes, subgroup_consts
 from lab.ops import KV_WRITE, Op, Weight, groups_1d
 from lab.ops.rope import QkvRope
 from lab.ops.weights import dequant_consts
@@ -33,14 +33,25 @@ _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y
 
 # Types with a loop of their own (matvec.wgsl's `accumulate`; their scales unpacked once per 32-64 values, not
 # per group of 8, their input read as vec4s): the loop's file and its constants. Every other type runs
-# matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4).
+# matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4); matvec_iq.wgsl (the grid
+# types, a 32-value sub-block a step) the grid, where its home is a storage binding (B_GRID; GRID_HOMES).
 MATVEC_LOOPS = {
     "Q4_K": ("matvec_k.wgsl", {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
     "Q5_K": ("matvec_k.wgsl", {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
     "Q6_K": ("matvec_q6_k.wgsl", {}),
+    **{t: ("matvec_iq.wgsl", {"IQ": t, "STEP": t.lower() + "_step", "GV": "gv_i" if t.startswith("IQ1") else "gv_u"})
+       for t in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")},
 }
-# Values one step of a type's own loop covers (its "unit": the K loops a 16-byte piece of 32 values, Q6_K 64).
-LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64}
+# Values one step of a type's own loop covers (its "unit": the K loops a 16-byte piece of 32 values, Q6_K 64, the grid
+# types a sub-block of 32).
+LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64, **{t: 32 for t, (f, _) in MATVEC_LOOPS.items() if f == "matvec_iq.wgsl"}}
+# The grid each grid type's loop reads (lab/gpu/shaders.py's names; IQ1_M shares IQ1_S's), and where it can live:
+# "storage" (a CONSTANT storage buffer, KernelCache.table: wgsl/matvec_iq_storage.wgsl, the default) or "private"
+# (quant.wgsl's packed private arrays, as the group loop reads them: matvec_iq_private.wgsl). `lab bench kernels
+# --grid` runs both, to compare them on a GPU (only there: a CPU adapter says nothing of their speed).
+IQ_GRID = {"IQ2_XXS": "IQ2XXS", "IQ2_XS": "IQ2XS", "IQ2_S": "IQ2S", "IQ3_XXS": "IQ3XXS", "IQ3_S": "IQ3S",
+           "IQ1_S": "IQ1S", "IQ1_M": "IQ1S"}
+GRID_HOMES = ("storage", "private")
 TALL = 16384            # rows from which a matvec is a tall output head (the vocabulary's rows)
 
 
@@ -72,11 +83,13 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
     return 256 if gpr >= 192 else 128
 
 
-def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True) -> int:
-    """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a K loop's second view of W,
-    the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
-    w4 = x4 and MATVEC_LOOPS.get(type_name, ("",))[0] == "matvec_k.wgsl"
-    return 3 + 2 * norm + bias + w4 + 2 * rope
+def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True,
+                   grid: str = "storage") -> int:
+    """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a K loop's second view of W or
+    a grid type's grid (in its storage home), the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
+    loop = MATVEC_LOOPS.get(type_name, ("",))[0] if x4 else ""
+    extra = loop == "matvec_k.wgsl" or (loop == "matvec_iq.wgsl" and grid == "storage")
+    return 3 + 2 * norm + bias + extra + 2 * rope
 
 
 def _check(buf: gpu.Buffer, floats: int, what: str) -> None:
@@ -89,7 +102,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
            xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
            bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None,
-           rope: QkvRope | None = None) -> list[Op]:
+           rope: QkvRope | None = None, grid: str = "storage") -> list[Op]:
     """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
     accepted for a uniform signature and not used (the grid never depends on the token count).
 
@@ -98,17 +111,22 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     normed input bind the same xn and only one writes it), or with glu="swiglu"|"geglu" the GLU of a
     [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests).
     `rope` (decode's fused QKV row, y_offset its column): the output leaves rotated and its K and V go to the cache
-    (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes."""
+    (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes.
+    `grid`: where a grid type's own loop reads its grid (GRID_HOMES; the bench and the tests pick, the engine keeps the
+    default)."""
     _check_matvec(w, x, y, x_offset=x_offset, y_offset=y_offset, accumulate=accumulate, norm=norm, xn=xn,
                   xn_offset=xn_offset, glu=glu, bias=bias, bias_offset=bias_offset, rope=rope)
 
     # 1. The variant: the input prologue, the weight type's loop, the epilogues, and the kernel.
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
+    if grid not in GRID_HOMES:
+        raise ValueError(f"{w.name} matvec: grid home {grid!r} is not one of {', '.join(GRID_HOMES)}")
     x4 = x_offset % 4 == 0
-    consts, w4 = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
-                                rope=rope is not None)
+    consts, w4, table = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
+                                       rope=rope is not None, grid=grid)
     if rope is not None:
-        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4)
+        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4,
+                                 grid=grid)
         if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
             raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
                                f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
@@ -117,9 +135,11 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
                     **dequant_consts(w.type), **sg)
 
-    # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters; the rotary
-    # epilogue's last, its parameters with the cache writes (True) and without (False).
+    # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters, then the loop's
+    # (the grid: one table per grid and owner, not one per op); the rotary epilogue's last, its parameters with the
+    # cache writes (True) and without (False).
     extra = ([norm[0], xn] if norm is not None else []) + ([bias] if bias is not None else [])
+    grid_buf = [kernels.table(f"{table} grid", grid_bytes(table))] if table else []
     tail = {}
     if rope is not None:
         tail = {True: [device.uniform(rope.params(True), f"{w.name}.rope"), rope.step, rope.k_cache, rope.v_cache],
@@ -136,7 +156,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
                                              int(norm is not None and write_xn and i == 0), eps, xn_offset,
                                              bias_offset + part.first_row, w.cols),
                                 f"{part.buffer.label}.matvec")
-        res = [part.buffer, x, y, params] + extra + [part.buffer] * w4
+        res = [part.buffer, x, y, params] + extra + [part.buffer] * w4 + grid_buf
         grid = groups_1d(part.n_rows, MATVEC_ROWS, max_dim)
         if rope is None:
             ops.append(Op(k, device.bind(k, res, f"{part.buffer.label}.matvec"), lambda t, g=grid: g))
@@ -173,21 +193,29 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
 
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
-                   rope: bool) -> tuple[dict, bool]:
-    """matvec.wgsl's constants for one variant, and whether its loop binds W a second time as vec4<u32> (B_W4).
-    Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in this order: the norm's weight and xn,
-    the bias, W as vec4s, the rotary epilogue's parameters, step, K cache and V cache."""
+                   rope: bool, grid: str) -> tuple[dict, bool, str]:
+    """matvec.wgsl's constants for one variant, whether its loop binds W a second time as vec4<u32> (B_W4), and the
+    grid it binds (a name of IQ_GRID's, or ""). Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in
+    this order: the norm's weight and xn, the bias, W as vec4s or the grid, the rotary epilogue's parameters, step,
+    K cache and V cache."""
     loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
     w4 = loop == "matvec_k.wgsl"
-    b_rope = 4 + 2 * norm + bias + w4
+    table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" and grid == "storage" else ""
+    b_loop = 4 + 2 * norm + bias
+    b_rope = b_loop + w4 + bool(table)
+    home = {}
+    if loop == "matvec_iq.wgsl":
+        name = IQ_GRID[type_name]
+        home = ({"GRID": "matvec_iq_storage.wgsl", "B_GRID": b_loop} if table else
+                {"GRID": "matvec_iq_private.wgsl", "GWORD": name.lower() + "_word", "GLV": name + "_LEVELS"})
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias else "// ", "B_BIAS": 4 + 2 * norm,
-              **loop_consts, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
-              **({"B_W4": 4 + 2 * norm + bias} if w4 else {}),
+              **loop_consts, **home, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
+              **({"B_W4": b_loop} if w4 else {}),
               "ROPE": "" if rope else "// ", "B_RP": b_rope, "B_STEP": b_rope + 1, "B_KC": b_rope + 2,
               "B_VC": b_rope + 3}
-    return consts, w4
+    return consts, w4, table
 
 
 def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y: gpu.Buffer,

@@ -212,9 +212,15 @@ def test_grid_types_prefill_and_decode_match_reference(device, tmp_path):
     try:
         eng.weights.upload_file(path)
         _prefill_then_decode(eng, ref, 11, f"grid types {qo.IQ_TYPES}")
+        # decode ran the grid types' own loop, its grids in storage, one buffer a grid for the whole engine
+        labels = {tok for k in eng.kernels._cache.values() for tok in k.label.split()}
+        assert {"LOOP=matvec_iq.wgsl", "GRID=matvec_iq_storage.wgsl"} <= labels
+        grids = [b.label for b in device.owned_by(eng) if b.label.endswith(" grid")]
+        assert sorted(grids) == ["IQ1S grid", "IQ2S grid", "IQ2XS grid", "IQ2XXS grid", "IQ3S grid", "IQ3XXS grid"]
     finally:
         eng.close()
         ref.w.drop()
+    assert not [b for b in device.buffers if b.label.endswith(" grid")], "the grids outlived their engine"
 
 
 # A fourth model of Q1_0 and Q2_0 (gguf 0.19 dequantizes neither): the engine reads the quantized file, the reference its

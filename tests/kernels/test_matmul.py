@@ -15,7 +15,7 @@ from lab.format.ggml import BY_NAME
 from lab.gpu.shaders import KernelCache
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DOT_TOL
-from lab.ops.matmul import matmul, matvec
+from lab.ops.matmul import GRID_HOMES, IQ_GRID, matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
 from tests.kernels.quant_rig import Rig
 
@@ -111,7 +111,9 @@ def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, 
 
 @pytest.mark.parametrize("name,x_at,loop", [("Q4_K", 0, "matvec_k.wgsl"), ("Q5_K", 8, "matvec_k.wgsl"),
                                            ("Q6_K", 0, "matvec_q6_k.wgsl"), ("Q6_K", 3, "matvec_groups.wgsl"),
-                                           ("Q4_K", 2, "matvec_groups.wgsl"), ("Q8_0", 0, "matvec_groups.wgsl")])
+                                           ("Q4_K", 2, "matvec_groups.wgsl"), ("Q8_0", 0, "matvec_groups.wgsl"),
+                                           *((t, 0, "matvec_iq.wgsl") for t in IQ_GRID),
+                                           ("IQ2_S", 3, "matvec_groups.wgsl"), ("IQ1_M", 2, "matvec_groups.wgsl")])
 def test_matvec_loop_choice(device, name, x_at, loop):
     """K types take their own loop where the input offset allows vec4 reads, else the group loop: each of the
     two stays tested above, so this pins which one a shape gets."""
@@ -126,6 +128,45 @@ def test_matvec_loop_choice(device, name, x_at, loop):
     assert [f"LOOP={loop}" in k.label.split() for k in kc._cache.values()] == [True]
 
 
+@pytest.mark.parametrize("sg", [True, False])
+@pytest.mark.parametrize("grid", GRID_HOMES)
+@pytest.mark.parametrize("name", list(IQ_GRID))
+def test_matvec_grid_homes(device, kernels, device_nosg, kernels_nosg, name, grid, sg):
+    """The grid types' own loop with its grid in each home (a storage binding, the private arrays), on both reduction
+    paths, at the workgroup size matvec_wg gives it and at 16 threads (a tall head of short rows)."""
+    raw, W = tensor(name)
+    x = rand(W.shape[1], seed=16)
+    with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
+        w = r.weight(name, raw)
+        for wg in (None, 16):
+            assert qo.dot_err(r.matvec(w, x, wg=wg, grid=grid), W, x) <= DOT_TOL, wg
+    home = f"GRID=matvec_iq_{grid}.wgsl"
+    labels = [k.label.split() for k in r.kernels._cache.values()]
+    ours = [lab for lab in labels if home in lab and f"IQ={name}" in lab and "LOOP=matvec_iq.wgsl" in lab]
+    assert len(ours) == 2 and any("WG=16" in lab for lab in ours)
+
+
+def test_grid_table_once_per_owner(device):
+    """The storage home's grid is one CONSTANT buffer per grid and owner (not one per op), freed with its owner's
+    buffers and made again after."""
+    raw, W = tensor("IQ2_S")
+    x = rand(W.shape[1], seed=17)
+    kc = KernelCache(device)
+    owner = object()
+    with Rig(device, kc) as r:
+        w = r.weight("IQ2_S", raw)
+        with device.owning(owner):
+            for _ in range(2):
+                assert qo.dot_err(r.matvec(w, x), W, x) <= DOT_TOL
+        grids = [b for b in device.owned_by(owner) if b.label == "IQ2S grid"]
+        assert len(grids) == 1 and grids[0].kind == gpu.CONSTANT and grids[0].size == 1024 * 8
+        device.free(owner)
+        with device.owning(owner):
+            assert qo.dot_err(r.matvec(w, x), W, x) <= DOT_TOL
+        assert [b.label for b in device.owned_by(owner)].count("IQ2S grid") == 1
+        device.free(owner)
+
+
 def test_matvec_wg_rule():
     from lab.ops.matmul import matvec_wg
     assert matvec_wg(576, 49152) == 32 and matvec_wg(1536, 576) == 256 and matvec_wg(576, 960) == 128
@@ -136,6 +177,9 @@ def test_matvec_wg_rule():
     assert matvec_wg(4096, 128256, type_name="Q6_K") == 64 and matvec_wg(1024, 151936, type_name="Q4_K") == 32
     assert matvec_wg(576, 49152, software=True, swiftshader=True) == 4
     assert matvec_wg(4096, 14336, software=True, type_name="Q4_K", swiftshader=True) == 4
+    # the grid types' loop: 32-value units, as the K loops
+    assert matvec_wg(4096, 14336, type_name="IQ2_XXS") == 64 and matvec_wg(4096, 896, type_name="IQ3_S") == 128
+    assert matvec_wg(512, 151936, type_name="IQ1_M") == 16
 
 
 def test_subgroup_path_is_used(device, kernels):
@@ -240,7 +284,8 @@ def _fused_rig(r, name, raw, cols, x, x_at=3, **kw):
 
 
 @pytest.mark.parametrize("name,wg,x_at", [("Q4_1", None, 3), ("Q6_K", None, 3), ("Q4_1", 128, 3), ("Q6_K", 256, 3),
-                                          ("Q4_K", None, 4), ("Q5_K", 128, 4), ("Q6_K", None, 4)])
+                                          ("Q4_K", None, 4), ("Q5_K", 128, 4), ("Q6_K", None, 4),
+                                          ("IQ2_S", None, 4), ("IQ3_XXS", 16, 4), ("IQ1_M", None, 4)])
 @pytest.mark.parametrize("sg", [True, False])
 def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, wg, x_at, sg):
     """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself (at this CPU
@@ -258,7 +303,8 @@ def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, 
     assert np.isnan(xn[:2]).all()
 
 
-@pytest.mark.parametrize("name,x_at", [("Q5_0", 3), ("Q4_K", 4), ("Q6_K", 4)])
+@pytest.mark.parametrize("name,x_at", [("Q5_0", 3), ("Q4_K", 4), ("Q6_K", 4), ("IQ2_XXS", 4), ("IQ3_S", 4),
+                                       ("IQ1_S", 4)])
 @pytest.mark.parametrize("glu", ["swiglu", "geglu"])
 def test_matvec_glu_prologue(device, kernels, glu, name, x_at):
     """act(gate) * up folded into the down projection's input, from a [gate | up] row."""
@@ -365,7 +411,7 @@ def test_matvec_rope_epilogue_refuses_split_pairs(device, kernels):
 
 # -- weights split over several bindings ---------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16", "IQ2_XS", "IQ3_S"])
 def test_split_weight_gives_identical_results(device, kernels, name):
     raw, W = tensor(name)
     rb = raw.shape[1]

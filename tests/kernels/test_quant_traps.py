@@ -1,5 +1,5 @@
 """The checks catch real dequantization bugs: each trap rewrites one small snippet of wgsl/quant.wgsl (or of a
-K type's own matvec loop) into a plausible mistake and asserts that the very checks of test_get_rows /
+type's own matvec loop, or of a grid type's grid home) into a plausible mistake and asserts that the very checks of test_get_rows /
 test_matmul FAIL for it (and that the unmodified source passes the same check, on the same data, in the same
 harness).
 """
@@ -12,7 +12,7 @@ import pytest
 from lab.format.ggml import BY_NAME
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
-from lab.ops.matmul import MATVEC_LOOPS
+from lab.ops.matmul import IQ_GRID, MATVEC_LOOPS
 from tests.kernels.quant_rig import Rig, mutated_wgsl
 
 # (id, type, function in quant.wgsl, snippet, broken replacement)
@@ -186,12 +186,72 @@ TRAPS = [
      "let c = 32.0 * sx;", "let c = 0.0 * sx;", "matvec_q6_k.wgsl"),
     ("q6_k loop: quarter 3 from qh bits 4-5", "Q6_K", "q6_dots",
      "vec4<u32>(6u, 14u, 22u, 30u)", "vec4<u32>(4u, 12u, 20u, 28u)", "matvec_q6_k.wgsl"),
+    # the grid types' own loop (wgsl/matvec_iq.wgsl) and its two grid homes
+    ("iq2_xxs loop: group 1's grid index from byte 2 of a0", "IQ2_XXS", "iq2_xxs_step",
+     "pt8((a0 >> 8u) & 0xFFu", "pt8((a0 >> 16u) & 0xFFu", "matvec_iq.wgsl"),
+    ("iq2_xxs loop: group 1's sign index from bits 8-14, not 7-13", "IQ2_XXS", "iq2_xxs_step",
+     "ksigns((a1 >> 7u) & 127u)", "ksigns((a1 >> 8u) & 127u)", "matvec_iq.wgsl"),
+    ("iq2_xxs loop: scale nibble from bits 24-27", "IQ2_XXS", "iq2_xxs_step",
+     "f32(a1 >> 28u)", "f32((a1 >> 24u) & 15u)", "matvec_iq.wgsl"),
+    ("grid loop: sub-blocks of a block in the wrong order (IQ2_XS)", "IQ2_XS", "accumulate",
+     "let ib = u & 7u;", "let ib = (u + 1u) & 7u;", "matvec_iq.wgsl"),
+    ("grid loop: sub-blocks of a block in the wrong order (IQ1_M)", "IQ1_M", "accumulate",
+     "let ib = u & 7u;", "let ib = (u + 1u) & 7u;", "matvec_iq.wgsl"),
+    ("iq3_xxs loop: the two points of group 0 swapped", "IQ3_XXS", "iq3_xxs_step",
+     "pt4x2(q0 & 0xFFu, (q0 >> 8u) & 0xFFu,", "pt4x2((q0 >> 8u) & 0xFFu, q0 & 0xFFu,", "matvec_iq.wgsl"),
+    ("iq3_xxs loop: group 1's sign index from bits 8-14", "IQ3_XXS", "iq3_xxs_step",
+     "ksigns((a >> 7u) & 127u)", "ksigns((a >> 8u) & 127u)", "matvec_iq.wgsl"),
+    ("iq3_xxs loop: scale halved twice (IQ2_XXS's quarter)", "IQ3_XXS", "iq3_xxs_step",
+     "(0.5 + f32(a >> 28u)) * 0.5", "(0.5 + f32(a >> 28u)) * 0.25", "matvec_iq.wgsl"),
+    ("iq2_xs loop: grid index of 8 bits, not 9", "IQ2_XS", "iq2_xs_step",
+     "pt8(q0 & 511u", "pt8(q0 & 255u", "matvec_iq.wgsl"),
+    ("iq2_xs loop: sign index from bits 8-14, not 9-15", "IQ2_XS", "iq2_xs_step",
+     "ksigns((q0 >> 9u) & 127u)", "ksigns((q0 >> 8u) & 127u)", "matvec_iq.wgsl"),
+    ("iq2_xs loop: the scale byte's nibbles for the wrong halves", "IQ2_XS", "iq2_xs_step",
+     "(0.5 + f32(sc & 15u)) * lo + (0.5 + f32(sc >> 4u)) * hi", "(0.5 + f32(sc >> 4u)) * lo + (0.5 + f32(sc & 15u)) * hi",
+     "matvec_iq.wgsl"),
+    ("iq2_s loop: group 0's index bits 8-9 from qh bits 2-3", "IQ2_S", "iq2_s_step",
+     "((qh & 3u) << 8u)", "((qh & 12u) << 6u)", "matvec_iq.wgsl"),
+    ("iq2_s loop: group 0 signed by group 1's sign byte", "IQ2_S", "iq2_s_step",
+     "sg & 0xFFu, x0, x1", "(sg >> 8u) & 0xFFu, x0, x1", "matvec_iq.wgsl"),
+    ("iq2_s loop: one scale byte for two sub-blocks", "IQ2_S", "iq2_s_step",
+     "IQ2_S_SCALES + ib)", "IQ2_S_SCALES + (ib >> 1u))", "matvec_iq.wgsl"),
+    ("iq3_s loop: point 1's 9th bit from qh bit 0", "IQ3_S", "iq3_s_step",
+     "((h >> 1u) & 256u)", "(h & 256u)", "matvec_iq.wgsl"),
+    ("iq3_s loop: scale nibbles of a byte swapped", "IQ3_S", "iq3_s_step",
+     ">> (4u * (ib & 1u))) & 15u", ">> (4u * (1u - (ib & 1u)))) & 15u", "matvec_iq.wgsl"),
+    ("iq3_s loop: group 1 signed by group 0's sign byte", "IQ3_S", "iq3_s_step",
+     "(sg >> 8u) & 0xFFu, x2, x3", "sg & 0xFFu, x2, x3", "matvec_iq.wgsl"),
+    ("iq1_s loop: group 1's index high bits 4 apart from group 0's, not 3", "IQ1_S", "iq1_s_step",
+     "((qh & 0x38u) << 5u)", "((qh & 0x70u) << 4u)", "matvec_iq.wgsl"),
+    ("iq1_s loop: delta sign flipped", "IQ1_S", "iq1_s_step",
+     "select(IQ1_DELTA, -IQ1_DELTA, (qh & 0x8000u) != 0u)", "select(-IQ1_DELTA, IQ1_DELTA, (qh & 0x8000u) != 0u)",
+     "matvec_iq.wgsl"),
+    ("iq1_s loop: scale from bits 11-13", "IQ1_S", "iq1_s_step",
+     "((qh >> 12u) & 7u)", "((qh >> 11u) & 7u)", "matvec_iq.wgsl"),
+    ("iq1_m loop: the halves' 3-bit scales swapped", "IQ1_M", "iq1_m_step",
+     "f32(2u * (sc & 7u) + 1u) * lo + f32(2u * (sc >> 3u) + 1u) * hi",
+     "f32(2u * (sc >> 3u) + 1u) * lo + f32(2u * (sc & 7u) + 1u) * hi", "matvec_iq.wgsl"),
+    ("iq1_m loop: one delta sign per pair of groups", "IQ1_M", "iq1_m_step",
+     "vec4<u32>(3u, 7u, 11u, 15u)", "vec4<u32>(3u, 3u, 11u, 11u)", "matvec_iq.wgsl"),
+    ("grid in storage: IQ3 point p from the other half of its vec2", "IQ3_S", "g4",
+     "G[p >> 1u][p & 1u]", "G[p >> 1u][~p & 1u]", "matvec_iq_storage.wgsl"),
+    ("grid in storage: IQ1's values read unsigned (-1 as 255)", "IQ1_S", "gv_i",
+     "return i8x4(w);", "return vec4<f32>(u8x4(w));", "matvec_iq_storage.wgsl"),
+    ("grid in private: values 4-7 from codes 2-5", "IQ2_XS", "g8",
+     "grid_values(h, 8u, 2u, {{GLV}})", "grid_values(h, 4u, 2u, {{GLV}})", "matvec_iq_private.wgsl"),
+    ("grid in private: IQ1's levels not sign-extended", "IQ1_M", "gv_i",
+     "bitcast<vec4<i32>>(v << vec4<u32>(24u)) >> vec4<u32>(24u)", "vec4<i32>(v)", "matvec_iq_private.wgsl"),
 ]
 
+# The quant.wgsl functions a type's own loop calls as well (so its matvec must catch their traps too).
+LOOP_CALLS = {"matvec_k.wgsl": {"k_scales"}, "matvec_iq.wgsl": {"ksigns", "signs4"}}
 
-def _checks(device, name):
+
+def _checks(device, name, private=False):
     """Errors of the dequant check (get_rows over all rows) and of the product check (matvec) through the
-    type's own loop (input at offset 0) and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
+    type's own loop (input at offset 0; a grid type's grid in its storage home, and with `private` in its private
+    one too) and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
     raw = qo.random_tensor(name, 24, 512 if name in qo.K_TYPES else 128 if BY_NAME[name].block == 64 else 96,
                            seed=11)
     ref = qo.dequant(raw, name)
@@ -199,16 +259,24 @@ def _checks(device, name):
     with Rig(device) as r:                      # a fresh KernelCache: compiled from the current folder
         w = r.weight(name, raw)
         got = r.get_rows(w, list(range(raw.shape[0])))
-        return {"dequant": qo.dequant_err(got, ref), "matvec": qo.dot_err(r.matvec(w, x), ref, x),
-                "matvec groups": qo.dot_err(r.matvec(w, x, x_offset=3), ref, x)}
+        out = {"dequant": qo.dequant_err(got, ref), "matvec": qo.dot_err(r.matvec(w, x), ref, x),
+               "matvec groups": qo.dot_err(r.matvec(w, x, x_offset=3), ref, x)}
+        if private:
+            out["matvec private"] = qo.dot_err(r.matvec(w, x, grid="private"), ref, x)
+        return out
 
 
 def _must_catch(name: str, fn: str, file: str) -> set[str]:
-    """The checks whose code holds the mutated function: a loop file's only in its own matvec; quant.wgsl's in
-    the dequant and the group loop, and in the type's own loop too when that calls it (k_scales)."""
+    """The checks whose code holds the mutated function: a loop file's only in its own matvec (the grid loop's in
+    both grid homes, a home file's in its own); quant.wgsl's in the dequant and the group loop, and in the type's own
+    loop too when that calls it (LOOP_CALLS)."""
+    if file == "matvec_iq.wgsl":
+        return {"matvec", "matvec private"}
+    if file == "matvec_iq_private.wgsl":
+        return {"matvec private"}
     if file != "quant.wgsl":
         return {"matvec"}
-    own = name not in MATVEC_LOOPS or fn == "k_scales"
+    own = name not in MATVEC_LOOPS or fn in LOOP_CALLS.get(MATVEC_LOOPS[name][0], set())
     return {"dequant", "matvec groups"} | ({"matvec"} if own else set())
 
 
@@ -216,9 +284,10 @@ def _must_catch(name: str, fn: str, file: str) -> set[str]:
 def test_trap_is_caught(device, tmp_path, trap):
     _, name, fn, old, new, *file = trap
     file = file[0] if file else "quant.wgsl"
-    good = _checks(device, name)
+    private = name in IQ_GRID and file.startswith("matvec_iq")      # the private home: only for the loop's traps
+    good = _checks(device, name, private)
     assert all(v <= (DEQUANT_TOL if k == "dequant" else DOT_TOL) for k, v in good.items()), good
     with mutated_wgsl(tmp_path, fn, old, new, file):
-        bad = _checks(device, name)
+        bad = _checks(device, name, private)
     missed = [k for k in _must_catch(name, fn, file) if bad[k] <= (DEQUANT_TOL if k == "dequant" else DOT_TOL)]
     assert not missed, f"{trap[0]}: missed by {missed} ({bad})"

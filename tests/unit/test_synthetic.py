@@ -27,8 +27,11 @@ def test_same_tensors_and_config_as_the_real_file(name, tmp_path):
 
 
 def test_bench_kernels_runs(device):
-    rows = bench.bench_kernels(shapes=[("Q4_1", 64, 256), ("Q6_K", 32, 512)], repeat=2, tokens=4)
-    assert [r["type"] for r in rows] == ["Q4_1", "Q6_K"]
+    rows = bench.bench_kernels(shapes=[("Q4_1", 64, 256), ("Q6_K", 32, 512), ("IQ2_XXS", 32, 512)], repeat=2,
+                               tokens=4, grids=("storage", "private"))
+    # a grid type: one row per home of its grid (the H200's comparison of the two), the other types one
+    assert [(r["type"], r["grid"]) for r in rows] == [("Q4_1", ""), ("Q6_K", ""), ("IQ2_XXS", "storage"),
+                                                      ("IQ2_XXS", "private")]
     assert all(r["matvec_us"] > 0 and math.isfinite(r["matmul_gflop_s"]) for r in rows)
 
 
