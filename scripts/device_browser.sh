@@ -140,13 +140,18 @@ print(json.dumps(d)[:600])"
   done
 fi
 
-# 4. Same-shape files of the real models (real header and tokenizer, random blocks), each benchmarked natively
-#    and in the page, back to back.
+# 4. Same-shape files of the real models (real header and tokenizer, random blocks), or of a lab/host/synthetic.py
+#    spec (MODELS="gemma4-e2b qwen3.5-0.8b": its placeholder vocabulary), each benchmarked natively and in the page.
 if [[ $mode == all || $mode == bench ]]; then
   mkdir -p "$D/ss"
   for m in ${MODELS:-smollm2 qwen2.5 gemma3}; do
     f=$D/ss/$m.gguf
-    [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+    if [ ! -e "$f" ] && [ -e "$D/heads/$m.head" ]; then
+      python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+    elif [ ! -e "$f" ]; then   # a spec of lab/host/synthetic.py (the 2026 shelf): its placeholder vocabulary chats
+      python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || continue
+    fi
     # RUNS picks what runs for each model (default "native page cold", plus int8 with INT8=1): native, page (each
     # turn after 1 s of GPU work, --warm-gpu, as native steps follow each other: an idle H200 drops to 345 MHz),
     # cold (the page's turns as typed, after a pause), int8 (the page with the tensor-core prefill), nochecks (the
@@ -200,7 +205,12 @@ if [[ $mode == peer ]]; then
         >> "$OUT/peer.jsonl"
     else
       f=$D/ss/$m.gguf
-      [ -e "$f" ] || python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+      if [ ! -e "$f" ] && [ -e "$D/heads/$m.head" ]; then
+      python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
+    elif [ ! -e "$f" ]; then   # a spec of lab/host/synthetic.py (the 2026 shelf): its placeholder vocabulary chats
+      python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || continue
+    fi
     fi
     # PEER_RUNS picks the runs: wllama-f16, wllama (no flag), page-f16, page (no flag).
     for run in ${PEER_RUNS:-wllama-f16 wllama page-f16 page}; do
