@@ -43,6 +43,12 @@ REFUSED = {
     "qwen35moe": "Qwen3.5's mixture-of-experts sizes (35B-A3B and up): their routed expert FFNs are not run by this lab; "
                  "the dense qwen35 models (0.8B to 27B) are",
 }
+# Every other mixture-of-experts file (an architecture named *moe, or any with {arch}.expert_count or a router tensor:
+# Mixtral is "llama" with experts) and a multimodal projector (llama.cpp's mmproj files are "clip") are refused by these.
+MOE = ("a mixture-of-experts model: its routed expert FFNs (a router, ffn_gate_inp, and stacked experts) are not run "
+       "by this lab; its dense models are")
+PROJECTOR = ("a multimodal projector (mmproj) file: the image / audio encoder that sits beside a language model's GGUF, "
+             "not a language model; load the text model's own GGUF (this lab runs text models only)")
 NO_ROPE_STEP = {"smollm3": 4}   # llama_model_smollm3::load_arch_hparams: layers 3, 7, ... have no RoPE
 # llama_model_rope_type: LLAMA_ROPE_TYPE_NEOX; qwen35's IMROPE rotates text (one position on every axis) as NEOX does
 NEOX = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35", "gemma4")
@@ -249,6 +255,15 @@ def from_gguf(header: Header) -> Config:
     arch = md.get("general.architecture")
     if isinstance(arch, str) and arch in REFUSED:
         raise ModelError(f"general.architecture = {show(arch)}: {REFUSED[arch]}")
+    if arch == "clip" or any(isinstance(k, str) and k.startswith("clip.") for k in md):
+        raise ModelError(f"general.architecture = {show(arch)}: {PROJECTOR}")
+    router = next((t.name for t in header.tensors if t.name.endswith("ffn_gate_inp.weight")), None)
+    experts = md.get(f"{arch}.expert_count") if isinstance(arch, str) else None
+    if arch != "gemma4" and (isinstance(arch, str) and arch.replace("-", "").replace("_", "").endswith("moe")
+                             or router or experts):
+        why_moe = f"tensor {router}" if router else f"{arch}.expert_count = {show(experts)}" if experts \
+            else f"general.architecture = {show(arch)}"
+        raise ModelError(f"{why_moe}: {MOE} ({', '.join(ARCHITECTURES)})")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise ModelError(f"unsupported architecture {show(arch)} (general.architecture); this lab runs "
                          f"{', '.join(ARCHITECTURES)}")

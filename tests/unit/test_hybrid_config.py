@@ -166,3 +166,21 @@ def test_bad_qwen35_tensors_are_refused_by_name():
         model.from_gguf(with_tensor("blk.0.ssm_conv1d.weight", type_id=1))
     with pytest.raises(ModelError, match=r"tensor blk.4.ssm_a is missing"):
         model.from_gguf(dataclasses.replace(h, tensors=[x for x in h.tensors if x.name != "blk.4.ssm_a"]))
+
+
+@pytest.mark.parametrize("md,tensor,match", [
+    ({"general.architecture": "qwen3moe"}, None, r"general.architecture = 'qwen3moe': a mixture-of-experts model"),
+    ({"general.architecture": "ernie4_5-moe"}, None, r"'ernie4_5-moe': a mixture-of-experts model"),
+    ({"general.architecture": "nemotron_h_moe"}, None, r"'nemotron_h_moe': a mixture-of-experts model"),
+    # Mixtral: a llama file with experts, by its key or by its router tensor
+    ({"llama.expert_count": 8}, None, r"llama.expert_count = 8: a mixture-of-experts model"),
+    ({}, "blk.0.ffn_gate_inp.weight", r"tensor blk.0.ffn_gate_inp.weight: a mixture-of-experts model"),
+    ({"general.architecture": "clip"}, None, r"general.architecture = 'clip': a multimodal projector \(mmproj\)"),
+    ({"clip.has_vision_encoder": True}, None, r"a multimodal projector \(mmproj\) file"),
+])
+def test_experts_and_projectors_are_refused_by_name(md, tensor, match):
+    """Any mixture-of-experts file (by architecture name, expert count or router tensor) and a vision / audio projector
+    are refused with the reason, not as an unknown architecture or a missing tensor."""
+    add = (TensorInfo(tensor, (256, 8), 0, 0, 4 * 256 * 8),) if tensor else ()
+    with pytest.raises(ModelError, match=match):
+        model.from_gguf(header("llama3", md=md, add=add))
