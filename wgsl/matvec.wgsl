@@ -33,7 +33,7 @@
 //   neighbouring words of the blocks. Sums are reduced over
 //   the workgroup: with subgroups, subgroupAdd then one slot per subgroup in shared memory (subgroups
 //   assumed to be consecutive ranges of local_invocation_index); without, a shared tree.
-// Constants: WG (threads, power of two), LOOP (the loop's file; B_W4: the binding of its W4, B_GRID of its grid,
+// Constants: WG (threads, power of two), LOOP (the loop's file; B_W4: the binding of its wider view of W, B_GRID of its grid,
 //   where it has one), XVIEW (matvec_x1.wgsl or matvec_x4.wgsl: how x is read), DQ (dequant function, e.g. dq_q4_0), HALF (its group shape),
 //   IN (in_plain | in_norm | in_glu), ACT (silu | gelu_tanh), NORM / BIAS / ROPE: "" or "// " (bindings and
 //   code of that option; B_NW, B_XN, B_BIAS, B_RP, B_STEP, B_KC, B_VC their binding numbers), SG / NOSG: "" or

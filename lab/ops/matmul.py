@@ -33,18 +33,26 @@ _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y
 
 # Types with a loop of their own (matvec.wgsl's `accumulate`; their scales unpacked once per 32-64 values, not
 # per group of 8, their input read as vec4s): the loop's file and its constants. Every other type runs
-# matvec_groups.wgsl. matvec_k.wgsl also binds the weights as vec4<u32> (binding B_W4); matvec_iq.wgsl (the grid
-# types, a 32-value sub-block a step) the grid, where its home is a storage binding (B_GRID; GRID_HOMES).
+# matvec_groups.wgsl. The loops of WIDE_VIEW also bind the weights through a wider view (binding B_W4);
+# matvec_iq.wgsl (the grid types, a 32-value sub-block a step) the grid, where its home is a storage binding (B_GRID;
+# GRID_HOMES).
 MATVEC_LOOPS = {
     "Q4_K": ("matvec_k.wgsl", {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
     "Q5_K": ("matvec_k.wgsl", {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
     "Q6_K": ("matvec_q6_k.wgsl", {}),
+    "Q2_K": ("matvec_q2_k.wgsl", {}),
+    "Q3_K": ("matvec_q3_k.wgsl", {}),
+    "IQ4_XS": ("matvec_iq4_xs.wgsl", {}),
     **{t: ("matvec_iq.wgsl", {"IQ": t, "STEP": t.lower() + "_step", "GV": "gv_i" if t.startswith("IQ1") else "gv_u"})
        for t in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")},
 }
-# Values one step of a type's own loop covers (its "unit": the K loops a 16-byte piece of 32 values, Q6_K 64, the grid
-# types a sub-block of 32).
-LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64, **{t: 32 for t, (f, _) in MATVEC_LOOPS.items() if f == "matvec_iq.wgsl"}}
+# The loops that read W a second time through a wider view, its widest alignment in every row and block: vec4<u32>
+# (Q4_K's 144-byte and Q5_K's 176-byte blocks), vec2<u32> (IQ4_XS's 136). Q2_K's 84 bytes allow words only (W itself).
+WIDE_VIEW = ("matvec_k.wgsl", "matvec_iq4_xs.wgsl")
+# Values one step of a type's own loop covers (its "unit": the K loops a 16-byte piece of 32 values, Q6_K, Q2_K and
+# Q3_K 64, IQ4_XS and the grid types a sub-block of 32).
+LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64, "Q2_K": 64, "Q3_K": 64, "IQ4_XS": 32,
+             **{t: 32 for t, (f, _) in MATVEC_LOOPS.items() if f == "matvec_iq.wgsl"}}
 # The grid each grid type's loop reads (lab/gpu/shaders.py's names; IQ1_M shares IQ1_S's), and where it can live:
 # "storage" (a CONSTANT storage buffer, KernelCache.table: wgsl/matvec_iq_storage.wgsl, the default) or "private"
 # (quant.wgsl's packed private arrays, as the group loop reads them: matvec_iq_private.wgsl). `lab bench kernels
@@ -85,10 +93,10 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
 
 def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True,
                    grid: str = "storage") -> int:
-    """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a K loop's second view of W or
+    """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a loop's wider view of W or
     a grid type's grid (in its storage home), the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
     loop = MATVEC_LOOPS.get(type_name, ("",))[0] if x4 else ""
-    extra = loop == "matvec_k.wgsl" or (loop == "matvec_iq.wgsl" and grid == "storage")
+    extra = loop in WIDE_VIEW or (loop == "matvec_iq.wgsl" and grid == "storage")
     return 3 + 2 * norm + bias + extra + 2 * rope
 
 
@@ -194,12 +202,12 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
                    rope: bool, grid: str) -> tuple[dict, bool, str]:
-    """matvec.wgsl's constants for one variant, whether its loop binds W a second time as vec4<u32> (B_W4), and the
+    """matvec.wgsl's constants for one variant, whether its loop binds W a second time, wider (B_W4), and the
     grid it binds (a name of IQ_GRID's, or ""). Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in
-    this order: the norm's weight and xn, the bias, W as vec4s or the grid, the rotary epilogue's parameters, step,
-    K cache and V cache."""
+    this order: the norm's weight and xn, the bias, W's wider view or the grid, the rotary epilogue's parameters,
+    step, K cache and V cache."""
     loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
-    w4 = loop == "matvec_k.wgsl"
+    w4 = loop in WIDE_VIEW
     table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" and grid == "storage" else ""
     b_loop = 4 + 2 * norm + bias
     b_rope = b_loop + w4 + bool(table)

@@ -129,6 +129,9 @@ def test_prefill_and_decode_match_reference(model):
         lr = np.asarray(ref.trace["result_output"], np.float64).reshape(-1)
         diffs.append(np.max(np.abs(g["result_output"].reshape(-1) - lr)))
         assert g["result_output"].argmax() == lr.argmax()
+    # decode ran the K types' and IQ4_XS's own loops (lab/ops/matmul.py MATVEC_LOOPS)
+    labels = {tok for k in eng.kernels._cache.values() for tok in k.label.split()}
+    assert {"LOOP=matvec_q2_k.wgsl", "LOOP=matvec_q3_k.wgsl", "LOOP=matvec_iq4_xs.wgsl"} <= labels
     print(f"\nnew quants: worst relative trace error prefill {worst[0]:.2e}, decode {max(worst[1:]):.2e}; "
           f"max |logit diff| {max(diffs):.2e} (logits up to {np.max(np.abs(logits_ref)):.2f})")
 

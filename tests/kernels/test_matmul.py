@@ -97,7 +97,8 @@ def test_matvec_without_subgroups(device_nosg, kernels_nosg, name):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-@pytest.mark.parametrize("name,wg", [("Q4_K", 4), ("Q4_K", 32), ("Q4_K", 256), ("Q6_K", 16), ("Q4_K", 16)])
+@pytest.mark.parametrize("name,wg", [("Q4_K", 4), ("Q4_K", 32), ("Q4_K", 256), ("Q6_K", 16), ("Q4_K", 16),
+                                     ("Q2_K", 16), ("Q3_K", 4), ("IQ4_XS", 4), ("IQ4_XS", 256)])
 def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, name, wg):
     """The GPU's workgroup sizes (32 threads for a tall head, 16 for a tall head of short K-quant rows, 256 for long
     rows; this CPU adapter picks 64..256 by row length; SwiftShader 4) on both reduction paths."""
@@ -112,6 +113,8 @@ def test_matvec_workgroup_sizes(device, kernels, device_nosg, kernels_nosg, sg, 
 @pytest.mark.parametrize("name,x_at,loop", [("Q4_K", 0, "matvec_k.wgsl"), ("Q5_K", 8, "matvec_k.wgsl"),
                                            ("Q6_K", 0, "matvec_q6_k.wgsl"), ("Q6_K", 3, "matvec_groups.wgsl"),
                                            ("Q4_K", 2, "matvec_groups.wgsl"), ("Q8_0", 0, "matvec_groups.wgsl"),
+                                           ("Q2_K", 0, "matvec_q2_k.wgsl"), ("Q3_K", 4, "matvec_q3_k.wgsl"),
+                                           ("IQ4_XS", 0, "matvec_iq4_xs.wgsl"), ("Q3_K", 2, "matvec_groups.wgsl"),
                                            *((t, 0, "matvec_iq.wgsl") for t in IQ_GRID),
                                            ("IQ2_S", 3, "matvec_groups.wgsl"), ("IQ1_M", 2, "matvec_groups.wgsl")])
 def test_matvec_loop_choice(device, name, x_at, loop):
@@ -180,6 +183,9 @@ def test_matvec_wg_rule():
     # the grid types' loop: 32-value units, as the K loops
     assert matvec_wg(4096, 14336, type_name="IQ2_XXS") == 64 and matvec_wg(4096, 896, type_name="IQ3_S") == 128
     assert matvec_wg(512, 151936, type_name="IQ1_M") == 16
+    # Q2_K and Q3_K step 64 values, as Q6_K; IQ4_XS 32
+    assert matvec_wg(2048, 128256, type_name="Q3_K") == 32 and matvec_wg(2048, 128256, type_name="IQ4_XS") == 64
+    assert matvec_wg(1024, 151936, type_name="Q2_K") == 16 and matvec_wg(4096, 896, type_name="Q2_K") == 128
 
 
 def test_subgroup_path_is_used(device, kernels):
@@ -285,7 +291,8 @@ def _fused_rig(r, name, raw, cols, x, x_at=3, **kw):
 
 @pytest.mark.parametrize("name,wg,x_at", [("Q4_1", None, 3), ("Q6_K", None, 3), ("Q4_1", 128, 3), ("Q6_K", 256, 3),
                                           ("Q4_K", None, 4), ("Q5_K", 128, 4), ("Q6_K", None, 4),
-                                          ("IQ2_S", None, 4), ("IQ3_XXS", 16, 4), ("IQ1_M", None, 4)])
+                                          ("IQ2_S", None, 4), ("IQ3_XXS", 16, 4), ("IQ1_M", None, 4),
+                                          ("Q2_K", None, 4), ("Q3_K", 16, 4), ("IQ4_XS", None, 4)])
 @pytest.mark.parametrize("sg", [True, False])
 def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, wg, x_at, sg):
     """RMSNorm folded into the matvec: every workgroup computes the mean of squares itself (at this CPU
@@ -304,7 +311,7 @@ def test_matvec_norm_prologue(device, kernels, device_nosg, kernels_nosg, name, 
 
 
 @pytest.mark.parametrize("name,x_at", [("Q5_0", 3), ("Q4_K", 4), ("Q6_K", 4), ("IQ2_XXS", 4), ("IQ3_S", 4),
-                                       ("IQ1_S", 4)])
+                                       ("IQ1_S", 4), ("Q2_K", 4), ("Q3_K", 4), ("IQ4_XS", 4)])
 @pytest.mark.parametrize("glu", ["swiglu", "geglu"])
 def test_matvec_glu_prologue(device, kernels, glu, name, x_at):
     """act(gate) * up folded into the down projection's input, from a [gate | up] row."""
@@ -319,7 +326,7 @@ def test_matvec_glu_prologue(device, kernels, glu, name, x_at):
     assert qo.dot_err(y, W, act * u) <= DOT_TOL
 
 
-@pytest.mark.parametrize("name,x_at", [("Q8_0", 3), ("Q5_K", 4)])
+@pytest.mark.parametrize("name,x_at", [("Q8_0", 3), ("Q5_K", 4), ("Q3_K", 4)])
 def test_matvec_bias_epilogue_and_accumulate(device, kernels, name, x_at):
     raw, W = tensor(name)
     rows, cols = W.shape
@@ -411,7 +418,7 @@ def test_matvec_rope_epilogue_refuses_split_pairs(device, kernels):
 
 # -- weights split over several bindings ---------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16", "IQ2_XS", "IQ3_S"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_0", "F16", "IQ2_XS", "IQ3_S", "Q2_K", "Q3_K", "IQ4_XS"])
 def test_split_weight_gives_identical_results(device, kernels, name):
     raw, W = tensor(name)
     rb = raw.shape[1]

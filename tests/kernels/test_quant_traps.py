@@ -186,6 +186,41 @@ TRAPS = [
      "let c = 32.0 * sx;", "let c = 0.0 * sx;", "matvec_q6_k.wgsl"),
     ("q6_k loop: quarter 3 from qh bits 4-5", "Q6_K", "q6_dots",
      "vec4<u32>(6u, 14u, 22u, 30u)", "vec4<u32>(4u, 12u, 20u, 28u)", "matvec_q6_k.wgsl"),
+    ("q2_k loop: the mins added instead of subtracted", "Q2_K", "q2_row",
+     "dm.x * dot(vec4<f32>(s & vec4<u32>(15u)), r) - dm.y", "dm.x * dot(vec4<f32>(s & vec4<u32>(15u)), r) + dm.y",
+     "matvec_q2_k.wgsl"),
+    ("q2_k loop: scale and min nibbles swapped", "Q2_K", "q2_row",
+     "dot(vec4<f32>(s & vec4<u32>(15u)), r) - dm.y * dot(vec4<f32>(s >> vec4<u32>(4u)), sx)",
+     "dot(vec4<f32>(s >> vec4<u32>(4u)), r) - dm.y * dot(vec4<f32>(s & vec4<u32>(15u)), sx)", "matvec_q2_k.wgsl"),
+    ("q2_k loop: sub-blocks of a run's two halves share a scale byte", "Q2_K", "q2_row",
+     ">> vec4<u32>(8u * h, 8u * h + 16u, 8u * h, 8u * h + 16u)", ">> vec4<u32>(0u, 16u, 0u, 16u)",
+     "matvec_q2_k.wgsl"),
+    ("q2_k loop: runs 1 and 2 read each other's bits", "Q2_K", "q2_dots",
+     "dot(vec4<f32>((b >> vec4<u32>(2u)) & m), x1)", "dot(vec4<f32>((b >> vec4<u32>(4u)) & m), x1)",
+     "matvec_q2_k.wgsl"),
+    ("q3_k loop: hmask bit of run 1 from bit 4n (run 0's)", "Q3_K", "q3_dots",
+     "((h << 1u) & hb)", "((h << 2u) & hb)", "matvec_q3_k.wgsl"),
+    ("q3_k loop: the -4 offset dropped", "Q3_K", "accumulate",
+     "let c = 4.0 * sx;", "let c = 0.0 * sx;", "matvec_q3_k.wgsl"),
+    ("q3_k loop: high scale bits of runs 1 and 2 swapped", "Q3_K", "q3_scales",
+     "vec4<u32>(sh, sh + 16u, sh + 2u, sh + 18u)", "vec4<u32>(sh, sh + 2u, sh + 16u, sh + 18u)", "matvec_q3_k.wgsl"),
+    ("q3_k loop: low scale nibble of the wrong half", "Q3_K", "q3_scales",
+     "let sh = 8u * h + 4u * n;", "let sh = 8u * h + 4u * (1u - n);", "matvec_q3_k.wgsl"),
+    ("q3_k loop: blocks read as word-aligned (110-byte blocks)", "Q3_K", "q3_words",
+     "(o & 2u) != 0u", "false", "matvec_q3_k.wgsl"),
+    ("q3_k loop: the step's words in the wrong order", "Q3_K", "q3_at",
+     "select(v.z, v.w, l == 3u)", "select(v.w, v.z, l == 3u)", "matvec_q3_k.wgsl"),
+    ("iq4_xs loop: scales_h bit pair of sub-block ib at bit ib", "IQ4_XS", "iq4_xs_step",
+     "(dsh >> (16u + 2u * ib))", "(dsh >> (16u + ib))", "matvec_iq4_xs.wgsl"),
+    ("iq4_xs loop: scales_l nibbles swapped within a byte", "IQ4_XS", "iq4_xs_step",
+     "(sl >> (4u * ib))", "(sl >> (4u * (ib ^ 1u)))", "matvec_iq4_xs.wgsl"),
+    ("iq4_xs loop: sub-blocks of a block in the wrong order", "IQ4_XS", "accumulate",
+     "let ib = u & 7u;", "let ib = (u + 1u) & 7u;", "matvec_iq4_xs.wgsl"),
+    ("iq4_xs loop: high nibbles' inputs swapped between the two qs words", "IQ4_XS", "iq4_xs_step",
+     "dot(lv4(nibs_hi(qa.x)), x4) + dot(lv4(nibs_hi(qa.y)), x5)",
+     "dot(lv4(nibs_hi(qa.y)), x4) + dot(lv4(nibs_hi(qa.x)), x5)", "matvec_iq4_xs.wgsl"),
+    ("iq4_xs loop: the level table in reverse order", "IQ4_XS", "accumulate",
+     "iq4_levels(vec4<u32>(i)).x", "iq4_levels(vec4<u32>(15u - i)).x", "matvec_iq4_xs.wgsl"),
     # the grid types' own loop (wgsl/matvec_iq.wgsl) and its two grid homes
     ("iq2_xxs loop: group 1's grid index from byte 2 of a0", "IQ2_XXS", "iq2_xxs_step",
      "pt8((a0 >> 8u) & 0xFFu", "pt8((a0 >> 16u) & 0xFFu", "matvec_iq.wgsl"),
@@ -245,7 +280,8 @@ TRAPS = [
 ]
 
 # The quant.wgsl functions a type's own loop calls as well (so its matvec must catch their traps too).
-LOOP_CALLS = {"matvec_k.wgsl": {"k_scales"}, "matvec_iq.wgsl": {"ksigns", "signs4"}}
+LOOP_CALLS = {"matvec_k.wgsl": {"k_scales"}, "matvec_iq.wgsl": {"ksigns", "signs4"},
+              "matvec_iq4_xs.wgsl": {"iq4_levels"}}
 
 
 def _checks(device, name, private=False):
