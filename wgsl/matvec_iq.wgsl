@@ -1,7 +1,10 @@
 // matvec.wgsl's loop for the grid types IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M (pasted there: reads its W,
 // x, p, WG). Constants: IQ (the type's layout prefix in quant.wgsl, IQ2_XXS ...), STEP (its step function below),
-// GRID (the grid's home: matvec_iq_storage.wgsl, a storage binding, or matvec_iq_private.wgsl, quant.wgsl's private
-// arrays; each defines g8 / g4, the values of a point, and reads the constants it names).
+// GRID (the grid's home: matvec_iq_storage.wgsl, a storage binding; matvec_iq_workgroup.wgsl, that table copied into
+// shared memory; matvec_iq_private.wgsl, quant.wgsl's private arrays; each defines grid_load, called first, and gw8 /
+// gw4, a point's raw bytes), IQV (how bytes become values: matvec_iq_float.wgsl, through int->float conversions, or
+// matvec_iq_bits.wgsl, through float bit patterns; each defines pt8 / pt4x2 / pt8u, a signed point dotted with its
+// inputs, uf, a small field as f32, and ld8 / ld4, 8 and 4 bytes at an even offset), and the constants those name.
 // One step is a 32-value sub-block u of a row (ib = u % 8 of block u / 8): four groups of 8 values, each one 8-value
 // point (or two 4-value points, IQ3) of the grid. Its d, scale, sign and high-index words are read once per 32 values
 // (the group loop, matvec_groups.wgsl through quant.wgsl's dq_*, read them once per 8), its 32 inputs as 8 vec4s
@@ -9,23 +12,7 @@
 // Layouts and formulas: quant.wgsl's comments beside dq_iq2_xxs ... dq_iq1_m (the same bytes, read a sub-block at a time).
 
 //!include {{GRID}}
-
-// One 8-value point p signed by bits 0-7 of s (a set bit is a minus), dotted with its inputs xa (values 0-3), xb (4-7).
-fn pt8(p: u32, s: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let g = g8(p);
-    return dot(g.lo * signs4(s, 0u), xa) + dot(g.hi * signs4(s, 4u), xb);
-}
-
-// Two 4-value points (IQ3) of one group of 8, signed by bits 0-7 of s.
-fn pt4x2(p1: u32, p2: u32, s: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    return dot(g4(p1) * signs4(s, 0u), xa) + dot(g4(p2) * signs4(s, 4u), xb);
-}
-
-// IQ1's 8-value point p unsigned (its values carry their own signs), dotted with xa, xb.
-fn pt8u(p: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    let g = g8(p);
-    return dot(g.lo, xa) + dot(g.hi, xb);
-}
+//!include {{IQV}}
 
 fn sum4(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
 
@@ -35,9 +22,10 @@ fn sum4(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
 fn iq2_xxs_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
                 x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
     let q = b + IQ2_XXS_QS + 8u * ib;
-    let a0 = ld_u32(q);
-    let a1 = ld_u32(q + 4u);
-    let db = ld_f16(b + IQ2_XXS_D) * (0.5 + f32(a1 >> 28u)) * 0.25;
+    let a = ld8(q);
+    let a0 = a.x;
+    let a1 = a.y;
+    let db = ld_f16(b + IQ2_XXS_D) * (0.5 + uf(a1 >> 28u)) * 0.25;
     return db * (pt8(a0 & 0xFFu, ksigns(a1 & 127u), x0, x1) + pt8((a0 >> 8u) & 0xFFu, ksigns((a1 >> 7u) & 127u), x2, x3)
                + pt8((a0 >> 16u) & 0xFFu, ksigns((a1 >> 14u) & 127u), x4, x5)
                + pt8(a0 >> 24u, ksigns((a1 >> 21u) & 127u), x6, x7));
@@ -47,10 +35,11 @@ fn iq2_xxs_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3
 fn iq3_xxs_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
                 x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
     let q = b + IQ3_XXS_QS + 8u * ib;
-    let q0 = ld_u32(q);
-    let q1 = ld_u32(q + 4u);
-    let a = ld_u32(b + IQ3_XXS_SS + 4u * ib);
-    let db = ld_f16(b + IQ3_XXS_D) * (0.5 + f32(a >> 28u)) * 0.5;
+    let qq = ld8(q);
+    let q0 = qq.x;
+    let q1 = qq.y;
+    let a = ld4(b + IQ3_XXS_SS + 4u * ib);
+    let db = ld_f16(b + IQ3_XXS_D) * (0.5 + uf(a >> 28u)) * 0.5;
     return db * (pt4x2(q0 & 0xFFu, (q0 >> 8u) & 0xFFu, ksigns(a & 127u), x0, x1)
                + pt4x2((q0 >> 16u) & 0xFFu, q0 >> 24u, ksigns((a >> 7u) & 127u), x2, x3)
                + pt4x2(q1 & 0xFFu, (q1 >> 8u) & 0xFFu, ksigns((a >> 14u) & 127u), x4, x5)
@@ -61,21 +50,22 @@ fn iq3_xxs_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3
 fn iq2_xs_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
                x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
     let q = b + IQ2_XS_QS + 8u * ib;
-    let q0 = ld_u32(q);
-    let q1 = ld_u32(q + 4u);
+    let qq = ld8(q);
+    let q0 = qq.x;
+    let q1 = qq.y;
     let sc = ld_u8(b + IQ2_XS_SCALES + ib);
     let d = ld_f16(b + IQ2_XS_D) * 0.25;
     let lo = pt8(q0 & 511u, ksigns((q0 >> 9u) & 127u), x0, x1) + pt8((q0 >> 16u) & 511u, ksigns(q0 >> 25u), x2, x3);
     let hi = pt8(q1 & 511u, ksigns((q1 >> 9u) & 127u), x4, x5) + pt8((q1 >> 16u) & 511u, ksigns(q1 >> 25u), x6, x7);
-    return d * ((0.5 + f32(sc & 15u)) * lo + (0.5 + f32(sc >> 4u)) * hi);
+    return d * ((0.5 + uf(sc & 15u)) * lo + (0.5 + uf(sc >> 4u)) * hi);
 }
 
 // IQ2_S: qs word (byte l: index bits 0-7 of group l), qh byte (bits 2l, 2l + 1: index bits 8-9), signs word (byte l),
 // scale byte as IQ2_XS's.
 fn iq2_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
               x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    let qs = ld_u32(b + IQ2_S_QS + 4u * ib);
-    let sg = ld_u32(b + IQ2_S_SIGNS + 4u * ib);
+    let qs = ld4(b + IQ2_S_QS + 4u * ib);
+    let sg = ld4(b + IQ2_S_SIGNS + 4u * ib);
     let qh = ld_u8(b + IQ2_S_QH + ib);
     let sc = ld_u8(b + IQ2_S_SCALES + ib);
     let d = ld_f16(b + IQ2_S_D) * 0.25;
@@ -83,7 +73,7 @@ fn iq2_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: 
            + pt8(((qs >> 8u) & 0xFFu) | ((qh & 12u) << 6u), (sg >> 8u) & 0xFFu, x2, x3);
     let hi = pt8(((qs >> 16u) & 0xFFu) | ((qh & 48u) << 4u), (sg >> 16u) & 0xFFu, x4, x5)
            + pt8((qs >> 24u) | ((qh & 192u) << 2u), sg >> 24u, x6, x7);
-    return d * ((0.5 + f32(sc & 15u)) * lo + (0.5 + f32(sc >> 4u)) * hi);
+    return d * ((0.5 + uf(sc & 15u)) * lo + (0.5 + uf(sc >> 4u)) * hi);
 }
 
 // IQ3_S: q0, q1 = the 8 point indices' low bits (bytes 2l, 2l + 1: group l), qh byte (bit k: point k's 9th bit),
@@ -91,12 +81,13 @@ fn iq2_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: 
 fn iq3_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
               x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
     let q = b + IQ3_S_QS + 8u * ib;
-    let q0 = ld_u32(q);
-    let q1 = ld_u32(q + 4u);
+    let qq = ld8(q);
+    let q0 = qq.x;
+    let q1 = qq.y;
     let h = ld_u8(b + IQ3_S_QH + ib) << 8u;
-    let sg = ld_u32(b + IQ3_S_SIGNS + 4u * ib);
+    let sg = ld4(b + IQ3_S_SIGNS + 4u * ib);
     let sc = (ld_u8(b + IQ3_S_SCALES + (ib >> 1u)) >> (4u * (ib & 1u))) & 15u;
-    let db = ld_f16(b + IQ3_S_D) * f32(1u + 2u * sc);
+    let db = ld_f16(b + IQ3_S_D) * uf(1u + 2u * sc);
     return db * (pt4x2((q0 & 0xFFu) | (h & 256u), ((q0 >> 8u) & 0xFFu) | ((h >> 1u) & 256u), sg & 0xFFu, x0, x1)
                + pt4x2(((q0 >> 16u) & 0xFFu) | ((h >> 2u) & 256u), (q0 >> 24u) | ((h >> 3u) & 256u), (sg >> 8u) & 0xFFu, x2, x3)
                + pt4x2((q1 & 0xFFu) | ((h >> 4u) & 256u), ((q1 >> 8u) & 0xFFu) | ((h >> 5u) & 256u), (sg >> 16u) & 0xFFu, x4, x5)
@@ -107,9 +98,9 @@ fn iq3_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: 
 // delta's sign). sum dl (g + delta) x = dl (sum g x + delta sum x).
 fn iq1_s_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, x4: vec4<f32>,
               x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>) -> f32 {
-    let qs = ld_u32(b + IQ1_S_QS + 4u * ib);
+    let qs = ld4(b + IQ1_S_QS + 4u * ib);
     let qh = ld_u16(b + IQ1_S_QH + 2u * ib);
-    let dl = ld_f16(b + IQ1_S_D) * f32(2u * ((qh >> 12u) & 7u) + 1u);
+    let dl = ld_f16(b + IQ1_S_D) * uf(2u * ((qh >> 12u) & 7u) + 1u);
     let delta = select(IQ1_DELTA, -IQ1_DELTA, (qh & 0x8000u) != 0u);
     let g = pt8u((qs & 0xFFu) | ((qh & 7u) << 8u), x0, x1) + pt8u(((qs >> 8u) & 0xFFu) | ((qh & 0x38u) << 5u), x2, x3)
           + pt8u(((qs >> 16u) & 0xFFu) | ((qh & 0x1C0u) << 2u), x4, x5)
@@ -134,10 +125,11 @@ fn iq1_m_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: 
            + pt8u(((qs >> 8u) & 0xFFu) | ((qh & 0x70u) << 4u), x2, x3) + dv.y * sum4(x2 + x3);
     let hi = pt8u(((qs >> 16u) & 0xFFu) | (qh & 0x700u), x4, x5) + dv.z * sum4(x4 + x5)
            + pt8u((qs >> 24u) | ((qh & 0x7000u) >> 4u), x6, x7) + dv.w * sum4(x6 + x7);
-    return d * (f32(2u * (sc & 7u) + 1u) * lo + f32(2u * (sc >> 3u) + 1u) * hi);
+    return d * (uf(2u * (sc & 7u) + 1u) * lo + uf(2u * (sc >> 3u) + 1u) * hi);
 }
 
 fn accumulate(rb: vec4<u32>, lid: u32) -> vec4<f32> {
+    grid_load(lid);
     var acc = vec4<f32>(0.0);
     for (var u = lid; u < p.cols / 32u; u += WG) {
         let e = 32u * u;

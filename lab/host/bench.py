@@ -161,12 +161,13 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
 
 
 def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=(),
-                  grids: tuple[str, ...] = ("storage",)) -> list[dict]:
+                  grids: tuple[str, ...] = ("storage",), values: tuple[str, ...] = ("float",)) -> list[dict]:
     """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols): `repeat`
     dispatches of one kernel in one pass, timed by timestamp queries where the adapter has them (else
     by the wall clock around submit and read-back, which small shapes then cannot amortize). A grid type
-    (lab/ops/matmul.py IQ_GRID) gets one row per home of its grid in `grids` (GRID_HOMES), its "grid" field saying
-    which; the other types one row, "grid" empty."""
+    (lab/ops/matmul.py IQ_GRID) gets one row per home of its grid in `grids` (GRID_HOMES) and way of making its values
+    in `values` (IQ_VALUES), its "grid" and "values" fields saying which, the GEMM (the same kernel for each) timed in
+    the first only; the other types one row, "grid" and "values" empty."""
     import numpy as np
 
     from lab.format.ggml import BY_NAME
@@ -195,11 +196,14 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
         y = device.buffer(4 * rows * tokens, gpu.CONVERSATION, "y")
         device.write(x, rng.standard_normal(cols * tokens).astype(np.float32).tobytes())
         device.run([], writes=[(step, 0, ops.step_bytes(0, tokens, 1))])
-        for grid in grids if type_name in IQ_GRID else ("",):
-            mv = [op.at(1) for op in matvec(device, kc, w, x, y, step, grid=grid or "storage")] * repeat
+        variants = [(g, v) for g in grids for v in values] if type_name in IQ_GRID else [("", "")]
+        for i, (grid, vals) in enumerate(variants):
+            mv = [op.at(1) for op in matvec(device, kc, w, x, y, step, grid=grid or "storage",
+                                            iq_values=vals or "float")] * repeat
             mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
-            res = {"type": type_name, "rows": rows, "cols": cols, "grid": grid, "weight_bytes": w.rows * w.row_bytes}
-            for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
+            res = {"type": type_name, "rows": rows, "cols": cols, "grid": grid, "values": vals,
+                   "weight_bytes": w.rows * w.row_bytes, "matmul_us": None, "matmul_gflop_s": None}
+            for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4)))[:2 if i == 0 else 1]:
                 device.run(plan)
                 device.read_sync(y, 0, 4)
                 if timestamps:      # GPU time of the pass only: no submit or read-back in the figure

@@ -54,12 +54,16 @@ WIDE_VIEW = ("matvec_k.wgsl", "matvec_iq4_xs.wgsl")
 LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64, "Q2_K": 64, "Q3_K": 64, "IQ4_XS": 32,
              **{t: 32 for t, (f, _) in MATVEC_LOOPS.items() if f == "matvec_iq.wgsl"}}
 # The grid each grid type's loop reads (lab/gpu/shaders.py's names; IQ1_M shares IQ1_S's), and where it can live:
-# "storage" (a CONSTANT storage buffer, KernelCache.table: wgsl/matvec_iq_storage.wgsl, the default) or "private"
-# (quant.wgsl's packed private arrays, as the group loop reads them: matvec_iq_private.wgsl). `lab bench kernels
-# --grid` runs both, to compare them on a GPU (only there: a CPU adapter says nothing of their speed).
+# "storage" (a CONSTANT storage buffer, KernelCache.table: wgsl/matvec_iq_storage.wgsl, the default), "workgroup"
+# (that buffer copied into shared memory by each workgroup: matvec_iq_workgroup.wgsl) or "private" (quant.wgsl's
+# packed private arrays, as the group loop reads them: matvec_iq_private.wgsl). And how the loop makes values of the
+# grid's bytes and sign bits (IQ_VALUES): "float" (int->float conversions, +-1 multiplies: matvec_iq_float.wgsl, the
+# default) or "bits" (float bit patterns, XOR sign flips: matvec_iq_bits.wgsl). `lab bench kernels --grid
+# --iq-values` runs each pair, to compare them on a GPU (only there: a CPU adapter says nothing of their speed).
 IQ_GRID = {"IQ2_XXS": "IQ2XXS", "IQ2_XS": "IQ2XS", "IQ2_S": "IQ2S", "IQ3_XXS": "IQ3XXS", "IQ3_S": "IQ3S",
            "IQ1_S": "IQ1S", "IQ1_M": "IQ1S"}
-GRID_HOMES = ("storage", "private")
+GRID_HOMES = ("storage", "workgroup", "private")
+IQ_VALUES = ("float", "bits")
 TALL = 16384            # rows from which a matvec is a tall output head (the vocabulary's rows)
 
 
@@ -94,9 +98,10 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
 def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True,
                    grid: str = "storage") -> int:
     """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a loop's wider view of W or
-    a grid type's grid (in its storage home), the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
+    a grid type's grid (in its storage and workgroup homes), the rotary epilogue's two caches (WebGPU's default limit
+    is 8 a stage)."""
     loop = MATVEC_LOOPS.get(type_name, ("",))[0] if x4 else ""
-    extra = loop in WIDE_VIEW or (loop == "matvec_iq.wgsl" and grid == "storage")
+    extra = loop in WIDE_VIEW or (loop == "matvec_iq.wgsl" and grid != "private")
     return 3 + 2 * norm + bias + extra + 2 * rope
 
 
@@ -110,7 +115,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
            xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
            bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None,
-           rope: QkvRope | None = None, grid: str = "storage") -> list[Op]:
+           rope: QkvRope | None = None, grid: str = "storage", iq_values: str = "float") -> list[Op]:
     """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
     accepted for a uniform signature and not used (the grid never depends on the token count).
 
@@ -120,8 +125,8 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests).
     `rope` (decode's fused QKV row, y_offset its column): the output leaves rotated and its K and V go to the cache
     (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes.
-    `grid`: where a grid type's own loop reads its grid (GRID_HOMES; the bench and the tests pick, the engine keeps the
-    default)."""
+    `grid`, `iq_values`: where a grid type's own loop reads its grid (GRID_HOMES) and how it makes values
+    (IQ_VALUES); the bench and the tests pick, the engine keeps the defaults."""
     _check_matvec(w, x, y, x_offset=x_offset, y_offset=y_offset, accumulate=accumulate, norm=norm, xn=xn,
                   xn_offset=xn_offset, glu=glu, bias=bias, bias_offset=bias_offset, rope=rope)
 
@@ -129,9 +134,11 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
     if grid not in GRID_HOMES:
         raise ValueError(f"{w.name} matvec: grid home {grid!r} is not one of {', '.join(GRID_HOMES)}")
+    if iq_values not in IQ_VALUES:
+        raise ValueError(f"{w.name} matvec: grid values {iq_values!r} are not one of {', '.join(IQ_VALUES)}")
     x4 = x_offset % 4 == 0
     consts, w4, table = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
-                                       rope=rope is not None, grid=grid)
+                                       rope=rope is not None, grid=grid, iq_values=iq_values)
     if rope is not None:
         storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4,
                                  grid=grid)
@@ -140,7 +147,14 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
                                f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
     wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
-    k = kernels.get("matvec", WG=wg, RED=max(1, wg // 4) if sg["SG"] == "" else wg, **consts,
+    red = max(1, wg // 4) if sg["SG"] == "" else wg
+    if "GN" in consts:
+        # the staged table beside the reduction's slots (matvec.wgsl: red and red_ss, 20 bytes a slot)
+        need = 8 * consts["GN"] + 20 * red
+        if need > device.info.limits["max_compute_workgroup_storage_size"]:
+            raise gpu.GpuError(f"{w.name} matvec: the grid in workgroup memory needs {need} bytes, the adapter allows "
+                               f"{device.info.limits['max_compute_workgroup_storage_size']}")
+    k = kernels.get("matvec", WG=wg, RED=red, **consts,
                     **dequant_consts(w.type), **sg)
 
     # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters, then the loop's
@@ -201,21 +215,24 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
 
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
-                   rope: bool, grid: str) -> tuple[dict, bool, str]:
+                   rope: bool, grid: str, iq_values: str = "float") -> tuple[dict, bool, str]:
     """matvec.wgsl's constants for one variant, whether its loop binds W a second time, wider (B_W4), and the
     grid it binds (a name of IQ_GRID's, or ""). Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in
     this order: the norm's weight and xn, the bias, W's wider view or the grid, the rotary epilogue's parameters,
     step, K cache and V cache."""
     loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
     w4 = loop in WIDE_VIEW
-    table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" and grid == "storage" else ""
+    table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" and grid != "private" else ""
     b_loop = 4 + 2 * norm + bias
     b_rope = b_loop + w4 + bool(table)
     home = {}
     if loop == "matvec_iq.wgsl":
         name = IQ_GRID[type_name]
-        home = ({"GRID": "matvec_iq_storage.wgsl", "B_GRID": b_loop} if table else
+        home = ({"GRID": f"matvec_iq_{grid}.wgsl", "B_GRID": b_loop} if table else
                 {"GRID": "matvec_iq_private.wgsl", "GWORD": name.lower() + "_word", "GLV": name + "_LEVELS"})
+        if grid == "workgroup":
+            home["GN"] = len(grid_bytes(table)) // 8
+        home["IQV"] = f"matvec_iq_{iq_values}.wgsl"
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias else "// ", "B_BIAS": 4 + 2 * norm,
