@@ -1,19 +1,90 @@
 // matvec.wgsl's loop for the grid types IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M (pasted there: reads its W,
 // x, p, WG). Constants: IQ (the type's layout prefix in quant.wgsl, IQ2_XXS ...), STEP (its step function below),
-// GRID (the grid's home: matvec_iq_storage.wgsl, a storage binding; matvec_iq_workgroup.wgsl, that table copied into
-// shared memory; matvec_iq_private.wgsl, quant.wgsl's private arrays; each defines grid_load, called first, and gw8 /
-// gw4, a point's raw bytes), IQV (how bytes become values: matvec_iq_float.wgsl, through int->float conversions, or
-// matvec_iq_bits.wgsl, through float bit patterns; each defines pt8 / pt4x2 / pt8u, a signed point dotted with its
-// inputs, uf, a small field as f32, and ld8 / ld4, 8 and 4 bytes at an even offset), and the constants those name.
+// B_GRID (the grid's binding).
 // One step is a 32-value sub-block u of a row (ib = u % 8 of block u / 8): four groups of 8 values, each one 8-value
 // point (or two 4-value points, IQ3) of the grid. Its d, scale, sign and high-index words are read once per 32 values
 // (the group loop, matvec_groups.wgsl through quant.wgsl's dq_*, read them once per 8), its 32 inputs as 8 vec4s
 // shared by the 4 rows; neighbouring threads read neighbouring sub-blocks (8-14 bytes apart). Units per row: cols / 32.
 // Layouts and formulas: quant.wgsl's comments beside dq_iq2_xxs ... dq_iq1_m (the same bytes, read a sub-block at a time).
+// The grid is ggml's table as it is, in a storage binding, and values are made from float bit patterns: the one way
+// kept of those `lab bench kernels` compared on the H200 at 14336x4096 and 4096x14336 (docs/results/h200_iq_loops/),
+// the fastest or within noise of it in every row, against the table copied into workgroup memory (no gain), read from
+// quant.wgsl's packed private arrays (1.6-14x slower, IQ1's the most) and values through int->float conversions
+// (5-20% slower; IQ2 and IQ3 measured).
 
-//!include {{GRID}}
-//!include {{IQV}}
+// ---- the grid: ggml's table bound at B_GRID, one more storage buffer of the kernel (lab/ops/matmul.py matvec_storage
+// counts it), kind CONSTANT, made once per owner by lab/gpu/shaders.py KernelCache.table from lab/format/iq_grids.py
+// (grid_bytes). Read in place through the cache as the weights are; unlike quant.wgsl's private arrays it costs nothing
+// to compile. Point p of an 8-value grid is G[p] (value k is byte k of its 8; IQ1's int8), of a 4-value grid (IQ3)
+// half p % 2 of G[p / 2].
+@group(0) @binding({{B_GRID}}) var<storage, read> G: array<vec2<u32>>;
 
+fn gw8(p: u32) -> vec2<u32> { return G[p]; }
+
+fn gw4(p: u32) -> u32 { return G[p >> 1u][p & 1u]; }
+
+// ---- values from float bit patterns, no int->float conversion: GPUs issue conversions at a fraction of their integer
+// and float rates, and converting each grid byte and sign bit costs two a value, where Q4_K's loop converts once
+// (measured on the H200: 5-20% faster than converting). Here an integer v < 2^23 becomes f32 as the float whose bits are
+// 0x4B000000 | v, which is 2^23 + v exactly, less 2^23 (an OR and a subtraction); a sign bit moves to bit 31 and flips
+// its value by XOR (a shift and a logical op). Exact: the products of int->float conversions and +-1 multiplies.
+const F23: u32 = 0x4B000000u;      // the bits of 2^23: F23 | v is 2^23 + v for v < 2^23
+
+// A small unsigned field (a scale) as f32.
+fn uf(v: u32) -> f32 { return bitcast<f32>(v | F23) - 8388608.0; }
+
+// Bytes 0-3 of w, each ORed into 2^23's bits.
+fn bytes23(w: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu)) | vec4<u32>(F23));
+}
+// The IQ2 and IQ3 grids' unsigned bytes.
+fn gv_u(w: u32) -> vec4<f32> { return bytes23(w) - 8388608.0; }
+// IQ1's int8: byte b as b + 128 (its top bit flipped), less 2^23 + 128.
+fn gv_i(w: u32) -> vec4<f32> { return bytes23(w ^ 0x80808080u) - 8388736.0; }
+
+// v with bits b..b+3 of s (b = 0 or 4) as sign flips (a set bit is a minus): bit b + k moved to bit 31 of value k.
+fn flip_lo(v: vec4<f32>, s: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ ((vec4<u32>(s) << vec4<u32>(31u, 30u, 29u, 28u)) & vec4<u32>(0x80000000u)));
+}
+fn flip_hi(v: vec4<f32>, s: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) ^ ((vec4<u32>(s) << vec4<u32>(27u, 26u, 25u, 24u)) & vec4<u32>(0x80000000u)));
+}
+
+// Eight bytes at an even byte offset (the blocks are 2-byte aligned): words i, i + 1, or with a 2-byte shift the three
+// aligned words covering them (ld_u32 twice reads four).
+fn ld8(off: u32) -> vec2<u32> {
+    let i = off >> 2u;
+    let a = W[i];
+    let b = W[i + 1u];
+    let c = W[i + 2u];
+    return select(vec2<u32>(a, b), vec2<u32>((a >> 16u) | (b << 16u), (b >> 16u) | (c << 16u)), (off & 2u) != 0u);
+}
+
+// Four bytes at an even byte offset (ld_u32's shift is 0 or 16 here, known apart from the select).
+fn ld4(off: u32) -> u32 {
+    let i = off >> 2u;
+    let a = W[i];
+    return select(a, (a >> 16u) | (W[i + 1u] << 16u), (off & 2u) != 0u);
+}
+
+// One 8-value point p (IQ2) signed by bits 0-7 of s, dotted with its inputs xa (values 0-3), xb (4-7).
+fn pt8(p: u32, s: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let g = gw8(p);
+    return dot(flip_lo(gv_u(g.x), s), xa) + dot(flip_hi(gv_u(g.y), s), xb);
+}
+
+// Two 4-value points (IQ3) of one group of 8, signed by bits 0-7 of s.
+fn pt4x2(p1: u32, p2: u32, s: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    return dot(flip_lo(gv_u(gw4(p1)), s), xa) + dot(flip_hi(gv_u(gw4(p2)), s), xb);
+}
+
+// IQ1's 8-value point p unsigned (its int8 values carry their own signs), dotted with xa, xb.
+fn pt8u(p: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let g = gw8(p);
+    return dot(gv_i(g.x), xa) + dot(gv_i(g.y), xb);
+}
+
+// ---- the steps
 fn sum4(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
 
 // Each step function: sub-block ib of the block at byte b of W, dotted with its 32 inputs x0..x7 (4 values each).
@@ -129,7 +200,6 @@ fn iq1_m_step(b: u32, ib: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: 
 }
 
 fn accumulate(rb: vec4<u32>, lid: u32) -> vec4<f32> {
-    grid_load(lid);
     var acc = vec4<f32>(0.0);
     for (var u = lid; u < p.cols / 32u; u += WG) {
         let e = 32u * u;

@@ -67,9 +67,8 @@ def subgroup_consts(device) -> dict:
 # On the H200 (`lab bench kernels`, 14336 x 4096) the unpacked form read 0.09 TB/s in IQ2_XXS's matvec and 0.10 in
 # IQ3_XXS's; packed, 0.25 and 0.20, IQ2_XS and IQ2_S 0.25-0.28, IQ3_S 0.22, but IQ1_S and IQ1_M (1,024 words) 0.04-0.05,
 # as one array or four (the parts cost nothing there: IQ2_S 0.29 as one, 0.28 as two). All far under the issue's
-# 1.0. The grid types' own matvec loop (wgsl/matvec_iq.wgsl) binds ggml's unpacked table as a storage buffer instead
-# (grid_bytes, wgsl/matvec_iq_storage.wgsl), or reads these arrays where asked (`lab bench kernels --grid` compares
-# the two; not measured on a GPU yet).
+# 1.0. So the grid types' own matvec loop (wgsl/matvec_iq.wgsl) binds ggml's unpacked table as a storage buffer instead
+# (grid_bytes): on the H200 these arrays read there were 1.6-14x slower. get_rows and the GEMM still read them.
 GRID_PART = 256
 _GRIDS = {"IQ2XXS": (iq_grids.IQ2XXS_GRID, 8), "IQ2XS": (iq_grids.IQ2XS_GRID, 8), "IQ2S": (iq_grids.IQ2S_GRID, 8),
           "IQ3XXS": (iq_grids.IQ3XXS_GRID, 4), "IQ3S": (iq_grids.IQ3S_GRID, 4), "IQ1S": (iq_grids.IQ1S_GRID, 8)}
@@ -109,7 +108,7 @@ def wgsl_tables() -> dict[str, str]:
 
 
 def grid_bytes(name: str) -> bytes:
-    """Grid NAME (a key of _GRIDS) as ggml lays it out, for a storage binding (wgsl/matvec_iq_storage.wgsl): each point
+    """Grid NAME (a key of _GRIDS) as ggml lays it out, for a storage binding (wgsl/matvec_iq.wgsl's G): each point
     its 8 bytes (IQ2, IQ1), or 4 (IQ3), little-endian. No packing: a storage buffer is not compiled into the kernel,
     so its length costs no compile time."""
     points, width = _GRIDS[name]

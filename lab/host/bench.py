@@ -4,6 +4,7 @@
                          (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, lfm2-350m,
                           lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b: lab/host/synthetic.py SPECS)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
+                      [--types Q4_K,..] [--shapes 14336x4096,..] and shape of KERNEL_SHAPES, or only these
 
 Decode is timed as the chat loop runs it (lab.engine.session: greedy steps submitted AHEAD at a time, then
 one read-back of their ids), and also one step and one 4-byte read-back at a time.
@@ -160,20 +161,16 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     return out
 
 
-def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=(),
-                  grids: tuple[str, ...] = ("storage",), values: tuple[str, ...] = ("float",)) -> list[dict]:
+def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=()) -> list[dict]:
     """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols): `repeat`
     dispatches of one kernel in one pass, timed by timestamp queries where the adapter has them (else
-    by the wall clock around submit and read-back, which small shapes then cannot amortize). A grid type
-    (lab/ops/matmul.py IQ_GRID) gets one row per home of its grid in `grids` (GRID_HOMES) and way of making its values
-    in `values` (IQ_VALUES), its "grid" and "values" fields saying which, the GEMM (the same kernel for each) timed in
-    the first only; the other types one row, "grid" and "values" empty."""
+    by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
     import numpy as np
 
     from lab.format.ggml import BY_NAME
     from lab.gpu.shaders import KernelCache
     from lab.host.synthetic import random_blocks
-    from lab.ops.matmul import IQ_GRID, matmul, matvec
+    from lab.ops.matmul import matmul, matvec
     from lab.ops.weights import alloc_weight, upload_weight
     device = open_native(disable=tuple(disable))
     timestamps = "timestamp-query" in device.info.features
@@ -196,30 +193,26 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
         y = device.buffer(4 * rows * tokens, gpu.CONVERSATION, "y")
         device.write(x, rng.standard_normal(cols * tokens).astype(np.float32).tobytes())
         device.run([], writes=[(step, 0, ops.step_bytes(0, tokens, 1))])
-        variants = [(g, v) for g in grids for v in values] if type_name in IQ_GRID else [("", "")]
-        for i, (grid, vals) in enumerate(variants):
-            mv = [op.at(1) for op in matvec(device, kc, w, x, y, step, grid=grid or "storage",
-                                            iq_values=vals or "float")] * repeat
-            mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
-            res = {"type": type_name, "rows": rows, "cols": cols, "grid": grid, "values": vals,
-                   "weight_bytes": w.rows * w.row_bytes, "matmul_us": None, "matmul_gflop_s": None}
-            for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4)))[:2 if i == 0 else 1]:
+        mv = [op.at(1) for op in matvec(device, kc, w, x, y, step)] * repeat
+        mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
+        res = {"type": type_name, "rows": rows, "cols": cols, "weight_bytes": w.rows * w.row_bytes}
+        for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
+            device.run(plan)
+            device.read_sync(y, 0, 4)
+            if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
+                s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
+            else:
+                t0 = _now()
                 device.run(plan)
                 device.read_sync(y, 0, 4)
-                if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
-                    s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
-                else:
-                    t0 = _now()
-                    device.run(plan)
-                    device.read_sync(y, 0, 4)
-                    s = (_now() - t0) / reps
-                if name == "matvec":
-                    res["matvec_us"] = round(s * 1e6, 1)
-                    res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
-                else:
-                    res["matmul_us"] = round(s * 1e6, 1)
-                    res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
-            rows_out.append(res)
+                s = (_now() - t0) / reps
+            if name == "matvec":
+                res["matvec_us"] = round(s * 1e6, 1)
+                res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
+            else:
+                res["matmul_us"] = round(s * 1e6, 1)
+                res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
+        rows_out.append(res)
         for b in (x, y, *(p.buffer for p in w.parts)):
             device.destroy(b)
     return rows_out

@@ -429,30 +429,22 @@ def _bench(args) -> int:
             print(f"lab bench kernels: no shapes of type {', '.join(sorted(unknown))} (the table has "
                   f"{', '.join(dict.fromkeys(sh[0] for sh in bench.KERNEL_SHAPES))})", file=sys.stderr)
             return 2
-        from lab.ops.matmul import GRID_HOMES, IQ_VALUES
-        grids, values = tuple(args.grid.split(",")), tuple(args.iq_values.split(","))
-        for opt, got, allowed in (("--grid", grids, GRID_HOMES), ("--iq-values", values, IQ_VALUES)):
-            if set(got) - set(allowed) or not got:
-                print(f"lab bench kernels: {opt} takes {', '.join(allowed)} (comma-separated), not {','.join(got)}",
-                      file=sys.stderr)
-                return 2
         shapes = set(args.shapes.split(",")) if args.shapes else None
         picked = [sh for sh in bench.KERNEL_SHAPES if (types is None or sh[0] in types)
                   and (shapes is None or f"{sh[1]}x{sh[2]}" in shapes)]
         if not picked:
             print(f"lab bench kernels: no shapes {args.shapes} of types {args.types or 'any'}", file=sys.stderr)
             return 2
-        rows = bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable, grids=grids, values=values)
+        rows = bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable)
         if args.json:
             print(json.dumps(rows))
         else:
-            print(f"{'type':7s} {'grid':9s} {'values':6s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} "
-                  f"{'GB/s':>8s} {'GEMM us':>10s} {'GFLOP/s':>8s}")
+            print(f"{'type':7s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} {'GB/s':>8s} {'GEMM us':>10s} "
+                  f"{'GFLOP/s':>8s}")
             for r in rows:
-                gemm = (f"{r['matmul_us']:10.1f} {r['matmul_gflop_s']:8.1f}" if r["matmul_us"] is not None
-                        else f"{'':10s} {'':8s}")
-                print(f"{r['type']:7s} {r['grid']:9s} {r['values']:6s} {r['rows']:>7d}x{r['cols']:<6d} "
-                      f"{r['weight_bytes'] / 1e6:8.2f} {r['matvec_us']:10.1f} {r['matvec_gb_s']:8.2f} {gemm}")
+                print(f"{r['type']:7s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} "
+                      f"{r['matvec_us']:10.1f} {r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} "
+                      f"{r['matmul_gflop_s']:8.1f}")
         return 0
     if args.backend == "browser":
         from lab.host import bench_browser, browser_args, models
@@ -723,15 +715,9 @@ def main(argv: list[str] | None = None) -> int:
                         "warm-up run does (an idle GPU lowers its clocks; browser, 0: turns as typed after a pause)")
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
-    s.add_argument("--grid", default="storage",
-                   help="kernels: where the grid types' matvec reads its grid, one row per home: storage (a storage "
-                        "binding, the engine's), workgroup (that table copied into shared memory), private (the WGSL "
-                        "private arrays), or several comma-separated to compare them")
-    s.add_argument("--iq-values", default="float",
-                   help="kernels: how the grid types' matvec makes values of grid bytes and sign bits, one row per way "
-                        "and grid home: float (int->float conversions, the engine's), bits (float bit patterns), or "
-                        "float,bits")
-    s.add_argument("--shapes", default="", help="kernels: only these rows x cols (comma-separated, e.g. 14336x4096)")
+    s.add_argument("--shapes", default="",
+                   help="kernels: only the table's shapes of these rows x cols (comma-separated, e.g. 14336x4096; "
+                        "with --types, both must match)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_bench)

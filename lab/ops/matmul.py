@@ -34,8 +34,7 @@ _MATMUL = struct.Struct("<12I")         # n_rows, cols, gpr, row_bytes, x_off, y
 # Types with a loop of their own (matvec.wgsl's `accumulate`; their scales unpacked once per 32-64 values, not
 # per group of 8, their input read as vec4s): the loop's file and its constants. Every other type runs
 # matvec_groups.wgsl. The loops of WIDE_VIEW also bind the weights through a wider view (binding B_W4);
-# matvec_iq.wgsl (the grid types, a 32-value sub-block a step) the grid, where its home is a storage binding (B_GRID;
-# GRID_HOMES).
+# matvec_iq.wgsl (the grid types, a 32-value sub-block a step) its grid (B_GRID, IQ_GRID).
 MATVEC_LOOPS = {
     "Q4_K": ("matvec_k.wgsl", {"KT": "Q4_K", "QH": "qh_none", "QH16": 0}),
     "Q5_K": ("matvec_k.wgsl", {"KT": "Q5_K", "QH": "qh_q5_k", "QH16": 1}),
@@ -43,7 +42,7 @@ MATVEC_LOOPS = {
     "Q2_K": ("matvec_q2_k.wgsl", {}),
     "Q3_K": ("matvec_q3_k.wgsl", {}),
     "IQ4_XS": ("matvec_iq4_xs.wgsl", {}),
-    **{t: ("matvec_iq.wgsl", {"IQ": t, "STEP": t.lower() + "_step", "GV": "gv_i" if t.startswith("IQ1") else "gv_u"})
+    **{t: ("matvec_iq.wgsl", {"IQ": t, "STEP": t.lower() + "_step"})
        for t in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")},
 }
 # The loops that read W a second time through a wider view, its widest alignment in every row and block: vec4<u32>
@@ -53,17 +52,11 @@ WIDE_VIEW = ("matvec_k.wgsl", "matvec_iq4_xs.wgsl")
 # Q3_K 64, IQ4_XS and the grid types a sub-block of 32).
 LOOP_UNIT = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 64, "Q2_K": 64, "Q3_K": 64, "IQ4_XS": 32,
              **{t: 32 for t, (f, _) in MATVEC_LOOPS.items() if f == "matvec_iq.wgsl"}}
-# The grid each grid type's loop reads (lab/gpu/shaders.py's names; IQ1_M shares IQ1_S's), and where it can live:
-# "storage" (a CONSTANT storage buffer, KernelCache.table: wgsl/matvec_iq_storage.wgsl, the default), "workgroup"
-# (that buffer copied into shared memory by each workgroup: matvec_iq_workgroup.wgsl) or "private" (quant.wgsl's
-# packed private arrays, as the group loop reads them: matvec_iq_private.wgsl). And how the loop makes values of the
-# grid's bytes and sign bits (IQ_VALUES): "float" (int->float conversions, +-1 multiplies: matvec_iq_float.wgsl, the
-# default) or "bits" (float bit patterns, XOR sign flips: matvec_iq_bits.wgsl). `lab bench kernels --grid
-# --iq-values` runs each pair, to compare them on a GPU (only there: a CPU adapter says nothing of their speed).
+# The grid each grid type's loop binds (lab/gpu/shaders.py's names; IQ1_M shares IQ1_S's): ggml's table in a CONSTANT
+# storage buffer, one per grid and owner (KernelCache.table), its values made from float bit patterns
+# (wgsl/matvec_iq.wgsl says why, as measured on the H200).
 IQ_GRID = {"IQ2_XXS": "IQ2XXS", "IQ2_XS": "IQ2XS", "IQ2_S": "IQ2S", "IQ3_XXS": "IQ3XXS", "IQ3_S": "IQ3S",
            "IQ1_S": "IQ1S", "IQ1_M": "IQ1S"}
-GRID_HOMES = ("storage", "workgroup", "private")
-IQ_VALUES = ("float", "bits")
 TALL = 16384            # rows from which a matvec is a tall output head (the vocabulary's rows)
 
 
@@ -95,13 +88,11 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
     return 256 if gpr >= 192 else 128
 
 
-def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True,
-                   grid: str = "storage") -> int:
+def matvec_storage(type_name: str, *, norm: bool, bias: bool, rope: bool, x4: bool = True) -> int:
     """Storage buffers one matvec binds: W, x, y, the norm's weight and xn, the bias, a loop's wider view of W or
-    a grid type's grid (in its storage and workgroup homes), the rotary epilogue's two caches (WebGPU's default limit
-    is 8 a stage)."""
+    a grid type's grid, the rotary epilogue's two caches (WebGPU's default limit is 8 a stage)."""
     loop = MATVEC_LOOPS.get(type_name, ("",))[0] if x4 else ""
-    extra = loop in WIDE_VIEW or (loop == "matvec_iq.wgsl" and grid != "private")
+    extra = loop in WIDE_VIEW or loop == "matvec_iq.wgsl"
     return 3 + 2 * norm + bias + extra + 2 * rope
 
 
@@ -115,7 +106,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            accumulate: bool = False, norm: tuple[gpu.Buffer, float] | None = None,
            xn: gpu.Buffer | None = None, xn_offset: int = 0, write_xn: bool = True, glu: str | None = None,
            bias: gpu.Buffer | None = None, bias_offset: int = 0, wg: int | None = None,
-           rope: QkvRope | None = None, grid: str = "storage", iq_values: str = "float") -> list[Op]:
+           rope: QkvRope | None = None) -> list[Op]:
     """y[y_offset + r] (+)= sum_c W[r, c] * in(c) (+ bias[bias_offset + r]) for one token. `step` is
     accepted for a uniform signature and not used (the grid never depends on the token count).
 
@@ -124,36 +115,23 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     normed input bind the same xn and only one writes it), or with glu="swiglu"|"geglu" the GLU of a
     [gate | up] row of 2 * cols floats at x_offset. `wg` overrides the threads per workgroup (tests).
     `rope` (decode's fused QKV row, y_offset its column): the output leaves rotated and its K and V go to the cache
-    (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes.
-    `grid`, `iq_values`: where a grid type's own loop reads its grid (GRID_HOMES) and how it makes values
-    (IQ_VALUES); the bench and the tests pick, the engine keeps the defaults."""
+    (wgsl/matvec.wgsl ROPE); each op's role is then KV_WRITE, its `without_kv` the same rotation without the writes."""
     _check_matvec(w, x, y, x_offset=x_offset, y_offset=y_offset, accumulate=accumulate, norm=norm, xn=xn,
                   xn_offset=xn_offset, glu=glu, bias=bias, bias_offset=bias_offset, rope=rope)
 
     # 1. The variant: the input prologue, the weight type's loop, the epilogues, and the kernel.
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
-    if grid not in GRID_HOMES:
-        raise ValueError(f"{w.name} matvec: grid home {grid!r} is not one of {', '.join(GRID_HOMES)}")
-    if iq_values not in IQ_VALUES:
-        raise ValueError(f"{w.name} matvec: grid values {iq_values!r} are not one of {', '.join(IQ_VALUES)}")
     x4 = x_offset % 4 == 0
     consts, w4, table = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
-                                       rope=rope is not None, grid=grid, iq_values=iq_values)
+                                       rope=rope is not None)
     if rope is not None:
-        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4,
-                                 grid=grid)
+        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4)
         if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
             raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
                                f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
     wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
     red = max(1, wg // 4) if sg["SG"] == "" else wg
-    if "GN" in consts:
-        # the staged table beside the reduction's slots (matvec.wgsl: red and red_ss, 20 bytes a slot)
-        need = 8 * consts["GN"] + 20 * red
-        if need > device.info.limits["max_compute_workgroup_storage_size"]:
-            raise gpu.GpuError(f"{w.name} matvec: the grid in workgroup memory needs {need} bytes, the adapter allows "
-                               f"{device.info.limits['max_compute_workgroup_storage_size']}")
     k = kernels.get("matvec", WG=wg, RED=red, **consts,
                     **dequant_consts(w.type), **sg)
 
@@ -215,29 +193,21 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
 
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
-                   rope: bool, grid: str, iq_values: str = "float") -> tuple[dict, bool, str]:
+                   rope: bool) -> tuple[dict, bool, str]:
     """matvec.wgsl's constants for one variant, whether its loop binds W a second time, wider (B_W4), and the
     grid it binds (a name of IQ_GRID's, or ""). Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in
     this order: the norm's weight and xn, the bias, W's wider view or the grid, the rotary epilogue's parameters,
     step, K cache and V cache."""
     loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
     w4 = loop in WIDE_VIEW
-    table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" and grid != "private" else ""
+    table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" else ""
     b_loop = 4 + 2 * norm + bias
     b_rope = b_loop + w4 + bool(table)
-    home = {}
-    if loop == "matvec_iq.wgsl":
-        name = IQ_GRID[type_name]
-        home = ({"GRID": f"matvec_iq_{grid}.wgsl", "B_GRID": b_loop} if table else
-                {"GRID": "matvec_iq_private.wgsl", "GWORD": name.lower() + "_word", "GLV": name + "_LEVELS"})
-        if grid == "workgroup":
-            home["GN"] = len(grid_bytes(table)) // 8
-        home["IQV"] = f"matvec_iq_{iq_values}.wgsl"
     consts = {"IN": "in_norm" if norm else "in_glu" if glu else "in_plain", "ACT": GLU_ACTS.get(glu, "silu"),
               "NORM": "" if norm else "// ", "B_NW": 4, "B_XN": 5,
               "BIAS": "" if bias else "// ", "B_BIAS": 4 + 2 * norm,
-              **loop_consts, **home, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
-              **({"B_W4": b_loop} if w4 else {}),
+              **loop_consts, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
+              **({"B_W4": b_loop} if w4 else {}), **({"B_GRID": b_loop} if table else {}),
               "ROPE": "" if rope else "// ", "B_RP": b_rope, "B_STEP": b_rope + 1, "B_KC": b_rope + 2,
               "B_VC": b_rope + 3}
     return consts, w4, table

@@ -43,6 +43,6 @@ def test_the_epilogue_counts_its_storage_buffers():
     assert matvec_storage("Q4_K", norm=True, bias=False, rope=True, x4=False) == 7   # the group loop: one view
     assert matvec_storage("IQ4_XS", norm=True, bias=False, rope=True) == 8    # W's vec2 view
     assert matvec_storage("Q3_K", norm=True, bias=False, rope=True) == 7      # Q2_K's and Q3_K's loops: W alone
-    assert matvec_storage("IQ2_S", norm=True, bias=False, rope=True) == 8     # the grid loop's grid in storage
+    assert matvec_storage("IQ2_S", norm=True, bias=False, rope=True) == 8     # the grid loop's grid
     assert matvec_storage("IQ2_S", norm=True, bias=True, rope=True) == 9
-    assert matvec_storage("IQ2_S", norm=True, bias=True, rope=True, grid="private") == 8
+    assert matvec_storage("IQ2_S", norm=True, bias=True, rope=True, x4=False) == 8   # the group loop: no grid binding

@@ -69,13 +69,12 @@ class Rig:
         self.run(get_rows(self.device, self.kernels, w, idb, out, self.step(t), scale=scale), t)
         return self.read(out, t * w.cols).reshape(t, w.cols)
 
-    def matvec(self, w, x, *, y0=None, x_offset=0, y_offset=0, accumulate=False, y_len=None, wg=None,
-               grid="storage", iq_values="float") -> np.ndarray:
+    def matvec(self, w, x, *, y0=None, x_offset=0, y_offset=0, accumulate=False, y_len=None, wg=None) -> np.ndarray:
         xb = self.buffer(f32(np.concatenate([np.full(x_offset, 1e6), x])), "x")
         n = y_len or (y_offset + w.rows)
         yb = self.buffer(f32(np.zeros(n) if y0 is None else y0), "y")
         self.run(matvec(self.device, self.kernels, w, xb, yb, x_offset=x_offset, y_offset=y_offset,
-                        accumulate=accumulate, wg=wg, grid=grid, iq_values=iq_values), 1)
+                        accumulate=accumulate, wg=wg), 1)
         return self.read(yb, n)
 
     def matmul(self, w, X, *, y0=None, accumulate=False, max_tokens=None, lanes=None) -> np.ndarray:

@@ -15,7 +15,7 @@ from lab.format.ggml import BY_NAME
 from lab.gpu.shaders import KernelCache
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DOT_TOL
-from lab.ops.matmul import GRID_HOMES, IQ_GRID, IQ_VALUES, matmul, matvec
+from lab.ops.matmul import IQ_GRID, matmul, matvec
 from lab.ops.weights import alloc_weight, placements, upload_weight
 from tests.kernels.quant_rig import Rig
 
@@ -132,43 +132,23 @@ def test_matvec_loop_choice(device, name, x_at, loop):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-@pytest.mark.parametrize("values", IQ_VALUES)
-@pytest.mark.parametrize("grid", GRID_HOMES)
 @pytest.mark.parametrize("name", list(IQ_GRID))
-def test_matvec_grid_homes(device, kernels, device_nosg, kernels_nosg, name, grid, values, sg):
-    """The grid types' own loop with its grid in each home (a storage binding, shared memory, the private arrays) and
-    each way of making its values, on both reduction paths, at the workgroup size matvec_wg gives it and at 16 threads
+def test_matvec_grid_loop(device, kernels, device_nosg, kernels_nosg, name, sg):
+    """The grid types' own loop on both reduction paths, at the workgroup size matvec_wg gives it and at 16 threads
     (a tall head of short rows)."""
     raw, W = tensor(name)
     x = rand(W.shape[1], seed=16)
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
         w = r.weight(name, raw)
         for wg in (None, 16):
-            assert qo.dot_err(r.matvec(w, x, wg=wg, grid=grid, iq_values=values), W, x) <= DOT_TOL, wg
-    home = (f"GRID=matvec_iq_{grid}.wgsl", f"IQV=matvec_iq_{values}.wgsl", f"IQ={name}", "LOOP=matvec_iq.wgsl")
+            assert qo.dot_err(r.matvec(w, x, wg=wg), W, x) <= DOT_TOL, wg
     labels = [k.label.split() for k in r.kernels._cache.values()]
-    ours = [lab for lab in labels if all(h in lab for h in home)]
-    assert len(ours) == 2 and any("WG=16" in lab for lab in ours)
-
-
-def test_grid_in_workgroup_memory_within_the_limit(device, kernels):
-    """The workgroup home stages the whole table beside the reduction's slots: refused where the adapter's workgroup
-    storage cannot hold them (WebGPU's default 16 KiB and IQ1_S's 16 KiB table), not left to fail at compile time."""
-    raw, W = tensor("IQ1_S")
-    with Rig(device, kernels) as r:
-        w = r.weight("IQ1_S", raw)
-        limits = device.info.limits
-        real = limits["max_compute_workgroup_storage_size"]
-        try:
-            limits["max_compute_workgroup_storage_size"] = 16384
-            with pytest.raises(gpu.GpuError, match="workgroup memory needs 17024 bytes"):
-                r.matvec(w, rand(W.shape[1]), grid="workgroup")
-        finally:
-            limits["max_compute_workgroup_storage_size"] = real
+    ours = [lab for lab in labels if {f"IQ={name}", "LOOP=matvec_iq.wgsl", "IN=in_plain"} <= set(lab)]
+    assert any("WG=16" in lab for lab in ours) and any("WG=16" not in lab for lab in ours)
 
 
 def test_grid_table_once_per_owner(device):
-    """The storage home's grid is one CONSTANT buffer per grid and owner (not one per op), freed with its owner's
+    """The grid loop's grid is one CONSTANT buffer per grid and owner (not one per op), freed with its owner's
     buffers and made again after."""
     raw, W = tensor("IQ2_S")
     x = rand(W.shape[1], seed=17)
@@ -345,30 +325,27 @@ def test_matvec_glu_prologue(device, kernels, glu, name, x_at):
 
 
 @pytest.mark.parametrize("sg", [True, False])
-@pytest.mark.parametrize("values", IQ_VALUES)
-@pytest.mark.parametrize("grid", GRID_HOMES)
-@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ3_S", "IQ1_M"])
-def test_matvec_grid_variants_fused(device, kernels, device_nosg, kernels_nosg, name, grid, values, sg):
-    """Each grid home and way of making values with the RMSNorm prologue (the workgroup home's barrier and table
-    beside the norm's sums), the GLU prologue, and a weight split over three bindings (the same sums as whole)."""
+@pytest.mark.parametrize("name", list(IQ_GRID))
+def test_matvec_grid_loop_fused(device, kernels, device_nosg, kernels_nosg, name, sg):
+    """The grid types' own loop with the RMSNorm prologue, the GLU prologue, and a weight split over three bindings
+    (the same sums as whole)."""
     raw, W = tensor(name)
     cols = W.shape[1]
-    v = {"grid": grid, "iq_values": values}
     x = rand(cols, seed=11) * 3 + 0.5
     nw = rand(cols, seed=12)
     xn_ref = (x.astype(np.float64) / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)) * nw
     gu = rand(2 * cols, seed=13) * 2
     g, u = gu[:cols].astype(np.float64), gu[cols:].astype(np.float64)
     with Rig(*((device, kernels) if sg else (device_nosg, kernels_nosg))) as r:
-        y, xn = _fused_rig(r, name, raw, cols, x, 4, norm=nw, **v)
+        y, xn = _fused_rig(r, name, raw, cols, x, 4, norm=nw)
         assert qo.dot_err(y, W, xn_ref) <= DOT_TOL
         np.testing.assert_allclose(xn[2:], xn_ref, rtol=0, atol=1e-6 * np.max(np.abs(xn_ref)))
-        y, _ = _fused_rig(r, name, raw, cols, gu, 4, glu="swiglu", **v)
+        y, _ = _fused_rig(r, name, raw, cols, gu, 4, glu="swiglu")
         assert qo.dot_err(y, W, g / (1 + np.exp(-g)) * u) <= DOT_TOL
         split = r.weight(name, raw, max_binding=130 * raw.shape[1] + 3)
         assert [p.n_rows for p in split.parts] == [130, 130, 73]
-        np.testing.assert_array_equal(r.matvec(split, x, **v), r.matvec(r.weight(name, raw), x, **v))
-    ours = (f"GRID=matvec_iq_{grid}.wgsl", f"IQV=matvec_iq_{values}.wgsl", f"IQ={name}", "NORM=")
+        np.testing.assert_array_equal(r.matvec(split, x), r.matvec(r.weight(name, raw), x))
+    ours = (f"IQ={name}", "LOOP=matvec_iq.wgsl", "NORM=", "IN=in_norm")
     assert any(all(h in k.label.split() for h in ours) for k in r.kernels._cache.values())
 
 

@@ -1,6 +1,6 @@
 """The checks catch real dequantization bugs: each trap rewrites one small snippet of wgsl/quant.wgsl (or of a
-type's own matvec loop, or of a grid type's grid home) into a plausible mistake and asserts that the very checks of test_get_rows /
-test_matmul FAIL for it (and that the unmodified source passes the same check, on the same data, in the same
+type's own matvec loop) into a plausible mistake and asserts that the very checks of test_get_rows / test_matmul
+FAIL for it (and that the unmodified source passes the same check, on the same data, in the same
 harness).
 """
 
@@ -12,7 +12,7 @@ import pytest
 from lab.format.ggml import BY_NAME
 from lab.host.reference import quant as qo
 from lab.host.reference.quant import DEQUANT_TOL, DOT_TOL
-from lab.ops.matmul import GRID_HOMES, IQ_GRID, IQ_VALUES, MATVEC_LOOPS
+from lab.ops.matmul import MATVEC_LOOPS
 from tests.kernels.quant_rig import Rig, mutated_wgsl
 
 # (id, type, function in quant.wgsl, snippet, broken replacement)
@@ -221,7 +221,7 @@ TRAPS = [
      "dot(lv4(nibs_hi(qa.y)), x4) + dot(lv4(nibs_hi(qa.x)), x5)", "matvec_iq4_xs.wgsl"),
     ("iq4_xs loop: the level table in reverse order", "IQ4_XS", "accumulate",
      "iq4_levels(vec4<u32>(i)).x", "iq4_levels(vec4<u32>(15u - i)).x", "matvec_iq4_xs.wgsl"),
-    # the grid types' own loop (wgsl/matvec_iq.wgsl) and its two grid homes
+    # the grid types' own loop (wgsl/matvec_iq.wgsl): its steps, its grid binding, its values from float bit patterns
     ("iq2_xxs loop: group 1's grid index from byte 2 of a0", "IQ2_XXS", "iq2_xxs_step",
      "pt8((a0 >> 8u) & 0xFFu", "pt8((a0 >> 16u) & 0xFFu", "matvec_iq.wgsl"),
     ("iq2_xxs loop: group 1's sign index from bits 8-14, not 7-13", "IQ2_XXS", "iq2_xxs_step",
@@ -271,60 +271,33 @@ TRAPS = [
      "vec4<u32>(3u, 7u, 11u, 15u)", "vec4<u32>(3u, 3u, 11u, 11u)", "matvec_iq.wgsl"),
     ("grid loop: the index word read two bytes on (IQ2_S)", "IQ2_S", "iq2_s_step",
      "ld4(b + IQ2_S_QS + 4u * ib)", "ld4(b + IQ2_S_QS + 4u * ib + 2u)", "matvec_iq.wgsl"),
-    ("grid in storage: IQ3 point p from the other half of its vec2", "IQ3_S", "gw4",
-     "G[p >> 1u][p & 1u]", "G[p >> 1u][~p & 1u]", "matvec_iq_storage.wgsl"),
-    ("grid in workgroup memory: IQ3 point p from the other half of its vec2", "IQ3_XXS", "gw4",
-     "GS[p >> 1u][p & 1u]", "GS[p >> 1u][~p & 1u]", "matvec_iq_workgroup.wgsl"),
-    # (staging half the table, or no barrier, shows on lavapipe only in a fresh process: its workgroup memory keeps the
-    # last dispatch's table, here the unbroken check's, so neither is a trap)
-    ("grid in workgroup memory: points staged pairwise swapped", "IQ2_S", "grid_load",
-     "GS[i] = G[i];", "GS[i] = G[i ^ 1u];", "matvec_iq_workgroup.wgsl"),
-    ("grid in private: values 4-7 from codes 2-5", "IQ2_XS", "gw8",
-     "grid_values(h, 8u, 2u, {{GLV}})", "grid_values(h, 4u, 2u, {{GLV}})", "matvec_iq_private.wgsl"),
-    # how the loop makes values of the grid's bytes: each value file's own traps
-    ("float values: IQ1's read unsigned (-1 as 255)", "IQ1_S", "gv_i",
-     "return i8x4(w);", "return vec4<f32>(u8x4(w));", "matvec_iq_float.wgsl"),
-    ("float values: hi half signed by bits 0-3", "IQ2_XS", "pt8",
-     "signs4(s, 4u)", "signs4(s, 0u)", "matvec_iq_float.wgsl"),
-    ("bits values: IQ1's int8 without the top bit flipped (-1 as 255)", "IQ1_M", "gv_i",
-     "bytes23(w ^ 0x80808080u)", "bytes23(w)", "matvec_iq_bits.wgsl"),
-    ("bits values: 2^23's bits one exponent high", "IQ2_XXS", "gv_u",
-     "bytes23(w) - 8388608.0", "bytes23(w) - 4194304.0", "matvec_iq_bits.wgsl"),
-    ("bits values: sign bit k from bit k + 1 of the low nibble", "IQ3_XXS", "flip_lo",
-     "vec4<u32>(31u, 30u, 29u, 28u)", "vec4<u32>(30u, 29u, 28u, 27u)", "matvec_iq_bits.wgsl"),
-    ("bits values: the high nibble's signs from the low nibble", "IQ2_S", "flip_hi",
-     "vec4<u32>(27u, 26u, 25u, 24u)", "vec4<u32>(31u, 30u, 29u, 28u)", "matvec_iq_bits.wgsl"),
-    ("bits values: an unaligned 8-byte field's second word from the first's high half only", "IQ3_S", "ld8",
-     "(b >> 16u) | (c << 16u)", "b >> 16u", "matvec_iq_bits.wgsl"),
-    ("bits values: scale field read as its bits (no 2^23 subtracted)", "IQ2_XS", "uf",
-     "bitcast<f32>(v | F23) - 8388608.0", "bitcast<f32>(v | F23)", "matvec_iq_bits.wgsl"),
+    ("grid loop: IQ3 point p from the other half of its vec2", "IQ3_S", "gw4",
+     "G[p >> 1u][p & 1u]", "G[p >> 1u][~p & 1u]", "matvec_iq.wgsl"),
+    ("grid loop: 8-value points read pairwise swapped (point p ^ 1)", "IQ2_S", "gw8",
+     "return G[p];", "return G[p ^ 1u];", "matvec_iq.wgsl"),
+    ("grid loop: IQ2's hi half signed by bits 0-3", "IQ2_XS", "pt8",
+     "flip_hi(gv_u(g.y), s)", "flip_lo(gv_u(g.y), s)", "matvec_iq.wgsl"),
+    ("grid loop: IQ1's int8 without the top bit flipped (-1 as 255)", "IQ1_M", "gv_i",
+     "bytes23(w ^ 0x80808080u)", "bytes23(w)", "matvec_iq.wgsl"),
+    ("grid loop: 2^23's bits one exponent high", "IQ2_XXS", "gv_u",
+     "bytes23(w) - 8388608.0", "bytes23(w) - 4194304.0", "matvec_iq.wgsl"),
+    ("grid loop: sign bit k from bit k + 1 of the low nibble", "IQ3_XXS", "flip_lo",
+     "vec4<u32>(31u, 30u, 29u, 28u)", "vec4<u32>(30u, 29u, 28u, 27u)", "matvec_iq.wgsl"),
+    ("grid loop: the high nibble's signs from the low nibble", "IQ2_S", "flip_hi",
+     "vec4<u32>(27u, 26u, 25u, 24u)", "vec4<u32>(31u, 30u, 29u, 28u)", "matvec_iq.wgsl"),
+    ("grid loop: an unaligned 8-byte field's second word from the first's high half only", "IQ3_S", "ld8",
+     "(b >> 16u) | (c << 16u)", "b >> 16u", "matvec_iq.wgsl"),
+    ("grid loop: scale field read as its bits (no 2^23 subtracted)", "IQ2_XS", "uf",
+     "bitcast<f32>(v | F23) - 8388608.0", "bitcast<f32>(v | F23)", "matvec_iq.wgsl"),
 ]
 
-# The quant.wgsl functions a type's own loop calls as well (so its matvec must catch their traps too); the grid loop's
-# by how it makes values (its IQV file).
-LOOP_CALLS = {"matvec_k.wgsl": {"k_scales"}, "matvec_iq4_xs.wgsl": {"iq4_levels"}}
-IQ_CALLS = {"float": {"ksigns", "signs4"}, "bits": {"ksigns"}}
+# The quant.wgsl functions a type's own loop calls as well (so its matvec must catch their traps too).
+LOOP_CALLS = {"matvec_k.wgsl": {"k_scales"}, "matvec_iq4_xs.wgsl": {"iq4_levels"}, "matvec_iq.wgsl": {"ksigns"}}
 
 
-def _grid_variants(name: str, fn: str, file: str) -> list[tuple[str, str]]:
-    """The (grid home, values) pairs of a grid type's loop that hold the mutated code: all of them for the loop's own
-    file, every pair of a home's or a value file's, those calling a quant.wgsl function in the storage home."""
-    if name not in IQ_GRID:
-        return []
-    kind = file.removeprefix("matvec_iq_").removesuffix(".wgsl")
-    if file == "matvec_iq.wgsl":
-        return [(g, v) for g in GRID_HOMES for v in IQ_VALUES]
-    if kind in GRID_HOMES:
-        return [(kind, v) for v in IQ_VALUES]
-    if kind in IQ_VALUES:
-        return [(g, kind) for g in GRID_HOMES]
-    return [("storage", v) for v in IQ_VALUES if file == "quant.wgsl" and fn in IQ_CALLS[v]]
-
-
-def _checks(device, name, variants=()):
+def _checks(device, name):
     """Errors of the dequant check (get_rows over all rows) and of the product check (matvec) through the
-    type's own loop (input at offset 0; a grid type's in its default grid home and values, and in each (home, values)
-    pair of `variants` as "matvec HOME VALUES") and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
+    type's own loop (input at offset 0) and through the group loop (offset 3: scalar input, quant.wgsl's dq)."""
     raw = qo.random_tensor(name, 24, 512 if name in qo.K_TYPES else 128 if BY_NAME[name].block == 64 else 96,
                            seed=11)
     ref = qo.dequant(raw, name)
@@ -332,34 +305,26 @@ def _checks(device, name, variants=()):
     with Rig(device) as r:                      # a fresh KernelCache: compiled from the current folder
         w = r.weight(name, raw)
         got = r.get_rows(w, list(range(raw.shape[0])))
-        out = {"dequant": qo.dequant_err(got, ref), "matvec": qo.dot_err(r.matvec(w, x), ref, x),
-               "matvec groups": qo.dot_err(r.matvec(w, x, x_offset=3), ref, x)}
-        for grid, values in variants:
-            out[f"matvec {grid} {values}"] = qo.dot_err(r.matvec(w, x, grid=grid, iq_values=values), ref, x)
-        return out
+        return {"dequant": qo.dequant_err(got, ref), "matvec": qo.dot_err(r.matvec(w, x), ref, x),
+                "matvec groups": qo.dot_err(r.matvec(w, x, x_offset=3), ref, x)}
 
 
 def _must_catch(name: str, fn: str, file: str) -> set[str]:
-    """The checks whose code holds the mutated function: a loop file's only in its own matvec (a grid type's in each
-    pair of _grid_variants); quant.wgsl's in the dequant and the group loop, and in the type's own loop too when that
-    calls it (LOOP_CALLS, IQ_CALLS)."""
-    grid = {f"matvec {g} {v}" for g, v in _grid_variants(name, fn, file)}
-    if file.startswith("matvec_iq"):
-        return grid
+    """The checks whose code holds the mutated function: a loop file's only the matvec; quant.wgsl's the dequant and
+    the group loop, and the type's own loop too when that calls it (LOOP_CALLS)."""
     if file != "quant.wgsl":
         return {"matvec"}
     own = name not in MATVEC_LOOPS or fn in LOOP_CALLS.get(MATVEC_LOOPS[name][0], set())
-    return {"dequant", "matvec groups"} | ({"matvec"} if own else set()) | grid
+    return {"dequant", "matvec groups"} | ({"matvec"} if own else set())
 
 
 @pytest.mark.parametrize("trap", TRAPS, ids=[t[0] for t in TRAPS])
 def test_trap_is_caught(device, tmp_path, trap):
     _, name, fn, old, new, *file = trap
     file = file[0] if file else "quant.wgsl"
-    variants = _grid_variants(name, fn, file)
-    good = _checks(device, name, variants)
+    good = _checks(device, name)
     assert all(v <= (DEQUANT_TOL if k == "dequant" else DOT_TOL) for k, v in good.items()), good
     with mutated_wgsl(tmp_path, fn, old, new, file):
-        bad = _checks(device, name, variants)
+        bad = _checks(device, name)
     missed = [k for k in _must_catch(name, fn, file) if bad[k] <= (DEQUANT_TOL if k == "dequant" else DOT_TOL)]
     assert not missed, f"{trap[0]}: missed by {missed} ({bad})"

@@ -28,14 +28,11 @@ def test_same_tensors_and_config_as_the_real_file(name, tmp_path):
 
 def test_bench_kernels_runs(device):
     rows = bench.bench_kernels(shapes=[("Q4_1", 64, 256), ("Q6_K", 32, 512), ("IQ2_XXS", 32, 512)], repeat=2,
-                               tokens=4, grids=("storage", "workgroup"), values=("float", "bits"))
-    # a grid type: one row per grid home and way of making values (the H200's comparison), the GEMM in the first only;
-    # the other types one
-    assert [(r["type"], r["grid"], r["values"]) for r in rows] == [
-        ("Q4_1", "", ""), ("Q6_K", "", ""), ("IQ2_XXS", "storage", "float"), ("IQ2_XXS", "storage", "bits"),
-        ("IQ2_XXS", "workgroup", "float"), ("IQ2_XXS", "workgroup", "bits")]
-    assert all(r["matvec_us"] > 0 for r in rows)
-    assert [r["matmul_gflop_s"] is not None and math.isfinite(r["matmul_gflop_s"]) for r in rows] == [True] * 3 + [False] * 3
+                               tokens=4)
+    # one row per type and shape, a grid type's too
+    assert [(r["type"], r["rows"], r["cols"]) for r in rows] == [("Q4_1", 64, 256), ("Q6_K", 32, 512),
+                                                                ("IQ2_XXS", 32, 512)]
+    assert all(r["matvec_us"] > 0 and math.isfinite(r["matmul_gflop_s"]) for r in rows)
 
 
 @pytest.mark.parametrize("name,n_layer,tied,more", [
