@@ -695,9 +695,9 @@ def main(argv: list[str] | None = None) -> int:
                         "timestamps to 100 us)")
     s.add_argument("--synthetic", metavar="NAME",
                    help="benchmark a random GGUF with this model's exact tensor shapes and types, a name of "
-                        "lab/host/synthetic.py's SPECS (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, "
-                        "lfm2-350m, lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b); browser: the cached real model's header and "
-                        "tokenizer over random blocks (lab/host/sameshape.py), the first three only")
+                        "lab/host/synthetic.py's SPECS (an unknown name prints them all); browser: the cached real "
+                        "model's header and tokenizer over random blocks (lab/host/sameshape.py), smollm2, qwen2.5 and "
+                        "gemma3 only (the others: lab bench FILE --backend browser on a written file)")
     s.add_argument("--backend", choices=("native", "browser", "wllama"), default="native",
                    help="browser: headless Chromium driving the real page, see lab/host/bench_browser.py; wllama: "
                         "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench_wllama.py")
