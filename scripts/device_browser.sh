@@ -25,6 +25,18 @@ OUT=${OUT:-/tmp/devb-out}
 mkdir -p "$D" "$OUT"
 mode=${1:-all}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
+# The same-shape file of model $1 at $2 (once): the real model's header and tokenizer over random blocks
+# (lab/host/sameshape.py, the header prefixes in the pieces), or a lab/host/synthetic.py spec (the 2026 shelf:
+# gemma4-e2b, qwen3.5-0.8b, ...) whose placeholder vocabulary the page chats with.
+same_shape() {
+  [ -e "$2" ] && return 0
+  if [ -e "$D/heads/$1.head" ]; then
+    python3 -m lab.host.sameshape build "$D/heads/$1.head" "$2" | tee -a "$OUT/log.txt"
+  else
+    python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$1" "$2"
+  fi
+}
 
 cp -n .devbrowser/*/bundle.* .devbrowser/*/pieces.sha256 "$D/" 2>/dev/null
 if [ "$mode" = piece ]; then ls -la "$D"; exit 0; fi
@@ -146,12 +158,7 @@ if [[ $mode == all || $mode == bench ]]; then
   mkdir -p "$D/ss"
   for m in ${MODELS:-smollm2 qwen2.5 gemma3}; do
     f=$D/ss/$m.gguf
-    if [ ! -e "$f" ] && [ -e "$D/heads/$m.head" ]; then
-      python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
-    elif [ ! -e "$f" ]; then   # a spec of lab/host/synthetic.py (the 2026 shelf): its placeholder vocabulary chats
-      python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
-synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || continue
-    fi
+    same_shape "$m" "$f" || continue
     # RUNS picks what runs for each model (default "native page cold", plus int8 with INT8=1): native, page (each
     # turn after 1 s of GPU work, --warm-gpu, as native steps follow each other: an idle H200 drops to 345 MHz),
     # cold (the page's turns as typed, after a pause), int8 (the page with the tensor-core prefill), nochecks (the
@@ -205,12 +212,7 @@ if [[ $mode == peer ]]; then
         >> "$OUT/peer.jsonl"
     else
       f=$D/ss/$m.gguf
-      if [ ! -e "$f" ] && [ -e "$D/heads/$m.head" ]; then
-      python3 -m lab.host.sameshape build "$D/heads/$m.head" "$f" | tee -a "$OUT/log.txt"
-    elif [ ! -e "$f" ]; then   # a spec of lab/host/synthetic.py (the 2026 shelf): its placeholder vocabulary chats
-      python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
-synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || continue
-    fi
+      same_shape "$m" "$f" || continue
     fi
     # PEER_RUNS picks the runs: wllama-f16, wllama (no flag), page-f16, page (no flag).
     for run in ${PEER_RUNS:-wllama-f16 wllama page-f16 page}; do
