@@ -149,7 +149,7 @@ class PlanBuilder:
         cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
         P = cfg.n_embd_per_layer
         N = cfg.n_layer * P
-        self.add(embed.get_rows(dev, kernels, self.weights.matrices["per_layer_token_embd.weight"], s.ids, s.per_layer,
+        self.add(embed.get_rows(dev, kernels, self.weights.per_layer_embedding, s.ids, s.per_layer,
                                 s.step, scale=math.sqrt(P)), "inp_per_layer_selected", s.per_layer, N)
         self.add(self.mm("per_layer_model_proj.weight", s.x, s.per_layer_proj))
         self.add(elementwise.scale(dev, kernels, s.per_layer_proj, s.step, N, 1.0 / math.sqrt(cfg.n_embd)))

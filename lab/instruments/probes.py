@@ -69,7 +69,6 @@ LENS_K = 5             # logit lens: candidates per cell (top-1 shown, the rest 
 CHUNK = 64             # most tokens per step of a probe pass: the attention probe holds [CHUNK, n_head, n_ctx]
                        # floats (an engine with 512-token prefill steps would need 268 MB of it for an 8B at 4,096)
 WG = 64
-PER_LAYER = "per_layer_token_embd.weight"      # gemma4's per-layer token embeddings [n_vocab, n_layer x width]
 _WINDOW = struct.Struct("<4I")   # struct Window { w0, wn, l0, ln } in wgsl/probes.wgsl
 _PARAMS = struct.Struct("<4I")
 
@@ -226,7 +225,7 @@ class Probes:
         if cfg.n_embd_per_layer:
             self.q_per_layer = dev.buffer(4 * cfg.n_layer * cfg.n_embd_per_layer, conv,
                                           "probe.query per-layer row [n_layer x per-layer width]")
-            per_layer = embed.get_rows(dev, kc, eng.weights.matrices[PER_LAYER], self.q_id, self.q_per_layer, step)
+            per_layer = embed.get_rows(dev, kc, eng.weights.per_layer_embedding, self.q_id, self.q_per_layer, step)
         return (embed.get_rows(dev, kc, table, self.q_id, self.q_row, step)
                 + per_layer
                 + matmul.matvec(dev, kc, table, self.q_row, self.sims)
@@ -253,7 +252,7 @@ class Probes:
             row = struct.unpack(f"<{n}f", per_layer)
             # n_layer x width floats: a few thousand for E2B, summed here in double rather than by another kernel
             norms = [math.sqrt(math.fsum(v * v for v in row[il * P:(il + 1) * P])) for il in range(cfg.n_layer)]
-            table_bytes = neighbours_work(eng.weights.matrices[PER_LAYER])[1]
+            table_bytes = neighbours_work(eng.weights.per_layer_embedding)[1]
         return Embedding(token_id, values[:4 * cfg.n_embd], norm_, nb, (time.perf_counter() - t0) * 1e3,
                          *neighbours_work(eng.weights.embedding), per_layer, norms, table_bytes)
 

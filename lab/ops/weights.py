@@ -217,6 +217,11 @@ class ModelWeights:
         return self.matrices["token_embd.weight"]
 
     @property
+    def per_layer_embedding(self) -> Weight:
+        """gemma4's per-layer token embeddings [n_vocab rows of n_layer x width] (read by the step and the inspector)."""
+        return self.matrices["per_layer_token_embd.weight"]
+
+    @property
     def head(self) -> Weight:
         """The output projection: its own tensor, or the embedding table when the model ties them."""
         return self.matrices.get("output.weight", self.embedding)

@@ -22,7 +22,7 @@ from lab.host import synthetic_arch
 from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.host.reference import Reference
-from lab.instruments import forget, probes
+from lab.instruments import forget
 from lab.instruments.probes import Probes
 from lab.ops import weights as weights_mod
 from tests.engine.hybrids import traced_names_matching_the_reference
@@ -31,6 +31,8 @@ N_CTX = 64
 REF_TOL = 1e-3          # logits, relative to the reference's largest (tests/engine/test_architectures.py)
 TEXT = ("The old lighthouse keeper climbed the stairs every evening, counting the steps: one hundred and twelve. "
         "Nobody knew why he still did it.")
+
+PER_LAYER = "per_layer_token_embd.weight"      # the file's per-layer token embeddings (gemma4)
 
 
 def run(coro):
@@ -89,12 +91,12 @@ def in_four_parts(path, monkeypatch) -> tuple[Engine, object]:
     alloc = weights_mod.alloc_weight
 
     def small(device, name, type, rows, cols, max_binding=None):
-        if name == probes.PER_LAYER:
+        if name == PER_LAYER:
             max_binding = type.row_bytes(cols) * rows // 4 + 12
         return alloc(device, name, type, rows, cols, max_binding)
     monkeypatch.setattr(weights_mod, "alloc_weight", small)
     eng, tok = engine(open_native(), path)
-    assert len(eng.weights.matrices[probes.PER_LAYER].parts) == 4
+    assert len(eng.weights.per_layer_embedding.parts) == 4
     return eng, tok
 
 
@@ -122,22 +124,22 @@ def test_the_embedding_inspector_reads_the_per_layer_row(mix, monkeypatch):
     path = synthetic_arch.build("gemma4", mix, cache_dir() / "synthetic")
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     want = {name: dequantize(tensors[name].data, tensors[name].tensor_type)
-            for name in ("token_embd.weight", probes.PER_LAYER)}
+            for name in ("token_embd.weight", PER_LAYER)}
     eng, _ = in_four_parts(path, monkeypatch)
     pr = Probes(eng)
     try:
-        cfg, table = eng.cfg, eng.weights.matrices[probes.PER_LAYER]
+        cfg, table = eng.cfg, eng.weights.per_layer_embedding
         L, P = cfg.n_layer, cfg.n_embd_per_layer
         ids = sorted({i for part in table.parts for i in (part.first_row, part.first_row + part.n_rows - 1)})
         assert len(ids) == 8 and ids[-1] == cfg.n_vocab - 1
         for tid in ids:
             e = run(pr.embedding(tid))
-            row = want[probes.PER_LAYER][tid].reshape(L, P)
+            row = want[PER_LAYER][tid].reshape(L, P)
             np.testing.assert_array_equal(np.frombuffer(e.per_layer, np.float32).reshape(L, P), row,
                                           err_msg=f"token {tid}")
             np.testing.assert_allclose(e.per_layer_norms, np.linalg.norm(row.astype(np.float64), axis=1), rtol=1e-6)
             np.testing.assert_array_equal(np.frombuffer(e.values, np.float32), want["token_embd.weight"][tid])
-        assert e.per_layer_table_bytes == tensors[probes.PER_LAYER].n_bytes
+        assert e.per_layer_table_bytes == tensors[PER_LAYER].n_bytes
         report = run(forget.wipe(eng.device))
         assert report.wiped and pr.q_per_layer in forget.conversation_buffers(eng.device)
         assert eng.device.read_sync(pr.q_per_layer) == bytes(pr.q_per_layer.size)
