@@ -270,19 +270,19 @@ def _role_type(spec: Spec, role: str, il: int) -> str:
 
 def add_vocab(w, n_vocab: int) -> None:
     """A placeholder SentencePiece vocabulary of n_vocab tokens (<unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>,
-    ChatML's <|im_start|> and <|im_end|>, then t261, t262, ...): enough for llama.cpp to load the file, and for the
-    lab's tokenizer and chat (the ChatML format, found by those two tokens) to turn any conversation into tokens, so
-    the page can load the file and chat with it (`lab bench --backend browser`: gibberish at the real model's
-    speed). Not a tokenizer anyone chats with."""
+    ChatML's <|im_start|> and <|im_end|>, SentencePiece's space "▁", then t262, t263, ...): enough for llama.cpp to
+    load the file, and for the lab's tokenizer and chat (the ChatML format, found by those two tokens) to turn any
+    conversation into tokens and back, so the page can load the file and chat with it (`lab bench --backend browser`:
+    gibberish at the real model's speed). Not a tokenizer anyone chats with."""
     specials = ["<unk>", "<s>", "</s>"]
-    n_bytes = min(256, n_vocab - 5)
+    n_bytes = min(256, n_vocab - 6)
     chat = ["<|im_start|>", "<|im_end|>"]
-    head = specials + [f"<0x{b:02X}>" for b in range(n_bytes)] + chat
+    head = specials + [f"<0x{b:02X}>" for b in range(n_bytes)] + chat + ["\u2581"]
     w.add_tokenizer_model("llama")
     w.add_token_list(head + [f"t{i}" for i in range(len(head), n_vocab)])
     w.add_token_scores([0.0] * n_vocab)
-    # unknown, control, control, bytes, control, control, then normal
-    w.add_token_types([2, 3, 3] + [6] * n_bytes + [3, 3] + [1] * (n_vocab - len(head)))
+    # unknown, control, control, bytes, control, control, then normal ("▁" first)
+    w.add_token_types([2, 3, 3] + [6] * n_bytes + [3, 3] + [1] * (n_vocab - 3 - n_bytes - 2))
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
@@ -477,9 +477,9 @@ def cached(name: str, vocab: bool = True) -> Path:
     builders at once never share a half-written file) and reused while the spec and its tensor table are the same
     (their hash is in the file name, so an edited spec or layout never reads a stale file)."""
     s = spec(name)
-    # "bytes, chatml": the placeholder vocabulary the page can chat with (add_vocab): files cached before it are not
-    # reused
-    key = hashlib.sha256(repr((s, tensor_table(s), vocab and "bytes, chatml")).encode()).hexdigest()[:12]
+    # "bytes, chatml, space": the placeholder vocabulary the page can chat with (add_vocab): files cached before it
+    # are not reused
+    key = hashlib.sha256(repr((s, tensor_table(s), vocab and "bytes, chatml, space")).encode()).hexdigest()[:12]
     path = models.cache_dir() / "synthetic" / f"spec-{name}-{key}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

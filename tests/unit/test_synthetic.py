@@ -55,3 +55,17 @@ def test_llama3_q4_k_m_mix(name, n_layer, tied, more):
     e, ff = spec.n_embd, spec.n_ff
     assert table["blk.0.ffn_down.weight"][1:] == (e, ff) and table["blk.0.attn_k.weight"][1:] == (8 * spec.head_dim, e)
     assert table["rope_freqs.weight"] == ("F32", 1, spec.head_dim // 2)
+
+
+def test_placeholder_vocabulary_chats(tmp_path):
+    """The synthetic files' placeholder vocabulary (add_vocab) is one the page can chat with: the lab's tokenizer
+    turns any text into byte tokens (and spaces into "▁") and back, and the chat takes ChatML by its two markers (`lab bench --backend
+    browser` on a same-shape 2026 file)."""
+    from lab.engine.load import validate
+    from lab.text import chat
+    v = validate(synthetic.header(synthetic.spec("gemma4-small"), tmp_path / "h.gguf", vocab=True))
+    text = "héllo, wörld ✓"
+    ids = v.tokenizer.encode(text)
+    # SentencePiece's dummy prefix: a space before the text
+    assert v.tokenizer.decode(ids) == " " + text and all(3 <= i < 259 or i == 261 for i in ids)
+    assert chat.builtin_format(v.tokenizer, {}) == "chatml"
