@@ -11,9 +11,14 @@ enable subgroups;
 //           4 p (uniform Params)
 //           5 step (uniform Step; t = n_tokens)
 // Math: a weight block of 32 is w = a * q + c with small integers q (this file's IQ function per type:
-//   Q8_0 a = d, c = 0; Q4_0 q = nibble, c = -8 d; Q4_1 c = m; Q5_0 q = 5 bits, c = -16 d; Q5_1 c = m), and the
-//   input block x ~ dx * qx, so sum_k w_k x_k = a dx (sum_k q_k qx_k) + c (dx sum_k qx_k): the integer dot
-//   product is the subgroup matrix product, the rest f32 per (token, row, block).
+//   Q8_0 a = d, c = 0; Q4_0 q = nibble, c = -8 d; Q4_1 c = m; Q5_0 q = 5 bits, c = -16 d; Q5_1 c = m; the
+//   32-value sub-blocks of the 256-value types: Q4_K / Q5_K a = d sc, c = -dmin m (llama.cpp's MMQ scheme);
+//   IQ4_XS q = the level, a = d (ls - 32), c = 0), and the input block x ~ dx * qx, so
+//   sum_k w_k x_k = a dx (sum_k q_k qx_k) + c (dx sum_k qx_k): the integer dot product is the subgroup matrix
+//   product, the rest f32 per (token, row, block).
+//   Q6_K and Q3_K scale each 16 values apart (q - 32 and q - 4, signed, c = 0): their block of 32 is two products
+//   (HV = 2), each with the other half's weights zeroed, so sum_k w_k x_k = dx (a0 I0 + a1 I1). Q2_K is not here:
+//   its 16-value mins would need the inputs' sums per 16, which q8_rows does not make.
 //   Y[i, r] = (acc ? Y[i, r] : 0) + sum over blocks.
 // Organisation: a workgroup is one subgroup of 32 and owns 32 tokens x 16 RQ rows, as 2 RQ quarters of 16 x 16 (a
 //   subgroup matrix's offsets must be uniform, so the quarters are a loop, not one subgroup each). RQ = 1 for
@@ -25,7 +30,9 @@ enable subgroups;
 //   lanes read consecutive words (the first build's 8 consecutive elements a lane were an 8-way bank conflict),
 //   with the tokens' (d, d * sum q) staged in workgroup memory. The next block is unpacked (8 values a unit) and
 //   its token scales staged into second buffers while the products land, so a block costs two barriers.
-// Constants: IQ (the type's unpack function), BB (bytes per block), RQ (16-row quarters a workgroup: 1 or 2).
+// Constants: IQ (the type's unpack function), BB (bytes per GGUF block), SB (blocks of 32 values in a GGUF block: 1,
+//   or 8 for the 256-value ones), HV (1, or 2 for types scaled per 16 values), RQ (16-row quarters a workgroup: 1
+//   or 2).
 // Grid: (ceil(n_rows / (16 RQ)), ceil(t / 32), 1).
 
 //!include common.wgsl
@@ -42,6 +49,8 @@ struct Params { n_rows: u32, cols: u32, nb: u32, row_bytes: u32, y_off: u32, y_s
 //!include quant.wgsl
 
 const BB: u32 = {{BB}}u;
+const SB: u32 = {{SB}}u;
+const HV: u32 = {{HV}}u;
 const RQ: u32 = {{RQ}}u;
 const WG: u32 = 32u;                  // one subgroup (the adapter's subgroups are exactly 32 wide)
 const TR: u32 = 16u * RQ;             // rows a workgroup
@@ -50,12 +59,14 @@ alias Left = subgroup_matrix_left<i8, 32, 16>;      // 16 tokens x 32 columns
 alias Right = subgroup_matrix_right<i8, 16, 32>;    // 32 columns x 16 rows
 alias Res = subgroup_matrix_result<i32, 16, 16>;    // 16 tokens x 16 rows
 
-var<workgroup> wq: array<i32, 2u * TR * 8u>;  // two buffers of [TR rows][32 columns] int8, 8 words a row
-var<workgroup> wac: array<vec2<f32>, 2u * TR>; // two buffers of the block's (a, c) per row
+var<workgroup> wq: array<i32, 2u * HV * TR * 8u>;  // two buffers of HV halves of [TR rows][32 columns] int8, 8
+                                                   // words a row (half h: the other half's 16 values zero)
+var<workgroup> wac: array<vec2<f32>, 2u * TR>; // two buffers of the block's (a, c) per row ((a0, a1) for HV = 2)
 var<workgroup> sx: array<vec2<f32>, 64>;      // two buffers of the block's (d, d * sum q) per token
-var<workgroup> res: array<i32, 512u * RQ>;    // the quarters' 16 x 16 products, row-major (token, row)
-// ---- one block's 8 values (j-th eight of 32) as int8 in two words, and the block's (a, c); the byte offsets
-//      are quant.wgsl's named ones (one home for each block layout) ------------------------------------------
+var<workgroup> res: array<i32, 512u * RQ * HV>; // per half, the quarters' 16 x 16 products, row-major (token, row)
+// ---- one block's 8 values as int8 in two words, and the block's (a, c); the byte offsets are quant.wgsl's named
+//      ones (one home for each block layout). Arguments: the GGUF block's first byte and the eighth e in it (of
+//      4 SB): values 8 e .. 8 e + 7, in block of 32 number e / 4 -------------------------------------------------
 struct Iq { q: vec2<u32>, ac: vec2<f32> };
 
 // The low (hi = false) or high nibbles of the 8 bytes at byte offset off, one value a byte.
@@ -101,14 +112,93 @@ fn iq_q8_0(blk: u32, j: u32) -> Iq {
     return Iq(vec2<u32>(ld_u32(qs), ld_u32(qs + 4u)), vec2<f32>(ld_f16(blk + Q8_0_D), 0.0));
 }
 
+fn ld_u32x2(off: u32) -> vec2<u32> {
+    return vec2<u32>(ld_u32(off), ld_u32(off + 4u));
+}
+
+// Bytes v (each 0 .. 2 o - 1) minus o (o = 4 or 32) as int8: bit 7 set first, so no byte borrows from the next.
+fn minus8(v: vec2<u32>, o: u32) -> vec2<u32> {
+    return ((v | vec2<u32>(0x80808080u)) - vec2<u32>(o * 0x01010101u)) ^ vec2<u32>(0x80808080u);
+}
+
+// Sub-block s's (d sc, -dmin m) of a Q4_K / Q5_K block (quant.wgsl's k_scales: sub-blocks 2 (s / 2) and + 1).
+fn k_ac(blk: u32, dm: u32, scales: u32, s: u32) -> vec2<f32> {
+    let k = k_scales(ld_u32(blk + scales), ld_u32(blk + scales + 4u), ld_u32(blk + scales + 8u), s / 2u);
+    return vec2<f32>(ld_f16(blk + dm), -ld_f16(blk + dm + 2u)) * select(k.xz, k.yw, (s & 1u) == 1u);
+}
+
+// Q4_K / Q5_K: sub-block s's values are the low (s even) or high nibbles of qs[32 (s / 2) ..], Q5_K's fifth bit
+// bit s of qh[0 .. 31].
+fn iq_q4_k(blk: u32, e: u32) -> Iq {
+    let s = e / 4u;
+    return Iq(nib8(blk + Q4_K_QS + 32u * (s / 2u) + 8u * (e % 4u), (s & 1u) == 1u),
+              k_ac(blk, Q4_K_DM, Q4_K_SCALES, s));
+}
+
+fn iq_q5_k(blk: u32, e: u32) -> Iq {
+    let s = e / 4u;
+    let h = (ld_u32x2(blk + Q5_K_QH + 8u * (e % 4u)) >> vec2<u32>(s)) & vec2<u32>(0x01010101u);
+    return Iq(nib8(blk + Q5_K_QS + 32u * (s / 2u) + 8u * (e % 4u), (s & 1u) == 1u) | (h << vec2<u32>(4u)),
+              k_ac(blk, Q5_K_DM, Q5_K_SCALES, s));
+}
+
+// Q6_K (HV = 2): block of 32 s = 4 h + k of half h; q - 32 (quant.wgsl's layout), scales[2 s] and [2 s + 1].
+fn iq_q6_k(blk: u32, e: u32) -> Iq {
+    let s = e / 4u;
+    let h = s / 4u;
+    let k = s % 4u;
+    let j = 8u * (e % 4u);
+    let lo = (ld_u32x2(blk + Q6_K_QL + 64u * h + 32u * (k & 1u) + j) >> vec2<u32>(select(0u, 4u, k >= 2u)))
+             & vec2<u32>(0x0F0F0F0Fu);
+    let hi = (ld_u32x2(blk + Q6_K_QH + 32u * h + j) >> vec2<u32>(2u * k)) & vec2<u32>(0x03030303u);
+    let sc = ld_u16(blk + Q6_K_SCALES + 2u * s);
+    let a = vec2<f32>(f32(bitcast<i32>(sc << 24u) >> 24u), f32(bitcast<i32>(sc << 16u) >> 24u));
+    return Iq(minus8(lo | (hi << vec2<u32>(4u)), 32u), ld_f16(blk + Q6_K_D) * a);
+}
+
+// Q3_K (HV = 2): block of 32 s = 4 n + k of half n: bits 2 k of qs[32 n ..] and bit s of hmask[0 .. 31], minus 4;
+// the 6-bit scales (minus 32) of sub-blocks t = 2 s and 2 s + 1 (quant.wgsl's layout: nibble t / 8 of
+// scales[t % 8], bits 2 (t / 4) of scales[8 + t % 4]; both t share t / 8 and t / 4, so each is one u16).
+fn iq_q3_k(blk: u32, e: u32) -> Iq {
+    let s = e / 4u;
+    let j = 8u * (e % 4u);
+    let lo = (ld_u32x2(blk + Q3_K_QS + 32u * (s / 4u) + j) >> vec2<u32>(2u * (s % 4u))) & vec2<u32>(0x03030303u);
+    let hi = (ld_u32x2(blk + Q3_K_HMASK + j) >> vec2<u32>(s)) & vec2<u32>(0x01010101u);
+    let t = 2u * s;
+    let lw = ld_u16(blk + Q3_K_SCALES + t % 8u) >> (4u * (t / 8u));
+    let hw = ld_u16(blk + Q3_K_SCALES + 8u + t % 4u) >> (2u * (t / 4u));
+    let sc = vec2<u32>((lw & 15u) | ((hw & 3u) << 4u), ((lw >> 8u) & 15u) | (((hw >> 8u) & 3u) << 4u));
+    return Iq(minus8(lo | (hi << vec2<u32>(2u)), 4u), ld_f16(blk + Q3_K_D) * (vec2<f32>(sc) - 32.0));
+}
+
+// Four int8 levels into one word.
+fn pack_i8(v: vec4<f32>) -> u32 {
+    let b = bitcast<vec4<u32>>(vec4<i32>(v)) & vec4<u32>(0xFFu);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+
+// IQ4_XS: sub-block s's values 0..15 are the low nibbles of qs[16 s ..], 16..31 the high ones, as levels.
+fn iq_iq4_xs(blk: u32, e: u32) -> Iq {
+    let s = e / 4u;
+    let w = ld_u32x2(blk + IQ4_XS_QS + 16u * s + 8u * (e & 1u)) >> vec2<u32>(select(0u, 4u, (e % 4u) >= 2u));
+    let dsh = ld_u32(blk + IQ4_XS_D_SH);
+    let ls = ((ld_u32(blk + IQ4_XS_SL) >> (4u * s)) & 15u) | (((dsh >> (16u + 2u * s)) & 3u) << 4u);
+    return Iq(vec2<u32>(pack_i8(iq4_levels(nibs_lo(w.x))), pack_i8(iq4_levels(nibs_lo(w.y)))),
+              vec2<f32>(unpack2x16float(dsh).x * (f32(ls) - 32.0), 0.0));
+}
+
 // Block b's TR rows into buffer `buf` of wq / wac (TR rows x 4 eighths), and its 32 tokens' scales into sx.
 fn unpack(buf: u32, b: u32, lid: u32, row0: u32, last: u32, tok0: u32, nt: u32) {
     for (var u = lid; u < 4u * TR; u += WG) {
         let ur = u / 4u;
         let uj = u % 4u;
-        let iq = {{IQ}}(min(row0 + ur, last) * p.row_bytes + b * BB, uj);
-        wq[8u * TR * buf + 8u * ur + 2u * uj] = bitcast<i32>(iq.q.x);
-        wq[8u * TR * buf + 8u * ur + 2u * uj + 1u] = bitcast<i32>(iq.q.y);
+        let iq = {{IQ}}(min(row0 + ur, last) * p.row_bytes + (b / SB) * BB, 4u * (b % SB) + uj);
+        let at = 8u * TR * HV * buf + 8u * ur + 2u * uj;
+        for (var h = 0u; h < HV; h++) {          // HV = 2: eighths 0, 1 in half 0, 2, 3 in half 1, zeros beside
+            let keep = HV == 1u || h == uj / 2u;
+            wq[at + 8u * TR * h] = select(0i, bitcast<i32>(iq.q.x), keep);
+            wq[at + 8u * TR * h + 1u] = select(0i, bitcast<i32>(iq.q.y), keep);
+        }
         if (uj == 0u) { wac[TR * buf + ur] = iq.ac; }
     }
     sx[32u * buf + lid] = xd[min(tok0 + lid, nt - 1u) * p.nb + b];
@@ -136,9 +226,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         for (var ti = 0u; ti < 2u; ti++) {
             let l = subgroupMatrixLoad<Left>(&xq, (tok0 + 16u * ti) * p.cols + 32u * b, false, p.cols);
             for (var ri = 0u; ri < RQ; ri++) {
-                let r = subgroupMatrixLoad<Right>(&wq, 32u * TR * cur + 16u * ri * 32u, true, 32u);
-                subgroupMatrixStore(&res, 256u * (RQ * ti + ri), subgroupMatrixMultiplyAccumulate(l, r, Res()),
-                                    false, 16u);
+                for (var h = 0u; h < HV; h++) {
+                    let r = subgroupMatrixLoad<Right>(&wq, 32u * TR * (HV * cur + h) + 16u * ri * 32u, true, 32u);
+                    subgroupMatrixStore(&res, 256u * (2u * RQ * h + RQ * ti + ri),
+                                        subgroupMatrixMultiplyAccumulate(l, r, Res()), false, 16u);
+                }
             }
         }
         // the next block into the other buffers while this one's products land (its global loads overlap)
@@ -150,7 +242,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 let q = RQ * ti + ri;
                 for (var e = 0u; e < 8u; e++) {
                     let xv = sx[32u * cur + 16u * ti + m0 + 2u * e];
-                    acc[8u * q + e] += f32(res[256u * q + lid + 32u * e]) * (xv.x * ac.x) + xv.y * ac.y;
+                    let i0 = f32(res[256u * q + lid + 32u * e]);
+                    if (HV == 1u) {
+                        acc[8u * q + e] += i0 * (xv.x * ac.x) + xv.y * ac.y;
+                    } else {
+                        let i1 = f32(res[256u * (2u * RQ + q) + lid + 32u * e]);
+                        acc[8u * q + e] += (i0 * ac.x + i1 * ac.y) * xv.x;
+                    }
                 }
             }
         }

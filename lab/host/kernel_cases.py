@@ -343,6 +343,66 @@ def deltanet_case(n_k: int, n_v: int, S: int, t: int, pos: int, seed: int) -> Ca
     return Case(f"deltanet_k{n_k}_v{n_v}_S{S}_t{t}_pos{pos}", spec, check)
 
 
+# The int8 tensor-core GEMM (wgsl/matmul_i8.wgsl; adapters with AdapterInfo.int8_matrix), checked in two parts:
+# - the quantized input (wgsl/q8_rows.wgsl) against numpy's: d = max|x| / 127 per block of 32 within 2 ulp (the
+#   GPU's division), q = round(x * 127 / max|x|) within 1 (a value near .5 may round the other way when the
+#   reciprocal differs in its last bit), at most 1% of values off by one;
+# - the product against float64 on the GPU's own quantized input: the integer block dot products are exact, then
+#   dx * (a0 I0 + a1 I1) + c * (dx * sum q) per block in f32 (reference/quant.py's i8_terms: a per 16 values),
+#   so the error is held to I8_TOL of the per-element sum of those terms' magnitudes (a few f32 products and sums
+#   a block; Q4_1's and Q4_K's offset terms cancel against the scaled ones, which is why the magnitude is the
+#   terms', not the result's).
+I8_TOL = 1e-5
+
+
+def i8_cols(name: str) -> int:
+    """160 (5 blocks of 32) for the 32-value types; 768 (3 GGUF blocks) for the 256-value ones."""
+    return 768 if BY_NAME[name].block == 256 else 160
+
+
+def matmul_i8_case(name: str, t: int, seed: int, tile_rows: int) -> Case:
+    rows, cols = ROWS, i8_cols(name)
+    nb = cols // 32
+    raw = qo.random_tensor(name, rows, cols, seed)
+    q_w, a, c = qo.i8_terms(raw, name)                          # w = a[half] * q + c per block of 32
+    rng = np.random.default_rng(seed)
+    X = ref.f32(rng.standard_normal((t, cols)) * rng.uniform(0.1, 5.0, (t, 1)))
+    X[1, :32] = 0.0                                   # a zero block: d = 0, q = 0
+    X[2, 40] = 300.0                                  # an outlier that flattens the rest of its block
+    spec = {"op": "matmul_i8", "type": name, "rows": rows, "cols": cols, "t": t, "tile_rows": tile_rows,
+            "inputs": {"w": raw.tobytes(), "x": X.tobytes()}}
+
+    def check(out):
+        xq = np.frombuffer(out["xq"], np.int8).reshape(t, nb, 32).astype(np.float64)
+        xd = np.frombuffer(out["xd"], np.float32).reshape(t, nb, 2).astype(np.float64)
+        q_np, d_np = qo.q8_blocks(X)
+        off = np.abs(xq - q_np)
+        bad_d = np.abs(xd[..., 0] - d_np) > 2 * EPS32 * np.abs(d_np)
+        if off.max() > 1 or off.mean() > 0.01 or bad_d.any():
+            return math.inf, I8_TOL
+        if not np.allclose(xd[..., 1], xd[..., 0] * xq.sum(2), rtol=1e-6, atol=0):
+            return math.inf, I8_TOL
+        Y = floats(out["y"], (t, rows)).astype(np.float64)
+        dots = np.einsum("tbhk,rbhk->trbh", xq.reshape(t, nb, 2, 16), q_w.reshape(rows, nb, 2, 16))  # exact
+        scaled = dots * (xd[:, None, :, None, 0] * a[None])        # a[half] * dx * I[half]
+        offset = xd[:, None, :, 1] * c[None, :, :]                  # c * (dx * sum q)
+        want = scaled.sum((2, 3)) + offset.sum(2)
+        scale = np.abs(scaled).sum((2, 3)) + np.abs(offset).sum(2)
+        err = float(np.max(np.abs(Y - want) / np.maximum(scale, 1e-30)))
+        return finite(err, Y), I8_TOL
+    return Case(f"matmul_i8_{name}_t{t}_r{tile_rows}", spec, check)
+
+
+# Both tile heights (16 rows for narrow projections, 32 for wide ones), 77 rows: partial tiles either way; every
+# type of lab.ops.matmul.I8_TYPES (the K types at 3 GGUF blocks a row, so a row's blocks cross them).
+I8_CASES = {c.name: c for c in [matmul_i8_case("Q4_1", 37, 50, 16), matmul_i8_case("Q4_1", 37, 50, 32),
+                                 matmul_i8_case("Q4_0", 37, 51, 16), matmul_i8_case("Q8_0", 37, 52, 32),
+                                 matmul_i8_case("Q5_0", 5, 53, 16), matmul_i8_case("Q5_1", 70, 54, 32),
+                                 matmul_i8_case("Q4_K", 37, 55, 32), matmul_i8_case("Q5_K", 21, 56, 16),
+                                 matmul_i8_case("Q6_K", 37, 57, 32), matmul_i8_case("Q6_K", 5, 58, 16),
+                                 matmul_i8_case("Q3_K", 37, 59, 16), matmul_i8_case("IQ4_XS", 37, 60, 32)]}
+
+
 SMOL = (9, 3, 64)                 # GQA group 3 (SmolLM2)
 QWEN = (14, 2, 64)                # group 7 (Qwen2.5)
 

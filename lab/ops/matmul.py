@@ -247,7 +247,9 @@ def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
 
 # -- the tensor-core prefill (browser adapters with AdapterInfo.int8_matrix) -------------------------------------------
 # Types whose blocks of 32 are w = a * q + c with q in 0..31 or -128..127: wgsl/matmul_i8.wgsl's unpack function each.
-I8_TYPES = {"Q4_0": "iq_q4_0", "Q4_1": "iq_q4_1", "Q5_0": "iq_q5_0", "Q5_1": "iq_q5_1", "Q8_0": "iq_q8_0"}
+I8_TYPES = {"Q4_0": "iq_q4_0", "Q4_1": "iq_q4_1", "Q5_0": "iq_q5_0", "Q5_1": "iq_q5_1", "Q8_0": "iq_q8_0",
+            "Q4_K": "iq_q4_k", "Q5_K": "iq_q5_k", "Q6_K": "iq_q6_k", "Q3_K": "iq_q3_k", "IQ4_XS": "iq_iq4_xs"}
+I8_HALVES = {"Q6_K", "Q3_K"}     # scaled per 16 values: a block of 32 is two products (the kernel's HV = 2)
 I8_TILE = 32                     # tokens per matmul_i8 workgroup
 I8_WIDE = 2048                   # projections of at least this many rows take 32-row matmul_i8 tiles, narrower ones
                                  # 16 (more workgroups: each is one subgroup, and a few per SM leave latency bare)
@@ -300,7 +302,8 @@ def matmul_i8(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer
     tr = tile_rows or (32 if w.rows >= I8_WIDE else 16)
     if tr not in (16, 32):
         raise ValueError(f"{w.name} matmul_i8: tiles of 16 or 32 rows, not {tr}")
-    k = kernels.get("matmul_i8", IQ=I8_TYPES[w.type.name], BB=w.type.nbytes, RQ=tr // 16)
+    k = kernels.get("matmul_i8", IQ=I8_TYPES[w.type.name], BB=w.type.nbytes, SB=w.type.block // 32,
+                    HV=2 if w.type.name in I8_HALVES else 1, RQ=tr // 16)
     for part in w.parts:
         params = device.uniform(_I8.pack(part.n_rows, w.cols, nb, w.row_bytes, y_offset + part.first_row, ys,
                                          int(accumulate), 0), f"{part.buffer.label}.matmul_i8")

@@ -20,17 +20,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
-import math
 import sys
 
-import numpy as np
 import pytest
 
-from lab.format.ggml import BY_NAME
 from lab.gpu.shaders import KernelCache
-from lab.host.kernel_cases import EPS32, ROWS, Case, finite, floats, make_cases
-from lab.host.reference import quant as qo
-from lab.host.reference.kernels import f32
+from lab.host.kernel_cases import I8_CASES, make_cases
 from lab.instruments import kernelcheck
 
 BOOT_MS = 120_000
@@ -124,66 +119,8 @@ def test_reduction_path(in_worker, native, device, worker_page):
 # ------------------------------------------------------------------------------------------------ tensor cores
 # The int8 GEMM (wgsl/matmul_i8.wgsl) runs only where the adapter has Chromium's int8 subgroup matrices
 # (AdapterInfo.int8_matrix: the H200 page, not SwiftShader or the native backend), so these cases run in the worker
-# alone. Each is checked in two parts:
-# - the quantized input (wgsl/q8_rows.wgsl) against numpy's: d = max|x| / 127 per block of 32 within 2 ulp (the
-#   GPU's division), q = round(x * 127 / max|x|) within 1 (a value near .5 may round the other way when the
-#   reciprocal differs in its last bit), at most 1% of values off by one;
-# - the product against float64 on the GPU's own quantized input: the integer block dot products are exact, then
-#   a * dx * I + c * (dx * sum q) per block in f32, so the error is held to I8_TOL of the per-element sum of those
-#   terms' magnitudes (2 * nb f32 products and sums; Q4_1's offset term cancels against the scaled one, which is
-#   why the magnitude is the terms', not the result's).
-I8_TOL = 1e-5
-I8_COLS = 160                    # 5 blocks of 32
-
-
-def _blocks(raw: np.ndarray, name: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per (row, block): a and c of w = a * q + c, read from the GGUF bytes (f16 d at byte 0, m at byte 2)."""
-    bb = BY_NAME[name].nbytes
-    blk = raw.reshape(rows, cols // 32, bb)
-    d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
-    if name in ("Q4_1", "Q5_1"):
-        return d, blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-    return d, {"Q4_0": -8.0, "Q5_0": -16.0, "Q8_0": 0.0}[name] * d
-
-
-def matmul_i8_case(name: str, t: int, seed: int, tile_rows: int) -> Case:
-    rows, cols, nb = ROWS, I8_COLS, I8_COLS // 32
-    raw = qo.random_tensor(name, rows, cols, seed)
-    W = qo.dequant(raw, name).astype(np.float64)
-    a, c = _blocks(raw, name, rows, cols)
-    q_w = np.rint((W.reshape(rows, nb, 32) - c[..., None]) / a[..., None])        # the integers behind W
-    rng = np.random.default_rng(seed)
-    X = f32(rng.standard_normal((t, cols)) * rng.uniform(0.1, 5.0, (t, 1)))
-    X[1, :32] = 0.0                                   # a zero block: d = 0, q = 0
-    X[2, 40] = 300.0                                  # an outlier that flattens the rest of its block
-    spec = {"op": "matmul_i8", "type": name, "rows": rows, "cols": cols, "t": t, "tile_rows": tile_rows,
-            "inputs": {"w": raw.tobytes(), "x": X.tobytes()}}
-
-    def check(out):
-        xq = np.frombuffer(out["xq"], np.int8).reshape(t, nb, 32).astype(np.float64)
-        xd = np.frombuffer(out["xd"], np.float32).reshape(t, nb, 2).astype(np.float64)
-        q_np, d_np = qo.q8_blocks(X)
-        off = np.abs(xq - q_np)
-        bad_d = np.abs(xd[..., 0] - d_np) > 2 * EPS32 * np.abs(d_np)
-        if off.max() > 1 or off.mean() > 0.01 or bad_d.any():
-            return math.inf, I8_TOL
-        if not np.allclose(xd[..., 1], xd[..., 0] * xq.sum(2), rtol=1e-6, atol=0):
-            return math.inf, I8_TOL
-        Y = floats(out["y"], (t, rows)).astype(np.float64)
-        dots = np.einsum("tbk,rbk->trb", xq, q_w)                         # integer block products
-        scaled = dots * (xd[:, None, :, 0] * a[None, :, :])                  # a * dx * I
-        offset = xd[:, None, :, 1] * c[None, :, :]                          # c * (dx * sum q)
-        want = (scaled + offset).sum(2)
-        scale = (np.abs(scaled) + np.abs(offset)).sum(2)
-        err = float(np.max(np.abs(Y - want) / np.maximum(scale, 1e-30)))
-        return finite(err, Y), I8_TOL
-    return Case(f"matmul_i8_{name}_t{t}_r{tile_rows}", spec, check)
-
-
-# Both tile heights (16 rows for narrow projections, 32 for wide ones), 77 rows: partial tiles either way.
-I8_CASES = {c.name: c for c in [matmul_i8_case("Q4_1", 37, 50, 16), matmul_i8_case("Q4_1", 37, 50, 32),
-                                 matmul_i8_case("Q4_0", 37, 51, 16), matmul_i8_case("Q8_0", 37, 52, 32),
-                                 matmul_i8_case("Q5_0", 5, 53, 16), matmul_i8_case("Q5_1", 70, 54, 32)]}
+# alone (natively, tests/kernels/test_matmul_i8.py runs them with the matrix products written out in plain WGSL).
+# The cases and their checks: lab/host/kernel_cases.py (I8_CASES).
 
 
 @pytest.fixture(scope="module")

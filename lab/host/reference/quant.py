@@ -141,6 +141,57 @@ def dequant(raw: np.ndarray, name: str) -> np.ndarray:
     return quants.dequantize(raw, GQ[name]).reshape(raw.shape[0], -1)
 
 
+def i8_terms(raw: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The integers behind a tensor as wgsl/matmul_i8.wgsl multiplies them: per row and block of 32,
+    w = a[half] * q + c (half = which 16 values; both halves share a but for Q6_K and Q3_K, scaled per 16).
+    Returns q [rows, nb, 32] (float64 integers), a [rows, nb, 2], c [rows, nb]; scales read from the GGUF bytes
+    here, the integers from gguf.quants' dequantization, which they must rebuild (else this raises)."""
+    raw = np.ascontiguousarray(raw)
+    rows = raw.shape[0]
+    t = BY_NAME[name]
+    blk = raw.reshape(rows, -1, t.nbytes)
+    f16 = lambda off: blk[..., off:off + 2].copy().view(np.float16)[..., 0].astype(np.float64)
+    sub = t.block // 32                                            # blocks of 32 per GGUF block
+    if name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        d = f16(0)
+        a = np.repeat(d[..., None], 2, -1)
+        c = f16(2) if name in ("Q4_1", "Q5_1") else {"Q4_0": -8.0, "Q5_0": -16.0, "Q8_0": 0.0}[name] * d
+    elif name in ("Q4_K", "Q5_K"):
+        sc, mn = quants.Q4_K.get_scale_min(blk[..., 4:16].reshape(-1, 12))
+        sc, mn = sc.reshape(rows, -1, 8), mn.reshape(rows, -1, 8)
+        a = np.repeat((f16(0)[..., None] * sc)[..., None], 2, -1)
+        c = -f16(2)[..., None] * mn
+    elif name == "Q6_K":
+        sc = blk[..., 192:208].copy().view(np.int8).astype(np.float64).reshape(rows, -1, 8, 2)
+        a, c = f16(208)[..., None, None] * sc, np.zeros(sc.shape[:-1])
+    elif name == "Q3_K":
+        b = blk[..., 96:108].astype(np.int64)
+        s16 = np.arange(16)
+        low = np.where(s16 < 8, b[..., s16 % 8] & 15, b[..., s16 % 8] >> 4)
+        high = (b[..., 8 + s16 % 4] >> (2 * (s16 // 4))) & 3
+        sc = (low | (high << 4)).astype(np.float64) - 32.0
+        a, c = (f16(108)[..., None] * sc).reshape(rows, -1, 8, 2), np.zeros(blk.shape[:2] + (8,))
+    elif name == "IQ4_XS":
+        sh = blk[..., 2:4].copy().view(np.uint16)[..., 0].astype(np.int64)
+        sl = blk[..., 4:8].astype(np.int64)
+        ib = np.arange(8)
+        ls = ((sl[..., ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[..., None] >> (2 * ib)) & 3) << 4)
+        a = np.repeat((f16(0)[..., None] * (ls - 32.0))[..., None], 2, -1)
+        c = np.zeros(blk.shape[:2] + (8,))
+    else:
+        raise ValueError(f"{name}: no int8 terms")
+    a, c = a.reshape(rows, -1, 2), c.reshape(rows, -1)
+    nb = a.shape[1]
+    assert nb == blk.shape[1] * sub
+    W = dequant(raw, name).astype(np.float64).reshape(rows, nb, 2, 16)
+    safe = np.where(a == 0, 1.0, a)
+    q = np.where(a[..., None] == 0, 0.0, np.rint((W - c[..., None, None]) / safe[..., None]))
+    rebuilt = a[..., None] * q + c[..., None, None]
+    if not np.allclose(rebuilt, W, rtol=1e-6, atol=1e-6 * float(np.abs(W).max())):
+        raise AssertionError(f"{name}: the scales read here do not rebuild gguf's values")
+    return q.reshape(rows, nb, 32), a, c
+
+
 def q8_blocks(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of X quantized per block of 32 as wgsl/q8_rows.wgsl does it, in float32: (q [t, nb, 32] as float64
     integers, d [t, nb] float32) with d = max|x| / 127 and q = round(x * (127 / max|x|)), zero for a zero block."""
