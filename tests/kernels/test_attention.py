@@ -268,6 +268,17 @@ def test_prefill_long_context(device, kernels):
     assert_ok(run_case(device, kernels, **QWEN, pos=2040, t=8, n_ctx=2048, mode="prefill", seed=4))
 
 
+@pytest.mark.parametrize("rows,pos", [(True, 24512), (False, 8128)], ids=["rows_24k", "narrow_8k"])
+def test_prefill_gpu_tiles_long_context(device, kernels, rows, pos):
+    # the last 64-token step of a bench prompt on a GPU (prefill_rows on the H200; the narrow tiles without
+    # subgroups) at long contexts, as far as lavapipe's loop budget lets a workgroup walk keys (test_loop_budget.py:
+    # prefill_rows is cut past about 27,600 keys here, the narrow tiles past about 25,000); 5 s and 2 s on lavapipe
+    if rows:
+        need_subgroups(device)
+    assert_ok(run_case(device, kernels, **QWEN, pos=pos, t=64, n_ctx=pos + 64 + 18, mode="prefill", narrow=True,
+                       rows=rows, seed=5))
+
+
 def test_entries_any_t(device, kernels):
     # decode with several tokens and prefill with one are still correct
     assert_ok(run_case(device, kernels, **SMOL, pos=11, t=5, mode="decode", seed=5))
