@@ -14,13 +14,19 @@
 # its own session (setsid) writing build.log and a done-file with its exit status, so a call that ends or times out
 # leaves it running; `all` starts it the same way and polls, so it can also continue in a later call.
 #
-# Results in $OUT: llamacpp_<model>.json (-p PP -n TG) and llamacpp_<model>_d<DEPTH>.json (-p 0 -n TG -d DEPTH),
-# llama-bench's JSON (-o json, REPS repetitions each: samples_ts has every one); their stderr in
-# llamacpp_<model>.log; build.log, configure.log, log.txt, gpu.txt.
-# Environment: MODELS (default "smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b"), PP (512), TG (128), DEPTH (2048),
-# REPS (3), NGL (99), THREADS (llama-bench -t, unset: its default), JOBS (16), BUILD_WAIT (seconds `all` waits for
-# the build, 420), LLAMACPP_DIR (/tmp/llamacpp), SITE (where gguf-py goes, /tmp/site), LLAMACPP_CUDA=0 (a CPU
-# build: the dry run on a machine without CUDA; then NGL does nothing).
+# Results in $OUT: llamacpp_<model>.json (-p PP -n TG) and llamacpp_<model>_d<depth>.json (-p 0 -n TG -d depth, one
+# llama-bench run and file per depth of DEPTHS), llama-bench's JSON (-o json, REPS repetitions each: samples_ts has
+# every one); their stderr in llamacpp_<model>.log; build.log, configure.log, log.txt, gpu.txt.
+# A depth past the model's own context ({arch}.context_length, read with gguf-py) is skipped with a log line, as
+# `lab bench --contexts` skips it: llama-bench would not fail there (llama.cpp warns that n_ctx > n_ctx_train and
+# runs), it would measure a context the model was not made for. A depth at the limit runs (its context is depth + TG).
+# A depth costs one model load, one prefill of the depth (llama-bench keeps that state for the repetitions) and
+# REPS + 1 decodes of TG tokens at it.
+# Environment: MODELS (default "smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b"), PP (512), TG (128), DEPTHS
+# (space-separated, default "2048"; DEPTH, one value, is the older name; DEPTHS="" runs none), REPS (3), NGL (99),
+# THREADS (llama-bench -t, unset: its default), JOBS (16), BUILD_WAIT (seconds `all` waits for the build, 420),
+# LLAMACPP_DIR (/tmp/llamacpp), SITE (where gguf-py goes, /tmp/site), LLAMACPP_CUDA=0 (a CPU build: the dry run on a
+# machine without CUDA; then NGL does nothing).
 set -uo pipefail
 ROOT=$PWD
 D=${LLAMACPP_DIR:-/tmp/llamacpp}
@@ -96,6 +102,14 @@ wait_build() {   # $1: seconds at most; returns 0 once llama-bench is built
   return 0
 }
 
+context_length() {   # $1: a GGUF; prints its {arch}.context_length (gguf-py), nothing when it cannot be read
+  python3 -c "import sys
+from gguf import GGUFReader
+f = GGUFReader(sys.argv[1]).fields
+arch = f['general.architecture'].contents()
+print(int(f[arch + '.context_length'].contents()))" "$1" 2>/dev/null
+}
+
 bench() {
   built || { log "llama-bench is not built: call build (or all)"; return 1; }
   # the writer needs numpy (the image's) and gguf-py (.whl/, as scripts/device_bench.sh installs it)
@@ -105,7 +119,7 @@ bench() {
   export PYTHONPATH=$site:$ROOT PYTHONUNBUFFERED=1
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
   "$BIN" --version > "$OUT/llamacpp_version.txt" 2>&1
-  local pp=${PP:-512} tg=${TG:-128} depth=${DEPTH:-2048} reps=${REPS:-3} ngl=${NGL:-99}
+  local pp=${PP:-512} tg=${TG:-128} depths=${DEPTHS-${DEPTH:-2048}} reps=${REPS:-3} ngl=${NGL:-99}
   local threads=(); [ -n "${THREADS:-}" ] && threads=(-t "$THREADS")
   mkdir -p "$D/models"
   for m in ${MODELS:-smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b}; do
@@ -117,11 +131,24 @@ synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || { log 
       touch "$f.done"
       log "$m: $(stat -c %s "$f") bytes written in $((SECONDS - t0)) s"
     fi
-    local t1=$SECONDS
+    local t1=$SECONDS n_ctx_train; n_ctx_train=$(context_length "$f")
+    [ -n "$n_ctx_train" ] || log "$m: its context_length could not be read: every depth runs"
+    local files=("$OUT/llamacpp_$m.json")
     "$BIN" -m "$f" -ngl "$ngl" -p "$pp" -n "$tg" -r "$reps" "${threads[@]}" -o json \
       > "$OUT/llamacpp_$m.json" 2> "$OUT/llamacpp_$m.log" || log "$m: llama-bench -p $pp -n $tg failed (llamacpp_$m.log)"
-    "$BIN" -m "$f" -ngl "$ngl" -p 0 -n "$tg" -d "$depth" -r "$reps" "${threads[@]}" -o json \
-      > "$OUT/llamacpp_${m}_d$depth.json" 2>> "$OUT/llamacpp_$m.log" || log "$m: llama-bench -d $depth failed (llamacpp_$m.log)"
+    for depth in $depths; do
+      case $depth in ''|*[!0-9]*) log "$m: depth '$depth' is not a token count, skipped"; continue ;; esac
+      [ "$depth" -gt 0 ] || continue      # depth 0 is the -p $pp -n $tg run's tg row
+      if [ -n "$n_ctx_train" ] && [ "$depth" -gt "$n_ctx_train" ]; then
+        log "$m: depth $depth skipped: past the model's own context of $n_ctx_train (its context_length)"; continue
+      fi
+      local t2=$SECONDS
+      "$BIN" -m "$f" -ngl "$ngl" -p 0 -n "$tg" -d "$depth" -r "$reps" "${threads[@]}" -o json \
+        > "$OUT/llamacpp_${m}_d$depth.json" 2>> "$OUT/llamacpp_$m.log" \
+        || log "$m: llama-bench -d $depth failed (llamacpp_$m.log)"
+      [ "$depth" -ge 8192 ] && log "$m: llama-bench -d $depth took $((SECONDS - t2)) s"
+      files+=("$OUT/llamacpp_${m}_d$depth.json")
+    done
     log "$m: llama-bench done in $((SECONDS - t1)) s: $(python3 -c "
 import json, sys
 for p in sys.argv[1:]:
@@ -130,7 +157,7 @@ for p in sys.argv[1:]:
     except Exception as exc:
         print(p.rsplit('/', 1)[-1], 'unreadable', exc); continue
     print(' '.join(f\"pp{r['n_prompt']}/tg{r['n_gen']}@{r.get('n_depth', 0)}={r['avg_ts']:.1f}\" for r in rows), end=' ')
-" "$OUT/llamacpp_$m.json" "$OUT/llamacpp_${m}_d$depth.json")"
+" "${files[@]}")"
   done
 }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
+import sys
 import time
 
 from lab import gpu, ops
@@ -47,11 +48,18 @@ def _sync(engine: Engine) -> None:
     engine.device.read_sync(engine.scratch.ids, 0, 4)
 
 
-def _engine(device, path, header, **kw) -> Engine:
-    """A native engine of the file at `path`, its config built once and the few tensors it reads as values (llama 3's
-    rope_freqs) passed as `lab generate` passes them."""
-    cfg = from_gguf(header)
+def _engine(device, path, header, cfg, **kw) -> Engine:
+    """A native engine of the file at `path` with its config (built once, from_gguf) and the few tensors it reads as
+    values (llama 3's rope_freqs) passed as `lab generate` passes them."""
     return Engine(device, header, cfg, host_values=read_host_values(path, header, cfg), **kw)
+
+
+def within_model(contexts, n_ctx_train: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kept, skipped): the decode contexts up to the model's own (`n_ctx_train`, its context_length) and those past
+    it, which the bench skips as scripts/device_llamacpp.sh skips llama-bench's depths past it. A context at the
+    limit runs: its timed decode steps go up to 2 x decode + 18 positions past it (bench_model's n_ctx), as
+    llama-bench's at `-d` the limit go n_gen past it (its context is depth + n_gen: llama.cpp warns and runs)."""
+    return tuple(c for c in contexts if c <= n_ctx_train), tuple(c for c in contexts if c > n_ctx_train)
 
 
 def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
@@ -69,12 +77,19 @@ def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
 
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
                 disable=(), seed=0, warm_gpu_s: float = 0) -> dict:
-    """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.instruments.profile.warm)."""
+    """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.instruments.profile.warm).
+    Contexts past the model's own are skipped with a line on stderr (`within_model`), listed as "skipped_contexts"."""
     header = gguf.read_file(path)
+    cfg = from_gguf(header)
+    contexts, skipped = within_model(contexts, cfg.n_ctx_train)
+    for c in skipped:
+        print(f"lab bench: context {c:,} skipped: past the model's own context of {cfg.n_ctx_train:,} tokens "
+              f"(its context_length)", file=sys.stderr)
     device = open_native(disable=tuple(disable))
-    n_ctx = max(max(contexts) + 2 * decode_tokens + 18, max(prompts) + 1)   # chat, one by one, _decode_split
+    # the KV cache: each context's prompt, then the chat's decode, one by one, and _decode_split's steps
+    n_ctx = max(max(contexts, default=0) + 2 * decode_tokens + 18, max(prompts) + 1)
     t0 = _now()
-    engine = _engine(device, path, header, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
+    engine = _engine(device, path, header, cfg, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
     nbytes = engine.weights.upload_file(path)
     _sync(engine)
@@ -86,7 +101,8 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
            "upload_s": round(t2 - t1, 3), "load_mb_s": round(nbytes / 1e6 / (t2 - t1), 1),
            "max_batch": engine.max_batch, "dispatches_per_decode_token": engine.dispatches_per_step(1),
            "dispatches_per_decode_token_past_whole": engine.dispatches_per_step(1, pos=engine.whole_keys),
-           "compute_passes_per_decode_token": 1, "warm_gpu_s": warm_gpu_s, "prefill": {}, "decode": {}}
+           "compute_passes_per_decode_token": 1, "warm_gpu_s": warm_gpu_s, "n_ctx": n_ctx,
+           "n_ctx_train": cfg.n_ctx_train, "skipped_contexts": list(skipped), "prefill": {}, "decode": {}}
 
     def prefill(n: int) -> float:
         ids = [rng.randrange(vocab) for _ in range(n)]
@@ -151,7 +167,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
-    engine = _engine(device, path, header, n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
+    engine = _engine(device, path, header, from_gguf(header), n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
     if warm_gpu_s:
         asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
     rng = random.Random(0)

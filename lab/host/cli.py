@@ -704,7 +704,9 @@ def main(argv: list[str] | None = None) -> int:
     add_browser_options(s)
     s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template "
                                                    "included; wllama: 32, raw text of exactly that many tokens)")
-    s.add_argument("--contexts", default="0,512,2048", help="decode positions (native)")
+    s.add_argument("--contexts", default="0,512,2048",
+                   help="decode positions (native); one past the model's context_length is skipped, with a line on "
+                        "stderr")
     s.add_argument("--decode", type=int, default=None,
                    help="tokens timed at each context (default 32; browser, wllama: 8)")
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")

@@ -163,6 +163,24 @@ def test_decode_long_context(device, kernels):
     assert_ok(run_case(device, kernels, **SMOL, pos=2047, t=1, n_ctx=2048, mode="decode", seed=2))
 
 
+# The caches `lab bench --contexts 0,8192,32768 --decode 64` makes (n_ctx = context + 2 x 64 + 18, lab/host/bench.py),
+# at the default chunk as the H200 splits them: 192 keys (3 tiles) x 44 chunks, 576 keys (9 tiles) x 58 chunks. The
+# last position leaves the last chunk partly filled (82 keys of 576); Gemma 3's window of 512 leaves 56 chunks empty
+# and spans two. About 0.4 s each on lavapipe.
+LONG = [(QWEN, 8338, 8337, 0), (QWEN, 32914, 32913, 0), (GEMMA, 32914, 32913, 512), (SMOL, 32914, 32900, 0)]
+
+
+@pytest.mark.parametrize("shape,n_ctx,pos,window", LONG, ids=["qwen8k", "qwen32k", "gemma32k_window", "smol32k"])
+def test_decode_long_contexts(device, kernels, shape, n_ctx, pos, window):
+    assert A.decode_chunk(n_ctx) >= 128 and -(-n_ctx // A.decode_chunk(n_ctx)) > 40      # what this test is for
+    assert_ok(run_case(device, kernels, **shape, pos=pos, t=1, n_ctx=n_ctx, mode="decode", window=window, seed=3))
+
+
+def test_whole_long_context(device, kernels):
+    # a CPU adapter's decode at 32k keys: one workgroup per head block walks all 515 tiles (lab.engine: whole_keys)
+    assert_ok(run_case(device, kernels, **QWEN, pos=32913, t=1, n_ctx=32914, mode="whole", seed=3))
+
+
 # ------------------------------------------------------------------------------- decode in one dispatch
 @pytest.mark.parametrize("shape,pos", [(SMOL, 0), (SMOL, 63), (SMOL, 64), (SMOL, 150), (QWEN, 127), (GEMMA, 300),
                                        (MHA, 40)], ids=["smol0", "smol63", "smol64", "smol150", "qwen127",
@@ -248,6 +266,17 @@ def test_prefill_rows_is_the_gpus_choice(device, kernels):
 
 def test_prefill_long_context(device, kernels):
     assert_ok(run_case(device, kernels, **QWEN, pos=2040, t=8, n_ctx=2048, mode="prefill", seed=4))
+
+
+@pytest.mark.parametrize("rows,pos", [(True, 24512), (False, 8128)], ids=["rows_24k", "narrow_8k"])
+def test_prefill_gpu_tiles_long_context(device, kernels, rows, pos):
+    # the last 64-token step of a bench prompt on a GPU (prefill_rows on the H200; the narrow tiles without
+    # subgroups) at long contexts, as far as lavapipe's loop budget lets a workgroup walk keys (test_loop_budget.py:
+    # prefill_rows is cut past about 27,600 keys here, the narrow tiles past about 25,000); 5 s and 2 s on lavapipe
+    if rows:
+        need_subgroups(device)
+    assert_ok(run_case(device, kernels, **QWEN, pos=pos, t=64, n_ctx=pos + 64 + 18, mode="prefill", narrow=True,
+                       rows=rows, seed=5))
 
 
 def test_entries_any_t(device, kernels):
@@ -484,10 +513,12 @@ TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]
 NO_NORM = [("d_vsum(hh, i % HD4) / ml[hh].y;", "d_vsum(hh, i % HD4);")]
 BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET, "no_norm": NO_NORM}
 
-CASES = {  # trap cases: decode in one chunk and over several (chunks of 16; tiles of TK in chunks of 128), prefill
+CASES = {  # trap cases: decode in one chunk and over several (chunks of 16; tiles of TK in chunks of 128; the default
+    # 576-key chunks of a 32k cache, the last partly filled), prefill
     "decode": dict(mode="decode", t=1, pos=17),
     "decode_chunks": dict(mode="decode", t=1, pos=40, chunk=16),
     "decode_tiles": dict(mode="decode", t=1, pos=150, n_ctx=192, chunk=128),
+    "decode_long": dict(mode="decode", t=1, pos=32900, n_ctx=32914),
     "whole_tiles": dict(mode="whole", t=1, pos=150, n_ctx=192),
     "prefill_0": dict(mode="prefill", t=7, pos=0),
     "prefill_11": dict(mode="prefill", t=5, pos=11),
@@ -509,8 +540,10 @@ def test_broken_variants_fail(device, name, case):
 
 
 @pytest.mark.parametrize("name,case", [("no_rescale", "decode_chunks"), ("no_rescale", "decode_tiles"),
-                                       ("last_chunk", "decode_chunks"), ("last_chunk", "decode_tiles"),
-                                       ("tile_reset", "decode_tiles"), ("tile_reset", "whole_tiles"),
+                                       ("no_rescale", "decode_long"), ("last_chunk", "decode_chunks"),
+                                       ("last_chunk", "decode_tiles"), ("last_chunk", "decode_long"),
+                                       ("tile_reset", "decode_tiles"), ("tile_reset", "decode_long"),
+                                       ("tile_reset", "whole_tiles"),
                                        ("no_norm", "whole_tiles")])
 def test_broken_split_fails(device, name, case):
     r = _trap(device, BROKEN_SPLIT[name], case, 0.0)

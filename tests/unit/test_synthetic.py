@@ -3,6 +3,7 @@ tensor names, shapes and types, valid blocks, and the same config; the benchmark
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -69,3 +70,18 @@ def test_placeholder_vocabulary_chats(tmp_path):
     # SentencePiece's dummy prefix: a space before the text
     assert v.tokenizer.decode(ids) == " " + text and all(3 <= i < 259 or i == 261 for i in ids)
     assert chat.builtin_format(v.tokenizer, {}) == "chatml"
+
+
+def test_bench_skips_contexts_past_the_model(tmp_path, monkeypatch, capsys):
+    """`lab bench --contexts` past the model's own context (its context_length) is skipped with a line on stderr, as
+    scripts/device_llamacpp.sh skips llama-bench's depths past it; one at the limit runs. The small smollm3 told
+    that its context is 32 tokens (its file says 65,536: a 65,537-token prefill on lavapipe would take minutes)."""
+    path = synthetic.write("smollm3-small", tmp_path / "s.gguf")
+    monkeypatch.setattr(bench, "from_gguf", lambda h: dataclasses.replace(model.from_gguf(h), n_ctx_train=32))
+    assert bench.within_model((0, 2048, 8192, 32768), 8192) == ((0, 2048, 8192), (32768,))
+    res = bench.bench_model(path, prompts=(4,), contexts=(0, 32, 40, 1000), decode_tokens=2)
+    assert sorted(res["decode"]) == [0, 32] and res["skipped_contexts"] == [40, 1000]
+    assert res["n_ctx"] == 32 + 2 * 2 + 18 and res["n_ctx_train"] == 32      # the cache holds the kept contexts only
+    assert res["gpu_memory_mb"]["kv_cache"] > 0
+    err = capsys.readouterr().err
+    assert "context 40 skipped: past the model's own context of 32 tokens" in err and "context 1,000 skipped" in err
