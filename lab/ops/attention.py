@@ -18,8 +18,10 @@ variant (constant PROBE); without a probe the kernel has no probe binding and no
 Decode is split-K ("flash decoding"): `decode_split` runs one workgroup per (chunk of keys, block of HPW query heads
 sharing a KV head, token), each writing its chunk's softmax state (max, sum, unnormalised V sum) to a scratch buffer
 the builder allocates (kind CONVERSATION, sized for n_ctx); `decode_combine`, the next dispatch of the same pass,
-merges the chunks of each (head, token) with the log-sum-exp rescaling. The grid is fixed at plan time for n_ctx:
-chunks past the step's keys exit at once and the combine reads only the chunks that hold visible keys. With a probe,
+merges the chunks of each (head, token) with the log-sum-exp rescaling. The grid (n_chunks workgroups per head block
+and token) is fixed at plan time for n_ctx; each step cuts its own visible keys into that many chunks of whole tiles
+(so 2,048 keys of a 32k cache still fill the grid), chunks past them exit at once and the combine reads only the
+chunks that hold visible keys. With a probe,
 a third dispatch `decode_probs` writes the probabilities from the global max and sum the combine left.
 `prefill` is one workgroup per block of query rows of one KV head, K/V tiles shared by the rows (see the WGSL header).
 Both are correct for any t (decode for t up to `max_tokens`, its scratch's size); `attention(mode="auto")` returns
@@ -174,7 +176,8 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     `mode`: "decode" or "prefill" forces that entry for every t; "auto" uses decode for t == 1, prefill otherwise;
     "whole" is decode in one dispatch (decode_whole: one workgroup per head block walks every key; no probe).
     Decode: `max_tokens` is the most tokens a decode step may have (its scratch is sized for them); `chunk` the keys
-    per split workgroup (default decode_chunk(n_ctx)). Prefill: `narrow` tiles (NARROW_ROWS query rows per
+    per split workgroup when all n_ctx are visible (default decode_chunk(n_ctx)), which sets the grid's
+    n_chunks = ceil(n_ctx / chunk); a step with fewer keys cuts them into as many chunks. Prefill: `narrow` tiles (NARROW_ROWS query rows per
     workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU adapter pays per workgroup.
     `rows`: the prefill_rows entry (four lanes a query row, subgroup shuffles); default: narrow, no probe, the
     device has subgroups and head_dim is a multiple of 16.

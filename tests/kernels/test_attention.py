@@ -165,8 +165,8 @@ def test_decode_long_context(device, kernels):
 
 # The caches `lab bench --contexts 0,8192,32768 --decode 64` makes (n_ctx = context + 2 x 64 + 18, lab/host/bench.py),
 # at the default chunk as the H200 splits them: 192 keys (3 tiles) x 44 chunks, 576 keys (9 tiles) x 58 chunks. The
-# last position leaves the last chunk partly filled (82 keys of 576); Gemma 3's window of 512 leaves 56 chunks empty
-# and spans two. About 0.4 s each on lavapipe.
+# last position leaves the last chunk partly filled (82 keys of 576); Gemma 3's window of 512 keys is cut into 8
+# chunks of one tile from its first key (the visible keys are chunked, not the cache). About 0.4 s each on lavapipe.
 LONG = [(QWEN, 8338, 8337, 0), (QWEN, 32914, 32913, 0), (GEMMA, 32914, 32913, 512), (SMOL, 32914, 32900, 0)]
 
 
@@ -366,7 +366,7 @@ SWEEP = [  # (shape, mode, t, pos, n_ctx, window, softcap, probe): options mixed
     (GEMMA, "prefill", 9, 30, 64, 4, 0.0, True),       # Gemma: window, several row blocks of BQ=4
     (GEMMA, "decode", 1, 511, 512, 6, 30.0, True),     # last row of the cache, window and cap together
     (QWEN, "prefill", 3, 44, 48, 0, 0.0, False),       # step ends at the cache's last row
-    (QWEN, "decode", 2, 255, 320, 0, 0.0, True),       # 2 tokens: keys 256 and 257 in a fifth chunk
+    (QWEN, "decode", 2, 255, 320, 0, 0.0, True),       # 2 tokens: 4 chunks of 256 keys, 5 of 257 (one key in the 5th)
     (SMOL, "prefill", 16, 31, 64, 33, 0.0, True),      # window wider than the block's key span
     (MHA, "prefill", 33, 0, 40, 0, 20.0, True),        # 33 rows in 3 blocks, keys over 2 tiles of BK
 ]
@@ -419,11 +419,14 @@ def test_decode_chunking():
 BIG_GROUP = dict(n_head=16, n_kv=1, hd=64)   # group 16: two head blocks of 8 per KV head
 
 
-@pytest.mark.parametrize("pos", [15, 16, 31, 32, 47, 63])
+# A step's visible keys are cut into at most n_chunks = ceil(n_ctx / chunk) chunks of whole tiles of TK (64) keys,
+# counted from its first visible key (wgsl/attention.wgsl q_chunk).
+@pytest.mark.parametrize("pos", [63, 64, 127, 128, 191, 639])
 def test_chunk_edges(device, kernels, pos):
-    # chunks of 16 keys: pos + 1 == chunk (15), pos the first key of a chunk (16, 32), the last (31, 47, 63)
-    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=64, mode="decode", chunk=16, probe=True,
-                       seed=30 + pos))
+    # up to 10 chunks of one tile: the keys fill one (63), spill one key into a second (64), fill two (127), spill
+    # into a third (128), fill three (191), fill all ten (639)
+    assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=640, mode="decode", chunk=64, probe=True,
+                       seed=30 + pos % 200))
 
 
 @pytest.mark.parametrize("pos", [63, 64, 127, 128])
@@ -432,42 +435,45 @@ def test_default_chunk_edges(device, kernels, pos):
     assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=320, mode="decode", seed=40 + pos))
 
 
-@pytest.mark.parametrize("pos,window", [(20, 10), (25, 10), (31, 16), (40, 30), (28, 4)],
-                         ids=["span2", "starts_at_edge", "exactly_one", "span3", "inside_one"])
+@pytest.mark.parametrize("pos,window", [(200, 100), (300, 64), (300, 65), (400, 300), (130, 4), (639, 600)],
+                         ids=["span2", "exactly_one", "one_past", "span5", "inside_one", "all_ten"])
 def test_window_chunks(device, kernels, pos, window):
-    # chunks of 16: a window over two chunks (keys 11..20), one starting at a chunk's first key (16..25, chunk 0
-    # empty), one filling a chunk exactly (16..31), one over three (11..40), one inside a chunk (25..28)
-    r = run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=64, mode="decode", chunk=16, window=window,
-                 probe=True, seed=50 + pos)
+    # windows chunked from their first key (n_ctx 640, up to 10 chunks of one tile): two chunks (keys 101..200),
+    # exactly one tile (237..300), one key into a second chunk (236..300), five chunks (101..400), 4 keys, and 600
+    # keys in ten chunks, the last partly filled
+    r = run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=640, mode="decode", chunk=64, window=window,
+                 probe=True, seed=50 + pos % 100)
     assert_ok(r)
     assert np.all((r["probs"] > 0).sum(axis=-1) == window)
 
 
-@pytest.mark.parametrize("chunk,pos", [(128, 200), (100, 299), (1, 9), (320, 319)],
-                         ids=["two_tiles", "ragged_tiles", "one_key", "one_chunk"])
+@pytest.mark.parametrize("chunk,pos", [(128, 200), (100, 299), (1, 319), (320, 319)],
+                         ids=["two_tiles", "two_tiles_ragged", "more_chunks_than_tiles", "one_chunk"])
 def test_chunk_sizes(device, kernels, chunk, pos):
-    # chunks of several tiles of TK (online softmax inside a chunk), of a size no multiple of TK, of one key each,
-    # and one chunk for the whole cache (no split at all)
+    # n_ctx 320: 3 chunks (201 keys in 2 of 2 tiles each: online softmax inside a chunk), 4 chunks (300 keys in 3 of
+    # 2 tiles, the last partly filled), 320 chunks (5 of one tile, the rest exit at once), one chunk (no split)
     assert_ok(run_case(device, kernels, **SMOL, pos=pos, t=1, n_ctx=320, mode="decode", chunk=chunk, probe=True,
                        seed=60))
 
 
 @pytest.mark.parametrize("shape", [QWEN, GEMMA, MHA, BIG_GROUP], ids=["qwen", "gemma", "mha", "group16"])
 def test_chunks_shapes(device, kernels, shape):
-    # every GQA shape over several chunks, window, cap and probe together; group 16 splits a KV head's heads
-    assert_ok(run_case(device, kernels, **shape, pos=77, t=1, n_ctx=96, mode="decode", chunk=16, window=50,
+    # every GQA shape over several chunks (a window of 200 keys: 4 chunks of a tile), window, cap and probe together;
+    # group 16 splits a KV head's heads
+    assert_ok(run_case(device, kernels, **shape, pos=300, t=1, n_ctx=384, mode="decode", chunk=64, window=200,
                        softcap=30.0, big=30.0, probe=True, seed=70))
 
 
 def test_chunks_several_tokens(device, kernels):
-    # a forced decode step of 3 tokens over chunks: per-token scratch rows, each token's own chunk range
-    assert_ok(run_case(device, kernels, **QWEN, pos=30, t=3, n_ctx=48, mode="decode", chunk=16, window=20,
+    # a forced decode step of 3 tokens over chunks: per-token scratch rows, each token's own chunks (its window of
+    # 150 keys from its own first key: 3 chunks of a tile)
+    assert_ok(run_case(device, kernels, **QWEN, pos=250, t=3, n_ctx=320, mode="decode", chunk=64, window=150,
                        probe=True, seed=71))
 
 
 def test_scratch_reused_across_steps(device, kernels):
     # one plan, several steps: a step never reads chunk records a longer (or differently windowed) earlier step left
-    n_head, n_kv, hd, n_ctx = 9, 3, 64, 64
+    n_head, n_kv, hd, n_ctx = 9, 3, 64, 640
     rng = np.random.default_rng(72)
     conv = gpu.CONVERSATION
     kc = rng.standard_normal((n_ctx, n_kv * hd)).astype(np.float32)
@@ -480,10 +486,10 @@ def test_scratch_reused_across_steps(device, kernels):
         step = make_step(device)
         device.write(b_k, kc.tobytes())
         device.write(b_v, vc.tobytes())
-        for window in (0, 12):
+        for window in (0, 130):
             ops = A.attention(device, kernels, b_q, b_k, b_v, b_o, step, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
-                              q_stride=n_head * hd, q_offset=0, n_ctx=n_ctx, window=window, mode="decode", chunk=16)
-            for pos in (60, 10, 33, 17, 47):
+                              q_stride=n_head * hd, q_offset=0, n_ctx=n_ctx, window=window, mode="decode", chunk=64)
+            for pos in (600, 100, 330, 170, 470):     # 10, 2, 6, 3, 8 chunks (window 130: 3 each, but 2 at 100)
                 q = rng.standard_normal((1, n_head * hd)).astype(np.float32)
                 device.write(b_q, q.tobytes())
                 device.run([op.at(1) for op in ops], writes=[(step, 0, step_bytes(pos, 1, n_ctx))])
@@ -507,16 +513,16 @@ BROKEN = {"gqa_mod": GQA_MOD, "no_max": NO_MAX, "next_token": NEXT, "not_self": 
 # (partly filled) chunk; a chunk keeps only its last tile's V sum (no online rescaling across tiles)
 NO_RESCALE = [("l += r.y * exp(r.x - mx);", "l += r.y;"),
               ("v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);", "v += scratch[rc + 1u + d4];")]
-LAST_CHUNK = [("return (key_hi(qpos) + P.chunk - 1u) / P.chunk;", "return key_hi(qpos) / P.chunk;")]
+LAST_CHUNK = [("return (key_hi(qpos) - key_begin(qpos) + ch - 1u) / ch;", "return (key_hi(qpos) - key_begin(qpos)) / ch;")]
 TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]
 # the whole decode writes the unnormalised V sum
 NO_NORM = [("d_vsum(hh, i % HD4) / ml[hh].y;", "d_vsum(hh, i % HD4);")]
 BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET, "no_norm": NO_NORM}
 
-CASES = {  # trap cases: decode in one chunk and over several (chunks of 16; tiles of TK in chunks of 128; the default
-    # 576-key chunks of a 32k cache, the last partly filled), prefill
+CASES = {  # trap cases: decode in one chunk and over several (4 chunks of one tile, the last with 9 keys; tiles of
+    # TK in chunks of 128; a 32k cache's 58 chunks, the last partly filled), prefill
     "decode": dict(mode="decode", t=1, pos=17),
-    "decode_chunks": dict(mode="decode", t=1, pos=40, chunk=16),
+    "decode_chunks": dict(mode="decode", t=1, pos=200, n_ctx=256, chunk=64),
     "decode_tiles": dict(mode="decode", t=1, pos=150, n_ctx=192, chunk=128),
     "decode_long": dict(mode="decode", t=1, pos=32900, n_ctx=32914),
     "whole_tiles": dict(mode="whole", t=1, pos=150, n_ctx=192),
