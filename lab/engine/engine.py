@@ -93,6 +93,8 @@ class Engine:
         # decode steps with at most this many keys run attention in one dispatch (plans.with_whole_attention); on a
         # CPU adapter every step does, since its split has a single chunk anyway and the combine is pure overhead
         self.whole_keys = n_ctx if device.info.software else attn_ops.WHOLE_KEYS
+        # an adapter that stops long loops silently (lavapipe) gets wrong attention past this many keys: refused
+        self.max_keys = attn_ops.budget_keys(device.info.loop_budget, cfg.head_dim)
         self.logits_all = logits_all
         if int8_prefill and not device.info.int8_matrix:
             raise EngineError(f"{device.info.name}: no int8 subgroup matrices, so no int8 prefill")
@@ -277,6 +279,10 @@ class Engine:
         if pos + t > self.n_ctx:
             raise EngineError(f"the conversation would reach {pos + t} tokens, past the context of {self.n_ctx} "
                               f"made at load: start a new chat, or load with a larger context")
+        if self.max_keys is not None and pos + t > self.max_keys:
+            raise EngineError(f"{self.device.info.name} stops a shader's loops after {self.device.info.loop_budget:,} "
+                              f"iterations without a word, so attention over more than {self.max_keys:,} keys would "
+                              f"be wrong on it (this step reaches {pos + t:,}): start a new chat, or use a GPU")
         self.check_ids(ids)
 
     def step(self, ids: list[int] | None, pos: int, t: int | None = None, sampled: bool = False,

@@ -79,6 +79,7 @@ class Dispatch:
     groups: tuple[int, int, int]
 
 
+LLVMPIPE_LOOP_BUDGET = 65_535     # gallivm's LP_MAX_TGSI_LOOP_ITERATIONS (AdapterInfo.loop_budget)
 SWIFTSHADER_WG = 4      # one SIMD group of SwiftShader (AdapterInfo.swiftshader)
 
 
@@ -97,11 +98,14 @@ class AdapterInfo:
     # Chromium's subgroup matrices with int8 x int8 -> int32 at 16x16x32 and 32-wide subgroups: the prefill GEMM
     # on the tensor cores (wgsl/matmul_i8.wgsl). The browser only; set where the adapter lists that configuration.
     int8_matrix: bool = False
+    # Mesa's llvmpipe (lavapipe) ends a shader invocation's loops after this many iterations, counted over all its
+    # loops, silently (tests/kernels/test_loop_budget.py); 0: no such budget. The engine bounds attention's keys by it.
+    loop_budget: int = 0
 
     def summary(self) -> dict:
         return {"backend": self.backend, "name": self.name, "features": sorted(self.features),
                 "limits": dict(self.limits), "software": self.software, "swiftshader": self.swiftshader,
-                "int8_matrix": self.int8_matrix, **self.details}
+                "int8_matrix": self.int8_matrix, "loop_budget": self.loop_budget, **self.details}
 
 
 class Device:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import js
 from pyodide.ffi import create_once_callable, to_js
 
-from lab.gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
+from lab.gpu import FEATURES, LIMITS, LLVMPIPE_LOOP_BUDGET, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
 
 _STORAGE = 0x0080 | 0x0004 | 0x0008      # STORAGE | COPY_SRC | COPY_DST
 _UNIFORM = 0x0040 | 0x0004 | 0x0008      # UNIFORM | COPY_SRC | COPY_DST (Forget reads the step uniform back)
@@ -61,7 +61,8 @@ async def open_browser() -> BrowserDevice:
     return BrowserDevice(device, AdapterInfo("browser", name or "unknown adapter", frozenset(features), limits,
                                              {"vendor": str(info.vendor)}, software=software,
                                              swiftshader="swiftshader" in name.lower(),
-                                             int8_matrix=_int8_matrix(adapter, features)))
+                                             int8_matrix=_int8_matrix(adapter, features),
+                                             loop_budget=LLVMPIPE_LOOP_BUDGET if "llvmpipe" in name.lower() else 0))
 
 
 def _int8_matrix(adapter, features: list[str]) -> bool:

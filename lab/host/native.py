@@ -13,7 +13,7 @@ try:    # wgpu-py's cffi handle to wgpu-native: encoding through it skips ~8 us 
 except ImportError:  # pragma: no cover - another wgpu-py layout: the public API still works
     _lib = _ffi = _wgpu_api = None
 
-from lab.gpu import FEATURES, LIMITS, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
+from lab.gpu import FEATURES, LIMITS, LLVMPIPE_LOOP_BUDGET, AdapterInfo, Buffer, Device, Dispatch, GpuError, Kernel
 
 # wgpu-py spells a few features differently from the WebGPU names the engine uses.
 _NATIVE_NAME = {"subgroups": "subgroup"}
@@ -49,7 +49,8 @@ class NativeDevice(Device):
             name=f"{info.get('device', '')} ({info.get('backend_type', '')}, {info.get('adapter_type', '')})",
             features=frozenset(features), limits=limits,
             details={"vendor": info.get("vendor", ""), "driver": info.get("description", "")},
-            software=info.get("adapter_type", "") == "CPU")
+            software=info.get("adapter_type", "") == "CPU",
+            loop_budget=LLVMPIPE_LOOP_BUDGET if "llvmpipe" in str(info.get("device", "")).lower() else 0)
         self._queue = self._device.queue
 
     def _create_buffer(self, size: int, label: str, uniform: bool):

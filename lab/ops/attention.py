@@ -105,6 +105,17 @@ def decode_chunk(n_ctx: int) -> int:
     return TK * max(1, -(-n_ctx // (TK * MAX_CHUNKS)))
 
 
+def budget_keys(loop_budget: int, head_dim: int) -> int | None:
+    """The most keys attention may walk on an adapter whose shader invocations stop looping after `loop_budget`
+    iterations (AdapterInfo.loop_budget; None: no limit). Measured on lavapipe (budget 65,535): the CPU adapters'
+    prefill tiles, the first kernel cut, lose keys past about 6,800 with heads of 64 and 2,160 with heads of 256
+    (tests/kernels/test_loop_budget.py); this keeps 6,400 keys at heads of 64, in proportion to the budget and
+    inversely to the head size (1,600 at 256)."""
+    if not loop_budget:
+        return None
+    return 6_400 * loop_budget // 65_535 * 64 // head_dim
+
+
 def scratch_bytes(max_tokens: int, n_head: int, head_dim: int, n_chunks: int) -> int:
     """Bytes of decode's scratch: per (token, head) a stats vec4, then per chunk (m, l) and the V sum."""
     return 16 * max_tokens * n_head * (1 + n_chunks * (1 + head_dim // 4))
@@ -177,8 +188,9 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     "whole" is decode in one dispatch (decode_whole: one workgroup per head block walks every key; no probe).
     Decode: `max_tokens` is the most tokens a decode step may have (its scratch is sized for them); `chunk` the keys
     per split workgroup when all n_ctx are visible (default decode_chunk(n_ctx)), which sets the grid's
-    n_chunks = ceil(n_ctx / chunk); a step with fewer keys cuts them into as many chunks. Prefill: `narrow` tiles (NARROW_ROWS query rows per
-    workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU adapter pays per workgroup.
+    n_chunks = ceil(n_ctx / chunk); a step with fewer keys cuts them into as many chunks. Prefill: `narrow` tiles
+    (NARROW_ROWS query rows per workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU
+    adapter pays per workgroup.
     `rows`: the prefill_rows entry (four lanes a query row, subgroup shuffles); default: narrow, no probe, the
     device has subgroups and head_dim is a multiple of 16.
     Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps

@@ -513,7 +513,8 @@ BROKEN = {"gqa_mod": GQA_MOD, "no_max": NO_MAX, "next_token": NEXT, "not_self": 
 # (partly filled) chunk; a chunk keeps only its last tile's V sum (no online rescaling across tiles)
 NO_RESCALE = [("l += r.y * exp(r.x - mx);", "l += r.y;"),
               ("v += scratch[rc + 1u + d4] * exp(scratch[rc].x - mx);", "v += scratch[rc + 1u + d4];")]
-LAST_CHUNK = [("return (key_hi(qpos) - key_begin(qpos) + ch - 1u) / ch;", "return (key_hi(qpos) - key_begin(qpos)) / ch;")]
+LAST_CHUNK = [("return (key_hi(qpos) - key_begin(qpos) + ch - 1u) / ch;",
+               "return (key_hi(qpos) - key_begin(qpos)) / ch;")]
 TILE_RESET = [("acc[a * HPW + hh] *= alpha[hh];", "acc[a * HPW + hh] *= 0.0;")]
 # the whole decode writes the unnormalised V sum
 NO_NORM = [("d_vsum(hh, i % HD4) / ml[hh].y;", "d_vsum(hh, i % HD4);")]

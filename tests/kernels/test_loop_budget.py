@@ -63,3 +63,28 @@ def test_llvmpipe_cuts_loops_past_its_budget(device):
     assert outer < 10_000 and total < 100_000 and outer + total <= 65_535 + 2    # one budget for both loops
     assert after == 1                                                            # a later loop: its body once
     assert iterations(device, 100_000, 0)[0] < 100_000
+
+
+def test_engine_refuses_keys_past_the_budget(device, tmp_path):
+    """An engine on lavapipe refuses a step whose attention would walk past lab.ops.attention.budget_keys (6,400
+    keys at heads of 64) with a message, instead of computing it wrong; a GPU adapter has no such bound."""
+    from lab.engine.engine import Engine, EngineError
+    from lab.format import gguf
+    from lab.host import synthetic
+    from lab.ops.attention import budget_keys
+
+    assert budget_keys(0, 64) is None
+    assert budget_keys(65_535, 64) == 6_400 and budget_keys(65_535, 256) == 1_600
+    path = tmp_path / "small.gguf"
+    synthetic.write("smollm3-small", path, vocab=True)                  # heads of 64
+    eng = Engine(device, gguf.read_file(path), n_ctx=6_500)
+    try:
+        if not device.info.loop_budget:
+            assert eng.max_keys is None
+            pytest.skip(f"{device.info.name}: no loop budget")
+        assert eng.max_keys == 6_400
+        eng._check([1], 6_399)                                           # the last key inside: accepted
+        with pytest.raises(EngineError, match="without a word.*6,400 keys"):
+            eng.step([1], 6_400)
+    finally:
+        eng.close()
