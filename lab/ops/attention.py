@@ -41,7 +41,9 @@ from lab.ops import ATTENTION, KV_WRITE, Op, groups_1d
 KV_WG = 64
 WG = 64            # threads per attention workgroup (a power of two)
 TK = 64            # decode: keys per tile (one key per thread)
-MAX_CHUNKS = 64    # decode: the default chunk splits n_ctx into at most this many chunks (a multiple of TK keys each)
+MAX_CHUNKS = 256   # decode: the default chunk splits n_ctx into at most this many chunks (a multiple of TK keys each)
+                   # Qwen2.5 on the H200, decode at 8,192 / 32,768 keys of a 32k cache: 64 452 / 262 tok/s, 128
+                   # 501 / 347, 256 559 / 408, 512 563 / 357 (docs/results/h200_long_contexts/max_chunks)
 WHOLE_KEYS = 128   # decode on a GPU: steps with at most this many keys run "whole" (one dispatch; the split and its
                    # combine cost two dispatches, each ~2 us of switching on an H200, against two tiles walked serially)
 WG_BYTES = 16384   # workgroup memory the kernels may use (WebGPU's default limit); decode's HPW is chosen to fit

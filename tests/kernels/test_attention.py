@@ -164,15 +164,16 @@ def test_decode_long_context(device, kernels):
 
 
 # The caches `lab bench --contexts 0,8192,32768 --decode 64` makes (n_ctx = context + 2 x 64 + 18, lab/host/bench.py),
-# at the default chunk as the H200 splits them: 192 keys (3 tiles) x 44 chunks, 576 keys (9 tiles) x 58 chunks. The
-# last position leaves the last chunk partly filled (82 keys of 576); Gemma 3's window of 512 keys is cut into 8
-# chunks of one tile from its first key (the visible keys are chunked, not the cache). About 0.4 s each on lavapipe.
+# at the default chunk as the H200 splits them: 64 keys (1 tile) x 131 chunks, 192 keys (3 tiles) x 172 chunks. The
+# last position leaves the last chunk partly filled (18 keys of 64, 82 of 192); Gemma 3's window of 512 keys is cut
+# into 8 chunks of one tile from its first key (the visible keys are chunked, not the cache). About 0.4 s each on
+# lavapipe.
 LONG = [(QWEN, 8338, 8337, 0), (QWEN, 32914, 32913, 0), (GEMMA, 32914, 32913, 512), (SMOL, 32914, 32900, 0)]
 
 
 @pytest.mark.parametrize("shape,n_ctx,pos,window", LONG, ids=["qwen8k", "qwen32k", "gemma32k_window", "smol32k"])
 def test_decode_long_contexts(device, kernels, shape, n_ctx, pos, window):
-    assert A.decode_chunk(n_ctx) >= 128 and -(-n_ctx // A.decode_chunk(n_ctx)) > 40      # what this test is for
+    assert -(-n_ctx // A.decode_chunk(n_ctx)) > 100                                       # what this test is for
     assert_ok(run_case(device, kernels, **shape, pos=pos, t=1, n_ctx=n_ctx, mode="decode", window=window, seed=3))
 
 
@@ -407,7 +408,7 @@ def test_auto_grids(device, kernels):
 
 def test_decode_chunking():
     # default chunk: multiples of TK, at most MAX_CHUNKS chunks; HPW: a divisor of the group within 16 KiB
-    assert A.decode_chunk(48) == 64 and A.decode_chunk(2048) == 64 and A.decode_chunk(4097) == 128
+    assert A.decode_chunk(48) == 64 and A.decode_chunk(2048) == 64 and A.decode_chunk(16385) == 128
     assert -(-32768 // A.decode_chunk(32768)) <= A.MAX_CHUNKS
     assert A.heads_per_workgroup(64, 3) == 3 and A.heads_per_workgroup(64, 7) == 7
     assert A.heads_per_workgroup(256, 4) == 4 and A.heads_per_workgroup(64, 16) == 8
@@ -521,7 +522,7 @@ NO_NORM = [("d_vsum(hh, i % HD4) / ml[hh].y;", "d_vsum(hh, i % HD4);")]
 BROKEN_SPLIT = {"no_rescale": NO_RESCALE, "last_chunk": LAST_CHUNK, "tile_reset": TILE_RESET, "no_norm": NO_NORM}
 
 CASES = {  # trap cases: decode in one chunk and over several (4 chunks of one tile, the last with 9 keys; tiles of
-    # TK in chunks of 128; a 32k cache's 58 chunks, the last partly filled), prefill
+    # TK in chunks of 128; a 32k cache's 172 chunks, the last partly filled), prefill
     "decode": dict(mode="decode", t=1, pos=17),
     "decode_chunks": dict(mode="decode", t=1, pos=200, n_ctx=256, chunk=64),
     "decode_tiles": dict(mode="decode", t=1, pos=150, n_ctx=192, chunk=128),
