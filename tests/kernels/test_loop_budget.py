@@ -15,6 +15,10 @@ import struct
 import pytest
 
 from lab import gpu
+from lab.engine.engine import Engine, EngineError
+from lab.format import gguf
+from lab.host import synthetic
+from lab.ops.attention import budget_keys
 
 SRC = """
 struct P { n: u32, inner: u32, later: u32, _p: u32 };
@@ -68,11 +72,6 @@ def test_llvmpipe_cuts_loops_past_its_budget(device):
 def test_engine_refuses_keys_past_the_budget(device, tmp_path):
     """An engine on lavapipe refuses a step whose attention would walk past lab.ops.attention.budget_keys (6,400
     keys at heads of 64) with a message, instead of computing it wrong; a GPU adapter has no such bound."""
-    from lab.engine.engine import Engine, EngineError
-    from lab.format import gguf
-    from lab.host import synthetic
-    from lab.ops.attention import budget_keys
-
     assert budget_keys(0, 64) is None
     assert budget_keys(65_535, 64) == 6_400 and budget_keys(65_535, 256) == 1_600
     path = tmp_path / "small.gguf"
