@@ -84,11 +84,12 @@ sed "s|FONT_DIR|$D/fonts|" > "$D/fonts.conf" <<'EOF'
 <fontconfig><dir>FONT_DIR</dir><cachedir>/tmp/fccache</cachedir></fontconfig>
 EOF
 export FONTCONFIG_FILE=$D/fonts.conf
-# The browser and flags that give the page the NVIDIA adapter (tests/browser/conftest.py and lab bench read these).
+# The browser and flags that give the page the NVIDIA adapter (tests/browser/conftest.py and lab bench read these);
+# PAGE_FLAGS adds some, e.g. --enable-dawn-features=vulkan_enable_f16_on_nvidia (shader-f16: the f16 KV cache's box).
 export LAB_CHROMIUM=$CHR
 export LAB_CHROMIUM_FLAGS="--enable-unsafe-webgpu --ignore-gpu-blocklist --disable-gpu-sandbox --enable-features=Vulkan \
 --use-vulkan=native --use-angle=vulkan --disable-vulkan-surface --no-sandbox --disable-background-networking \
---disable-component-update --no-first-run --disable-sync"
+--disable-component-update --no-first-run --disable-sync ${PAGE_FLAGS:-}"
 export LLM_LAB_CACHE=$D/cache
 mkdir -p "$D/cache/models" && ln -sf "$D/SmolLM2-135M-Instruct.Q4_1.gguf" "$D/cache/models/"
 

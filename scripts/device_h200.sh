@@ -10,7 +10,8 @@
 # less 0 as llama-bench's depths, DEPTHS of device_llamacpp.sh; a context past a model's own context_length is skipped
 # on both sides, with a line each), TORCH=0 skips PyTorch, TORCH_S (its time limit, 200 s; it runs last), WARM_GPU
 # (seconds of GPU work before each timed prefill and decode, default 1: llama-bench runs a warm-up before its
-# repetitions too, and an idle H200 drops to 345 MHz).
+# repetitions too, and an idle H200 drops to 345 MHz), KV (the lab's KV cache type, f32 or f16: `lab bench --kv`;
+# llama-bench's is f16 either way, its default).
 # About 9 minutes in all with the default CONTEXTS; a device call allows 10.
 #
 # Long contexts (decode at 8,192 and 32,768 keys; estimates from the 512-token figures, not measured yet): the lab
@@ -24,7 +25,7 @@
 #   MODELS=qwen2.5 CONTEXTS=0,8192,32768 TORCH=0 bash scripts/device_h200.sh
 # and the five in two calls: MODELS="smollm2 qwen2.5 gemma3 llama3.2-1b" (about 8 minutes), then
 # MODELS=llama3.1-8b (about 3 minutes where the machine is still warm with the build, 8 on a fresh one).
-# The lab's KV cache is f32: Qwen2.5 at 32,768 keys holds 809 MB (24 layers x 2 x 32,914 rows x 128 x 4 B), the 8B
+# The lab's KV cache is f32 unless KV=f16: Qwen2.5 at 32,768 keys holds 809 MB (24 layers x 2 x 32,914 rows x 128 x 4 B), the 8B
 # 8.6 GB; each layer's K or V buffer (135 MB at most, the 8B's) is far within the 2 GB binding limit, and the whole
 # within the H200's 141 GB.
 set -uo pipefail
@@ -33,7 +34,7 @@ CONTEXTS=${CONTEXTS:-0,2048}
 # llama-bench's depths: the lab's contexts less 0 (its -p PP -n TG run measures that one)
 DEPTHS=$(tr ',' '\n' <<< "$CONTEXTS" | grep -vx '0' | paste -sd ' ')
 export MODELS DEPTHS
-echo "contexts $CONTEXTS; llama-bench depths ${DEPTHS:-none}"
+echo "contexts $CONTEXTS; llama-bench depths ${DEPTHS:-none}; the lab's KV cache ${KV:-f32}"
 D=${LLAMACPP_DIR:-/tmp/llamacpp}
 bash scripts/device_llamacpp.sh build
 # While it builds: what the build's load cannot skew. Kernels are timed on the GPU (timestamp queries); the files
@@ -55,7 +56,7 @@ for m in $MODELS; do
   f=$D/models/$m.gguf
   t0=$SECONDS
   python3 -m lab.host.cli bench "$f" --prompts 128,512 --contexts "$CONTEXTS" --decode 64 --batch "${BATCH:-512}" \
-    --warm-gpu "${WARM_GPU:-1}" --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.log"
+    --warm-gpu "${WARM_GPU:-1}" --kv "${KV:-f32}" --json > "$OUT/bench_$m.json" 2> "$OUT/bench_$m.log"
   grep -h "skipped" "$OUT/bench_$m.log"      # the contexts past the model's own
   echo "lab $m ($((SECONDS - t0)) s): $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
 print('prefill 512', r['prefill']['512']['tok_s'], 'decode', {c: d['tok_s'] for c, d in r['decode'].items()},

@@ -17,11 +17,12 @@
       super(...args);
       seen.worker = this;
       // The page loads with the engine's default KV cache; a benchmark of decode at a long context asks for more,
-      // and a benchmark of the tensor-core prefill sets the load's int8 flag.
+      // a benchmark of the tensor-core prefill sets the load's int8 flag, and one of the f16 cache its kv type.
       const post = this.postMessage.bind(this);
       this.postMessage = (m, ...rest) => {
         if (m && m.type === "load" && window.__labBenchCtx) m = { ...m, n_ctx: window.__labBenchCtx };
         if (m && m.type === "load" && window.__labBenchInt8) m = { ...m, int8: true };
+        if (m && m.type === "load" && window.__labBenchKv) m = { ...m, kv: window.__labBenchKv };
         return post(m, ...rest);
       };
       this.addEventListener("message", (e) => {

@@ -40,6 +40,13 @@ export function int8Prefill() {
   return int8.checked && !int8.disabled;
 }
 
+// The load message's KV cache type: "f16" where the adapter has shader-f16 and the box is ticked (each cached value
+// rounded to f16, half the memory: lab/ops/attention.py KV_TYPES), else "f32" (exact).
+export function kvType() {
+  const box = $("kv-f16");
+  return box.checked && !box.disabled ? "f16" : "f32";
+}
+
 // ---- events -------------------------------------------------------------------------------------------------------
 // The number typed: at least the input's min (the template writes lab.settings MIN_CTX), at most the model's own.
 function choose(store, reload) {
@@ -57,9 +64,10 @@ function choose(store, reload) {
 
 // `reload(file)` loads the file again (main.js load). The card re-renders alone on its own events.
 export function wireContext(store, reload) {
-  const input = $("context-length"), int8 = $("int8-prefill");
+  const input = $("context-length"), int8 = $("int8-prefill"), kv = $("kv-f16");
   const render = () => renderContext(store);
   int8.addEventListener("change", () => { if (store.contextLength.file) reload(store.contextLength.file); render(); });
+  kv.addEventListener("change", () => { if (store.contextLength.file) reload(store.contextLength.file); render(); });
   input.addEventListener("input", render);
   input.addEventListener("change", () => { choose(store, reload); render(); });
 }
@@ -73,8 +81,17 @@ function renderInt8(gpu) {
     : "off: exact f32 prefill") : "not on this adapter (no int8 subgroup matrices)";
 }
 
+function renderKvType(gpu) {
+  const box = $("kv-f16"), f16 = !!gpu?.features?.includes("shader-f16");
+  box.disabled = !f16;
+  if (!f16) box.checked = false;
+  $("kv-f16-note").textContent = f16 ? (box.checked ? "on: each cached key and value rounded to f16"
+    : "off: exact f32 cache") : "not on this adapter (no shader-f16)";
+}
+
 export function renderContext(store) {
   renderInt8(store.gpu);
+  renderKvType(store.gpu);
   const input = $("context-length"), out = $("context-plan");
   const budget = store.model?.budget;
   out.dataset.uploaded = String(store.contextLength.uploaded);
@@ -87,10 +104,12 @@ export function renderContext(store) {
   input.max = String(budget.n_ctx_train);
   if (store.contextLength.chosen == null && document.activeElement !== input) input.value = String(budget.n_ctx);
   const n = Number(input.value) || Number(input.defaultValue);   // the template writes the engine's DEFAULT_CTX
-  const kv = budget.kv_bytes_per_token * n;
+  // the budget was counted for the cache type of the last load; the box may have changed since (a reload follows)
+  const perToken = budget.kv_bytes_per_token * (kvType() === budget.kv_type ? 1 : kvType() === "f16" ? 0.5 : 2);
+  const kv = perToken * n;
   out.dataset.kvBytes = String(kv);
   out.dataset.fits = n === budget.n_ctx ? String(budget.fits) : "";     // the budget is for budget.n_ctx
-  out.textContent = `KV cache ${fmtBytes(kv)} (${fmtBytes(budget.kv_bytes_per_token)} per token × ${n}); `
+  out.textContent = `KV cache ${fmtBytes(kv)} (${fmtBytes(perToken)} per token × ${n}, ${kvType()}); `
     + `weights ${fmtBytes(budget.weight_bytes)}, activations ${fmtBytes(budget.scratch_bytes)}; `
     + `largest buffer ${fmtBytes(budget.largest.bytes)} of ${fmtBytes(budget.max_buffer_size)} allowed; `
     + `the model's own context: ${budget.n_ctx_train}`

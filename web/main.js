@@ -27,7 +27,7 @@ import {
   renderExperiments, wireExperiments,
 } from "/web/experiments.js";
 import {
-  contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, renderContext, wireContext,
+  contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
 } from "/web/context.js";
 
 const store = {
@@ -128,7 +128,7 @@ function renderModel() {
   if (store.loaded) {
     const l = store.loaded;
     rows.push(["status", "loaded"], ["weights on GPU", fmtBytes(l.weight_bytes)],
-      ["upload", `${l.upload_s.toFixed(2)} s, ${l.upload_mb_s} MB/s`], ["KV cache", `${l.n_ctx} tokens, ${fmtBytes(l.kv_bytes_per_token)} per token`],
+      ["upload", `${l.upload_s.toFixed(2)} s, ${l.upload_mb_s} MB/s`], ["KV cache", `${l.n_ctx} tokens, ${fmtBytes(l.kv_bytes_per_token)} per token (${l.kv_type})`],
       ["dispatches / token", l.dispatches_per_token],
       ["wasm heap growth", l.wasm_heap_growth == null ? null : fmtBytes(l.wasm_heap_growth)]);
     $("model-info").dataset.wasmHeapGrowth = l.wasm_heap_growth ?? "";
@@ -576,7 +576,7 @@ function load(file) {
   dropExperiments(store.experiments, worker);   // so were the results
   verifyFileLoaded(store.verify, file);
   worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
-                       seq: ++store.loadSeq });
+                       kv: kvType(), seq: ++store.loadSeq });
   render();
 }
 

@@ -447,7 +447,7 @@ export function renderKv(store, act) {
     el("p", {}, ["bytes per token = 2 (K and V) × ", el("b", { textContent: kv.layers.length }),
       kv.layers.length < kv.n_layer ? ` attention layers (of ${kv.n_layer}) × ` : " layers × ",
       el("b", { textContent: kv.n_head_kv }), " KV heads × ", el("b", { textContent: kv.head_dim }), " head size × ",
-      el("b", { textContent: kv.bytes_per_value }), " bytes = ",
+      el("b", { textContent: kv.bytes_per_value }), ` bytes (${kv.kv_type}) = `,
       el("b", { testid: "kv-bytes-per-token", textContent: kv.bytes_per_token.toLocaleString("en") }), " B"]),
     el("p", { testid: "kv-used", data: { used, capacity: kv.n_ctx } },
       [`used ${used} of ${kv.n_ctx} tokens (the context limit made at load): ${fmtBytes(used * kv.bytes_per_token)} `

@@ -1,9 +1,11 @@
-// Causal multi-head attention over the f32 KV cache, with GQA, sliding window, logit soft-cap and an optional probe.
+// Causal multi-head attention over the KV cache (f32 or f16 values, computed in f32), with GQA, sliding window,
+// logit soft-cap and an optional probe.
 // Resources (binding numbers are the builder's: each entry binds the ones it uses as 0, 1, .. in its list's order,
 // lab/ops/attention.py ENTRY_RESOURCES; the others get numbers no layout asks for):
 //           q_src   (storage, read)       f32 [t, q_stride]; head h of token j at j*q_stride + q_offset + h*HD
-//           k_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4), row = position
-//           v_cache (storage, read)       f32 [n_ctx, n_kv_head*HD] (read as vec4)
+//           k_cache (storage, read)       KV [n_ctx, n_kv_head*HD] (read as vec4), row = position; KV is the
+//                                         cache's element type, f32 or f16 (lab/ops/attention.py KV_TYPES)
+//           v_cache (storage, read)       KV [n_ctx, n_kv_head*HD] (read as vec4)
 //           out     (storage, read_write) f32 [t, n_head*HD] (written as vec4)
 //           step    (uniform Step)        pos (position of the step's first token), n_tokens (= t)
 //           params  (uniform Params)      q_stride, q_offset (floats), n_head, n_ctx (cache rows), window W (0 = off),
@@ -36,6 +38,7 @@
 // more than one tile of keys in workgroup memory.
 
 {{SG_ENABLE}}
+{{KV_ENABLE}}
 //!include common.wgsl
 
 struct Params {
@@ -63,8 +66,8 @@ const RK: u32 = {{RK}}u;                  // prefill_rows: keys per tile
 const NEG: f32 = -3.0e38;                 // "no score yet"; never fed to exp unshifted
 
 @group(0) @binding({{B_Q_SRC}}) var<storage, read> q_src: array<f32>;
-@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec4<{{KV}}>>;
+@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec4<{{KV}}>>;
 @group(0) @binding({{B_OUT}}) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding({{B_STEP}}) var<uniform> step: Step;
 @group(0) @binding({{B_PARAMS}}) var<uniform> P: Params;
@@ -123,7 +126,7 @@ fn d_load_q(lid: u32, j: u32, h0: u32) {
 fn d_scores(kb: u32) -> array<f32, HPW> {
     var d: array<f32, HPW>;
     for (var e = 0u; e < HD4; e++) {
-        let k = k_cache[kb + e];
+        let k = vec4<f32>(k_cache[kb + e]);
         for (var hh = 0u; hh < HPW; hh++) { d[hh] += dot(d_q[hh * HD4 + e], k); }
     }
     for (var hh = 0u; hh < HPW; hh++) { d[hh] = logit(d[hh]); }
@@ -221,7 +224,7 @@ fn d_attend(lid: u32, j: u32, h0: u32, lo: u32, hi: u32) -> array<vec2<f32>, HPW
                 let d4 = slot % HD4;
                 for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] *= alpha[hh]; }
                 for (var i = slot / HD4; i < n; i += NP) {
-                    let v = v_cache[(t0 + i) * KVD4 + kb0 + d4];
+                    let v = vec4<f32>(v_cache[(t0 + i) * KVD4 + kb0 + d4]);
                     for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] += d_s[hh * TK + i] * v; }
                 }
             }
@@ -380,7 +383,7 @@ struct KvPair { k: vec4<f32>, v: vec4<f32> };
 fn tile_kv(t0: u32, n: u32, kb0: u32, i: u32) -> KvPair {
     if (i / HD4 >= n) { return KvPair(vec4<f32>(0.0), vec4<f32>(0.0)); }
     let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
-    return KvPair(k_cache[at], v_cache[at]);
+    return KvPair(vec4<f32>(k_cache[at]), vec4<f32>(v_cache[at]));
 }
 
 var<workgroup> p_q: array<vec4<f32>, BQ * HD4>;
@@ -484,7 +487,9 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                     var p = 0.0;
                     if (visible(qpos, k)) {
                         var d = 0.0;
-                        for (var e = 0u; e < HD4; e++) { d += dot(p_q[rr * HD4 + e], k_cache[k * KVD4 + kb0 + e]); }
+                        for (var e = 0u; e < HD4; e++) {
+                            d += dot(p_q[rr * HD4 + e], vec4<f32>(k_cache[k * KVD4 + kb0 + e]));
+                        }
                         p = exp(logit(d) - mr) * inv;
                     }
                     probe_store(row + k, p);

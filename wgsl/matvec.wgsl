@@ -8,7 +8,8 @@
 //           NORM only: {{B_NW}} nw (norm weight, cols floats; declared with x), {{B_XN}} xn (read_write: the normed input)
 //           BIAS only: {{B_BIAS}} bias (f32, indexed by output row + bias_off)
 //           ROPE only: {{B_RP}} rp (uniform RopeParams), {{B_STEP}} step (uniform Step), {{B_KC}} k_cache and
-//             {{B_VC}} v_cache (read_write f32 [n_ctx, n_kv * head_dim])
+//             {{B_VC}} v_cache (read_write {{KV}} [n_ctx, n_kv * head_dim]: f32, or f16 where the values are rounded
+//             as they are stored)
 // Math: y[y_off + r] = (acc ? y[y_off + r] : 0) + sum_c W[r, c] * in(c) (+ bias[bias_off + r]),  r < n_rows,
 //   where in(c) is, by prologue ({{IN}}):
 //     in_plain: x[x_off + c]
@@ -39,9 +40,11 @@
 //   code of that option; B_NW, B_XN, B_BIAS, B_RP, B_STEP, B_KC, B_VC their binding numbers), SG / NOSG: "" or
 //   "// " so that only the chosen reduction is compiled (a device
 //   without the subgroups feature rejects any subgroup builtin even in dead code); SG_ENABLE:
-//   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it.
+//   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it. KV /
+//   KV_ENABLE: the KV cache's element type (f32 or f16) and the "enable f16;" an f16 cache needs (ROPE only; else f32).
 // Grid: groups_1d(ceil(n_rows / 4)): workgroup index = wid.x + wid.y * num_workgroups.x.
 {{SG_ENABLE}}
+{{KV_ENABLE}}
 
 struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32, acc: u32,
                 write_xn: u32, eps: f32, xn_off: u32, bias_off: u32, up_off: u32 };
@@ -56,8 +59,8 @@ struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, 
                     f: array<vec4<f32>, 32> };
 {{ROPE}}@group(0) @binding({{B_RP}}) var<uniform> rp: RopeParams;
 {{ROPE}}@group(0) @binding({{B_STEP}}) var<uniform> step: Step;
-{{ROPE}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<f32>;
-{{ROPE}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<f32>;
+{{ROPE}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<{{KV}}>;
+{{ROPE}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<{{KV}}>;
 
 //!include common.wgsl
 //!include rotary.wgsl
@@ -118,8 +121,8 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 {{ROPE}}    }
 {{ROPE}}    if (rp.write_kv != 0u && step.pos < rp.n_ctx) {
 {{ROPE}}        let kvd = rp.n_kv * rp.head_dim;
-{{ROPE}}        if (c >= q_end && c < rot_end) { k_cache[step.pos * kvd + c - q_end] = o; }
-{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) { v_cache[step.pos * kvd + c - rot_end] = o; }
+{{ROPE}}        if (c >= q_end && c < rot_end) { k_cache[step.pos * kvd + c - q_end] = {{KV}}(o); }
+{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) { v_cache[step.pos * kvd + c - rot_end] = {{KV}}(o); }
 {{ROPE}}    }
 {{ROPE}}    return o;
 {{ROPE}}}

@@ -13,11 +13,13 @@
 // K heads from head n_q_head on, V right after them), and the step's K (rotated) and V rows written into cache
 // row pos + j (rows at or past n_ctx dropped):  a decode step saves the separate KV-write dispatch, which on a GPU
 // costs more in the switch between dependent kernels (~2 us) than its copy.
-//   Bindings 4 k_cache, 5 v_cache (storage, read_write) f32 [n_ctx, kvd], kvd = (n_head - n_q_head) * head_dim.
+//   Bindings 4 k_cache, 5 v_cache (storage, read_write) {{KV}} [n_ctx, kvd], kvd = (n_head - n_q_head) * head_dim
+//   (f32 or f16: the values are rounded to the cache's type as they are stored).
 //   Grid: (ceil(n_head*head_dim/2 / {{WG}}), t, 1), one invocation per (token, head, slot i < head_dim/2): slot
 //   i < half rotates pair i; a slot past half carries dims n_rot + 2(i - half) and the next one through
 //   unrotated (partial rotary); slot e < kvd/2 of the token also copies V elements 2e, 2e+1.
 
+{{KV_ENABLE}}
 //!include common.wgsl
 //!include rotary.wgsl
 
@@ -30,8 +32,8 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(1) var<storage, read> freqs: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<{{KV}}>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<{{KV}}>;
 
 // Indices (within the head) of the two elements pair i rotates.
 fn pair_adjacent(i: u32) -> vec2<u32> { return vec2<u32>(2u * i, 2u * i + 1u); }
@@ -89,13 +91,13 @@ fn rotate_kv(gid: vec3<u32>, neox: bool) {
     let kvd = (p.n_head - p.n_q_head) * p.head_dim;
     if (h >= p.n_q_head) {
         let c = pos * kvd + (h - p.n_q_head) * p.head_dim;
-        k_cache[c + ab.x] = y.x;
-        k_cache[c + ab.y] = y.y;
+        k_cache[c + ab.x] = {{KV}}(y.x);
+        k_cache[c + ab.y] = {{KV}}(y.y);
     }
     if (2u * e < kvd) {     // V sits right after the K heads in the row, never rotated
         let v = row * p.row_stride + p.col_offset + p.n_head * p.head_dim + 2u * e;
-        v_cache[pos * kvd + 2u * e] = x[v];
-        v_cache[pos * kvd + 2u * e + 1u] = x[v + 1u];
+        v_cache[pos * kvd + 2u * e] = {{KV}}(x[v]);
+        v_cache[pos * kvd + 2u * e + 1u] = {{KV}}(x[v + 1u]);
     }
 }
 

@@ -26,6 +26,7 @@ from lab import gpu
 from lab.engine.scratch import DEFAULT_BATCH, Scratch
 from lab.format.gguf import Header
 from lab.format.model import Config, tensor_views
+from lab.ops.attention import KV_TYPES
 from lab.ops.weights import ModelWeights
 from lab.settings import MIN_CTX, context_for
 
@@ -71,7 +72,12 @@ class Budget:
     needs: list[Need]
     problems: list[str] = field(default_factory=list)   # each: buffer, bytes, limit
     suggestion: int | None = None   # the largest context that fits, when a smaller one would help
-    counted_for: tuple = ()         # (n_ctx, max_batch, logits_all, int8): the engine it was counted for
+    counted_for: tuple = ()         # (n_ctx, max_batch, logits_all, int8, kv): the engine it was counted for
+
+    @property
+    def kv_type(self) -> str:
+        """The KV cache's element type it was counted with (lab/ops/attention.py KV_TYPES)."""
+        return self.counted_for[4] if self.counted_for else "f32"
 
     @property
     def fits(self) -> bool:
@@ -112,7 +118,8 @@ class Budget:
                 "max_binding": self.limits["max_storage_buffer_binding_size"],
                 "problems": list(self.problems), "suggestion": self.suggestion,
                 "message": None if self.fits else self.message(),
-                "kv_bytes_per_token": cfg.kv_bytes_per_token(), "default_ctx": context_for(cfg.n_ctx_train),
+                "kv_type": self.kv_type, "kv_bytes_per_token": cfg.kv_bytes_per_token(KV_TYPES[self.kv_type]),
+                "default_ctx": context_for(cfg.n_ctx_train),
                 # hybrids: the conv and recurrent states' buffers (rings, snapshots), and the model's own states
                 # (l_cache - 1 conv rows a layer; qwen35's d_k x d_v per value head), flat in the context
                 "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes(),
@@ -135,10 +142,10 @@ def weight_needs(limits: dict[str, int], header: Header, cfg: Config) -> tuple[l
 
 
 def scratch_needs(limits: dict[str, int], cfg: Config, n_ctx: int, max_batch: int,
-                  logits_all: bool, int8: bool = False) -> list[Need]:
+                  logits_all: bool, int8: bool = False, kv: str = "f32") -> list[Need]:
     """The activation and KV cache buffers lab.engine.scratch.Scratch would make at `n_ctx`."""
     dev = _Counting(limits)
-    s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8)
+    s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8, kv)
     kv = {id(b) for b in s.k_cache + s.v_cache if b is not None}
     state = {id(b) for b in (*s.conv_state, *s.recurrent, *s.snapshots) if b is not None}
     return [Need(b.label, b.size, b.kind, kv=id(b) in kv, state=id(b) in state) for b in dev.buffers]
@@ -159,18 +166,18 @@ def _problems(limits: dict[str, int], needs: list[Need]) -> list[str]:
 
 
 def count(limits: dict[str, int], header: Header, cfg: Config, n_ctx: int, *, max_batch: int = DEFAULT_BATCH,
-          logits_all: bool = False, int8: bool = False) -> Budget:
+          logits_all: bool = False, int8: bool = False, kv: str = "f32") -> Budget:
     """The buffers for this model at `n_ctx`, and whether they fit `limits` (lab.gpu.LIMITS names, as
-    AdapterInfo.limits has them)."""
+    AdapterInfo.limits has them); `kv` the KV cache's element type (lab/ops/attention.py KV_TYPES)."""
     weights, unsplittable = weight_needs(limits, header, cfg)
 
     def at(ctx: int) -> tuple[list[Need], list[str]]:
-        needs = weights + scratch_needs(limits, cfg, ctx, max_batch, logits_all, int8)
+        needs = weights + scratch_needs(limits, cfg, ctx, max_batch, logits_all, int8, kv)
         return needs, unsplittable + _problems(limits, needs)
 
     needs, problems = at(n_ctx)
     b = Budget(n_ctx, cfg.n_ctx_train, dict(limits), needs, problems,
-               counted_for=(n_ctx, max_batch, logits_all, int8))
+               counted_for=(n_ctx, max_batch, logits_all, int8, kv))
     if problems and n_ctx > MIN_CTX and not at(MIN_CTX)[1]:
         lo, hi = MIN_CTX, n_ctx - 1         # lo fits; find the largest that does (fitting shrinks with ctx)
         while lo < hi:

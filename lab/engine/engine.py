@@ -62,12 +62,14 @@ class Engine:
 
     def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
                  n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
-                 host_values: dict[str, bytes] | None = None, int8_prefill: bool = False,
+                 host_values: dict[str, bytes] | None = None, int8_prefill: bool = False, kv: str = "f32",
                  counted: budget.Budget | None = None) -> None:
         """host_values: the raw bytes of the tensors lab.format.model.host_tensors names (llama 3's rope_freqs), read by
         the caller from the file (`read_host_values` natively; one File.slice in the browser worker).
         int8_prefill: prefill's projections of the types lab.ops.matmul.I8_TYPES run on the tensor cores with 8-bit
         inputs (wgsl/matmul_i8.wgsl), on adapters with AdapterInfo.int8_matrix only; decode is unchanged.
+        kv: the KV cache's element type, "f32" (exact) or "f16" (half the memory and the bytes attention reads, each
+        cached value rounded to f16 as llama.cpp's default cache does; adapters with shader-f16 only).
         counted: the memory budget the caller already counted for these arguments (a page load counts once, to
         show it on the model card); without it the engine counts its own."""
         self.device = device
@@ -99,6 +101,11 @@ class Engine:
         if int8_prefill and not device.info.int8_matrix:
             raise EngineError(f"{device.info.name}: no int8 subgroup matrices, so no int8 prefill")
         self.int8_prefill = int8_prefill
+        if kv not in attn_ops.KV_TYPES:
+            raise EngineError(f"KV cache type {kv!r}: one of {', '.join(attn_ops.KV_TYPES)}")
+        if kv == "f16" and "shader-f16" not in device.info.features:
+            raise EngineError(f"{device.info.name}: no shader-f16, so no f16 KV cache (load with the f32 cache)")
+        self.kv_type = kv
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
         # [lo, hi): the positions whose inputs the conv states hold, as the steps run so far left them (lfm2, qwen35);
@@ -109,18 +116,18 @@ class Engine:
         self._next_snap = 0
         # every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py):
         # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
-        key = (n_ctx, max_batch, logits_all, int8_prefill)
+        key = (n_ctx, max_batch, logits_all, int8_prefill, kv)
         if counted is None:
             counted = budget.count(device.info.limits, header, cfg, n_ctx, max_batch=max_batch, logits_all=logits_all,
-                                   int8=int8_prefill)
+                                   int8=int8_prefill, kv=kv)
         elif counted.counted_for != key:
-            raise EngineError(f"the memory budget was counted for (n_ctx, max_batch, logits_all, int8) = "
+            raise EngineError(f"the memory budget was counted for (n_ctx, max_batch, logits_all, int8, kv) = "
                               f"{counted.counted_for}, not {key}")
         self.budget = budget.check(counted, bounded=False)
         with device.owning(self):
             try:
                 self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
-                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill)
+                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill, kv)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()
                 self.decode_whole: Plan = with_whole_attention(self.decode, cfg.attention_layers,
@@ -137,8 +144,14 @@ class Engine:
     # -- what the probes and panels use --------------------------------------------------------------------
     @property
     def kv_buffers(self) -> list[tuple[gpu.Buffer, gpu.Buffer]]:
-        """(K, V) cache buffers of each layer with attention (`kv_layers`), each [n_ctx, n_head_kv * head_dim] f32."""
+        """(K, V) cache buffers of each layer with attention (`kv_layers`), each [n_ctx, n_head_kv * head_dim] of
+        `kv_type` (f32 or f16)."""
         return [(self.scratch.k_cache[il], self.scratch.v_cache[il]) for il in self.kv_layers]
+
+    @property
+    def kv_value_bytes(self) -> int:
+        """Bytes of one cached value: 4 (f32) or 2 (f16)."""
+        return attn_ops.KV_TYPES[self.kv_type]
 
     @property
     def kv_layers(self) -> tuple[int, ...]:
@@ -234,6 +247,7 @@ class Engine:
                                   head_dim=cfg.head_dim_of(il), q_stride=qkv_width(cfg, il), q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
                                   window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
                                   probe=probe, mode="prefill" if batched else "whole" if whole else "decode",
+                                  kv=self.kv_type,
                                   # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU
                                   # adapter pays per workgroup, so there the keys stay in one chunk and the
                                   # tiles wide (measured on lavapipe: narrow tiles made prefill attention 4x slower)

@@ -207,7 +207,8 @@ class PlanBuilder:
             # layer kind: here the step is the identity), K and V go to the cache as they are (role KV_WRITE)
             self.add(attn_ops.kv_write(dev, kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.step,
                                        n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=W, k_offset=Q,
-                                       v_offset=Q + KV, n_ctx=self.eng.n_ctx, label=f"kv_write {il}"),
+                                       v_offset=Q + KV, n_ctx=self.eng.n_ctx, kv=self.eng.kv_type,
+                                       label=f"kv_write {il}"),
                      f"Qcur_rope-{il}", s.qkv, Q, W, 0)
         else:
             # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
@@ -215,7 +216,8 @@ class PlanBuilder:
             self.add(rope.rope(dev, kernels, s.qkv, s.step, cfg.n_head + (cfg.n_head_kv_of(il) if own else 0), HD,
                                cfg.n_rot_of(il), base, cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent",
                                row_stride=W, col_offset=0, freq_factors=factors,
-                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx) if own else None),
+                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx) if own else None,
+                               kv=self.eng.kv_type),
                      f"Qcur_rope-{il}", s.qkv, Q, W, 0)
         if own:
             self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
@@ -386,7 +388,7 @@ class Decode(PlanBuilder):
             return None
         freqs = rope.frequencies(cfg.n_rot, base, cfg.rope_scale, self.eng.rope_freqs)
         return rope.QkvRope(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, tuple(freqs), s.step,
-                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx)
+                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx, self.eng.kv_type)
 
     def glu_then(self, act, n_ff):
         # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's

@@ -99,7 +99,7 @@ class Scratch:
 
     @classmethod
     def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
-              int8: bool = False) -> Scratch:
+              int8: bool = False, kv: str = "f32") -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
         W = cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)   # [q | k | v] (qwen35: | gate)
         if cfg.arch == "gemma4":    # each layer its own widths: the widest row
@@ -108,7 +108,8 @@ class Scratch:
         rows = B if logits_all else 1
         # a cache per attention layer with K/V of its own (gemma4's shared-KV layers read an earlier layer's)
         attends = {il for il in cfg.attention_layers if cfg.has_kv(il)}
-        kv_bytes = [attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv_of(il), cfg.head_dim_of(il)) for il in range(cfg.n_layer)]
+        kv_bytes = [attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv_of(il), cfg.head_dim_of(il), kv)
+                    for il in range(cfg.n_layer)]
         return cls(
             step=ops.make_step(dev, "step"),
             ids=dev.buffer(4 * B, conv, "ids [B] u32"),

@@ -76,8 +76,9 @@ def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
 
 
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
-                disable=(), seed=0, warm_gpu_s: float = 0) -> dict:
+                disable=(), seed=0, warm_gpu_s: float = 0, kv: str = "f32") -> dict:
     """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.instruments.profile.warm).
+    `kv`: the KV cache's element type (Engine's kv: "f16" on adapters with shader-f16).
     Contexts past the model's own are skipped with a line on stderr (`within_model`), listed as "skipped_contexts"."""
     header = gguf.read_file(path)
     cfg = from_gguf(header)
@@ -89,7 +90,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
     # the KV cache: each context's prompt, then the chat's decode, one by one, and _decode_split's steps
     n_ctx = max(max(contexts, default=0) + 2 * decode_tokens + 18, max(prompts) + 1)
     t0 = _now()
-    engine = _engine(device, path, header, cfg, n_ctx=n_ctx, **({"max_batch": max_batch} if max_batch else {}))
+    engine = _engine(device, path, header, cfg, n_ctx=n_ctx, kv=kv, **({"max_batch": max_batch} if max_batch else {}))
     t1 = _now()
     nbytes = engine.weights.upload_file(path)
     _sync(engine)
@@ -101,7 +102,7 @@ def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tok
            "upload_s": round(t2 - t1, 3), "load_mb_s": round(nbytes / 1e6 / (t2 - t1), 1),
            "max_batch": engine.max_batch, "dispatches_per_decode_token": engine.dispatches_per_step(1),
            "dispatches_per_decode_token_past_whole": engine.dispatches_per_step(1, pos=engine.whole_keys),
-           "compute_passes_per_decode_token": 1, "warm_gpu_s": warm_gpu_s, "n_ctx": n_ctx,
+           "compute_passes_per_decode_token": 1, "warm_gpu_s": warm_gpu_s, "n_ctx": n_ctx, "kv_type": kv,
            "n_ctx_train": cfg.n_ctx_train, "skipped_contexts": list(skipped), "prefill": {}, "decode": {}}
 
     def prefill(n: int) -> float:
@@ -161,13 +162,14 @@ def _decode_split(engine: Engine, pos: int, n: int = 8) -> dict:
 
 
 def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = None, disable=(),
-                 warm_gpu_s: float = 0) -> list[dict]:
+                 warm_gpu_s: float = 0, kv: str = "f32") -> list[dict]:
     """GPU time of one step of t tokens (1: decode, more: prefill) by kernel family (lab.instruments.profile), after warm_gpu_s
-    of GPU work."""
+    of GPU work, with a KV cache of element type `kv`."""
     header = gguf.read_file(path)
     device = open_native(disable=tuple(disable))
     pos = max(context, 1) if t == 1 else context
-    engine = _engine(device, path, header, from_gguf(header), n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1))
+    engine = _engine(device, path, header, from_gguf(header), n_ctx=pos + t + 16, max_batch=max(t, max_batch or 1),
+                     kv=kv)
     if warm_gpu_s:
         asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
     rng = random.Random(0)

@@ -253,12 +253,15 @@ def _gpu_profile(lab: _Page, stats: dict, out: dict, reps: int, timeout_s: float
 
 def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool = True,
                   chromium: str | None = None, args: list[str] | None = None, turn_timeout_s: float = 1800,
-                  n_ctx: int | None = None, int8: bool = False, profile: int = 0, warm_gpu_s: float = 0) -> dict:
+                  n_ctx: int | None = None, int8: bool = False, profile: int = 0, warm_gpu_s: float = 0,
+                  kv: str = "f32") -> dict:
     """Load `path` through the page's file input, then for each prompt length one greedy turn of
     decode_tokens decode steps (after a short warm-up turn that compiles the pipelines).
     `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
     ["--enable-dawn-features=..."] to try Dawn toggles). `n_ctx`: the KV cache the page loads the model with
-    (default: the largest prompt plus the decode and some slack, or the page's own if that is larger).
+    (default: the largest prompt plus the decode and some slack, or the page's own if that is larger). `kv`: the
+    load's KV cache type ("f16": the page's f16 box, taken where the adapter has shader-f16; `kv_type` in the JSON
+    says what the page made).
     `warm_gpu_s`: the GPU kept busy that long right before each measured turn (the worker's `warm`), as a native
     benchmark's steps follow each other: an idle GPU lowers its clocks, and the turn after a pause then measures the
     clock's ramp (a 512-token prefill up to 5x slower on the H200). 0: turns as a user types them.
@@ -281,6 +284,8 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
         page.add_init_script(f"window.__labBenchCtx = {int(n_ctx)};")
         if int8:
             page.add_init_script("window.__labBenchInt8 = true;")
+        if kv != "f32":
+            page.add_init_script(f"window.__labBenchKv = '{kv}';")
         page.add_init_script(path=RECORDER)
         page.goto(url + "/")
         lab = _Page(page)
@@ -305,7 +310,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
         out = {"backend": "browser", "model": str(path), "arch": header.metadata.get("general.architecture"),
                "browser": f"Chromium {page.context.browser.version}", "chromium_args": list(args),
                "adapter": gpu_info["name"], "features": gpu_info["features"], "adapter_info": adapter,
-               "n_ctx": stats.get("n_ctx"), "int8_prefill": stats.get("int8_prefill"),
+               "n_ctx": stats.get("n_ctx"), "int8_prefill": stats.get("int8_prefill"), "kv_type": stats.get("kv_type"),
                "weight_bytes": stats["weight_bytes"], "build_s": stats["build_s"],
                "upload_s": stats["upload_s"], "load_mb_s": stats["upload_mb_s"],
                "load_wall_s": round(load_wall, 2),      # file input to `loaded`: header, engine, upload

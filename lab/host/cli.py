@@ -459,7 +459,7 @@ def _bench(args) -> int:
                 res = bench_browser.bench_browser(path, prompts=ints(args.prompts or "32"),
                                                   decode_tokens=args.decode or 8, chromium=chromium, args=flags,
                                                   int8=args.int8, profile=REPS if args.profile else 0,
-                                                  warm_gpu_s=args.warm_gpu)
+                                                  warm_gpu_s=args.warm_gpu, kv=args.kv)
         except bench_browser.BenchError as exc:
             print(f"lab bench: {exc}", file=sys.stderr)
             return 2
@@ -471,8 +471,9 @@ def _bench(args) -> int:
             print(f"lab bench: --synthetic {args.synthetic} has no real model to take the header and tokenizer from "
                   f"(wllama takes text prompts): only {', '.join(models.MODELS)} run in the browser", file=sys.stderr)
             return 2
-        if args.profile or args.int8:
-            print("lab bench: --profile and --int8 are the lab page's; wllama has neither", file=sys.stderr)
+        if args.profile or args.int8 or args.kv != "f32":
+            print("lab bench: --profile, --int8 and --kv are the lab's; wllama has none of them (its cache is f16)",
+                  file=sys.stderr)
             return 2
         chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
         try:
@@ -498,12 +499,12 @@ def _bench(args) -> int:
         if args.profile:
             t = max(ints(args.prompts or "1"))
             for row in bench.profile_step(path, t=t, context=max(ints(args.contexts) or (0,)), disable=args.disable,
-                                          warm_gpu_s=args.warm_gpu):
+                                          warm_gpu_s=args.warm_gpu, kv=args.kv):
                 print(json.dumps(row))
             return 0
         res = bench.bench_model(path, prompts=ints(args.prompts or "128,512"), contexts=ints(args.contexts),
                                 decode_tokens=args.decode or 32, max_batch=args.batch, disable=args.disable,
-                                warm_gpu_s=args.warm_gpu)
+                                warm_gpu_s=args.warm_gpu, kv=args.kv)
     print(json.dumps(res, indent=None if args.json else 2))
     return 0
 
@@ -712,6 +713,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
     s.add_argument("--int8", action="store_true",
                    help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
+    s.add_argument("--kv", choices=("f32", "f16"), default="f32",
+                   help="the KV cache's element type (f16: half the memory, adapters with shader-f16; native and "
+                        "browser)")
     s.add_argument("--warm-gpu", type=float, default=0, metavar="SECONDS",
                    help="keep the GPU busy this long before each measured prefill, decode or profile, as llama-bench's "
                         "warm-up run does (an idle GPU lowers its clocks; browser, 0: turns as typed after a pause)")

@@ -104,7 +104,7 @@ class Experiments:
         owner = object()
         held, snaps = eng.held, list(eng.snaps)
         if n:
-            size = 4 * n * self.cfg.kv_dim
+            size = eng.kv_value_bytes * n * self.cfg.kv_dim
             with self.device.owning(owner):
                 for il, (k, v) in zip(eng.kv_layers, eng.kv_buffers):
                     for name, buf in (("k", k), ("v", v)):

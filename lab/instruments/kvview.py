@@ -24,6 +24,7 @@ from array import array
 
 from lab import gpu, ops
 from lab.instruments.forget import nonzero_words
+from lab.ops.attention import kv_consts
 
 COLS = 256             # positions one pass covers: the output is [COLS, n_layer, 2] f32 (61 KB for SmolLM2)
 WG = 64
@@ -39,7 +40,7 @@ class KvView:
         self.device = dev = engine.device
         cfg = engine.cfg
         self.n_layer, self.kvd = cfg.n_layer, cfg.kv_dim
-        self.kernel = engine.kernels.get("kvview", WG=WG)
+        self.kernel = engine.kernels.get("kvview", WG=WG, **kv_consts(dev, engine.kv_type))
         self._max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
         conv = gpu.CONVERSATION      # norms of the cache are conversation data: Forget wipes and checks them too
         with dev.owning(self):
@@ -75,16 +76,24 @@ class KvView:
                 "ms": round((time.perf_counter() - t0) * 1e3, 2)}
 
 
-def row_norms(raw: bytes, kvd: int, rows: int) -> dict[int, float]:
-    """{row: L2 norm} of the rows among the first `rows` of a cache's bytes that hold a non-zero word, computed from
-    the bytes alone (pure Python: it runs in Pyodide). Rows are skipped at C speed by `nonzero_words`; only the
-    non-zero ones are summed."""
-    width = 4 * kvd
+def cache_values(raw: bytes, value_bytes: int) -> list[float]:
+    """The values of a cache's bytes: f32 (value_bytes 4) or f16 (2), little-endian (pure Python: it runs in
+    Pyodide, whose array module has no f16 type; struct's "e" reads IEEE half)."""
+    if value_bytes == 4:
+        return array("f", raw).tolist()
+    return list(struct.unpack(f"<{len(raw) // 2}e", raw))
+
+
+def row_norms(raw: bytes, kvd: int, rows: int, value_bytes: int = 4) -> dict[int, float]:
+    """{row: L2 norm} of the rows among the first `rows` of a cache's bytes (values of `value_bytes`: 4 f32, 2 f16)
+    that hold a non-zero word, computed from the bytes alone (pure Python: it runs in Pyodide). Rows are skipped at C
+    speed by `nonzero_words`; only the non-zero ones are summed."""
+    width = value_bytes * kvd
     lit = {}
     for r in range(min(rows, len(raw) // width)):
         row = raw[r * width:(r + 1) * width]
         if nonzero_words(row):
-            lit[r] = math.sqrt(math.fsum(x * x for x in array("f", row)))
+            lit[r] = math.sqrt(math.fsum(x * x for x in cache_values(row, value_bytes)))
     return lit
 
 
@@ -96,6 +105,7 @@ class AfterPicture:
 
     def __init__(self, engine) -> None:
         self.n_layer, self.kvd, self.n_ctx = engine.cfg.n_layer, engine.cfg.kv_dim, engine.n_ctx
+        self.value_bytes = engine.kv_value_bytes
         self._where = {}                      # id(buffer) -> (layer, 0 for K or 1 for V)
         for il, (k, v) in zip(engine.kv_layers, engine.kv_buffers):
             self._where[id(k)], self._where[id(v)] = (il, 0), (il, 1)
@@ -112,7 +122,7 @@ class AfterPicture:
         self.before += before
         self.after += after
         if after:
-            self.lit[where] = row_norms(raw, self.kvd, self.n_ctx)
+            self.lit[where] = row_norms(raw, self.kvd, self.n_ctx, self.value_bytes)
             self.labels[where] = buf.label
 
     def picture(self, rows: int) -> dict:

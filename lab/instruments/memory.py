@@ -55,11 +55,13 @@ def recurrent_buffers(engine) -> dict[int, gpu.Buffer]:
 
 
 def describe(engine) -> dict:
-    """Each layer's kind and, per kind, the bytes it keeps and the factors that multiply to them (f32 values)."""
-    cfg, f32 = engine.cfg, 4
+    """Each layer's kind and, per kind, the bytes it keeps and the factors that multiply to them (the states' values
+    f32; the KV cache's the engine's kv_type, f32 or f16)."""
+    cfg, f32, kvb = engine.cfg, 4, engine.kv_value_bytes
     out = {"layers": kinds(engine), "bytes_per_value": f32,
            "kv": {"layers": list(engine.kv_layers), "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
-                  "bytes_per_token": cfg.kv_bytes_per_token(f32), "n_ctx": engine.n_ctx},
+                  "bytes_per_value": kvb, "kv_type": engine.kv_type,
+                  "bytes_per_token": cfg.kv_bytes_per_token(kvb), "n_ctx": engine.n_ctx},
            "conv": None, "delta": None, "snapshots": None}
     if cfg.conv_layers:
         out["conv"] = {"layers": list(cfg.conv_layers), "rows": cfg.l_cache - 1, "channels": cfg.conv_channels,

@@ -1,6 +1,7 @@
 """Attention and the KV-cache write (wgsl/attention.wgsl, wgsl/kv.wgsl).
 
-KV cache, one layer: two f32 buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major; row p holds the
+KV cache, one layer: two buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major, of f32 or (`kv="f16"`,
+KV_TYPES) f16 values; row p holds the
 key (value) of the token at position p, heads side by side (head g at columns g*head_dim ..). `kv_write` fills
 rows pos .. pos+t-1 of a step from any token-major source (the kernel checks' attention cases use it; the engine's
 plans write the cache in their rope op, lab/ops/rope.py `cache=`, or in decode's QKV projection, QkvRope);
@@ -70,13 +71,30 @@ ENTRY_RESOURCES = {
     "prefill_rows": ("q_src", "k_cache", "v_cache", "out", "step", "params"),
 }
 
+# The cache's element types, by name -> bytes a value. "f32" is exact (what the parity with llama.cpp's F32 runs
+# needs); "f16" halves the cache's memory and the bytes attention reads a key (llama.cpp's default cache type), on
+# adapters with shader-f16. Every kernel that binds a cache stores and loads through the type's name (KV in the WGSL,
+# kv_consts) and computes in f32: only the stored values are rounded.
+KV_TYPES = {"f32": 4, "f16": 2}
+
 _KV_PARAMS = struct.Struct("<8I")
 _ATTN_PARAMS = struct.Struct("<5I2f5I")
 
 
-def kv_cache_bytes(n_ctx: int, n_kv_head: int, head_dim: int) -> int:
-    """Bytes of one of a layer's two caches (K or V)."""
-    return 4 * n_ctx * n_kv_head * head_dim
+def kv_cache_bytes(n_ctx: int, n_kv_head: int, head_dim: int, kv: str = "f32") -> int:
+    """Bytes of one of a layer's two caches (K or V) of element type `kv`."""
+    return KV_TYPES[kv] * n_ctx * n_kv_head * head_dim
+
+
+def kv_consts(device: gpu.Device, kv: str) -> dict:
+    """The WGSL constants of a kernel that binds a KV cache of element type `kv`: KV (the WGSL type its cache arrays
+    hold) and KV_ENABLE (the `enable f16;` directive an f16 cache needs, at the file's top). An f16 cache on an adapter
+    without shader-f16 is refused here, the one place every such kernel passes."""
+    if kv not in KV_TYPES:
+        raise ValueError(f"KV cache type {kv!r}: one of {', '.join(KV_TYPES)}")
+    if kv == "f16" and "shader-f16" not in device.info.features:
+        raise gpu.GpuError(f"{device.info.name}: no shader-f16, so no f16 KV cache (the f32 cache works everywhere)")
+    return {"KV": kv, "KV_ENABLE": "enable f16;" if kv == "f16" else ""}
 
 
 def probe_bytes(max_tokens: int, n_head: int, n_ctx: int) -> int:
@@ -85,17 +103,18 @@ def probe_bytes(max_tokens: int, n_head: int, n_ctx: int) -> int:
 
 
 def kv_write(device: gpu.Device, kernels, src, k_cache, v_cache, step, *, n_kv_head: int, head_dim: int,
-             src_stride: int, k_offset: int, v_offset: int, n_ctx: int, label: str = "kv_write") -> list[Op]:
+             src_stride: int, k_offset: int, v_offset: int, n_ctx: int, kv: str = "f32",
+             label: str = "kv_write") -> list[Op]:
     """Copy the step's t K rows (at src[j*src_stride + k_offset ..]) and V rows (at v_offset) into cache rows
-    pos .. pos+t-1. Strides and offsets are in floats."""
+    pos .. pos+t-1 of caches of element type `kv`. Strides and offsets are in floats."""
     kvd = n_kv_head * head_dim
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
+        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim, kv):
             raise ValueError(f"{label}: {name} holds {buf.size} bytes, "
-                             f"needs {kv_cache_bytes(n_ctx, n_kv_head, head_dim)}")
+                             f"needs {kv_cache_bytes(n_ctx, n_kv_head, head_dim, kv)}")
     if max(k_offset, v_offset) + kvd > src_stride:
         raise ValueError(f"{label}: K/V columns run past the source row ({src_stride} floats)")
-    kernel = kernels.get("kv", "kv_write", WG=KV_WG)
+    kernel = kernels.get("kv", "kv_write", WG=KV_WG, **kv_consts(device, kv))
     params = device.uniform(_KV_PARAMS.pack(kvd, src_stride, k_offset, v_offset, n_ctx, 0, 0, 0), f"{label}.params")
     bound = device.bind(kernel, [src, k_cache, v_cache, step, params], label)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
@@ -162,7 +181,7 @@ def _bound(entry: str, probe: bool) -> list[str]:
 
 
 def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str = "prefill",
-            hpw: int | None = None, narrow: bool = False, sg: dict | None = None) -> dict:
+            hpw: int | None = None, narrow: bool = False, sg: dict | None = None, kv: dict | None = None) -> dict:
     """The WGSL constants of one entry's variant, its binding numbers included: the resources the entry uses are
     0, 1, .. in ENTRY_RESOURCES order; every other resource gets a number past them that no layout asks for."""
     hd4, n_parts, bq, bk = _tiles(head_dim, narrow)
@@ -173,14 +192,14 @@ def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str =
     return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK, HPW=hpw,
                 NP=n_parts, DPT=-(-(hd4 * n_parts) // WG), BQ=bq, BK=bk, ACC=-(-(bq * hd4) // WG),
                 PROBE=probe, PROBE_OFF="" if probe else "//", RK=rows_keys(head_dim),
-                **(sg or {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}),
+                **(sg or {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}), **(kv or {"KV": "f32", "KV_ENABLE": ""}),
                 **{f"B_{r.upper()}": n for r, n in binding.items()})
 
 
 def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *, n_head: int, n_kv_head: int,
               head_dim: int, q_stride: int, q_offset: int, n_ctx: int, scale: float | None = None,
               window: int = 0, softcap: float = 0.0, probe=None, mode: str = "auto", max_tokens: int = 1,
-              chunk: int | None = None, narrow: bool = False, rows: bool | None = None,
+              chunk: int | None = None, narrow: bool = False, rows: bool | None = None, kv: str = "f32",
               label: str = "attention") -> list[Op]:
     """Attention of the step's t queries (Q of token j, head h at q_src[j*q_stride + q_offset + h*head_dim ..])
     over cache rows 0 .. pos+t-1, into `out` [t, n_head*head_dim]. `scale` defaults to 1/sqrt(head_dim);
@@ -194,11 +213,11 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     (NARROW_ROWS query rows per workgroup) spread a prompt over more workgroups: what a GPU wants, while a CPU
     adapter pays per workgroup.
     `rows`: the prefill_rows entry (four lanes a query row, subgroup shuffles); default: narrow, no probe, the
-    device has subgroups and head_dim is a multiple of 16.
+    device has subgroups and head_dim is a multiple of 16. `kv`: the caches' element type (KV_TYPES).
     Returns the ops in dispatch order: decode_split, decode_combine, [decode_probs,] then prefill, as `mode` keeps
     (decode_whole alone for "whole")."""
     _check_arguments(label, k_cache, v_cache, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                     q_stride=q_stride, q_offset=q_offset, n_ctx=n_ctx, probe=probe, mode=mode)
+                     q_stride=q_stride, q_offset=q_offset, n_ctx=n_ctx, probe=probe, mode=mode, kv=kv)
     group = n_head // n_kv_head
     chunk = decode_chunk(n_ctx) if chunk is None else int(chunk)
     if chunk < 1 or max_tokens < 1:
@@ -226,11 +245,11 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     # 3. One op per entry: its kernel variant, its bind group and its grid.
     grids = _grids(label, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, narrow=narrow, hpw=hpw,
                    n_ctx=n_ctx, n_chunks=n_chunks, max_tokens=max_tokens)
-    sg = subgroup_consts(device)
+    sg, kvc = subgroup_consts(device), kv_consts(device, kv)
     ops = []
     for entry in entries:
         kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw,
-                                                               narrow, sg))
+                                                               narrow, sg, kvc))
         bound = device.bind(kernel, [res[r] for r in _bound(entry, probe is not None)], f"{label}.{entry}")
         grid = grids[entry]
         if mode == "auto":
@@ -240,7 +259,7 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
 
 
 def _check_arguments(label: str, k_cache, v_cache, *, n_head: int, n_kv_head: int, head_dim: int, q_stride: int,
-                     q_offset: int, n_ctx: int, probe, mode: str) -> None:
+                     q_offset: int, n_ctx: int, probe, mode: str, kv: str = "f32") -> None:
     """attention's checks of its arguments, before anything is built."""
     if n_head % n_kv_head:
         raise ValueError(f"{label}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
@@ -251,8 +270,8 @@ def _check_arguments(label: str, k_cache, v_cache, *, n_head: int, n_kv_head: in
     if mode == "whole" and probe is not None:
         raise ValueError(f"{label}: the whole decode has no probe variant (the probes use the split)")
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim):
-            raise ValueError(f"{label}: {name} is smaller than {n_ctx} rows")
+        if buf.size < kv_cache_bytes(n_ctx, n_kv_head, head_dim, kv):
+            raise ValueError(f"{label}: {name} is smaller than {n_ctx} rows of {kv}")
     if q_offset + n_head * head_dim > q_stride:
         raise ValueError(f"{label}: Q columns run past the source row ({q_stride} floats)")
 

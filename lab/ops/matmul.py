@@ -14,6 +14,7 @@ import struct
 from lab import gpu
 from lab.gpu.shaders import KernelCache, grid_bytes, subgroup_consts
 from lab.ops import KV_WRITE, Op, Weight, groups_1d
+from lab.ops.attention import kv_consts
 from lab.ops.rope import QkvRope
 from lab.ops.weights import dequant_consts
 
@@ -132,8 +133,9 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
     red = max(1, wg // 4) if sg["SG"] == "" else wg
+    kvc = kv_consts(device, rope.kv if rope is not None else "f32")
     k = kernels.get("matvec", WG=wg, RED=red, **consts,
-                    **dequant_consts(w.type), **sg)
+                    **dequant_consts(w.type), **sg, **kvc)
 
     # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters, then the loop's
     # (the grid: one table per grid and owner, not one per op); the rotary epilogue's last, its parameters with the

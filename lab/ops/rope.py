@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lab import gpu
 from lab.ops import KV_WRITE, Op
+from lab.ops.attention import KV_TYPES, kv_consts
 
 WG = 64
 PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, n_q_head, n_ctx, _p
@@ -27,7 +28,7 @@ def frequencies(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_fact
 def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: int, head_dim: int,
          n_rot: int | None = None, freq_base: float = 10000.0, freq_scale: float = 1.0, mode="neox",
          row_stride: int | None = None, col_offset: int = 0, freq_factors=None,
-         cache: tuple[gpu.Buffer, gpu.Buffer, int, int] | None = None) -> list[Op]:
+         cache: tuple[gpu.Buffer, gpu.Buffer, int, int] | None = None, kv: str = "f32") -> list[Op]:
     """Rotate n_head heads of head_dim floats in place; token j of the step sits at position step.pos + j.
 
     mode "adjacent" (or llama.cpp's 0 / "norm") pairs (2i, 2i+1); "neox" (or 2) pairs (i, i + n_rot/2). Only the first
@@ -39,8 +40,8 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
 
     cache=(k_cache, v_cache, n_q_head, n_ctx): the row is a fused [q | k | v] row whose first n_q_head heads are Q,
     the rest of the n_head K, and V follows them; the op also writes each token's rotated K and its V into cache
-    row pos + j (f32 [n_ctx, kvd]). Its role is KV_WRITE, and `without_kv` is the same rotation without the
-    writes (the probes replay cached positions with it)."""
+    row pos + j ([n_ctx, kvd] of element type `kv`, lab/ops/attention.py KV_TYPES). Its role is KV_WRITE, and
+    `without_kv` is the same rotation without the writes (the probes replay cached positions with it)."""
     if mode not in MODES:
         raise ValueError(f"rope: unknown mode {mode!r} (adjacent/0 or neox/2)")
     n_rot = head_dim if n_rot is None else int(n_rot)
@@ -53,7 +54,8 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     device.write(table, struct.pack(f"<{half}f", *freqs))
     n_q, n_ctx = (cache[2], cache[3]) if cache else (n_head, 0)
     params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, n_q, n_ctx, 0), "rope.params")
-    k = kernels.get("rope", MODES[mode], WG=WG)
+    kvc = kv_consts(device, kv if cache else "f32")
+    k = kernels.get("rope", MODES[mode], WG=WG, **kvc)
     gx = -(-(n_head * half) // WG)
     plain = Op(k, device.bind(k, [x, table, params, step], MODES[mode]), lambda t: (gx, max(1, t), 1))
     if cache is None:
@@ -65,10 +67,11 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     if row_stride < col_offset + (n_head + n_kv) * head_dim:
         raise ValueError(f"rope: the V heads run past the row ({row_stride} floats)")
     for buf, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        if buf.size < 4 * n_ctx * n_kv * head_dim:
-            raise ValueError(f"rope: {name} holds {buf.size} bytes, needs {4 * n_ctx * n_kv * head_dim}")
+        need = KV_TYPES[kv] * n_ctx * n_kv * head_dim
+        if buf.size < need:
+            raise ValueError(f"rope: {name} holds {buf.size} bytes, needs {need}")
     entry = MODES[mode].replace("rope_", "rope_kv_")
-    kk = kernels.get("rope", entry, WG=WG)
+    kk = kernels.get("rope", entry, WG=WG, **kvc)
     gxk = -(-(n_head * (head_dim // 2)) // WG)
     return [Op(kk, device.bind(kk, [x, table, params, step, k_cache, v_cache], entry), lambda t: (gxk, max(1, t), 1),
                KV_WRITE, without_kv=plain)]
@@ -93,6 +96,7 @@ class QkvRope:
     k_cache: gpu.Buffer
     v_cache: gpu.Buffer
     n_ctx: int
+    kv: str = "f32"          # the caches' element type (lab/ops/attention.py KV_TYPES)
 
     def params(self, write_kv: bool) -> bytes:
         if len(self.freqs) > MAX_FUSED_PAIRS:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import base64
 import random
 import time
+from array import array
 
 import js
 from pyodide.ffi import to_js
 
 from lab.instruments import kernelcheck, weightread
 from lab.instruments import profile as gpu_profile
+from lab.instruments.kvview import cache_values
 from lab.instruments.memory import recurrent_buffers
 from lab.settings import Settings
 from lab.worker.protocol import answered
@@ -31,19 +33,21 @@ def _fresh(w: Worker) -> Loaded:
 
 @answered
 async def kv_rows(msg: dict, w: Worker) -> dict:
-    """The raw K and V rows at `positions` of every layer, f32 [len(positions), n_layer, 2, kvd] in base64, read
-    straight from the caches (not through lab/instruments/kvview.py's kernel), for a test to compute norms on its
-    own."""
+    """The K and V rows at `positions` of every layer, f32 [len(positions), n_layer, 2, kvd] in base64 (an f16 cache's
+    values widened), read straight from the caches (not through lab/instruments/kvview.py's kernel), for a test to
+    compute norms on its own."""
     engine = w.loaded().engine
-    kvd = engine.cfg.kv_dim
+    kvd, vb = engine.cfg.kv_dim, engine.kv_value_bytes
     positions = [int(p) for p in msg["positions"]]
     lo, hi = min(positions), max(positions) + 1
     layers = []
     for pair in engine.kv_buffers:
-        layers.append([await engine.device.read(b, 4 * kvd * lo, 4 * kvd * (hi - lo)) for b in pair])
-    raw = b"".join(layers[il][kv][4 * kvd * (p - lo):4 * kvd * (p - lo + 1)]
+        layers.append([await engine.device.read(b, vb * kvd * lo, vb * kvd * (hi - lo)) for b in pair])
+    raw = b"".join(layers[il][kv][vb * kvd * (p - lo):vb * kvd * (p - lo + 1)]
                    for p in positions for il in range(len(layers)) for kv in (0, 1))
-    return {"kvd": kvd, "n_layer": len(layers), "layers": list(engine.kv_layers), "rows": base64.b64encode(raw).decode()}
+    rows = array("f", cache_values(raw, vb)).tobytes()
+    return {"kvd": kvd, "n_layer": len(layers), "layers": list(engine.kv_layers), "kv_type": engine.kv_type,
+            "rows": base64.b64encode(rows).decode()}
 
 
 @answered

@@ -19,7 +19,8 @@ from types import SimpleNamespace
 INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what answers it
     # the product
     "init": "open the GPU device and run the self-test -> gpu, selftest",
-    "load": "{file, n_ctx?, int8?, seq}: read the header, validate, budget, upload (web/worker.js labUpload) "
+    "load": "{file, n_ctx?, int8?, kv? (\"f16\" or \"f32\"), seq}: read the header, validate, budget, upload "
+            "(web/worker.js labUpload) "
             "-> model-info, loaded",
     "chat": "{messages, settings, max_new, kv_view?}: one turn -> prompt, token..., kv-view..., done",
     "reset": "new chat: the conversation dropped, the model kept -> reset",

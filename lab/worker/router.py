@@ -133,7 +133,7 @@ async def _header_and_card(file) -> tuple[gguf.Header, dict]:
     return header, summary
 
 
-def _count(device, header: gguf.Header, n_ctx: int | None, int8: bool):
+def _count(device, header: gguf.Header, n_ctx: int | None, int8: bool, kv: str = "f32"):
     """The load's one validation and one memory budget: (config, tokenizer, budget), with the problem that stops the
     load, if any (the card still shows what could be worked out)."""
     try:
@@ -141,7 +141,7 @@ def _count(device, header: gguf.Header, n_ctx: int | None, int8: bool):
     except Exception as exc:  # the card goes without a budget; the load reports the problem
         return None, None, None, exc
     counted = budget.count(device.info.limits, header, cfg, context_for(cfg.n_ctx_train, n_ctx),
-                           max_batch=prefill_batch(device.info), int8=int8)
+                           max_batch=prefill_batch(device.info), int8=int8, kv=kv)
     return cfg, tok, counted, None
 
 
@@ -172,7 +172,9 @@ async def _load(msg: dict, w: Worker) -> None:
     _unload(w)
     header, summary = await _header_and_card(file)
     int8 = bool(msg.get("int8")) and device.info.int8_matrix    # offered only there; a stale flag loads exact
-    cfg, tok, counted, problem = _count(device, header, n_ctx, int8)
+    # the f16 KV cache likewise only where the adapter has shader-f16; anything else loads the f32 cache
+    kv = "f16" if msg.get("kv") == "f16" and "shader-f16" in device.info.features else "f32"
+    cfg, tok, counted, problem = _count(device, header, n_ctx, int8, kv)
     summary["budget"] = counted.card(cfg) if counted is not None else None
     w.post({"type": "model-info", "summary": summary, "seq": seq})
     if problem is not None:
@@ -185,7 +187,7 @@ async def _load(msg: dict, w: Worker) -> None:
     small = {t.name: (await file.slice(t.offset, t.offset + t.nbytes).arrayBuffer()).to_bytes()
              for t in host_tensors(cfg, header)}
     engine = Engine(device, header, cfg, host_values=small, n_ctx=n_ctx, max_batch=batch, int8_prefill=int8,
-                    counted=counted)
+                    kv=kv, counted=counted)
     try:
         await device.flush_errors()              # shader problems surface before a byte of weights moves
         pieces = to_js([u.record() for u in engine.weights.pieces(UPLOAD_CHUNK)], dict_converter=js.Object.fromEntries)
@@ -203,10 +205,13 @@ async def _load(msg: dict, w: Worker) -> None:
     w.post({"type": "loaded", "seq": seq, "stats": {
         "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
         "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
-        "kv_bytes_per_token": cfg.kv_bytes_per_token(), "dispatches_per_token": engine.dispatches_per_step(1),
+        "kv_bytes_per_token": cfg.kv_bytes_per_token(engine.kv_value_bytes),
+        "dispatches_per_token": engine.dispatches_per_step(1), "kv_type": engine.kv_type,
         "int8_prefill": engine.int8_prefill, "max_batch": engine.max_batch,
-        "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim, "bytes_per_value": 4,
-               "bytes_per_token": cfg.kv_bytes_per_token(), "n_ctx": engine.n_ctx, "layers": list(engine.kv_layers),
+        "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
+               "bytes_per_value": engine.kv_value_bytes, "kv_type": engine.kv_type,
+               "bytes_per_token": cfg.kv_bytes_per_token(engine.kv_value_bytes), "n_ctx": engine.n_ctx,
+               "layers": list(engine.kv_layers),
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
         "memory": memory.describe(engine),
         "n_head": cfg.n_head, "n_embd": cfg.n_embd,

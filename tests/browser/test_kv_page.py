@@ -164,3 +164,38 @@ def test_a_buffer_left_out_of_the_wipe_stays_lit_and_is_named(lab_kv):
     assert page.get_attribute('[data-testid="kv-forget"]', "data-state") == "wiped"
     assert all(kv == (0.0, 0.0) for kv in _cells(lab).values())
     assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+def test_the_f16_cache_chats_draws_and_forgets(lab_kv):
+    """The f16 box (adapters with shader-f16): ticking it loads the file again with a cache of f16 values. The greedy
+    reply is the f32 cache's (natively the two agree for 16 tokens, tests/engine/test_kv_f16.py), the heatmap equals
+    the rows read back (labKvRows widens them to f32) and Forget blanks it."""
+    lab, page = lab_kv, lab_kv.page
+    if page.evaluate("document.querySelector('[data-testid=kv-f16]').disabled"):
+        assert "no shader-f16" in page.inner_text('[data-testid="kv-f16-note"]')
+        pytest.skip("this adapter has no shader-f16")
+    prompt = "Name three colours."
+    lab.send(prompt, max_tokens=6)
+    ids32 = lab.ids()
+    assert _forget(lab) == "wiped"
+    page.check('[data-testid="kv-f16"]')            # loads the file again
+    page.wait_for_function("!document.querySelector('[data-testid=prompt]').disabled && document.querySelector("
+                           "'[data-testid=model-info]').textContent.includes('per token (f16)')", timeout=SLOW)
+    assert "on:" in page.inner_text('[data-testid="kv-f16-note"]')
+    assert "f16" in page.inner_text('[data-testid="context-plan"]')
+    lab.send(prompt, max_tokens=6)
+    assert lab.ids() == ids32
+    used = int(lab.cells("kv-used", ["used"])[0]["used"])
+    assert page.inner_text('[data-testid="kv-bytes-per-token"]') == "23,040"      # half of 46,080
+    r = page.evaluate("ps => window.labKvRows(ps)", [0])
+    assert r["kv_type"] == "f16"
+    cells = _cells(lab)
+    positions = [1, used - 2, used - 1]
+    want = _numpy_norms(lab, positions)
+    got = np.array([[cells[(il, p)] for il in range(N_LAYER)] for p in positions])
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+    page.evaluate("document.querySelector('#kv').scrollIntoView({block: 'start'})")
+    _shot(lab, "f16-before-forget")
+    assert _forget(lab) == "wiped"
+    _assert_blank(lab, used)
+    assert lab.errors() == [] and lab.foreign_requests() == []

@@ -190,10 +190,11 @@ def check_rms_norm(env: Env, t=5, pos=7, n=1000, eps=1e-5, group=None, inplace=F
 
 
 def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=None, base=10000.0, scale=1.0,
-               factors=None, n_rows=8, seed=1, fused=None, n_ctx=None) -> None:
+               factors=None, n_rows=8, seed=1, fused=None, n_ctx=None, kv="f32") -> None:
     """fused=(nh, nkv): rotate the Q and K heads of a fused QKV buffer in one op; V must not move.
     n_ctx (with fused): the op also writes the rotated K and the V of rows pos .. pos+t-1 into caches of n_ctx
-    rows (rows past n_ctx dropped); every other cache row must keep its bytes."""
+    rows (rows past n_ctx dropped); every other cache row must keep its bytes. kv="f16": caches of f16, each written
+    value within one f16 step of the row's (WGSL rounds a store to either neighbour)."""
     from lab.ops.rope import rope
     rng = np.random.default_rng(seed)
     dev = env.device
@@ -208,11 +209,12 @@ def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=N
     cache, caches = None, []
     if n_ctx is not None:
         kvd = nkv * head_dim
-        caches = [f32(rng.standard_normal((n_ctx, kvd))) for _ in range(2)]
+        store = np.float16 if kv == "f16" else np.float32
+        caches = [rng.standard_normal((n_ctx, kvd)).astype(store) for _ in range(2)]
         bufs = [upload(dev, c) for c in caches]
         cache = (bufs[0], bufs[1], nh, n_ctx)
     ops = rope(dev, env.kernels, xb, ops_step(env), nh_rot, head_dim, n_rot, base, scale, mode,
-               row_stride=stride, freq_factors=factors, cache=cache)
+               row_stride=stride, freq_factors=factors, cache=cache, kv=kv)
     run(env, ops, pos, t)
     y = read(dev, xb).reshape(n_rows, stride)
     want = rope_ref(x[:t], pos, nh_rot, head_dim, n_rot, base, scale, mode, factors=factors)
@@ -227,15 +229,16 @@ def check_rope(env: Env, mode="neox", t=5, pos=7, n_head=4, head_dim=64, n_rot=N
     if not (np.array_equal(y[:t, nh_rot * head_dim:], x[:t, nh_rot * head_dim:]) and np.array_equal(y[t:], x[t:])):
         raise AssertionError("rope touched V heads or rows past t")
     if cache is not None:
-        # the cache holds exactly what the op left in the row: the rotated K (bit for bit) and the V
+        # the cache holds exactly what the op left in the row: the rotated K (bit for bit) and the V (f16: rounded)
         rows = [j for j in range(t) if pos + j < n_ctx]
-        k_want, v_want = caches[0].copy(), caches[1].copy()
+        k_want, v_want = (c.astype(np.float64) for c in caches)
         for j in rows:
             k_want[pos + j] = y[j, nh * head_dim:(nh + nkv) * head_dim]
             v_want[pos + j] = y[j, (nh + nkv) * head_dim:(nh + 2 * nkv) * head_dim]
         for name, buf, w in (("K", cache[0], k_want), ("V", cache[1], v_want)):
-            got = read(dev, buf).reshape(n_ctx, kvd)
-            bad = np.argwhere(got != w)
+            got = read(dev, buf, store).reshape(n_ctx, kvd).astype(np.float64)
+            step = np.spacing(np.abs(w.astype(np.float16))).astype(np.float64) if kv == "f16" else 0.0
+            bad = np.argwhere(np.abs(got - w) > step)
             if len(bad):
                 raise AssertionError(f"rope: {len(bad)} {name} cache values differ, first at (row, col) "
                                      f"{tuple(bad[0])} (rows {pos}..{pos + t - 1} written, n_ctx {n_ctx})")

@@ -49,8 +49,9 @@ class BrokenKernels(KernelCache):
 
 
 def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto", window=0, softcap=0.0,
-             scale=None, probe=False, big=0.0, seed=0, chunk=None, narrow=False, rows=None):
-    """Run kv_write + attention once; return the GPU results with the oracle's."""
+             scale=None, probe=False, big=0.0, seed=0, chunk=None, narrow=False, rows=None, kv="f32"):
+    """Run kv_write + attention once; return the GPU results with the oracle's. kv="f16": the caches hold f16
+    (tests/kernels/test_kv_f16.py), and the oracle's caches are its f64 ones rounded to f16, as a store rounds."""
     rng = np.random.default_rng(seed)
     width = (n_head + 2 * n_kv) * hd
     k_off, v_off = n_head * hd, (n_head + n_kv) * hd
@@ -70,6 +71,8 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
             src[:, k_off + g * hd:k_off + (g + 1) * hd] += a * u
             kc0[:, g * hd:(g + 1) * hd] += a * u
     src, kc0, vc0 = (x.astype(np.float32) for x in (src, kc0, vc0))
+    store = np.float16 if kv == "f16" else np.float32     # the caches' element type, as the GPU holds them
+    kc0, vc0 = kc0.astype(store), vc0.astype(store)
 
     before = set(map(id, device.buffers))
     conv = gpu.CONVERSATION
@@ -77,6 +80,7 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
     b_k = device.buffer(kc0.nbytes, conv, "t.k")
     b_v = device.buffer(vc0.nbytes, conv, "t.v")
     b_out = device.buffer(4 * t * n_head * hd, conv, "t.out")
+    assert b_k.size == A.kv_cache_bytes(n_ctx, n_kv, hd, kv)
     step = make_step(device, "t.step")
     b_probe = device.buffer(A.probe_bytes(t, n_head, n_ctx), conv, "t.probe") if probe else None
     try:
@@ -87,15 +91,15 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
         if probe:
             device.write(b_probe, np.full(t * n_head * n_ctx, np.nan, np.float32).tobytes())
         ops = A.kv_write(device, kernels, b_src, b_k, b_v, step, n_kv_head=n_kv, head_dim=hd, src_stride=width,
-                         k_offset=k_off, v_offset=v_off, n_ctx=n_ctx)
+                         k_offset=k_off, v_offset=v_off, n_ctx=n_ctx, kv=kv)
         ops += A.attention(device, kernels, b_src, b_k, b_v, b_out, step, n_head=n_head, n_kv_head=n_kv,
                            head_dim=hd, q_stride=width, q_offset=0, n_ctx=n_ctx, scale=scale, window=window,
                            softcap=softcap, probe=b_probe, mode=mode,
-                           max_tokens=t, chunk=chunk, narrow=narrow, rows=rows)
+                           max_tokens=t, chunk=chunk, narrow=narrow, rows=rows, kv=kv)
         device.run([op.at(t) for op in ops], writes=[(step, 0, step_bytes(pos, t, n_ctx))])
         got = np.frombuffer(device.read_sync(b_out), np.float32).reshape(t, n_head * hd)
-        got_k = np.frombuffer(device.read_sync(b_k), np.float32).reshape(n_ctx, kvd)
-        got_v = np.frombuffer(device.read_sync(b_v), np.float32).reshape(n_ctx, kvd)
+        got_k = np.frombuffer(device.read_sync(b_k), store).reshape(n_ctx, kvd)
+        got_v = np.frombuffer(device.read_sync(b_v), store).reshape(n_ctx, kvd)
         got_p = (np.frombuffer(device.read_sync(b_probe), np.float32).reshape(t, n_head, n_ctx)
                  if probe else None)
     finally:
@@ -103,13 +107,21 @@ def run_case(device, kernels, *, n_head, n_kv, hd, pos, t, n_ctx=48, mode="auto"
             device.destroy(buf)
 
     kc, vc = oracle.kv_write(kc0, vc0, src, pos, n_kv_head=n_kv, head_dim=hd, k_offset=k_off, v_offset=v_off)
+    if kv == "f16":
+        # A store rounds to one of the two nearest f16 values (WGSL leaves which to the adapter): each cached value
+        # within one f16 step of the f32 one, then the oracle attends over what the cache holds.
+        for got_c, want in ((got_k, kc), (got_v, vc)):
+            step16 = np.spacing(np.abs(want.astype(np.float16))).astype(np.float64)
+            bad = np.abs(got_c.astype(np.float64) - want.astype(np.float64)) > step16
+            assert not bad.any(), f"f16 cache write: {int(bad.sum())} values off by more than one f16 step"
+        kc, vc = got_k, got_v
     ref, probs, _ = oracle.attention(src[:, :k_off], kc, vc, pos, n_head=n_head, n_kv_head=n_kv, head_dim=hd,
                                      scale=sc, window=window, softcap=softcap)
     # L1 size of every score sum (for the rounding bound) over all (token, head, key): an upper bound
     q = src[:, :k_off].astype(np.float64).reshape(t, n_head, hd)
     kk = np.abs(kc.astype(np.float64)).reshape(n_ctx, n_kv, hd)
     l1 = max(float((np.abs(q[:, h]) @ kk[:, h // (n_head // n_kv)].T).max()) for h in range(n_head)) * sc
-    return dict(got=got, ref=ref, got_k=got_k, got_v=got_v, kc=kc, vc=vc, got_p=got_p, probs=probs,
+    return dict(got=got, ref=ref, got_k=got_k, got_v=got_v, kc=kc, vc=vc, kc0=kc0, vc0=vc0, got_p=got_p, probs=probs,
                 l1=float(l1), hd=hd, vmax=float(np.abs(vc).max()), pos=pos, t=t)
 
 

@@ -382,6 +382,12 @@ def test_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, p
     """Decode's fused [q | k | v] projection with RoPE in its epilogue (adjacent pairs, partial rotary, GQA, a weight
     in several parts, position 0): Q and K leave rotated, K and V land in cache row pos; the without_kv twin leaves
     the caches alone."""
+    check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts)
+
+
+def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts, kv="f32"):
+    """test_matvec_rope_epilogue's case; kv="f16" (tests/kernels/test_kv_f16.py): f16 caches, each written value
+    within one f16 step of the row's (WGSL rounds a store to either neighbour)."""
     from lab.ops import KV_WRITE, make_step, step_bytes
     from lab.ops.rope import QkvRope, frequencies
     rows, cols, n_ctx = (nh + 2 * nkv) * hd, 256, 48
@@ -393,7 +399,8 @@ def test_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, p
     freqs = frequencies(n_rot, 10000.0, 1.0, [1.0 + 0.5 * i for i in range(n_rot // 2)])
     kvd = nkv * hd
     rng = np.random.default_rng(23)
-    k0, v0 = (rng.standard_normal((n_ctx, kvd)).astype(np.float32) for _ in range(2))
+    store = np.float16 if kv == "f16" else np.float32
+    k0, v0 = (rng.standard_normal((n_ctx, kvd)).astype(store) for _ in range(2))
     with Rig(device, kernels) as r:
         per = ((rows + parts - 1) // parts + 1) // 2 * 2                  # even rows a part: whole pairs
         limit = None if parts == 1 else per * raw.shape[1]
@@ -405,24 +412,26 @@ def test_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, p
         xnb = r.buffer(4 * cols, "xn")
         kb, vb = r.buffer(k0.tobytes(), "k cache"), r.buffer(v0.tobytes(), "v cache")
         step = make_step(device, "t.step")
-        spec = QkvRope(nh, nkv, hd, n_rot, tuple(freqs), step, kb, vb, n_ctx)
+        spec = QkvRope(nh, nkv, hd, n_rot, tuple(freqs), step, kb, vb, n_ctx, kv)
         ops = matvec(device, kernels, w, xb, yb, x_offset=x_at, norm=(nwb, 1e-5), xn=xnb, rope=spec)
         assert all(op.role == KV_WRITE and op.without_kv is not None for op in ops)
         writes = [(step, 0, step_bytes(pos, 1, n_ctx))]
         device.run([op.without_kv.at(1) for op in ops], writes=writes)
         y_plain = r.read(yb, rows)
-        assert r.read(kb, n_ctx * kvd).tobytes() == k0.tobytes() and r.read(vb, n_ctx * kvd).tobytes() == v0.tobytes()
+        assert device.read_sync(kb) == k0.tobytes() and device.read_sync(vb) == v0.tobytes()
         device.run([op.at(1) for op in ops], writes=writes)
         y = r.read(yb, rows)
-        kc = r.read(kb, n_ctx * kvd).reshape(n_ctx, kvd)
-        vc = r.read(vb, n_ctx * kvd).reshape(n_ctx, kvd)
+        kc = np.frombuffer(device.read_sync(kb), store).reshape(n_ctx, kvd)
+        vc = np.frombuffer(device.read_sync(vb), store).reshape(n_ctx, kvd)
         device.destroy(step)
     np.testing.assert_array_equal(y, y_plain)
     # rotated back with exact angles, the row is the projection: its rounding, plus the angle's (theta = pos * f in f32)
     assert qo.dot_err(_rotate(y, pos, nh + nkv, hd, n_rot, freqs, -1.0), W, xn_ref) <= 2 * DOT_TOL
     q_end = nh * hd
-    np.testing.assert_array_equal(kc[pos], y[q_end:q_end + kvd])      # the values the row holds, copied
-    np.testing.assert_array_equal(vc[pos], y[q_end + kvd:])
+    for got, want in ((kc[pos], y[q_end:q_end + kvd]), (vc[pos], y[q_end + kvd:])):   # the row's values, copied
+        step = np.spacing(np.abs(want.astype(np.float16))).astype(np.float64) if kv == "f16" else 0.0
+        assert np.all(np.abs(got.astype(np.float64) - want) <= step), "cache row differs from the projection's"
+
     others = np.arange(n_ctx) != pos
     np.testing.assert_array_equal(kc[others], k0[others])
     np.testing.assert_array_equal(vc[others], v0[others])
