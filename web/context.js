@@ -40,11 +40,10 @@ export function int8Prefill() {
   return int8.checked && !int8.disabled;
 }
 
-// The load message's KV cache type: "f16" where the adapter has shader-f16 and the box is ticked (each cached value
-// rounded to f16, half the memory: lab/ops/attention.py KV_TYPES), else "f32" (exact).
+// The load message's KV cache type: "f16" where the box is ticked (each cached value rounded to f16, half the memory;
+// packed two to a word in core WGSL, so on any adapter: lab/ops/attention.py KV_TYPES), else "f32" (exact).
 export function kvType() {
-  const box = $("kv-f16");
-  return box.checked && !box.disabled ? "f16" : "f32";
+  return $("kv-f16").checked ? "f16" : "f32";
 }
 
 // ---- events -------------------------------------------------------------------------------------------------------
@@ -82,11 +81,10 @@ function renderInt8(gpu) {
 }
 
 function renderKvType(gpu) {
-  const box = $("kv-f16"), f16 = !!gpu?.features?.includes("shader-f16");
-  box.disabled = !f16;
-  if (!f16) box.checked = false;
-  $("kv-f16-note").textContent = f16 ? (box.checked ? "on: each cached key and value rounded to f16"
-    : "off: exact f32 cache") : "not on this adapter (no shader-f16)";
+  const box = $("kv-f16");
+  box.disabled = !gpu;
+  $("kv-f16-note").textContent = box.checked ? "on: each cached key and value rounded to f16, half the memory"
+    : "off: exact f32 cache";
 }
 
 export function renderContext(store) {

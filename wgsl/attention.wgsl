@@ -3,9 +3,10 @@
 // Resources (binding numbers are the builder's: each entry binds the ones it uses as 0, 1, .. in its list's order,
 // lab/ops/attention.py ENTRY_RESOURCES; the others get numbers no layout asks for):
 //           q_src   (storage, read)       f32 [t, q_stride]; head h of token j at j*q_stride + q_offset + h*HD
-//           k_cache (storage, read)       KV [n_ctx, n_kv_head*HD] (read as vec4), row = position; KV is the
-//                                         cache's element type, f32 or f16 (lab/ops/attention.py KV_TYPES)
-//           v_cache (storage, read)       KV [n_ctx, n_kv_head*HD] (read as vec4)
+//           k_cache (storage, read)       [n_ctx, n_kv_head*HD] values, row = position, read 4 at a time (load_k):
+//                                         f32 (KV32) or f16 two to a u32 word (KV16, wgsl/kv.wgsl's layout, widened
+//                                         by unpack2x16float: core WGSL, no shader-f16)
+//           v_cache (storage, read)       [n_ctx, n_kv_head*HD] values, the same (load_v)
 //           out     (storage, read_write) f32 [t, n_head*HD] (written as vec4)
 //           step    (uniform Step)        pos (position of the step's first token), n_tokens (= t)
 //           params  (uniform Params)      q_stride, q_offset (floats), n_head, n_ctx (cache rows), window W (0 = off),
@@ -38,7 +39,6 @@
 // more than one tile of keys in workgroup memory.
 
 {{SG_ENABLE}}
-{{KV_ENABLE}}
 //!include common.wgsl
 
 struct Params {
@@ -66,13 +66,21 @@ const RK: u32 = {{RK}}u;                  // prefill_rows: keys per tile
 const NEG: f32 = -3.0e38;                 // "no score yet"; never fed to exp unshifted
 
 @group(0) @binding({{B_Q_SRC}}) var<storage, read> q_src: array<f32>;
-@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec4<{{KV}}>>;
-@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec4<{{KV}}>>;
+{{KV32}}@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec4<f32>>;
+{{KV32}}@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec4<f32>>;
+{{KV16}}@group(0) @binding({{B_K_CACHE}}) var<storage, read> k_cache: array<vec2<u32>>;
+{{KV16}}@group(0) @binding({{B_V_CACHE}}) var<storage, read> v_cache: array<vec2<u32>>;
 @group(0) @binding({{B_OUT}}) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding({{B_STEP}}) var<uniform> step: Step;
 @group(0) @binding({{B_PARAMS}}) var<uniform> P: Params;
 @group(0) @binding({{B_SCRATCH}}) var<storage, read_write> scratch: array<vec4<f32>>;
 {{PROBE_OFF}}@group(0) @binding({{B_PROBE}}) var<storage, read_write> probe: array<f32>;
+
+// Values 4i .. 4i + 3 of a cache (i in vec4s of values, as KVD4 counts them).
+{{KV32}}fn load_k(i: u32) -> vec4<f32> { return k_cache[i]; }
+{{KV32}}fn load_v(i: u32) -> vec4<f32> { return v_cache[i]; }
+{{KV16}}fn load_k(i: u32) -> vec4<f32> { let w = k_cache[i]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
+{{KV16}}fn load_v(i: u32) -> vec4<f32> { let w = v_cache[i]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
 
 fn probe_store(i: u32, v: f32) {
 {{PROBE_OFF}}    probe[i] = v;
@@ -126,7 +134,7 @@ fn d_load_q(lid: u32, j: u32, h0: u32) {
 fn d_scores(kb: u32) -> array<f32, HPW> {
     var d: array<f32, HPW>;
     for (var e = 0u; e < HD4; e++) {
-        let k = vec4<f32>(k_cache[kb + e]);
+        let k = load_k(kb + e);
         for (var hh = 0u; hh < HPW; hh++) { d[hh] += dot(d_q[hh * HD4 + e], k); }
     }
     for (var hh = 0u; hh < HPW; hh++) { d[hh] = logit(d[hh]); }
@@ -224,7 +232,7 @@ fn d_attend(lid: u32, j: u32, h0: u32, lo: u32, hi: u32) -> array<vec2<f32>, HPW
                 let d4 = slot % HD4;
                 for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] *= alpha[hh]; }
                 for (var i = slot / HD4; i < n; i += NP) {
-                    let v = vec4<f32>(v_cache[(t0 + i) * KVD4 + kb0 + d4]);
+                    let v = load_v((t0 + i) * KVD4 + kb0 + d4);
                     for (var hh = 0u; hh < HPW; hh++) { acc[a * HPW + hh] += d_s[hh * TK + i] * v; }
                 }
             }
@@ -383,7 +391,7 @@ struct KvPair { k: vec4<f32>, v: vec4<f32> };
 fn tile_kv(t0: u32, n: u32, kb0: u32, i: u32) -> KvPair {
     if (i / HD4 >= n) { return KvPair(vec4<f32>(0.0), vec4<f32>(0.0)); }
     let at = (t0 + i / HD4) * KVD4 + kb0 + i % HD4;
-    return KvPair(vec4<f32>(k_cache[at]), vec4<f32>(v_cache[at]));
+    return KvPair(load_k(at), load_v(at));
 }
 
 var<workgroup> p_q: array<vec4<f32>, BQ * HD4>;
@@ -488,7 +496,7 @@ fn prefill(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid
                     if (visible(qpos, k)) {
                         var d = 0.0;
                         for (var e = 0u; e < HD4; e++) {
-                            d += dot(p_q[rr * HD4 + e], vec4<f32>(k_cache[k * KVD4 + kb0 + e]));
+                            d += dot(p_q[rr * HD4 + e], load_k(k * KVD4 + kb0 + e));
                         }
                         p = exp(logit(d) - mr) * inv;
                     }

@@ -8,8 +8,8 @@
 //           NORM only: {{B_NW}} nw (norm weight, cols floats; declared with x), {{B_XN}} xn (read_write: the normed input)
 //           BIAS only: {{B_BIAS}} bias (f32, indexed by output row + bias_off)
 //           ROPE only: {{B_RP}} rp (uniform RopeParams), {{B_STEP}} step (uniform Step), {{B_KC}} k_cache and
-//             {{B_VC}} v_cache (read_write {{KV}} [n_ctx, n_kv * head_dim]: f32, or f16 where the values are rounded
-//             as they are stored)
+//             {{B_VC}} v_cache (read_write [n_ctx, n_kv * head_dim] values: f32, or f16 two to a u32 word as
+//             wgsl/kv.wgsl lays them out, each value rounded as it is stored)
 // Math: y[y_off + r] = (acc ? y[y_off + r] : 0) + sum_c W[r, c] * in(c) (+ bias[bias_off + r]),  r < n_rows,
 //   where in(c) is, by prologue ({{IN}}):
 //     in_plain: x[x_off + c]
@@ -40,11 +40,10 @@
 //   code of that option; B_NW, B_XN, B_BIAS, B_RP, B_STEP, B_KC, B_VC their binding numbers), SG / NOSG: "" or
 //   "// " so that only the chosen reduction is compiled (a device
 //   without the subgroups feature rejects any subgroup builtin even in dead code); SG_ENABLE:
-//   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it. KV /
-//   KV_ENABLE: the KV cache's element type (f32 or f16) and the "enable f16;" an f16 cache needs (ROPE only; else f32).
+//   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it. KV32 / KV16: "" or
+//   "// ", the KV cache's f32 or f16 lines (lab/ops/attention.py kv_consts; ROPE only, else the f32 ones).
 // Grid: groups_1d(ceil(n_rows / 4)): workgroup index = wid.x + wid.y * num_workgroups.x.
 {{SG_ENABLE}}
-{{KV_ENABLE}}
 
 struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32, acc: u32,
                 write_xn: u32, eps: f32, xn_off: u32, bias_off: u32, up_off: u32 };
@@ -59,8 +58,10 @@ struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, 
                     f: array<vec4<f32>, 32> };
 {{ROPE}}@group(0) @binding({{B_RP}}) var<uniform> rp: RopeParams;
 {{ROPE}}@group(0) @binding({{B_STEP}}) var<uniform> step: Step;
-{{ROPE}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<{{KV}}>;
-{{ROPE}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<{{KV}}>;
+{{ROPE}}{{KV32}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<f32>;
+{{ROPE}}{{KV32}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<f32>;
+{{ROPE}}{{KV16}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<u32>;
+{{ROPE}}{{KV16}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<u32>;
 
 //!include common.wgsl
 //!include rotary.wgsl
@@ -105,24 +106,44 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return total;
 }
 
+{{ROPE}}// Value c of a cache row (f32), or the pair c, c + 1 (c even; f16, one word) from the lane of c.
+{{ROPE}}{{KV32}}fn put_kv(k: bool, i: u32, c_even: bool, o: vec2<f32>) {
+{{ROPE}}{{KV32}}    if (k) { k_cache[i] = o.x; } else { v_cache[i] = o.x; }
+{{ROPE}}{{KV32}}}
+{{ROPE}}{{KV16}}fn put_kv(k: bool, i: u32, c_even: bool, o: vec2<f32>) {
+{{ROPE}}{{KV16}}    if (!c_even) { return; }
+{{ROPE}}{{KV16}}    if (k) { k_cache[i / 2u] = pack2x16float(o); } else { v_cache[i / 2u] = pack2x16float(o); }
+{{ROPE}}{{KV16}}}
+{{ROPE}}
 {{ROPE}}// Row row0 + lane's output from its total v (bias included); `sums` holds its pair partner's sum (the part's rows
-{{ROPE}}// come in whole pairs, so the partner, row0 + (lane ^ 1), is inside it).
+{{ROPE}}// come in whole pairs, so the partner, row0 + (lane ^ 1), is inside it). The lane also works out the partner's
+{{ROPE}}// output (o2, the same rotation from the other side), so that an even lane holds its pair's f16 word whole.
 {{ROPE}}fn rope_out(row0: u32, lane: u32, v: f32, sums: vec4<f32>) -> f32 {
 {{ROPE}}    let c = p.y_off + row0 + lane;
 {{ROPE}}    let q_end = rp.n_q * rp.head_dim;
 {{ROPE}}    let rot_end = q_end + rp.n_kv * rp.head_dim;
 {{ROPE}}    let d = c % rp.head_dim;
+{{ROPE}}    var w = sums[lane ^ 1u];
+{{ROPE}}{{BIAS}}    w += bias[p.bias_off + row0 + (lane ^ 1u)];
 {{ROPE}}    var o = v;
+{{ROPE}}    var o2 = w;
 {{ROPE}}    if (c < rot_end && d < rp.n_rot) {
-{{ROPE}}        var w = sums[lane ^ 1u];
-{{ROPE}}{{BIAS}}        w += bias[p.bias_off + row0 + (lane ^ 1u)];
 {{ROPE}}        let cs = cos_sin(f32(step.pos) * rp.f[d / 8u][(d / 2u) % 4u]);
-{{ROPE}}        if (d % 2u == 0u) { o = v * cs.x - w * cs.y; } else { o = w * cs.y + v * cs.x; }
+{{ROPE}}        if (d % 2u == 0u) {
+{{ROPE}}            o = v * cs.x - w * cs.y;
+{{ROPE}}            o2 = v * cs.y + w * cs.x;
+{{ROPE}}        } else {
+{{ROPE}}            o = w * cs.y + v * cs.x;
+{{ROPE}}            o2 = w * cs.x - v * cs.y;
+{{ROPE}}        }
 {{ROPE}}    }
 {{ROPE}}    if (rp.write_kv != 0u && step.pos < rp.n_ctx) {
 {{ROPE}}        let kvd = rp.n_kv * rp.head_dim;
-{{ROPE}}        if (c >= q_end && c < rot_end) { k_cache[step.pos * kvd + c - q_end] = {{KV}}(o); }
-{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) { v_cache[step.pos * kvd + c - rot_end] = {{KV}}(o); }
+{{ROPE}}        let even = d % 2u == 0u;
+{{ROPE}}        if (c >= q_end && c < rot_end) { put_kv(true, step.pos * kvd + c - q_end, even, vec2<f32>(o, o2)); }
+{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) {
+{{ROPE}}            put_kv(false, step.pos * kvd + c - rot_end, even, vec2<f32>(o, o2));
+{{ROPE}}        }
 {{ROPE}}    }
 {{ROPE}}    return o;
 {{ROPE}}}

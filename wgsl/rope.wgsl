@@ -13,13 +13,12 @@
 // K heads from head n_q_head on, V right after them), and the step's K (rotated) and V rows written into cache
 // row pos + j (rows at or past n_ctx dropped):  a decode step saves the separate KV-write dispatch, which on a GPU
 // costs more in the switch between dependent kernels (~2 us) than its copy.
-//   Bindings 4 k_cache, 5 v_cache (storage, read_write) {{KV}} [n_ctx, kvd], kvd = (n_head - n_q_head) * head_dim
-//   (f32 or f16: the values are rounded to the cache's type as they are stored).
-//   Grid: (ceil(n_head*head_dim/2 / {{WG}}), t, 1), one invocation per (token, head, slot i < head_dim/2): slot
-//   i < half rotates pair i; a slot past half carries dims n_rot + 2(i - half) and the next one through
-//   unrotated (partial rotary); slot e < kvd/2 of the token also copies V elements 2e, 2e+1.
+//   Bindings 4 k_cache, 5 v_cache (storage, read_write) [n_ctx, kvd] values, kvd = (n_head - n_q_head) * head_dim:
+//   f32 (KV32) or f16 two to a u32 word (KV16, wgsl/kv.wgsl's layout; pack2x16float rounds each value).
+//   Grid: (ceil(n_head*head_dim/4 / {{WG}}), t, 1), one invocation per (token, head, slots 2s and 2s + 1 of the
+//   head_dim/2): slot i < half rotates pair i; a slot past half carries dims n_rot + 2(i - half) and the next one
+//   through unrotated (partial rotary); invocation e < kvd/4 of the token also copies V values 4e .. 4e + 3.
 
-{{KV_ENABLE}}
 //!include common.wgsl
 //!include rotary.wgsl
 
@@ -32,8 +31,10 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(1) var<storage, read> freqs: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<{{KV}}>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<{{KV}}>;
+{{KV32}}@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
+{{KV32}}@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+{{KV16}}@group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
+{{KV16}}@group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
 
 // Indices (within the head) of the two elements pair i rotates.
 fn pair_adjacent(i: u32) -> vec2<u32> { return vec2<u32>(2u * i, 2u * i + 1u); }
@@ -67,37 +68,64 @@ fn rope_adjacent(@builtin(global_invocation_id) gid: vec3<u32>) { rotate(gid, fa
 @compute @workgroup_size(WG)
 fn rope_neox(@builtin(global_invocation_id) gid: vec3<u32>) { rotate(gid, true); }
 
-// The fused variant (header): rotate in place as above, and write K and V into the caches.
+// The fused variant (header): rotate in place as above, and write K and V into the caches. One invocation per (token,
+// head, pair of slots 2s, 2s + 1): the four values of K they leave are two whole f16 words of the cache (KV16) in
+// either pairing (neox: slots i, i + 1 rotate dims i, i + 1 and i + half, i + half + 1, so half must be even; the
+// builder checks), and no other invocation touches them, so no word is shared between two writers.
+
+// Slot i of the head at `base`: pair i rotated (i < half), or dims n_rot + 2 (i - half) and the next carried over.
+fn slot(base: u32, row: u32, i: u32, neox: bool) -> Turned {
+    if (i < p.half) { return turn(base, row, i, neox); }
+    let ab = vec2<u32>(2u * i, 2u * i + 1u);     // past n_rot: the same dims in either pairing
+    return Turned(ab, vec2<f32>(x[base + ab.x], x[base + ab.y]));
+}
+
+// The values two slots leave, into the K cache row at c (f32: one value at a time; f16: the two words they fill).
+{{KV32}}fn put_k(c: u32, a: Turned, b: Turned) {
+{{KV32}}    k_cache[c + a.ab.x] = a.y.x;
+{{KV32}}    k_cache[c + a.ab.y] = a.y.y;
+{{KV32}}    k_cache[c + b.ab.x] = b.y.x;
+{{KV32}}    k_cache[c + b.ab.y] = b.y.y;
+{{KV32}}}
+{{KV16}}fn put_k(c: u32, a: Turned, b: Turned) {
+{{KV16}}    if (a.ab.y == a.ab.x + 1u) {        // adjacent pairs, or dims past n_rot: each slot's two dims are a word
+{{KV16}}        k_cache[(c + a.ab.x) / 2u] = pack2x16float(a.y);
+{{KV16}}        k_cache[(c + b.ab.x) / 2u] = pack2x16float(b.y);
+{{KV16}}    } else {                            // neox pairs: dims i, i + 1 and i + half, i + half + 1
+{{KV16}}        k_cache[(c + a.ab.x) / 2u] = pack2x16float(vec2<f32>(a.y.x, b.y.x));
+{{KV16}}        k_cache[(c + a.ab.y) / 2u] = pack2x16float(vec2<f32>(a.y.y, b.y.y));
+{{KV16}}    }
+{{KV16}}}
+{{KV32}}fn put_v(c: u32, v: vec4<f32>) {
+{{KV32}}    v_cache[c] = v.x;
+{{KV32}}    v_cache[c + 1u] = v.y;
+{{KV32}}    v_cache[c + 2u] = v.z;
+{{KV32}}    v_cache[c + 3u] = v.w;
+{{KV32}}}
+{{KV16}}fn put_v(c: u32, v: vec4<f32>) {
+{{KV16}}    v_cache[c / 2u] = pack2x16float(v.xy);
+{{KV16}}    v_cache[c / 2u + 1u] = pack2x16float(v.zw);
+{{KV16}}}
+
 fn rotate_kv(gid: vec3<u32>, neox: bool) {
     let row = gid.y;
     let e = gid.x;
-    let slots = p.head_dim / 2u;
-    if (row >= step.n_tokens || e >= p.n_head * slots) { return; }
-    let h = e / slots;
-    let i = e % slots;
+    let quads = p.head_dim / 4u;           // slot pairs a head
+    if (row >= step.n_tokens || e >= p.n_head * quads) { return; }
+    let h = e / quads;
+    let i = 2u * (e % quads);
     let base = row * p.row_stride + p.col_offset + h * p.head_dim;
-    var ab: vec2<u32>;
-    var y: vec2<f32>;
-    if (i < p.half) {
-        let r = turn(base, row, i, neox);
-        ab = r.ab;
-        y = r.y;
-    } else {
-        ab = vec2<u32>(2u * i, 2u * i + 1u);     // past n_rot: the same dims in either pairing
-        y = vec2<f32>(x[base + ab.x], x[base + ab.y]);
-    }
+    let a = slot(base, row, i, neox);
+    let b = slot(base, row, i + 1u, neox);
     let pos = step.pos + row;
     if (pos >= p.n_ctx) { return; }
     let kvd = (p.n_head - p.n_q_head) * p.head_dim;
     if (h >= p.n_q_head) {
-        let c = pos * kvd + (h - p.n_q_head) * p.head_dim;
-        k_cache[c + ab.x] = {{KV}}(y.x);
-        k_cache[c + ab.y] = {{KV}}(y.y);
+        put_k(pos * kvd + (h - p.n_q_head) * p.head_dim, a, b);
     }
-    if (2u * e < kvd) {     // V sits right after the K heads in the row, never rotated
-        let v = row * p.row_stride + p.col_offset + p.n_head * p.head_dim + 2u * e;
-        v_cache[pos * kvd + 2u * e] = {{KV}}(x[v]);
-        v_cache[pos * kvd + 2u * e + 1u] = {{KV}}(x[v + 1u]);
+    if (4u * e < kvd) {     // V sits right after the K heads in the row, never rotated: values 4e .. 4e + 3
+        let v = row * p.row_stride + p.col_offset + p.n_head * p.head_dim + 4u * e;
+        put_v(pos * kvd + 4u * e, vec4<f32>(x[v], x[v + 1u], x[v + 2u], x[v + 3u]));
     }
 }
 

@@ -69,7 +69,7 @@ class Engine:
         int8_prefill: prefill's projections of the types lab.ops.matmul.I8_TYPES run on the tensor cores with 8-bit
         inputs (wgsl/matmul_i8.wgsl), on adapters with AdapterInfo.int8_matrix only; decode is unchanged.
         kv: the KV cache's element type, "f32" (exact) or "f16" (half the memory and the bytes attention reads, each
-        cached value rounded to f16 as llama.cpp's default cache does; adapters with shader-f16 only).
+        cached value rounded to f16 as llama.cpp's default cache does; on any adapter: lab/ops/attention.py KV_TYPES).
         counted: the memory budget the caller already counted for these arguments (a page load counts once, to
         show it on the model card); without it the engine counts its own."""
         self.device = device
@@ -103,8 +103,6 @@ class Engine:
         self.int8_prefill = int8_prefill
         if kv not in attn_ops.KV_TYPES:
             raise EngineError(f"KV cache type {kv!r}: one of {', '.join(attn_ops.KV_TYPES)}")
-        if kv == "f16" and "shader-f16" not in device.info.features:
-            raise EngineError(f"{device.info.name}: no shader-f16, so no f16 KV cache (load with the f32 cache)")
         self.kv_type = kv
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}

@@ -40,7 +40,7 @@ class KvView:
         self.device = dev = engine.device
         cfg = engine.cfg
         self.n_layer, self.kvd = cfg.n_layer, cfg.kv_dim
-        self.kernel = engine.kernels.get("kvview", WG=WG, **kv_consts(dev, engine.kv_type))
+        self.kernel = engine.kernels.get("kvview", WG=WG, **kv_consts(engine.kv_type))
         self._max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
         conv = gpu.CONVERSATION      # norms of the cache are conversation data: Forget wipes and checks them too
         with dev.owning(self):

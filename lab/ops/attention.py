@@ -72,9 +72,11 @@ ENTRY_RESOURCES = {
 }
 
 # The cache's element types, by name -> bytes a value. "f32" is exact (what the parity with llama.cpp's F32 runs
-# needs); "f16" halves the cache's memory and the bytes attention reads a key (llama.cpp's default cache type), on
-# adapters with shader-f16. Every kernel that binds a cache stores and loads through the type's name (KV in the WGSL,
-# kv_consts) and computes in f32: only the stored values are rounded.
+# needs); "f16" halves the cache's memory and the bytes attention reads a key (llama.cpp's default cache type). The
+# f16 values are IEEE halves two to a u32 word, written with pack2x16float and read with unpack2x16float, both core
+# WGSL: the f16 cache works on every adapter, shader-f16 or not (the page on NVIDIA/Linux has no shader-f16 without a
+# browser flag, SwiftShader none at all). Every kernel that binds a cache has both forms (kv_consts) and computes in
+# f32: only the stored values are rounded.
 KV_TYPES = {"f32": 4, "f16": 2}
 
 _KV_PARAMS = struct.Struct("<8I")
@@ -86,15 +88,12 @@ def kv_cache_bytes(n_ctx: int, n_kv_head: int, head_dim: int, kv: str = "f32") -
     return KV_TYPES[kv] * n_ctx * n_kv_head * head_dim
 
 
-def kv_consts(device: gpu.Device, kv: str) -> dict:
-    """The WGSL constants of a kernel that binds a KV cache of element type `kv`: KV (the WGSL type its cache arrays
-    hold) and KV_ENABLE (the `enable f16;` directive an f16 cache needs, at the file's top). An f16 cache on an adapter
-    without shader-f16 is refused here, the one place every such kernel passes."""
+def kv_consts(kv: str) -> dict:
+    """The line switches of a kernel that binds a KV cache of element type `kv`: lines prefixed `{{KV32}}` are live
+    for an f32 cache, `{{KV16}}` for an f16 one (the other prefix becomes `// `), as subgroup_consts switches SG."""
     if kv not in KV_TYPES:
         raise ValueError(f"KV cache type {kv!r}: one of {', '.join(KV_TYPES)}")
-    if kv == "f16" and "shader-f16" not in device.info.features:
-        raise gpu.GpuError(f"{device.info.name}: no shader-f16, so no f16 KV cache (the f32 cache works everywhere)")
-    return {"KV": kv, "KV_ENABLE": "enable f16;" if kv == "f16" else ""}
+    return {"KV32": "" if kv == "f32" else "// ", "KV16": "" if kv == "f16" else "// "}
 
 
 def probe_bytes(max_tokens: int, n_head: int, n_ctx: int) -> int:
@@ -114,11 +113,13 @@ def kv_write(device: gpu.Device, kernels, src, k_cache, v_cache, step, *, n_kv_h
                              f"needs {kv_cache_bytes(n_ctx, n_kv_head, head_dim, kv)}")
     if max(k_offset, v_offset) + kvd > src_stride:
         raise ValueError(f"{label}: K/V columns run past the source row ({src_stride} floats)")
-    kernel = kernels.get("kv", "kv_write", WG=KV_WG, **kv_consts(device, kv))
+    if kvd % 2:
+        raise ValueError(f"{label}: a cache row of {kvd} values (the kernel copies pairs)")
+    kernel = kernels.get("kv", "kv_write", WG=KV_WG, **kv_consts(kv))
     params = device.uniform(_KV_PARAMS.pack(kvd, src_stride, k_offset, v_offset, n_ctx, 0, 0, 0), f"{label}.params")
     bound = device.bind(kernel, [src, k_cache, v_cache, step, params], label)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
-    return [Op(kernel, bound, lambda t: groups_1d(t * kvd, KV_WG, max_dim), KV_WRITE)]
+    return [Op(kernel, bound, lambda t: groups_1d(t * kvd // 2, KV_WG, max_dim), KV_WRITE)]     # a pair each
 
 
 def decode_chunk(n_ctx: int) -> int:
@@ -192,7 +193,7 @@ def _consts(head_dim: int, group: int, n_kv_head: int, probe: bool, entry: str =
     return dict(HEAD_DIM=head_dim, GROUP=group, N_KV_HEAD=n_kv_head, WG=WG, TK=TK, HPW=hpw,
                 NP=n_parts, DPT=-(-(hd4 * n_parts) // WG), BQ=bq, BK=bk, ACC=-(-(bq * hd4) // WG),
                 PROBE=probe, PROBE_OFF="" if probe else "//", RK=rows_keys(head_dim),
-                **(sg or {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}), **(kv or {"KV": "f32", "KV_ENABLE": ""}),
+                **(sg or {"SG_ENABLE": "", "SG": "// ", "NOSG": ""}), **(kv or kv_consts("f32")),
                 **{f"B_{r.upper()}": n for r, n in binding.items()})
 
 
@@ -245,7 +246,7 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     # 3. One op per entry: its kernel variant, its bind group and its grid.
     grids = _grids(label, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, narrow=narrow, hpw=hpw,
                    n_ctx=n_ctx, n_chunks=n_chunks, max_tokens=max_tokens)
-    sg, kvc = subgroup_consts(device), kv_consts(device, kv)
+    sg, kvc = subgroup_consts(device), kv_consts(kv)
     ops = []
     for entry in entries:
         kernel = kernels.get("attention", entry, **_consts(head_dim, group, n_kv_head, probe is not None, entry, hpw,

@@ -133,7 +133,7 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
     sg = subgroup_consts(device)
     red = max(1, wg // 4) if sg["SG"] == "" else wg
-    kvc = kv_consts(device, rope.kv if rope is not None else "f32")
+    kvc = kv_consts(rope.kv if rope is not None else "f32")
     k = kernels.get("matvec", WG=wg, RED=red, **consts,
                     **dequant_consts(w.type), **sg, **kvc)
 

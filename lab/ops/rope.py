@@ -54,7 +54,7 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     device.write(table, struct.pack(f"<{half}f", *freqs))
     n_q, n_ctx = (cache[2], cache[3]) if cache else (n_head, 0)
     params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, n_q, n_ctx, 0), "rope.params")
-    kvc = kv_consts(device, kv if cache else "f32")
+    kvc = kv_consts(kv if cache else "f32")
     k = kernels.get("rope", MODES[mode], WG=WG, **kvc)
     gx = -(-(n_head * half) // WG)
     plain = Op(k, device.bind(k, [x, table, params, step], MODES[mode]), lambda t: (gx, max(1, t), 1))
@@ -62,6 +62,10 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
         return [plain]
     k_cache, v_cache = cache[0], cache[1]
     n_kv = n_head - n_q
+    if head_dim % 4:
+        raise ValueError(f"rope: a cache write takes heads of a multiple of 4 values, not {head_dim}")
+    if kv == "f16" and MODES[mode] == "rope_neox" and half % 2:
+        raise ValueError(f"rope: an f16 cache of neox pairs needs n_rot a multiple of 4 (whole words), not {n_rot}")
     if not 0 < n_kv <= n_q:
         raise ValueError(f"rope: {n_q} Q heads of {n_head} leave {n_kv} K heads (1 to {n_q})")
     if row_stride < col_offset + (n_head + n_kv) * head_dim:
@@ -72,7 +76,7 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
             raise ValueError(f"rope: {name} holds {buf.size} bytes, needs {need}")
     entry = MODES[mode].replace("rope_", "rope_kv_")
     kk = kernels.get("rope", entry, WG=WG, **kvc)
-    gxk = -(-(n_head * (head_dim // 2)) // WG)
+    gxk = -(-(n_head * (head_dim // 4)) // WG)      # two slots an invocation (wgsl/rope.wgsl rotate_kv)
     return [Op(kk, device.bind(kk, [x, table, params, step, k_cache, v_cache], entry), lambda t: (gxk, max(1, t), 1),
                KV_WRITE, without_kv=plain)]
 

@@ -172,8 +172,7 @@ async def _load(msg: dict, w: Worker) -> None:
     _unload(w)
     header, summary = await _header_and_card(file)
     int8 = bool(msg.get("int8")) and device.info.int8_matrix    # offered only there; a stale flag loads exact
-    # the f16 KV cache likewise only where the adapter has shader-f16; anything else loads the f32 cache
-    kv = "f16" if msg.get("kv") == "f16" and "shader-f16" in device.info.features else "f32"
+    kv = "f16" if msg.get("kv") == "f16" else "f32"      # the f16 KV cache runs on any adapter (attention.KV_TYPES)
     cfg, tok, counted, problem = _count(device, header, n_ctx, int8, kv)
     summary["budget"] = counted.card(cfg) if counted is not None else None
     w.post({"type": "model-info", "summary": summary, "seq": seq})

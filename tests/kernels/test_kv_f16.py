@@ -1,6 +1,6 @@
-"""The f16 KV cache (lab/ops/attention.py KV_TYPES "f16"): every kernel that writes a cache (kv_write, rope's fused
-write, matvec's rotary epilogue) and every one that reads it (each attention entry, the KV panel's norms), natively on
-an adapter with shader-f16 (lavapipe has it).
+"""The f16 KV cache (lab/ops/attention.py KV_TYPES "f16", halves two to a u32 word in core WGSL): every kernel that
+writes a cache (kv_write, rope's fused write, matvec's rotary epilogue) and every one that reads it (each attention
+entry, the KV panel's norms), natively; also on the same adapter with shader-f16 turned off, which it does not need.
 
 What is held: a write stores each value within one f16 step of the f32 one (WGSL lets an adapter round a store to
 either neighbour, so not bit for bit) and leaves every other row's bytes; attention over an f16 cache is the f64
@@ -22,12 +22,6 @@ from test_matmul import check_matvec_rope_epilogue
 from lab import gpu
 from lab.gpu.shaders import KernelCache
 from lab.ops import attention as A
-
-
-@pytest.fixture(autouse=True)
-def need_f16(device):
-    if "shader-f16" not in device.info.features:
-        pytest.skip("the f16 KV cache needs shader-f16")
 
 
 def f16_case(device, kernels, **kw):
@@ -87,13 +81,13 @@ class F32View(KernelCache):
 
     def get(self, name, entry="main", **consts):
         if name == "attention":
-            consts = {**consts, "KV": "f32", "KV_ENABLE": ""}
+            consts = {**consts, **A.kv_consts("f32")}
         return super().get(name, entry, **consts)
 
 
 def test_f32_view_is_caught(device):
-    """The case passes with the right kernel; read as f32 (pairs of halves as one float, half the rows), the same
-    case misses by orders of magnitude past the bound, or is refused for its short cache."""
+    """The case passes with the right kernel; read as f32 (a word of two halves as one float, half the rows), the
+    same case misses by orders of magnitude past the bound, or is refused for its short cache."""
     case = dict(**SMOL, pos=40, t=1, n_ctx=160, mode="decode", seed=9)
     assert passes(f16_case(device, KernelCache(device), **case))
     try:
@@ -106,13 +100,16 @@ def test_f32_view_is_caught(device):
     assert not passes(r)
 
 
-def test_refused_without_shader_f16():
+def test_without_shader_f16():
+    """Nothing of it needs the f16 extension: the same cases on the adapter with shader-f16 left off."""
     from lab.host.native import open_native
     dev = open_native(disable=("shader-f16",))
     assert "shader-f16" not in dev.info.features
-    with pytest.raises(gpu.GpuError, match="no shader-f16"):
-        A.kv_consts(dev, "f16")
-    assert A.kv_consts(dev, "f32") == {"KV": "f32", "KV_ENABLE": ""}
+    kernels = KernelCache(dev)
+    assert_ok(f16_case(dev, kernels, **SMOL, pos=70, t=1, n_ctx=160, mode="decode", seed=11))
+    assert_ok(f16_case(dev, kernels, **QWEN, pos=9, t=7, mode="prefill", seed=12))
+    with pytest.raises(ValueError, match="one of f32, f16"):
+        A.kv_consts("bf16")
 
 
 # --------------------------------------------------------------------------------------------- cache writes
