@@ -83,7 +83,7 @@ function renderInt8(gpu) {
 function renderKvType(gpu) {
   const box = $("kv-f16");
   box.disabled = !gpu;
-  $("kv-f16-note").textContent = box.checked ? "on: each cached key and value rounded to f16, half the memory"
+  $("kv-f16-note").textContent = box.checked ? "on: each cached key and value rounded to f16"
     : "off: exact f32 cache";
 }
 

@@ -79,8 +79,14 @@ const NEG: f32 = -3.0e38;                 // "no score yet"; never fed to exp un
 // Values 4i .. 4i + 3 of a cache (i in vec4s of values, as KVD4 counts them).
 {{KV32}}fn load_k(i: u32) -> vec4<f32> { return k_cache[i]; }
 {{KV32}}fn load_v(i: u32) -> vec4<f32> { return v_cache[i]; }
-{{KV16}}fn load_k(i: u32) -> vec4<f32> { let w = k_cache[i]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
-{{KV16}}fn load_v(i: u32) -> vec4<f32> { let w = v_cache[i]; return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
+{{KV16}}fn load_k(i: u32) -> vec4<f32> {
+{{KV16}}    let w = k_cache[i];
+{{KV16}}    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+{{KV16}}}
+{{KV16}}fn load_v(i: u32) -> vec4<f32> {
+{{KV16}}    let w = v_cache[i];
+{{KV16}}    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+{{KV16}}}
 
 fn probe_store(i: u32, v: f32) {
 {{PROBE_OFF}}    probe[i] = v;

@@ -72,6 +72,7 @@ class Budget:
     needs: list[Need]
     problems: list[str] = field(default_factory=list)   # each: buffer, bytes, limit
     suggestion: int | None = None   # the largest context that fits, when a smaller one would help
+    f16_fits: bool = False          # counted with an f32 KV cache that does not fit: the f16 cache would, at n_ctx
     counted_for: tuple = ()         # (n_ctx, max_batch, logits_all, int8, kv): the engine it was counted for
 
     @property
@@ -101,9 +102,13 @@ class Budget:
                 f"activations {gb(self.total('scratch'))}): ")
         more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
         tail = ""
+        if self.f16_fits:
+            tail = (". With the KV cache in f16 (half its memory) this context fits: tick the page's \"KV cache in "
+                    "f16\" box (lab bench: --kv f16) and load again")
         if self.suggestion:
-            tail = f". A context of {self.suggestion:,} tokens would fit: choose it and load again"
-        elif self.suggestion is None and self.problems:
+            f32 = " with the f32 cache" if self.f16_fits else ""
+            tail += f". A context of {self.suggestion:,} tokens would fit{f32}: choose it and load again"
+        elif self.suggestion is None and self.problems and not self.f16_fits:
             tail = ". No context makes it fit: its weights are too large for this adapter"
         return head + "; ".join(self.problems[:3]) + more + tail
 
@@ -116,7 +121,7 @@ class Budget:
                 "largest": {"label": big.label, "bytes": big.size},
                 "max_buffer_size": self.limits["max_buffer_size"],
                 "max_binding": self.limits["max_storage_buffer_binding_size"],
-                "problems": list(self.problems), "suggestion": self.suggestion,
+                "problems": list(self.problems), "suggestion": self.suggestion, "f16_fits": self.f16_fits,
                 "message": None if self.fits else self.message(),
                 "kv_type": self.kv_type, "kv_bytes_per_token": cfg.kv_bytes_per_token(KV_TYPES[self.kv_type]),
                 "default_ctx": context_for(cfg.n_ctx_train),
@@ -178,6 +183,9 @@ def count(limits: dict[str, int], header: Header, cfg: Config, n_ctx: int, *, ma
     needs, problems = at(n_ctx)
     b = Budget(n_ctx, cfg.n_ctx_train, dict(limits), needs, problems,
                counted_for=(n_ctx, max_batch, logits_all, int8, kv))
+    if problems and kv == "f32":       # would the f16 cache fit? (half the KV bytes; the weights as they are)
+        b.f16_fits = not _problems(limits, weights + scratch_needs(limits, cfg, n_ctx, max_batch, logits_all, int8,
+                                                                   "f16")) and not unsplittable
     if problems and n_ctx > MIN_CTX and not at(MIN_CTX)[1]:
         lo, hi = MIN_CTX, n_ctx - 1         # lo fits; find the largest that does (fitting shrinks with ctx)
         while lo < hi:

@@ -161,3 +161,20 @@ def test_engine_takes_the_loads_budget_and_counts_no_other(device, headers, monk
         assert eng.budget is counted
     finally:
         eng.close()
+
+
+def test_says_when_the_f16_cache_would_fit(headers):
+    """SmolLM2 at 8,192 tokens with a 4 MiB binding limit: each layer's f32 K cache is 6 MiB, over it; in f16 3 MiB,
+    within it. The message says so beside the smaller context; the f16 count fits with no such line."""
+    limits = {"max_buffer_size": 1 << 30, "max_storage_buffer_binding_size": 4 << 20}
+    h = headers["smollm2"]
+    p = count(limits, h, n_ctx=8192)
+    assert not p.fits and p.f16_fits and p.card(from_gguf(h))["f16_fits"]
+    msg = p.message()
+    assert "With the KV cache in f16 (half its memory) this context fits" in msg
+    assert "A context of 5,461 tokens would fit with the f32 cache" in msg
+    f16 = count(limits, h, n_ctx=8192, kv="f16")
+    assert f16.fits and not f16.f16_fits and f16.total("kv") * 2 == p.total("kv")
+    # past what even f16 allows (16 MiB a layer's K at 32,768 tokens in f16 > 4 MiB): no f16 line
+    big = count(limits, h, n_ctx=32768)
+    assert not big.f16_fits and "in f16" not in big.message()
