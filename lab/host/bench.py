@@ -78,7 +78,7 @@ def gpu_memory(device, file_weight_bytes: int, buffers=None) -> dict:
 def bench_model(path, *, prompts=(128, 512), contexts=(0, 512, 2048), decode_tokens=32, max_batch=None,
                 disable=(), seed=0, warm_gpu_s: float = 0, kv: str = "f32") -> dict:
     """`warm_gpu_s`: the GPU kept busy that long before each timed prefill and decode (lab.instruments.profile.warm).
-    `kv`: the KV cache's element type (Engine's kv: "f16" on adapters with shader-f16).
+    `kv`: the KV cache's element type (Engine's kv: "f32" or "f16").
     Contexts past the model's own are skipped with a line on stderr (`within_model`), listed as "skipped_contexts"."""
     header = gguf.read_file(path)
     cfg = from_gguf(header)

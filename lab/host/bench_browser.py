@@ -260,8 +260,7 @@ def bench_browser(path, *, prompts=(32,), decode_tokens: int = 8, warmup: bool =
     `chromium` and `args` (Chromium's flags) default as browser_command() says (e.g. ARGS +
     ["--enable-dawn-features=..."] to try Dawn toggles). `n_ctx`: the KV cache the page loads the model with
     (default: the largest prompt plus the decode and some slack, or the page's own if that is larger). `kv`: the
-    load's KV cache type ("f16": the page's f16 box, taken where the adapter has shader-f16; `kv_type` in the JSON
-    says what the page made).
+    load's KV cache type ("f16": the page's "KV cache in f16" box; `kv_type` in the JSON says what the page made).
     `warm_gpu_s`: the GPU kept busy that long right before each measured turn (the worker's `warm`), as a native
     benchmark's steps follow each other: an idle GPU lowers its clocks, and the turn after a pause then measures the
     clock's ramp (a 512-token prefill up to 5x slower on the H200). 0: turns as a user types them.

@@ -714,7 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--int8", action="store_true",
                    help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
     s.add_argument("--kv", choices=("f32", "f16"), default="f32",
-                   help="the KV cache's element type (f16: half the memory, adapters with shader-f16; native and "
+                   help="the KV cache's element type (f16: half the memory, each value rounded to f16; native and "
                         "browser)")
     s.add_argument("--warm-gpu", type=float, default=0, metavar="SECONDS",
                    help="keep the GPU busy this long before each measured prefill, decode or profile, as llama-bench's "

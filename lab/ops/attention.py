@@ -1,11 +1,10 @@
 """Attention and the KV-cache write (wgsl/attention.wgsl, wgsl/kv.wgsl).
 
-KV cache, one layer: two buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major, of f32 or (`kv="f16"`,
-KV_TYPES) f16 values; row p holds the
-key (value) of the token at position p, heads side by side (head g at columns g*head_dim ..). `kv_write` fills
-rows pos .. pos+t-1 of a step from any token-major source (the kernel checks' attention cases use it; the engine's
-plans write the cache in their rope op, lab/ops/rope.py `cache=`, or in decode's QKV projection, QkvRope);
-`attention` reads rows 0 .. pos+t-1.
+KV cache, one layer: two buffers, K and V, each [n_ctx, n_kv_head * head_dim] row-major values, f32 or (`kv="f16"`,
+KV_TYPES) f16; row p holds the key (value) of the token at position p, heads side by side (head g at columns
+g*head_dim ..). `kv_write` fills rows pos .. pos+t-1 of a step from any token-major source (the kernel checks'
+attention cases use it; the engine's plans write the cache in their rope op, lab/ops/rope.py `cache=`, or in
+decode's QKV projection, QkvRope); `attention` reads rows 0 .. pos+t-1.
 
 Attention, for token j of the step (position qpos = pos + j) and query head h, with GROUP = n_head / n_kv_head:
     kv = h // GROUP;  s_k = cap(scale * q . k_k), cap(x) = c * tanh(x / c) when softcap c > 0

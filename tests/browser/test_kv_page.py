@@ -169,7 +169,7 @@ def test_a_buffer_left_out_of_the_wipe_stays_lit_and_is_named(lab_kv):
 def test_the_f16_cache_chats_draws_and_forgets(lab_kv):
     """The f16 box (any adapter: SwiftShader has no shader-f16, and needs none): ticking it loads the file again with a
     cache of f16 values. The greedy reply is the f32 cache's (natively the two agree for 16 tokens,
-    tests/engine/test_kv_f16.py), the heatmap equals the rows read back (labKvRows widens them to f32) and Forget
+    tests/engine/test_f16_cache.py), the heatmap equals the rows read back (labKvRows widens them to f32) and Forget
     blanks it."""
     lab, page = lab_kv, lab_kv.page
     assert not page.evaluate("document.querySelector('[data-testid=kv-f16]').disabled")

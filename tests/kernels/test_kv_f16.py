@@ -6,7 +6,7 @@ What is held: a write stores each value within one f16 step of the f32 one (WGSL
 either neighbour, so not bit for bit) and leaves every other row's bytes; attention over an f16 cache is the f64
 oracle over the values the cache holds, within test_attention.py's f32 bound (`tolerance`: the arithmetic is f32
 either way, only the stored values are rounded). The f16 rounding itself is not a tolerance here: the oracle reads
-the same rounded values. Its size on a model is tests/engine/test_kv_f16.py's.
+the same rounded values. Its size on a model is tests/engine/test_f16_cache.py's.
 
 A kernel that read an f16 cache as f32 (the type left out of its constants) is caught (`test_f32_view_is_caught`).
 """

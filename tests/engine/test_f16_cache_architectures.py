@@ -7,7 +7,7 @@ position and a greedy continuation through the decode path.
 Tolerance: the f16 cache rounds each cached value (relative 2^-11), carried through the layers. Measured (lavapipe),
 the largest difference over the prompt's positions relative to the largest logit: llama3 4.6e-4, mistral 4.9e-4, phi3
 5.1e-4, smollm3 4.5e-4, lfm2 2.0e-4, qwen35 1.8e-4, gemma4 4.5e-4, gemma4kv 6.6e-4 (SmolLM2's real file: 4.2e-4,
-tests/engine/test_kv_f16.py); LOGIT_TOL = 1e-2, as there, stays far under what a cache of the wrong layer or type
+tests/engine/test_f16_cache.py); LOGIT_TOL = 1e-2, as there, stays far under what a cache of the wrong layer or type
 gives (the logits of another computation: order 1). Greedy: the same ids (all 8 were, on every file) until the f32
 engine's own top-2 gap is under NEAR_TIE (after a near-tie the two may rightly part).
 """
