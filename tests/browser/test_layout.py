@@ -158,7 +158,7 @@ def selection(lab: Lab) -> dict:
           strip: tok ? Number(tok.dataset.index) : null,
           current: q('.tok.current').map(t => Number(t.dataset.index)),
           embedding: document.querySelector('[data-testid=embedding-id]')?.textContent ?? null,
-          residual: head ? Number(head.textContent.match(/position (\\d+)/)[1]) : null,
+          residual: head ? (m => m ? Number(m[1]) : head.textContent)(head.textContent.match(/position (\\d+)/)) : null,
           attention: [...new Set(q('[data-testid=attention-cell].sel-row').map(c => Number(c.dataset.q)))],
           lens: [...new Set(q('[data-testid=logit-lens-cell].sel-col').map(c => Number(c.dataset.pos)))],
         }; }""")
@@ -167,6 +167,14 @@ def selection(lab: Lab) -> dict:
 def wait_embedding(lab: Lab, token_id: int) -> None:
     lab.page.wait_for_function("id => document.querySelector('[data-testid=embedding-id]')?.textContent === String(id)",
                                arg=token_id, timeout=120_000)
+
+
+def wait_selected(lab: Lab, pos: int, token_id: int) -> None:
+    """The embedding and the residual panel both on `pos`: they come from two requests (the residual's waits for
+    any inspection still out, such as the lens's), so neither may be read before the other has arrived."""
+    wait_embedding(lab, token_id)
+    lab.page.wait_for_function("pos => (document.querySelector('#residual-body p')?.textContent ?? '')"
+                               ".startsWith(`position ${pos} `)", arg=pos, timeout=120_000)
 
 
 def test_one_selection_drives_every_panel(panels):
@@ -187,24 +195,24 @@ def test_one_selection_drives_every_panel(panels):
     page.click(f'[data-testid=token][data-index="{n - 3}"]')
     assert page.evaluate("document.activeElement.dataset.testid") == "tokens"
     page.keyboard.press("ArrowLeft")
-    wait_embedding(panels, ids[n - 4])
+    wait_selected(panels, n - 4, ids[n - 4])
     assert selection(panels) == follows(n - 4, True)
     if n - 4 < lens_from:
         assert "left of these columns" in page.inner_text("#lens-body p")
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowRight")
-    wait_embedding(panels, ids[n - 2])
+    wait_selected(panels, n - 2, ids[n - 2])
     assert selection(panels) == follows(n - 2, True)
     page.keyboard.press("End")
     page.keyboard.press("ArrowRight")                              # stops at the end
-    wait_embedding(panels, ids[n - 1])
+    wait_selected(panels, n - 1, ids[n - 1])
     assert selection(panels) == follows(n - 1, True)
     page.keyboard.press("Home")
     page.keyboard.press("ArrowLeft")                               # stops at the start
-    wait_embedding(panels, ids[0])
+    wait_selected(panels, 0, ids[0])
     assert selection(panels) == follows(0, True)
     page.keyboard.press("Escape")                                  # back to following the newest token
-    wait_embedding(panels, ids[-1])
+    wait_selected(panels, n - 1, ids[-1])
     assert selection(panels) == follows(n - 1, False)
 
 
