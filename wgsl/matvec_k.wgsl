@@ -22,9 +22,15 @@ fn k_head(w: u32, j: u32) -> vec4<f32> {
 fn qh_none(i: u32) -> vec4<u32> { return vec4<u32>(0u); }
 fn qh_q5_k(i: u32) -> vec4<u32> { return W4[i]; }
 
-// Four values of a piece: the nibbles of word q, plus 16 where bit `bit` of q's qh bytes h is set.
-fn k_lo(q: u32, h: u32, bit: u32) -> vec4<f32> { return nib_lo(q) + 16.0 * bit_of_bytes(h, bit); }
-fn k_hi(q: u32, h: u32, bit: u32) -> vec4<f32> { return nib_hi(q) + 16.0 * bit_of_bytes(h, bit); }
+// Four values of a piece: the nibbles of word q, plus 16 where bit `bit` of q's qh bytes h is set, joined in the
+// word before the one conversion a value (converting the bit apart made Q5_K 1.05-1.15 TB/s on the H200, joined
+// 1.6-1.7: the conversions bounded it, not the reads; docs/performance.md).
+fn k_lo(q: u32, h: u32, bit: u32) -> vec4<f32> {
+    return vec4<f32>(u8x4((q & 0x0F0F0F0Fu) | (((h >> bit) & 0x01010101u) << 4u)));
+}
+fn k_hi(q: u32, h: u32, bit: u32) -> vec4<f32> {
+    return vec4<f32>(u8x4(((q >> 4u) & 0x0F0F0F0Fu) | (((h >> bit) & 0x01010101u) << 4u)));
+}
 
 // One row's piece: (sum q x over the low half, over the high half); xa* are the low values' inputs, xb* the high.
 fn k_piece(q: vec4<u32>, h: vec4<u32>, j: u32, xa0: vec4<f32>, xa1: vec4<f32>, xa2: vec4<f32>, xa3: vec4<f32>,

@@ -132,6 +132,17 @@ fn dq_q4_1(rb: u32, g: u32) -> Dq {
     return Dq(dm.x * nib_lo(q) + dm.y, dm.x * nib_hi(q) + dm.y);
 }
 
+// The low / high nibbles of w's bytes with each one's fifth bit h (0 or 1) joined as 16, then converted: one
+// int->float conversion a value, not two (the converts, not the reads, bounded the 5- and 6-bit matvecs on the
+// H200: docs/performance.md).
+fn q5_lo(w: u32, h: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)) | (h << vec4<u32>(4u)));
+}
+
+fn q5_hi(w: u32, h: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(((vec4<u32>(w) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)) | (h << vec4<u32>(4u)));
+}
+
 // Q5_0, 22 bytes: d f16, qh u32, qs[16]; 5th bit of element j is bit j of qh (j = 0..31).  x = d * (q - 16)
 const Q5_0_BYTES: u32 = 22u;
 const Q5_0_D: u32 = 0u;
@@ -145,7 +156,7 @@ fn dq_q5_0(rb: u32, g: u32) -> Dq {
     let q = ld_u32(blk + Q5_0_QS + j);
     let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
     let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
-    return Dq(d * (nib_lo(q) + 16.0 * vec4<f32>(h) - 16.0), d * (nib_hi(q) + 16.0 * vec4<f32>(h2) - 16.0));
+    return Dq(d * (q5_lo(q, h) - 16.0), d * (q5_hi(q, h2) - 16.0));
 }
 
 // Q5_1, 24 bytes: d f16, m f16, qh u32, qs[16] (bits as Q5_0).  x = d * q + m
@@ -161,7 +172,7 @@ fn dq_q5_1(rb: u32, g: u32) -> Dq {
     let q = W[w + Q5_1_QS / 4u + (g & 3u)];
     let h = (vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + vec4<u32>(j))) & vec4<u32>(1u);
     let h2 = (vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + vec4<u32>(j))) & vec4<u32>(1u);
-    return Dq(dm.x * (nib_lo(q) + 16.0 * vec4<f32>(h)) + dm.y, dm.x * (nib_hi(q) + 16.0 * vec4<f32>(h2)) + dm.y);
+    return Dq(dm.x * q5_lo(q, h) + dm.y, dm.x * q5_hi(q, h2) + dm.y);
 }
 
 // The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl), as int8 bytes: level i is byte i % 4

@@ -4,7 +4,9 @@
                          (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, lfm2-350m,
                           lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b: lab/host/synthetic.py SPECS)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
-                      [--types Q4_K,..] [--shapes 14336x4096,..] and shape of KERNEL_SHAPES, or only these
+                      [--types Q4_K,..] [--shapes 14336x4096,..] and shape of KERNEL_SHAPES, or only these (both:
+                      [--wg 64,128,..]                            every type at every shape); each matvec workgroup
+                                                                  size asked
 
 Decode is timed as the chat loop runs it (lab.engine.session: greedy steps submitted AHEAD at a time, then
 one read-back of their ids), and also one step and one 4-byte read-back at a time.
@@ -179,16 +181,30 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
     return out
 
 
-def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=()) -> list[dict]:
-    """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols): `repeat`
-    dispatches of one kernel in one pass, timed by timestamp queries where the adapter has them (else
-    by the wall clock around submit and read-back, which small shapes then cannot amortize)."""
+def _kernel_time(device, plan, y, reps: int, timestamps: bool) -> float:
+    """Seconds one of the `reps` dispatches of `plan` takes: GPU time of the pass by timestamp queries (no submit or
+    read-back in the figure), else the wall clock around a submit and a read-back."""
+    device.run(plan)
+    device.read_sync(y, 0, 4)
+    if timestamps:
+        return asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
+    t0 = _now()
+    device.run(plan)
+    device.read_sync(y, 0, 4)
+    return (_now() - t0) / reps
+
+
+def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disable=(), wgs=(None,)) -> list[dict]:
+    """Matvec GB/s (weight bytes / time) and prefill GEMM GFLOP/s for each (type, rows, cols) and matvec workgroup
+    size of `wgs` (None: lab.ops.matmul.matvec_wg's choice): `repeat` dispatches of one kernel in one pass, timed by
+    timestamp queries where the adapter has them (else by the wall clock around submit and read-back, which small
+    shapes then cannot amortize)."""
     import numpy as np
 
     from lab.format.ggml import BY_NAME
     from lab.gpu.shaders import KernelCache
     from lab.host.synthetic import random_blocks
-    from lab.ops.matmul import matmul, matvec
+    from lab.ops.matmul import matmul, matvec, matvec_wg
     from lab.ops.weights import alloc_weight, upload_weight
     device = open_native(disable=tuple(disable))
     timestamps = "timestamp-query" in device.info.features
@@ -211,26 +227,20 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
         y = device.buffer(4 * rows * tokens, gpu.CONVERSATION, "y")
         device.write(x, rng.standard_normal(cols * tokens).astype(np.float32).tobytes())
         device.run([], writes=[(step, 0, ops.step_bytes(0, tokens, 1))])
-        mv = [op.at(1) for op in matvec(device, kc, w, x, y, step)] * repeat
         mm = [op.at(tokens) for op in matmul(device, kc, w, x, y, step, max_tokens=tokens)] * max(1, repeat // 4)
-        res = {"type": type_name, "rows": rows, "cols": cols, "weight_bytes": w.rows * w.row_bytes}
-        for name, plan, reps in (("matvec", mv, repeat), ("matmul", mm, max(1, repeat // 4))):
-            device.run(plan)
-            device.read_sync(y, 0, 4)
-            if timestamps:      # GPU time of the pass only: no submit or read-back in the figure
-                s = asyncio.run(profile.median_pass(device, plan, reps=5)) / reps
-            else:
-                t0 = _now()
-                device.run(plan)
-                device.read_sync(y, 0, 4)
-                s = (_now() - t0) / reps
-            if name == "matvec":
-                res["matvec_us"] = round(s * 1e6, 1)
-                res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
-            else:
-                res["matmul_us"] = round(s * 1e6, 1)
-                res["matmul_gflop_s"] = round(2 * rows * cols * tokens / s / 1e9, 1)
-        rows_out.append(res)
+        gemm = None
+        for wg in wgs:
+            mv = [op.at(1) for op in matvec(device, kc, w, x, y, step, wg=wg)] * repeat
+            res = {"type": type_name, "rows": rows, "cols": cols, "weight_bytes": w.rows * w.row_bytes,
+                   "wg": wg or matvec_wg(cols, rows, device.info.software, type_name, device.info.swiftshader)}
+            s = _kernel_time(device, mv, y, repeat, timestamps)
+            res["matvec_us"] = round(s * 1e6, 1)
+            res["matvec_gb_s"] = round(res["weight_bytes"] / s / 1e9, 2)
+            if gemm is None:    # the GEMM does not depend on the matvec's workgroup: timed once
+                gemm = _kernel_time(device, mm, y, max(1, repeat // 4), timestamps)
+            res["matmul_us"] = round(gemm * 1e6, 1)
+            res["matmul_gflop_s"] = round(2 * rows * cols * tokens / gemm / 1e9, 1)
+            rows_out.append(res)
         for b in (x, y, *(p.buffer for p in w.parts)):
             device.destroy(b)
     return rows_out

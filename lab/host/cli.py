@@ -424,25 +424,47 @@ def _bench(args) -> int:
     from lab.host import bench
     ints = lambda s: tuple(int(v) for v in s.split(",") if v)
     if args.model == "kernels":
-        types = set(args.types.split(",")) if args.types else None
-        if types and (unknown := types - {sh[0] for sh in bench.KERNEL_SHAPES}):
-            print(f"lab bench kernels: no shapes of type {', '.join(sorted(unknown))} (the table has "
+        from lab.format.ggml import BY_NAME
+        types = list(dict.fromkeys(args.types.split(","))) if args.types else None
+        shapes = list(dict.fromkeys(args.shapes.split(","))) if args.shapes else None
+        if types and (unknown := [t for t in types if t not in {sh[0] for sh in bench.KERNEL_SHAPES}]):
+            print(f"lab bench kernels: no shapes of type {', '.join(unknown)} (the table has "
                   f"{', '.join(dict.fromkeys(sh[0] for sh in bench.KERNEL_SHAPES))})", file=sys.stderr)
             return 2
-        shapes = set(args.shapes.split(",")) if args.shapes else None
-        picked = [sh for sh in bench.KERNEL_SHAPES if (types is None or sh[0] in types)
-                  and (shapes is None or f"{sh[1]}x{sh[2]}" in shapes)]
+        if types and shapes:    # every type asked at every shape asked, in the table or not
+            try:
+                dims = [tuple(int(v) for v in sh.split("x")) for sh in shapes]
+                if any(len(d) != 2 or min(d) < 1 for d in dims):
+                    raise ValueError
+            except ValueError:
+                print(f"lab bench kernels: --shapes {args.shapes}: each shape is ROWSxCOLS, e.g. 14336x4096",
+                      file=sys.stderr)
+                return 2
+            if bad := [f"{t} {r}x{c}" for t in types for r, c in dims if c % BY_NAME[t].block]:
+                print(f"lab bench kernels: a row must hold whole blocks: {', '.join(bad)}", file=sys.stderr)
+                return 2
+            picked = [(t, r, c) for t in types for r, c in dims]
+        else:
+            picked = [sh for sh in bench.KERNEL_SHAPES if (types is None or sh[0] in types)
+                      and (shapes is None or f"{sh[1]}x{sh[2]}" in shapes)]
         if not picked:
             print(f"lab bench kernels: no shapes {args.shapes} of types {args.types or 'any'}", file=sys.stderr)
             return 2
-        rows = bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable)
+        try:
+            wgs = tuple(int(v) for v in args.wg.split(",")) if args.wg else (None,)
+        except ValueError:
+            wgs = (0,)
+        if any(w is not None and (w < 1 or w & (w - 1) or w > 256) for w in wgs):
+            print(f"lab bench kernels: --wg {args.wg}: powers of two from 1 to 256", file=sys.stderr)
+            return 2
+        rows = bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable, wgs=wgs)
         if args.json:
             print(json.dumps(rows))
         else:
-            print(f"{'type':7s} {'rows x cols':>14s} {'MB':>8s} {'matvec us':>10s} {'GB/s':>8s} {'GEMM us':>10s} "
-                  f"{'GFLOP/s':>8s}")
+            print(f"{'type':7s} {'rows x cols':>14s} {'MB':>8s} {'wg':>4s} {'matvec us':>10s} {'GB/s':>8s} "
+                  f"{'GEMM us':>10s} {'GFLOP/s':>8s}")
             for r in rows:
-                print(f"{r['type']:7s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} "
+                print(f"{r['type']:7s} {r['rows']:>7d}x{r['cols']:<6d} {r['weight_bytes'] / 1e6:8.2f} {r['wg']:>4d} "
                       f"{r['matvec_us']:10.1f} {r['matvec_gb_s']:8.2f} {r['matmul_us']:10.1f} "
                       f"{r['matmul_gflop_s']:8.1f}")
         return 0
@@ -722,8 +744,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
     s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
     s.add_argument("--shapes", default="",
-                   help="kernels: only the table's shapes of these rows x cols (comma-separated, e.g. 14336x4096; "
-                        "with --types, both must match)")
+                   help="kernels: rows x cols (comma-separated, e.g. 14336x4096): alone, the table's rows of these "
+                        "shapes; with --types, every one of those types at every one of these shapes")
+    s.add_argument("--wg", default="",
+                   help="kernels: matvec threads a workgroup, comma-separated (each a row of the table; default: "
+                        "lab.ops.matmul.matvec_wg's choice)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
     s.set_defaults(fn=_bench)

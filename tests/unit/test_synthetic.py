@@ -4,6 +4,7 @@ tensor names, shapes and types, valid blocks, and the same config; the benchmark
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -34,6 +35,22 @@ def test_bench_kernels_runs(device):
     assert [(r["type"], r["rows"], r["cols"]) for r in rows] == [("Q4_1", 64, 256), ("Q6_K", 32, 512),
                                                                 ("IQ2_XXS", 32, 512)]
     assert all(r["matvec_us"] > 0 and math.isfinite(r["matmul_gflop_s"]) for r in rows)
+
+
+def test_bench_kernels_workgroup_sizes(device, capsys):
+    """--wg: a row per workgroup size asked, each timed with it; --types with --shapes: any shape, not only the
+    table's; a shape that splits a block, or a size not a power of two, is refused with one line."""
+    from lab.host.cli import main
+    assert main(["bench", "kernels", "--types", "Q6_K,Q4_1", "--shapes", "16x512", "--wg", "4,32", "--repeat", "2",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["type"], r["rows"], r["cols"], r["wg"]) for r in rows] == [
+        ("Q6_K", 16, 512, 4), ("Q6_K", 16, 512, 32), ("Q4_1", 16, 512, 4), ("Q4_1", 16, 512, 32)]
+    assert all(r["matvec_us"] > 0 for r in rows)
+    assert main(["bench", "kernels", "--types", "Q6_K", "--shapes", "16x500"]) == 2
+    assert "a row must hold whole blocks: Q6_K 16x500" in capsys.readouterr().err
+    assert main(["bench", "kernels", "--types", "Q6_K", "--wg", "48"]) == 2
+    assert "--wg 48: powers of two from 1 to 256" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name,n_layer,tied,more", [
