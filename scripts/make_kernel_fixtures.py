@@ -34,6 +34,8 @@ QUANT_TRAP = {
     "Q4_K": "Q4_K: 6-bit scales and mins unpacked in the right order from the 12-byte table",
     "Q6_K": "Q6_K: the scale index per 16 values and the 2 high bits from qh",
     "Q5_0": "Q5_0: the fifth bit from qh and the nibble order",
+    "Q5_1": "Q5_1: the fifth bit from qh joined as 16, the per-block minimum added",
+    "Q5_K": "Q5_K: the fifth bit of sub-block pair j from qh bits 2j and 2j + 1, joined as 16 before the scale",
     "F32": "F32 rows: plain floats through the same reduction (tiling, rows not a multiple of 4)",
     "Q2_K": "Q2_K: 4-bit scale and min per 16 values, 2-bit quants in the right shift order",
     "Q3_K": "Q3_K: the high bit from hmask (set means no -4) and the 6-bit scales' split layout",

@@ -447,5 +447,8 @@ def make_cases() -> list[Case]:
     cases += [shortconv_case(t=5, pos=9, n=200, stride=237, l_cache=4, ring=9, seed=90),
               deltanet_case(n_k=2, n_v=4, S=32, t=5, pos=7, seed=91),
               deltanet_case(n_k=2, n_v=2, S=128, t=1, pos=20, seed=92)]
+    # the 5-bit types' matvecs (Q5_K's own loop; Q5_1 through the group loop), each value's fifth bit joined to its
+    # nibble before the one conversion
+    cases += [matvec_case(name, seed=93 + i) for i, name in enumerate(("Q5_K", "Q5_1"))]
     assert len({c.name for c in cases}) == len(cases)
     return cases
