@@ -21,7 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 W=${PREP_DIR:-/tmp/lab-devbrowser-prep}
-CHUNK=${CHUNK:-52000000}          # bytes per piece: the 64 MiB per call less the working tree (10 MB) and a margin
+# bytes per piece: the 64 MiB a call carries less the tracked working tree (23 MB on 2026-12-03) and a 4 MB margin
+CHUNK=${CHUNK:-$(( 67108864 - $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) - 4000000 ))}
 XZ=${XZ:-xz -T2 -1}               # -1: minutes on a busy 2-core machine (-6 took 4x longer); 123 MB of Chromium etc.
 MODELS=${LLM_LAB_CACHE:-$HOME/.cache/llm-lab}/models
 SMOL=SmolLM2-135M-Instruct.Q4_1.gguf
