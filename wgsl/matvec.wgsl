@@ -19,10 +19,10 @@
 //               Workgroup 0 also stores the normed vector at xn[xn_off..] when write_xn, so traces and
 //               probes still see it)
 //     in_glu:   {{ACT}}(x[x_off + c]) * x[x_off + up_off + c]      (SwiGLU / GeGLU over a [gate | up] row)
-// Epilogue ROPE (decode's fused [q | k | v] projection, adjacent pairs): y is the token's row, output column
-//   c = y_off + r. Columns of the n_q + n_kv rotated heads leave rotated by RoPE at step.pos (pair (2i, 2i+1) of
-//   a head, i < n_rot / 2, angle pos * freqs[i]); the workgroup's 4 rows hold whole pairs (y_off is even), so the
-//   partner's sum is at hand. With write_kv, the K columns (rotated) and the V columns after them also go to cache
+// Epilogue ROPE (decode's fused [q | k | v] projection): y is the token's row, output column c = y_off + r.
+//   Columns of the n_q + n_kv rotated heads leave rotated by RoPE at step.pos (pair (2i, 2i+1) of a head, or with
+//   neox (i, i + n_rot / 2), i < n_rot / 2, angle pos * freqs[i]); the workgroup's 4 rows hold whole pairs (y_off
+//   even; NeoX: `rope_rows` picks them, parts start on a head), so the partner's sum is at hand. With write_kv, the K columns (rotated) and the V columns after them also go to cache
 //   row pos (not at or past n_ctx). Saves rope.wgsl's dispatch a layer.
 // Uniform fields: n_rows (rows of this part), cols, gpr (groups of 8 values per row = cols / 8),
 //   row_bytes, x_off, y_off (floats; y_off already includes the part's first row), acc (0 or 1),
@@ -54,7 +54,7 @@ struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_
 {{NORM}}@group(0) @binding({{B_XN}}) var<storage, read_write> xn: array<f32>;
 {{BIAS}}@group(0) @binding({{B_BIAS}}) var<storage, read> bias: array<f32>;
 // freqs[i] = f[i / 4][i % 4]: in the uniform, a storage binding fewer (WebGPU's default is 8 a stage)
-struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, write_kv: u32, _p0: u32, _p1: u32,
+struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, write_kv: u32, neox: u32, _p1: u32,
                     f: array<vec4<f32>, 32> };
 {{ROPE}}@group(0) @binding({{B_RP}}) var<uniform> rp: RopeParams;
 {{ROPE}}@group(0) @binding({{B_STEP}}) var<uniform> step: Step;
@@ -115,35 +115,51 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 {{ROPE}}{{KV16}}    if (k) { k_cache[i / 2u] = pack2x16float(o); } else { v_cache[i / 2u] = pack2x16float(o); }
 {{ROPE}}{{KV16}}}
 {{ROPE}}
-{{ROPE}}// Row row0 + lane's output from its total v (bias included); `sums` holds its pair partner's sum (the part's rows
-{{ROPE}}// come in whole pairs, so the partner, row0 + (lane ^ 1), is inside it). The lane also works out the partner's
-{{ROPE}}// output (o2, the same rotation from the other side), so that an even lane holds its pair's f16 word whole.
-{{ROPE}}fn rope_out(row0: u32, lane: u32, v: f32, sums: vec4<f32>) -> f32 {
-{{ROPE}}    let c = p.y_off + row0 + lane;
-{{ROPE}}    let q_end = rp.n_q * rp.head_dim;
-{{ROPE}}    let rot_end = q_end + rp.n_kv * rp.head_dim;
+{{ROPE}}// The workgroup's 4 rows (of this part). Adjacent pairs: row0 .. row0 + 3, two whole pairs. NeoX pairs (d, d + n_rot
+{{ROPE}}// / 2) lie half the rotation apart, so the workgroup at dims 4k .. 4k + 3 of a rotated head takes dims 2k, 2k + 1,
+{{ROPE}}// 2k + n_rot / 2, 2k + 1 + n_rot / 2 instead (a permutation of the head's rotated rows: lanes 0 and 2, 1 and 3
+{{ROPE}}// are pairs, lanes 0 and 1, 2 and 3 adjacent values); the other rows stay in place. Parts start on a head.
+{{ROPE}}fn rope_rows(row0: u32) -> vec4<u32> {
+{{ROPE}}    let plain = vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u);
+{{ROPE}}    let c0 = p.y_off + row0;
+{{ROPE}}    let d0 = c0 % rp.head_dim;
+{{ROPE}}    if (rp.neox == 0u || c0 >= (rp.n_q + rp.n_kv) * rp.head_dim || d0 >= rp.n_rot) { return plain; }
+{{ROPE}}    let r = row0 - d0 + d0 / 2u;
+{{ROPE}}    return vec4<u32>(r, r + 1u, r + rp.n_rot / 2u, r + 1u + rp.n_rot / 2u);
+{{ROPE}}}
+{{ROPE}}
+{{ROPE}}// Lane l's output (its row rows[l]): its sum and bias, rotated by RoPE at step.pos where its column is a rotated
+{{ROPE}}// dim of a Q or K head, with its pair partner's sum (lane l ^ 1 adjacent, l ^ 2 NeoX: in the workgroup either way).
+{{ROPE}}fn rot_lane(rows: vec4<u32>, l: u32, sums: vec4<f32>) -> f32 {
+{{ROPE}}    let neox = rp.neox != 0u;
+{{ROPE}}    let m = select(l ^ 1u, l ^ 2u, neox);
+{{ROPE}}    var v = sums[l];
+{{ROPE}}    var w = sums[m];
+{{ROPE}}{{BIAS}}    v += bias[p.bias_off + rows[l]];
+{{ROPE}}{{BIAS}}    w += bias[p.bias_off + rows[m]];
+{{ROPE}}    let c = p.y_off + rows[l];
 {{ROPE}}    let d = c % rp.head_dim;
-{{ROPE}}    var w = sums[lane ^ 1u];
-{{ROPE}}{{BIAS}}    w += bias[p.bias_off + row0 + (lane ^ 1u)];
-{{ROPE}}    var o = v;
-{{ROPE}}    var o2 = w;
-{{ROPE}}    if (c < rot_end && d < rp.n_rot) {
-{{ROPE}}        let cs = cos_sin(f32(step.pos) * rp.f[d / 8u][(d / 2u) % 4u]);
-{{ROPE}}        if (d % 2u == 0u) {
-{{ROPE}}            o = v * cs.x - w * cs.y;
-{{ROPE}}            o2 = v * cs.y + w * cs.x;
-{{ROPE}}        } else {
-{{ROPE}}            o = w * cs.y + v * cs.x;
-{{ROPE}}            o2 = w * cs.x - v * cs.y;
-{{ROPE}}        }
-{{ROPE}}    }
-{{ROPE}}    if (rp.write_kv != 0u && step.pos < rp.n_ctx) {
-{{ROPE}}        let kvd = rp.n_kv * rp.head_dim;
-{{ROPE}}        let even = d % 2u == 0u;
-{{ROPE}}        if (c >= q_end && c < rot_end) { put_kv(true, step.pos * kvd + c - q_end, even, vec2<f32>(o, o2)); }
-{{ROPE}}        if (c >= rot_end && c < rot_end + kvd) {
-{{ROPE}}            put_kv(false, step.pos * kvd + c - rot_end, even, vec2<f32>(o, o2));
-{{ROPE}}        }
+{{ROPE}}    if (c >= (rp.n_q + rp.n_kv) * rp.head_dim || d >= rp.n_rot) { return v; }
+{{ROPE}}    let half = rp.n_rot / 2u;
+{{ROPE}}    let i = select(d / 2u, d % half, neox);          // the pair's frequency
+{{ROPE}}    let cs = cos_sin(f32(step.pos) * rp.f[i / 4u][i % 4u]);
+{{ROPE}}    if (select(d % 2u == 0u, d < half, neox)) { return v * cs.x - w * cs.y; }
+{{ROPE}}    return w * cs.y + v * cs.x;
+{{ROPE}}}
+{{ROPE}}
+{{ROPE}}// Lane `lane`'s output, and with write_kv its K or V value in cache row pos: an even lane also works out the
+{{ROPE}}// next lane's output (the adjacent value in both layouts), so that it holds an f16 word whole.
+{{ROPE}}fn rope_out(rows: vec4<u32>, lane: u32, sums: vec4<f32>) -> f32 {
+{{ROPE}}    let o = rot_lane(rows, lane, sums);
+{{ROPE}}    let c = p.y_off + rows[lane];
+{{ROPE}}    let q_end = rp.n_q * rp.head_dim;
+{{ROPE}}    let kvd = rp.n_kv * rp.head_dim;
+{{ROPE}}    if (rp.write_kv != 0u && step.pos < rp.n_ctx && c >= q_end && c < q_end + 2u * kvd) {
+{{ROPE}}        let even = c % 2u == 0u;
+{{ROPE}}        var o2 = o;
+{{ROPE}}{{KV16}}        if (even) { o2 = rot_lane(rows, lane ^ 1u, sums); }
+{{ROPE}}        if (c < q_end + kvd) { put_kv(true, step.pos * kvd + c - q_end, even, vec2<f32>(o, o2)); }
+{{ROPE}}        else { put_kv(false, step.pos * kvd + c - q_end - kvd, even, vec2<f32>(o, o2)); }
 {{ROPE}}    }
 {{ROPE}}    return o;
 {{ROPE}}}
@@ -157,10 +173,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let wg_index = wid.x + wid.y * nwg.x;
     let row0 = wg_index * 4u;
     if (row0 >= p.n_rows) { return; }
+    var rows = vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u);
+{{ROPE}}    rows = rope_rows(row0);
 
     // Rows past the end repeat the last row (valid memory, no branch); their sums are not written.
     let last = p.n_rows - 1u;
-    let rb = vec4<u32>(min(row0, last), min(row0 + 1u, last), min(row0 + 2u, last), min(row0 + 3u, last)) * p.row_bytes;
+    let rb = min(rows, vec4<u32>(last)) * p.row_bytes;
 
     let acc = accumulate(rb, lid);
     var sums = wg_sum(acc, lid);
@@ -170,11 +188,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 {{NORM}}        store_xn(lid, inv_rms);
 {{NORM}}    }
 
-    if (lid < 4u && row0 + lid < p.n_rows) {
+    if (lid < 4u && rows[lid] < p.n_rows) {
         var total = sums[lid];
-{{BIAS}}        total += bias[p.bias_off + row0 + lid];
-{{ROPE}}        total = rope_out(row0, lid, total, sums);
-        let o = p.y_off + row0 + lid;
+{{BIAS}}        total += bias[p.bias_off + rows[lid]];
+{{ROPE}}        total = rope_out(rows, lid, sums);
+        let o = p.y_off + rows[lid];
         if (p.acc != 0u) { total += y[o]; }
         y[o] = total;
     }

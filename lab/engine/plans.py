@@ -2,9 +2,9 @@
 
 Both run the same layer sequence, written once in `PlanBuilder.build`; each subclass says only how its kind of
 step projects, feeds the GLU, attends and picks the rows of the output head. Decode folds what it can into its
-matvecs (the RMSNorm before a projection, the GLU before the down projection, the biases after QKV, and for
-adjacent-pair RoPE the rotation and the KV write after QKV), because a decode step on a GPU is bound by the number
-of dependent kernels, not by bytes (docs/performance.md).
+matvecs (the RMSNorm before a projection, the GLU before the down projection, the biases after QKV, and the RoPE
+rotation, adjacent or NeoX pairs, with the KV write after QKV), because a decode step on a GPU is bound by the
+number of dependent kernels, not by bytes (docs/performance.md).
 
 Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
 the names lab/host/reference/forward.py traces and the panels key their data by. An lfm2 short-conv layer takes the
@@ -376,19 +376,22 @@ class Decode(PlanBuilder):
 
     def qkv_rope(self, il, base):
         # A decode step is bound by its dependent dispatches: the rotation and the KV write ride in the projection's
-        # epilogue where the pairs are adjacent (a workgroup's 4 rows hold whole pairs; NEOX pairs lie half a head
-        # apart) and nothing sits between projection and rotation (q/k norms), and the adapter allows the bindings.
+        # epilogue where a workgroup's 4 rows can hold whole pairs (adjacent pairs; NeoX pairs, half the rotation
+        # apart, where every part starts on a head and n_rot is a multiple of 4: wgsl/matvec.wgsl rope_rows), nothing
+        # sits between projection and rotation (q/k norms), and the adapter allows the bindings.
         cfg, s = self.cfg, self.scratch
         stacked = self.weights.stacked[f"blk.{il}.qkv"]
         limit = self.dev.info.limits["max_storage_buffers_per_shader_stage"]
-        if cfg.rope_neox or cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
+        unit = cfg.head_dim if cfg.rope_neox else 2
+        if cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
+                or cfg.rope_neox and (cfg.n_rot % 4 or cfg.head_dim % 4) \
                 or any(matmul.matvec_storage(w.type.name, norm=True, bias=cfg.qkv_bias, rope=True) > limit
                        for w, _ in stacked) \
-                or any((col + p.first_row) % 2 for w, col in stacked for p in w.parts):
+                or any((col + p.first_row) % unit for w, col in stacked for p in w.parts):
             return None
         freqs = rope.frequencies(cfg.n_rot, base, cfg.rope_scale, self.eng.rope_freqs)
         return rope.QkvRope(cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, tuple(freqs), s.step,
-                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx, self.eng.kv_type)
+                            s.k_cache[il], s.v_cache[il], self.eng.n_ctx, self.eng.kv_type, neox=cfg.rope_neox)
 
     def glu_then(self, act, n_ff):
         # Folded into ffn_down's matvec, the GLU is recomputed by every workgroup of it: at Llama-3.1-8B's

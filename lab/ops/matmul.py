@@ -192,6 +192,10 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
         odd = [p.first_row for p in w.parts if (y_offset + p.first_row) % 2]
         if odd or rope.head_dim % 2 or rope.n_rot % 2:
             raise ValueError(f"{w.name} matvec: the rotary epilogue needs whole pairs in every part")
+        if rope.neox and (rope.head_dim % 4 or rope.n_rot % 4
+                          or any((y_offset + p.first_row) % rope.head_dim for p in w.parts)):
+            raise ValueError(f"{w.name} matvec: the rotary epilogue's NeoX pairs need head_dim and n_rot multiples of "
+                             f"4 and every part starting on a head")
 
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,

@@ -83,14 +83,14 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
 
 # -- RoPE in the QKV projection's epilogue (decode; wgsl/matvec.wgsl ROPE) -----------------------------------------
 MAX_FUSED_PAIRS = 128            # RopeParams.f holds 32 vec4s of frequencies
-FUSED_PARAMS = struct.Struct("<8I")      # n_q, n_kv, head_dim, n_rot, n_ctx, write_kv, pad, pad; then 128 f32
+FUSED_PARAMS = struct.Struct("<8I")      # n_q, n_kv, head_dim, n_rot, n_ctx, write_kv, neox, pad; then 128 f32
 
 
 @dataclass(frozen=True)
 class QkvRope:
-    """What matvec's ROPE epilogue needs to rotate a fused [q | k | v] row at step.pos (adjacent pairs) and write its
-    K and V into cache row pos: llama-family models without q/k norms (a norm would sit between projection and
-    rotation)."""
+    """What matvec's ROPE epilogue needs to rotate a fused [q | k | v] row at step.pos (adjacent pairs, or NeoX's
+    (i, i + n_rot / 2) with neox=True) and write its K and V into cache row pos: models without q/k norms (a norm
+    would sit between projection and rotation)."""
     n_q: int                 # Q heads (rotated), then n_kv K heads (rotated and cached), then n_kv V heads (cached)
     n_kv: int
     head_dim: int
@@ -101,10 +101,12 @@ class QkvRope:
     v_cache: gpu.Buffer
     n_ctx: int
     kv: str = "f32"          # the caches' element type (lab/ops/attention.py KV_TYPES)
+    neox: bool = False       # NeoX pairs: n_rot and head_dim multiples of 4, every part of the weight on a head
 
     def params(self, write_kv: bool) -> bytes:
         if len(self.freqs) > MAX_FUSED_PAIRS:
             raise ValueError(f"rope: {len(self.freqs)} rotary pairs; the fused epilogue holds {MAX_FUSED_PAIRS}")
         f = list(self.freqs) + [0.0] * (MAX_FUSED_PAIRS - len(self.freqs))
-        return FUSED_PARAMS.pack(self.n_q, self.n_kv, self.head_dim, self.n_rot, self.n_ctx, int(write_kv), 0, 0) \
+        return FUSED_PARAMS.pack(self.n_q, self.n_kv, self.head_dim, self.n_rot, self.n_ctx, int(write_kv),
+                                 int(self.neox), 0) \
             + struct.pack(f"<{MAX_FUSED_PAIRS}f", *f)

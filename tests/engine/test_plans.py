@@ -1,6 +1,6 @@
-"""Which op rotates Q and K in each plan (lab/engine/plans.py): decode's QKV projection where the pairs are adjacent and no
-q/k norm sits in between (its epilogue rotates and writes the cache: one dispatch fewer a layer), the rope op
-everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran."""
+"""Which op rotates Q and K in each plan (lab/engine/plans.py): decode's QKV projection where no q/k norm sits in
+between, adjacent pairs or NeoX's (phi3) (its epilogue rotates and writes the cache: one dispatch fewer a layer), the
+rope op everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from lab.host.models import cache_dir
 from lab.ops import KV_WRITE
 
 
-@pytest.mark.parametrize("arch,fused", [("llama3", True), ("mistral", True), ("qwen3", False), ("gemma3", False)])
+@pytest.mark.parametrize("arch,fused", [("llama3", True), ("mistral", True), ("phi3", True), ("qwen3", False),
+                                       ("gemma3", False)])
 def test_decode_rotates_in_the_qkv_projection_where_it_can(device, arch, fused):
     path = synthetic_arch.build(arch, "f32", cache_dir() / "synthetic")
     header = gguf.read_file(path)

@@ -120,10 +120,12 @@ def test_rope_cache_write(env1, mode, t, pos, heads):  # noqa: F811
     check_rope(env1, mode, t=t, pos=pos, head_dim=32, fused=heads, n_ctx=32, kv="f16")
 
 
+@pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("name,pos,parts", [("Q4_K", 37, 1), ("Q8_0", 41, 3), ("F16", 0, 1)])
-def test_matvec_rope_epilogue(device, kernels, name, pos, parts):
-    """Decode's QKV projection with RoPE and the cache write in its epilogue."""
-    check_matvec_rope_epilogue(device, kernels, name, 4, 4, 2, 16, 16, pos, parts, kv="f16")
+def test_matvec_rope_epilogue(device, kernels, name, pos, parts, neox):
+    """Decode's QKV projection with RoPE and the cache write in its epilogue (adjacent or NeoX pairs: an f16 word is
+    two adjacent values either way, from two lanes whose rotation partners differ under NeoX)."""
+    check_matvec_rope_epilogue(device, kernels, name, 4, 4, 2, 16, 16, pos, parts, kv="f16", neox=neox)
 
 
 def test_kv_write_leaves_other_rows(device, kernels):

@@ -363,15 +363,18 @@ def test_matvec_bias_epilogue_and_accumulate(device, kernels, name, x_at):
             _fused_rig(r, name, raw, cols, np.concatenate([x, x]), norm=x, glu="swiglu")
 
 
-def _rotate(y, pos, n_heads, hd, n_rot, freqs, sign=1.0):
-    """Adjacent-pair RoPE of the first n_heads heads of a row (sign -1: the inverse rotation), float64."""
+def _rotate(y, pos, n_heads, hd, n_rot, freqs, sign=1.0, neox=False):
+    """RoPE of the first n_heads heads of a row, adjacent pairs (2i, 2i + 1) or NeoX's (i, i + n_rot / 2) (sign -1:
+    the inverse rotation), float64."""
     y = np.array(y, np.float64)
     th = sign * pos * np.asarray(freqs, np.float64)
     c, s = np.cos(th), np.sin(th)
+    i = np.arange(n_rot // 2)
     for h in range(n_heads):
-        a = h * hd + 2 * np.arange(n_rot // 2)
-        x0, x1 = y[a].copy(), y[a + 1].copy()
-        y[a], y[a + 1] = x0 * c - x1 * s, x0 * s + x1 * c
+        a = h * hd + (i if neox else 2 * i)
+        b = a + n_rot // 2 if neox else a + 1
+        x0, x1 = y[a].copy(), y[b].copy()
+        y[a], y[b] = x0 * c - x1 * s, x0 * s + x1 * c
     return y
 
 
@@ -385,9 +388,20 @@ def test_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, p
     check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts)
 
 
-def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts, kv="f32"):
+@pytest.mark.parametrize("name,x_at", [("Q5_0", 3), ("Q4_K", 4)])
+@pytest.mark.parametrize("nh,nkv,hd,n_rot,pos,parts", [(4, 2, 16, 16, 37, 1), (3, 1, 32, 16, 5, 1),
+                                                        (4, 2, 16, 16, 41, 3), (2, 2, 16, 16, 0, 1),
+                                                        (3, 1, 20, 8, 9, 2)])
+def test_matvec_rope_epilogue_neox(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts):
+    """The same with NeoX pairs (i, i + n_rot / 2) (Qwen2.5, phi3): each workgroup takes two pairs of a head's rotated
+    rows, half the rotation apart, the rest in place; partial rotary, parts starting on heads."""
+    check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts, neox=True)
+
+
+def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, pos, parts, kv="f32", neox=False):
     """test_matvec_rope_epilogue's case; kv="f16" (tests/kernels/test_kv_f16.py): f16 caches, each written value
-    within one f16 step of the row's (WGSL rounds a store to either neighbour)."""
+    within one f16 step of the row's (WGSL rounds a store to either neighbour); neox: NeoX pairs, the parts whole
+    heads."""
     from lab.ops import KV_WRITE, make_step, step_bytes
     from lab.ops.rope import QkvRope, frequencies
     rows, cols, n_ctx = (nh + 2 * nkv) * hd, 256, 48
@@ -402,7 +416,8 @@ def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, 
     store = np.float16 if kv == "f16" else np.float32
     k0, v0 = (rng.standard_normal((n_ctx, kvd)).astype(store) for _ in range(2))
     with Rig(device, kernels) as r:
-        per = ((rows + parts - 1) // parts + 1) // 2 * 2                  # even rows a part: whole pairs
+        unit = hd if neox else 2                                          # whole pairs (NeoX: whole heads) a part
+        per = ((rows + parts - 1) // parts + unit - 1) // unit * unit
         limit = None if parts == 1 else per * raw.shape[1]
         w = r.weight(name, raw, max_binding=limit)
         assert len(w.parts) == parts
@@ -412,7 +427,7 @@ def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, 
         xnb = r.buffer(4 * cols, "xn")
         kb, vb = r.buffer(k0.tobytes(), "k cache"), r.buffer(v0.tobytes(), "v cache")
         step = make_step(device, "t.step")
-        spec = QkvRope(nh, nkv, hd, n_rot, tuple(freqs), step, kb, vb, n_ctx, kv)
+        spec = QkvRope(nh, nkv, hd, n_rot, tuple(freqs), step, kb, vb, n_ctx, kv, neox=neox)
         ops = matvec(device, kernels, w, xb, yb, x_offset=x_at, norm=(nwb, 1e-5), xn=xnb, rope=spec)
         assert all(op.role == KV_WRITE and op.without_kv is not None for op in ops)
         writes = [(step, 0, step_bytes(pos, 1, n_ctx))]
@@ -426,7 +441,7 @@ def check_matvec_rope_epilogue(device, kernels, name, x_at, nh, nkv, hd, n_rot, 
         device.destroy(step)
     np.testing.assert_array_equal(y, y_plain)
     # rotated back with exact angles, the row is the projection: its rounding, plus the angle's (theta = pos * f in f32)
-    assert qo.dot_err(_rotate(y, pos, nh + nkv, hd, n_rot, freqs, -1.0), W, xn_ref) <= 2 * DOT_TOL
+    assert qo.dot_err(_rotate(y, pos, nh + nkv, hd, n_rot, freqs, -1.0, neox), W, xn_ref) <= 2 * DOT_TOL
     q_end = nh * hd
     for got, want in ((kc[pos], y[q_end:q_end + kvd]), (vc[pos], y[q_end + kvd:])):   # the row's values, copied
         step = np.spacing(np.abs(want.astype(np.float16))).astype(np.float64) if kv == "f16" else 0.0
@@ -446,6 +461,11 @@ def test_matvec_rope_epilogue_refuses_split_pairs(device, kernels):
         spec = QkvRope(2, 1, 12, 12, tuple([1.0] * 6), b, b, b, 4)
         with pytest.raises(ValueError, match="whole pairs"):
             matvec(device, kernels, w, b, b, y_offset=1, rope=spec)
+        neox = QkvRope(2, 1, 12, 12, tuple([1.0] * 6), b, b, b, 4, neox=True)
+        with pytest.raises(ValueError, match="starting on a head"):     # a part from mid-head
+            matvec(device, kernels, w, b, b, y_offset=2, rope=neox)
+        with pytest.raises(ValueError, match="multiples of 4"):         # n_rot 6: pairs of odd count
+            matvec(device, kernels, w, b, b, rope=QkvRope(2, 1, 12, 6, tuple([1.0] * 3), b, b, b, 4, neox=True))
 
 
 # -- weights split over several bindings ---------------------------------------------------------
