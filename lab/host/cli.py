@@ -450,13 +450,11 @@ def _bench(args) -> int:
         if not picked:
             print(f"lab bench kernels: no shapes {args.shapes} of types {args.types or 'any'}", file=sys.stderr)
             return 2
-        try:
-            wgs = tuple(int(v) for v in args.wg.split(",")) if args.wg else (None,)
-        except ValueError:
-            wgs = (0,)
-        if any(w is not None and (w < 1 or w & (w - 1) or w > 256) for w in wgs):
+        sizes = {str(1 << i): 1 << i for i in range(9)}      # powers of two, 1 to 256
+        if args.wg and any(v not in sizes for v in args.wg.split(",")):
             print(f"lab bench kernels: --wg {args.wg}: powers of two from 1 to 256", file=sys.stderr)
             return 2
+        wgs = tuple(sizes[v] for v in args.wg.split(",")) if args.wg else (None,)
         rows = bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable, wgs=wgs)
         if args.json:
             print(json.dumps(rows))
