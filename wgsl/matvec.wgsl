@@ -22,8 +22,9 @@
 // Epilogue ROPE (decode's fused [q | k | v] projection): y is the token's row, output column c = y_off + r.
 //   Columns of the n_q + n_kv rotated heads leave rotated by RoPE at step.pos (pair (2i, 2i+1) of a head, or with
 //   neox (i, i + n_rot / 2), i < n_rot / 2, angle pos * freqs[i]); the workgroup's 4 rows hold whole pairs (y_off
-//   even; NeoX: `rope_rows` picks them, parts start on a head), so the partner's sum is at hand. With write_kv, the K columns (rotated) and the V columns after them also go to cache
-//   row pos (not at or past n_ctx). Saves rope.wgsl's dispatch a layer.
+//   even; NeoX: `rope_rows` picks them, parts start on a head), so the partner's sum is at hand. With write_kv,
+//   the K columns (rotated) and the V columns after them also go to cache row pos (not at or past n_ctx). Saves
+//   rope.wgsl's dispatch a layer.
 // Uniform fields: n_rows (rows of this part), cols, gpr (groups of 8 values per row = cols / 8),
 //   row_bytes, x_off, y_off (floats; y_off already includes the part's first row), acc (0 or 1),
 //   write_xn, eps, xn_off, bias_off (already includes the part's first row), up_off.
@@ -115,10 +116,11 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 {{ROPE}}{{KV16}}    if (k) { k_cache[i / 2u] = pack2x16float(o); } else { v_cache[i / 2u] = pack2x16float(o); }
 {{ROPE}}{{KV16}}}
 {{ROPE}}
-{{ROPE}}// The workgroup's 4 rows (of this part). Adjacent pairs: row0 .. row0 + 3, two whole pairs. NeoX pairs (d, d + n_rot
-{{ROPE}}// / 2) lie half the rotation apart, so the workgroup at dims 4k .. 4k + 3 of a rotated head takes dims 2k, 2k + 1,
-{{ROPE}}// 2k + n_rot / 2, 2k + 1 + n_rot / 2 instead (a permutation of the head's rotated rows: lanes 0 and 2, 1 and 3
-{{ROPE}}// are pairs, lanes 0 and 1, 2 and 3 adjacent values); the other rows stay in place. Parts start on a head.
+{{ROPE}}// The workgroup's 4 rows (of this part). Adjacent pairs: row0 .. row0 + 3, two whole pairs. NeoX
+{{ROPE}}// pairs (d, d + n_rot / 2) lie half the rotation apart, so the workgroup at dims 4k .. 4k + 3 of a
+{{ROPE}}// rotated head takes dims 2k, 2k + 1, 2k + n_rot / 2, 2k + 1 + n_rot / 2 instead (a permutation of the
+{{ROPE}}// head's rotated rows: lanes 0 and 2, 1 and 3 are pairs, lanes 0 and 1, 2 and 3 adjacent values); the
+{{ROPE}}// other rows stay in place. Parts start on a head.
 {{ROPE}}fn rope_rows(row0: u32) -> vec4<u32> {
 {{ROPE}}    let plain = vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u);
 {{ROPE}}    let c0 = p.y_off + row0;
@@ -128,8 +130,9 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 {{ROPE}}    return vec4<u32>(r, r + 1u, r + rp.n_rot / 2u, r + 1u + rp.n_rot / 2u);
 {{ROPE}}}
 {{ROPE}}
-{{ROPE}}// Lane l's output (its row rows[l]): its sum and bias, rotated by RoPE at step.pos where its column is a rotated
-{{ROPE}}// dim of a Q or K head, with its pair partner's sum (lane l ^ 1 adjacent, l ^ 2 NeoX: in the workgroup either way).
+{{ROPE}}// Lane l's output (its row rows[l]): its sum and bias, rotated by RoPE at step.pos where its column is
+{{ROPE}}// a rotated dim of a Q or K head, with its pair partner's sum (lane l ^ 1 adjacent, l ^ 2 NeoX: in the
+{{ROPE}}// workgroup either way).
 {{ROPE}}fn rot_lane(rows: vec4<u32>, l: u32, sums: vec4<f32>) -> f32 {
 {{ROPE}}    let neox = rp.neox != 0u;
 {{ROPE}}    let m = select(l ^ 1u, l ^ 2u, neox);
