@@ -5,7 +5,9 @@ a hybrid's conv rings and delta-net states) and must still give llama.cpp's 48 i
 fresh context over the whole second prompt. Compared up to llama.cpp's first near-tie (top-2 gap under NEAR_TIE: F32
 on both sides, summation order apart; gemma's f16 GELU table moves its logits by up to 5e-3) or an end-of-generation
 id (where a turn stops); a prompt whose first steps are near-ties counts for little, so at least two of the three must
-compare 40 ids or more. The page runs the same: tests/browser/test_arch_page.py."""
+compare 40 ids or more. The page runs the same: tests/browser/test_arch_page.py. The three prompts run with --slow
+(about 50 s a spec on lavapipe on a slow day: 3 minutes of the default run); the two-turn chat, 48 ids a turn, runs by
+default."""
 
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def made(request, device):
     eng.close()
 
 
+@pytest.mark.slow
 def test_48_greedy_ids_after_each_of_three_prompts(made):
     spec, eng, _ = made
     long = 0
