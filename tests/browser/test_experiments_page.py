@@ -275,6 +275,11 @@ def test_a_long_sweep_asks_first_and_limit_runs_what_fits(lab_exp):
     assert f"longer than {ASK_S:.0f} s" in text and plan.get_attribute("data-runs") in text, text
     assert page.locator('[data-testid="exp-cell"]').count() == N_LAYER * 5, "the earlier heatmap stays until a run"
     limit = page.locator('[data-testid="exp-limit"]')
+    if "even one layer is longer" in text:
+        # a slow CPU adapter (SwiftShader on a loaded 2-core machine: 524 ms a run, a layer's 60 runs 31 s): the page
+        # offers no limit, and says why
+        assert not limit.is_visible() and estimate / N_LAYER > ASK_S * 0.9, (estimate, text)
+        pytest.skip(f"one layer alone takes about {estimate / N_LAYER:.0f} s here, over ASK_S: no limit to offer")
     assert limit.is_visible(), text
     page.click('[data-testid="exp-limit"]')
     page.wait_for_function("['done', 'error'].includes(document.querySelector('[data-testid=exp-status]').dataset.state)",
