@@ -81,6 +81,7 @@ class Dispatch:
 
 LLVMPIPE_LOOP_BUDGET = 65_535     # gallivm's LP_MAX_TGSI_LOOP_ITERATIONS (AdapterInfo.loop_budget)
 SWIFTSHADER_WG = 4      # one SIMD group of SwiftShader (AdapterInfo.swiftshader)
+LLVMPIPE_WG = 8         # one SIMD group of llvmpipe (lavapipe) on AVX2: 8 f32 lanes (AdapterInfo.software)
 
 
 @dataclass

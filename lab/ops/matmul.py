@@ -22,8 +22,8 @@ MATVEC_ROWS = 4          # rows per matvec workgroup (vec4 accumulator in the ke
 MATMUL_TR, MATMUL_TT = 64, 64   # rows x tokens per matmul workgroup (fixed in the kernel). 32-token tiles, twice
                                 # the workgroups, were slower on the H200 even for SmolLM2's 576-row projections
                                 # (72 workgroups of 64 x 64 for 512 tokens): 10.5 against 10.4 ms a prefill step
-# SwiftShader takes matmul_lanes.wgsl instead: 4 invocations of 4 rows x 4 tokens each, no barrier (its workgroups
-# pay per thread at every barrier, AdapterInfo.swiftshader)
+# A CPU adapter takes matmul_lanes.wgsl instead: 4 invocations of 4 rows x 4 tokens each, no barrier (SwiftShader
+# and lavapipe pay per thread at every barrier, AdapterInfo.software)
 MATMUL_LANES_TR, MATMUL_LANES_TT = 16, 4
 
 _MATVEC = struct.Struct("<8If3I")      # n_rows, cols, gpr, row_bytes, x_off, y_off, acc, write_xn, eps, xn_off,
@@ -65,25 +65,27 @@ def matvec_wg(cols: int, rows: int = 0, software: bool = False, type_name: str =
     """Threads per matvec workgroup. GPU (chosen on an H200, docs/performance.md): 32 for a tall head
     (16,384+ rows: many short workgroups beat fewer wide ones, 21 vs 31 us), 256 once a row has 192+ groups
     of 8, else 128 (the RMSNorm's reduction favours wider groups: 4.5 vs 5.3 us at 960x576). A CPU adapter
-    pays for every thread of a workgroup instead: just enough for one pass over a row's groups, 64..256
-    (SmolLM2's decode step on lavapipe: 370 ms with these, 590 ms with the GPU's).
+    pays for every thread of a workgroup instead (below).
     A type with its own loop: 64 threads, or 128 under 2,048 rows (too few workgroups to fill the GPU). On the
     H200 at 14336x4096 Q4_K: 64 threads 22.0 us, 128 22.9, 256 28.2; at 896x4864: 6.0, 5.5, 5.5. A tall head of
     short rows (Qwen3.5-0.8B's tied Q6_K table, 248,320 x 1,024: 16 units a row) left three of 64 threads idle
     (0.35 TB/s, 0.6 ms of a 2.2 ms decode step): there, as many threads as a row has units, 16..64.
     SwiftShader (the page without a GPU) runs a workgroup as 4-wide SIMD groups switched at each barrier: 4 threads
     for every shape and type. SmolLM2 in Chromium: gate_up 3072x576 Q4_1 7.9 ms at 4 threads, 12.6 at 8, 62 at 64;
-    the 49152x576 Q8_0 head 222, 209 and 842 ms."""
+    the 49152x576 Q8_0 head 222, 209 and 842 ms. lavapipe likewise: one 8-wide SIMD group, no barrier between
+    subgroups (2026-12-03, 2-core machine, `lab bench MODEL --profile --prompts 1`, every matvec at one size): a
+    SmolLM2 decode step 450 ms at 8 threads, 447 at 4, 519 at 16, 606 at 32, 1,015 at this function's earlier
+    64-256; Qwen2.5 2.11 against 3.39 s, Gemma 3 1.06 against 2.07 s."""
     if swiftshader:
         return gpu.SWIFTSHADER_WG
+    if software:
+        return gpu.LLVMPIPE_WG
     if type_name in MATVEC_LOOPS:
         if rows >= TALL:
             units = cols // LOOP_UNIT[type_name]
             return min(64, max(16, 1 << max(units - 1, 0).bit_length()))
         return 64 if rows >= 2048 else 128
     gpr = cols // 8
-    if software:
-        return 256 if gpr >= 512 else 128 if gpr >= 192 else 64
     if rows >= TALL:
         return 32
     return 256 if gpr >= 192 else 128
@@ -225,14 +227,15 @@ def matmul(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
            lanes: bool | None = None) -> list[Op]:
     """Y[i, r] (+)= sum_c W[r, c] * X[i, c] for the step's t tokens (t <= max_tokens), where token i's
     input is x[x_offset + i * x_stride ...] (stride defaults to cols) and its output
-    y[y_offset + i * y_stride ...] (stride defaults to rows). `lanes` picks matmul_lanes.wgsl (default: on
-    SwiftShader, where SmolLM2's 120 projections of a 37-token prefill took 8.0 s against 27.9 in matmul.wgsl's
-    tiles)."""
+    y[y_offset + i * y_stride ...] (stride defaults to rows). `lanes` picks matmul_lanes.wgsl (default: on a
+    CPU adapter. SwiftShader: SmolLM2's 120 projections of a 37-token prefill took 8.0 s against 27.9 in
+    matmul.wgsl's tiles; lavapipe, 2026-12-03 on the 2-core machine, `lab bench MODEL --profile --prompts 32
+    --contexts 0`: 4.7 s against 15.5, the whole prefill step 5.4 against 16.1 s)."""
     xs = w.cols if x_stride is None else x_stride
     ys = w.rows if y_stride is None else y_stride
     _check(x, x_offset + (max_tokens - 1) * xs + w.cols, f"{w.name} matmul x")
     _check(y, y_offset + (max_tokens - 1) * ys + w.rows, f"{w.name} matmul y")
-    lanes = device.info.swiftshader if lanes is None else lanes
+    lanes = device.info.software if lanes is None else lanes
     tr, tt = (MATMUL_LANES_TR, MATMUL_LANES_TT) if lanes else (MATMUL_TR, MATMUL_TT)
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
     if -(-max_tokens // tt) > max_dim:
