@@ -196,7 +196,19 @@ def test_subgroup_path_is_used(device, kernels):
     assert labels and all(" SG= " in lab and "NOSG=// " in lab for lab in labels)
 
 
-@pytest.mark.parametrize("lanes", [False, True], ids=["tiles", "lanes"])   # lanes: SwiftShader's kernel
+def test_matmul_kernel_follows_the_adapter(device):
+    """A CPU adapter (SwiftShader, lavapipe) takes matmul_lanes.wgsl by default, a GPU matmul.wgsl's tiles
+    (lab.ops.matmul.matmul's docstring has the measurements)."""
+    raw, W = tensor("Q4_0")
+    kc = KernelCache(device)
+    X = rand(5, W.shape[1])
+    with Rig(device, kc) as r:
+        assert qo.dot_err(r.matmul(r.weight("Q4_0", raw), X), W, X) <= DOT_TOL
+    families = {k.label.split(":")[0] for k in kc._cache.values() if k.label.startswith("matmul")}
+    assert families == {"matmul_lanes" if device.info.software else "matmul"}, families
+
+
+@pytest.mark.parametrize("lanes", [False, True], ids=["tiles", "lanes"])   # lanes: a CPU adapter's kernel
 @pytest.mark.parametrize("name", qo.TYPES)
 def test_matmul(device, kernels, name, lanes):
     raw, W = tensor(name)
