@@ -121,6 +121,7 @@ class Device:
         self.peak_bytes = 0
         self._owner: object = None
         self._staging: Buffer | None = None   # the buffer `read` copies through (MAP_READ), grown as reads need
+        self._compiled: dict[tuple[str, str], Kernel] = {}   # (WGSL source, entry) -> its pipeline: `compiled`
 
     @property
     def handle(self):
@@ -231,7 +232,25 @@ class Device:
         raise NotImplementedError
 
     def kernel(self, source: str, label: str, entry: str = "main") -> Kernel:  # pragma: no cover
+        """A new pipeline of `source`'s `entry`, compiled now (the backend's hook; shaders.KernelCache goes through
+        `compiled`)."""
         raise NotImplementedError
+
+    def compiled(self, source: str, label: str, entry: str = "main") -> Kernel:
+        """The pipeline of `source`'s `entry`, compiled once for the device: every engine, probe pass and kernel check
+        on it shares the pipelines of the same source text. A second load (the same file again, a new context or KV
+        type, another model with the same kernels) compiles only what is new; on SwiftShader a small model's load
+        spent 4-5 s of its 5 on its pipelines. A source that failed to compile is never kept (`forget_compiled`)."""
+        key = (source, entry)
+        k = self._compiled.get(key)
+        if k is None:
+            k = self._compiled[key] = self.kernel(source, label, entry)
+        return k
+
+    def forget_compiled(self) -> None:
+        """Drop every kept pipeline (the browser backend, when a compile or validation error surfaces: the next load
+        compiles afresh and reports it again)."""
+        self._compiled.clear()
 
     def _bind_group(self, kernel: Kernel, entries: list[tuple[int, object, int, int]], label: str):
         raise NotImplementedError  # pragma: no cover - abstract

@@ -118,10 +118,12 @@ class BrowserDevice(Device):
             errors = [m for m in info.messages if m.type == "error"]
             if errors:
                 m = errors[0]
+                self.forget_compiled()
                 raise GpuError(f"kernel {label} does not compile: line {m.lineNum}: {m.message}")
         err = await self._device.popErrorScope()
         self._device.pushErrorScope("validation")
         if not _null(err):
+            self.forget_compiled()
             raise GpuError(f"WebGPU validation error: {err.message}")
 
     def _bind_group(self, kernel: Kernel, entries, label: str):

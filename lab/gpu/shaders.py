@@ -157,7 +157,8 @@ def _read(name: str, seen: set[str], fill_name) -> str:
 
 class KernelCache:
     """Pipelines cached by (file, entry, constants) and labelled with that key, so errors and
-    profiles name the exact variant; and the constant tables some of them bind (`table`)."""
+    profiles name the exact variant; and the constant tables some of them bind (`table`). The pipelines themselves
+    are the device's (`Device.compiled`), shared by every cache on it."""
 
     def __init__(self, device) -> None:
         self.device = device
@@ -184,6 +185,6 @@ class KernelCache:
         k = self._cache.get(key)
         if k is None:
             label = f"{name}:{entry}" + "".join(f" {a}={b}" for a, b in key[2])
-            k = self.device.kernel(source(name, **consts), label, entry)
+            k = self.device.compiled(source(name, **consts), label, entry)
             self._cache[key] = k
         return k
