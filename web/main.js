@@ -527,6 +527,12 @@ function loadFailed(m) {
   store.error = m.message; store.loading = null; store.loaded = null;
 }
 
+// A card's request that fails after its model is gone (the GPU lost, another file picked mid-request) is stale: the
+// page already says why the model went, and "load a model first" from a panel must not take that line's place.
+function cardFailed(text) {
+  if (store.loaded) store.error = text;
+}
+
 // Keyed by `where`: the type of the message whose handling failed, or "device" when the GPU was lost.
 const onError = {
   load: loadFailed,
@@ -542,11 +548,13 @@ const onError = {
     const last = store.messages.at(-1);
     if (last && last.role === "assistant" && !last.content) store.messages.pop();
   },
-  "probe-inspect": (m) => { store.error = `panels: ${m.message}`; store.busy.inspect = Math.max(0, store.busy.inspect - 1); },
-  "probe-embedding": (m) => { store.error = `embedding: ${m.message}`; store.busy.embedding = false; },
+  "probe-inspect": (m) => {
+    cardFailed(`panels: ${m.message}`); store.busy.inspect = Math.max(0, store.busy.inspect - 1);
+  },
+  "probe-embedding": (m) => { cardFailed(`embedding: ${m.message}`); store.busy.embedding = false; },
   forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
-  "memory-head": (m) => { store.error = `memory: ${m.message}`; store.memory.busy = false; },
-  "probe-rope": (m) => { store.error = `RoPE demo: ${m.message}`; ropeFailed(store.rope); },
+  "memory-head": (m) => { cardFailed(`memory: ${m.message}`); store.memory.busy = false; },
+  "probe-rope": (m) => { cardFailed(`RoPE demo: ${m.message}`); ropeFailed(store.rope); },
   verify: (m) => verifyFailed(store.verify, m),
   "verify-kernels": (m) => verifyFailed(store.verify, m),
   perplexity: (m) => pplFailed(store.perplexity, m),
