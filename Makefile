@@ -1,5 +1,5 @@
-# The two entry points README names. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup serve test
+# The entry points README names. Each installs what is missing first (scripts/setup.sh).
+.PHONY: setup serve test test-all
 
 setup:
 	./scripts/setup.sh
@@ -7,13 +7,18 @@ setup:
 serve: setup
 	.venv/bin/lab serve
 
-# make test: the native tests on both cores (pytest-xdist, a file to a worker, so module fixtures load once; the
-# engine's files first, the longest, so that the short ones fill in around them), then the page's tests: Playwright's
-# sync API leaves an event loop on the main thread that the native tests' asyncio.run cannot share, so they never
-# share a process. Both halves run whatever the first's outcome; either failing fails the target.
+# make test: the native tests on both cores (pytest-xdist, a file to a worker, so module fixtures load once), then the
+# page's tests: Playwright's sync API leaves an event loop on the main thread that the native tests' asyncio.run cannot
+# share, so they never share a process. Both halves run whatever the first's outcome; either failing fails the target.
+# make test-all: the same with --slow, the deep set (every model x every fixture, the long parity runs, the big load
+# test, the quantized-reference checks on the real models: tests/conftest.py `slow`).
+PYTEST = OPENBLAS_NUM_THREADS=1 .venv/bin/pytest -q --durations=25 $(ARGS)
+
 test:
 	LAB_MODELS="smollm2 qwen2.5 gemma3" ./scripts/setup.sh
-	OPENBLAS_NUM_THREADS=1 .venv/bin/pytest -q --durations=25 -n 2 --dist loadfile \
-	    tests/engine tests/kernels tests/unit tests/server; a=$$?; \
-	OPENBLAS_NUM_THREADS=1 .venv/bin/pytest -q --durations=25 tests/browser; b=$$?; \
+	$(PYTEST) -n 2 --dist loadfile tests/engine tests/kernels tests/unit tests/server; a=$$?; \
+	$(PYTEST) tests/browser; b=$$?; \
 	exit $$((a || b))
+
+test-all:
+	$(MAKE) test ARGS=--slow

@@ -35,6 +35,34 @@ def gemma_path() -> Path:
     return _model("gemma3")
 
 
+def tiny(mix: str = "f32") -> Path:
+    """The small synthetic Llama 3 file (lab.host.synthetic_arch "llama3": 4 layers of 256, 4 query heads over 2 KV
+    heads of 64, llama 3's rope_freqs, SmolLM2's vocabulary and tokenizer; 61 MB in F32), built once into the lab's
+    cache.
+    The engine's and the page's own logic (sessions, greedy blocks, the cards, Forget, the failures) runs on it in
+    seconds; what only a real model shows (its tokenizer, its llama.cpp parity) stays on the real models."""
+    from lab.host import synthetic_arch
+    return synthetic_arch.build("llama3", mix, models.cache_dir() / "synthetic")
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    return tiny("f32")
+
+
+def native_engine(device, path: Path, **kw):
+    """A native engine of the file at `path` with its weights uploaded, the few tensors it reads as values (llama 3's
+    rope_freqs) read as `lab generate` reads them; kw go to Engine (n_ctx, logits_all, kv, ...)."""
+    from lab.engine.engine import Engine, read_host_values
+    from lab.format import gguf
+    from lab.format.model import from_gguf
+    header = gguf.read_file(path)
+    cfg = from_gguf(header)
+    engine = Engine(device, header, cfg, host_values=read_host_values(path, header, cfg), **kw)
+    engine.weights.upload_file(path)
+    return engine
+
+
 @pytest.fixture(scope="session")
 def device():
     from lab.host.native import open_native
@@ -43,6 +71,13 @@ def device():
 
 def load_fixture(name: str):
     return json.loads((FIXTURES / name).read_text())
+
+
+def smollm2_unless_slow(name: str, request, why: str) -> None:
+    """A check of a real model's that SmolLM2 holds in the default run and every real model with --slow: the code path
+    is the same for each, and Qwen2.5's and Gemma 3's passes cost several times SmolLM2's on lavapipe."""
+    if name != "smollm2" and not request.config.getoption("--slow"):
+        pytest.skip(f"slow: run with --slow ({why}; smollm2 runs it by default)")
 
 
 def pytest_addoption(parser):

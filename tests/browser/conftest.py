@@ -59,6 +59,7 @@ class Lab:
     url: str
     requests: list[str] = field(default_factory=list)
     console: list[tuple[str, str]] = field(default_factory=list)
+    settings: list = field(default_factory=list)    # every setting's value after the first load (`take`)
 
     def errors(self) -> list[str]:
         return [text for kind, text in self.console if kind == "error"]
@@ -147,5 +148,59 @@ def open_lab(browser, url: str, **context_options):
 
 @pytest.fixture
 def lab(browser, server_url):
+    with open_lab(browser, server_url) as lab:
+        yield lab
+
+
+# Every setting a person can change on the page (inputs, boxes, lists, text fields) and its value; the file input aside.
+_SETTINGS_JS = """() => [...document.querySelectorAll('input[id], select[id], textarea[id]')]
+    .filter(e => e.type !== 'file').map(e => [e.id, e.type === 'checkbox' ? e.checked : e.value])"""
+_RESTORE_JS = """(settings) => { for (const [id, v] of settings) {
+    const e = document.getElementById(id);
+    if (!e || (e.type === 'checkbox' ? e.checked : e.value) === v) continue;
+    if (e.type === 'checkbox') e.checked = v; else e.value = v;
+    e.dispatchEvent(new Event('input', {bubbles: true}));
+    e.dispatchEvent(new Event('change', {bubbles: true})); } }"""
+
+
+@pytest.fixture(scope="session")
+def card_page(browser, server_url, tiny_path):
+    """One page for the cards' modules (the architectures, the experiments, the hybrids, the KV card, the layout, the
+    panels, perplexity, retrieval, the RoPE demo): it
+    boots once and compiles each kernel once (lab.gpu Device.compiled keeps them in the worker), where a page of each
+    module's own spent 8-10 s on both on SwiftShader. A module takes it with `take`, which leaves nothing of the module
+    before: every setting back to the value it booted with, the file loaded afresh (a new engine, no conversation), the
+    logs emptied."""
+    with open_lab(browser, server_url) as lab:
+        lab.wait_ready()
+        lab.pick(tiny_path)          # some settings take their default once a model is loaded (the lens's positions)
+        lab.wait_loaded(tiny_path.name)
+        lab.settings = lab.page.evaluate(_SETTINGS_JS)
+        yield lab
+
+
+def take(lab: Lab, path, viewport: dict | None = None) -> Lab:
+    """`card_page` readied for a module: the viewport set (default ONE_COLUMN), every setting as after the first load
+    (a changed context or KV type reloads what is loaded: waited for), `path` picked and loaded, the console and
+    request logs emptied, the page scrolled to its top."""
+    page = lab.page
+    page.set_viewport_size(viewport or ONE_COLUMN)
+    page.evaluate(_RESTORE_JS, lab.settings)
+    page.wait_for_function("document.getElementById('progress').hidden", timeout=LOAD_MS)
+    lab.pick(path)
+    lab.wait_loaded(path.name)
+    page.evaluate("window.scrollTo(0, 0)")
+    lab.console.clear()
+    lab.requests.clear()
+    return lab
+
+
+@pytest.fixture(scope="module")
+def module_lab(browser, server_url):
+    """One page for a module's tests, which run in file order, each from where the one before left the page (a pick
+    replaces the model): the page boots once and compiles each kernel once (a load's pipelines are most of its time on
+    SwiftShader; the worker's device keeps them, lab.gpu Device.compiled). A module opts in by defining its own
+    module-scoped `lab` fixture that returns this one; a test whose point is a fresh page keeps the function-scoped
+    `lab`."""
     with open_lab(browser, server_url) as lab:
         yield lab

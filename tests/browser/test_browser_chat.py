@@ -1,6 +1,7 @@
-"""The browser lab end to end on the real SmolLM2: load through the file input (32 MB slices straight to
-the GPU), chat, follow-up reuse, stop, new chat, seeded sampling equal to the native engine (one page for all
-of these), bad files, and nothing stored or sent anywhere."""
+"""The browser lab end to end: the real SmolLM2 loaded through the file input (32 MB slices straight to the GPU) and its
+greedy reply llama.cpp's, byte for byte; then, in the same page, the small synthetic Llama 3 (tests/conftest.py `tiny`:
+the session's logic does not depend on the model) for follow-up reuse, stop, new chat and seeded sampling equal to the
+native engine; bad files; and nothing stored or sent anywhere."""
 
 from __future__ import annotations
 
@@ -9,18 +10,25 @@ import concurrent.futures
 
 import pytest
 
-from lab.engine.engine import Engine
 from lab.engine.session import Session
 from lab.format import gguf
 from lab.host.native import open_native
 from lab.settings import Settings
 from lab.text import chat
 from lab.text.tokenizer import from_metadata
-from tests.conftest import load_fixture
+from tests.conftest import load_fixture, native_engine
+
 
 LOAD_TIMEOUT_MS = 300_000
 REPLY_TIMEOUT_MS = 600_000
 QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def lab(module_lab):
+    """The module's tests share one page, in file order (tests/browser/conftest.py `module_lab`)."""
+    return module_lab
+
 
 
 def _f32_fixture_prompt(messages):
@@ -58,14 +66,12 @@ def _send(lab, text, max_tokens):
 
 
 @pytest.fixture(scope="module")
-def native(smollm2_path):
-    header = gguf.read_file(smollm2_path)
-    engine = Engine(open_native(), header, n_ctx=512)
-    engine.weights.upload_file(smollm2_path)
-    return header, from_metadata(header.metadata), engine
+def native(tiny_path):
+    header = gguf.read_file(tiny_path)
+    return header, from_metadata(header.metadata), native_engine(open_native(), tiny_path, n_ctx=512)
 
 
-def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab, smollm2_path, native):
+def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab, smollm2_path, tiny_path, native):
     lab.wait_ready()
     page = lab.page
     _load(lab, smollm2_path)
@@ -82,11 +88,17 @@ def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab
     assert [int(tokens.nth(i).get_attribute("data-index")) for i in range(3)] == [0, 1, 2]
     assert "tok/s" in page.locator('[data-testid="timings"]').inner_text()
 
-    # 2. a follow-up turn runs only its new tokens
+    # 2. a follow-up turn runs only its new tokens (from here on the small file: a second pick replaces the model, and
+    # the session's logic is the same for every model)
+    lab.pick(tiny_path)
+    lab.wait_loaded(tiny_path.name, LOAD_TIMEOUT_MS)
+    _send(lab, QUESTION, 8)
     _send(lab, "And of Germany?", 8)
     reuse = page.locator('[data-testid="reuse"]').inner_text()
     prefilled, reused = (int(s.split()[-1]) for s in reuse.split(","))
-    assert reused >= len(want["prompt_ids"]) and 0 < prefilled < 30, reuse
+    header, tok, engine = native
+    first = chat.render_chat(tok, header.metadata, [{"role": "user", "content": QUESTION}])
+    assert reused >= len(first) and 0 < prefilled < 30, reuse
 
     # 3. stop ends a long generation early
     # 1,500 tokens: the H200 page decodes 200 in 0.26 s, before a Stop clicked at the first text lands (2026-12-02:
@@ -109,9 +121,7 @@ def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab
     assert page.locator('[data-testid="message"]').count() == 0
     assert page.locator('[data-testid="token"]').count() == 0
 
-    # 5. seeded sampling from the page's inputs equals the native engine's with the same settings (same page: a
-    # second load would cost half a minute on SwiftShader)
-    header, tok, engine = native
+    # 5. seeded sampling from the page's inputs equals the native engine's with the same settings
     settings = Settings(greedy=False, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=7)
     prompt = chat.render_chat(tok, header.metadata, [{"role": "user", "content": "Tell me a joke."}])
     # Playwright's sync API keeps an event loop running in this thread: run the native engine in another.
@@ -133,7 +143,7 @@ def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab
     assert lab.errors() == []
 
 
-def test_bad_files_then_the_real_one(lab, smollm2_path, tmp_path):
+def test_bad_files_then_a_good_one(lab, tiny_path, tmp_path):
     lab.wait_ready()
     page = lab.page
     err = page.locator('[data-testid="load-error"]')
@@ -144,12 +154,13 @@ def test_bad_files_then_the_real_one(lab, smollm2_path, tmp_path):
     assert "not a GGUF file" in err.inner_text()
 
     cut = tmp_path / "cut.gguf"                      # header intact, tensor data cut short
-    cut.write_bytes(smollm2_path.read_bytes()[:40_000_000])
+    cut.write_bytes(tiny_path.read_bytes()[:30_000_000])
     page.set_input_files('[data-testid="model-file"]', str(cut))
     page.wait_for_function("document.querySelector('[data-testid=load-error]').textContent.includes('truncated')",
                            timeout=LOAD_TIMEOUT_MS)
     assert page.locator('[data-testid="prompt"]').is_disabled()
 
-    _load(lab, smollm2_path)                         # no reload needed
+    lab.pick(tiny_path)                              # no reload needed
+    lab.wait_loaded(tiny_path.name, LOAD_TIMEOUT_MS)
     assert err.is_hidden()
     assert lab.foreign_requests() == []

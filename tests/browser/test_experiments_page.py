@@ -20,7 +20,8 @@ run natively (lab.host.experiments.Lab on this machine's wgpu adapter) on the sa
   same prompt with the same settings, the steered one differs.
 - Forget lists the experiments' buffers as wiped (non-zero before, zero after) and empties the card.
 
-One page serves the module (the tests run in file order). A screenshot of the card (patching) goes to $LAB_SHOTS, and
+One page serves the module (the tests run in file order): the cards' page (tests/browser/conftest.py `card_page`).
+A screenshot of the card (patching) goes to $LAB_SHOTS, and
 to docs/screenshots/experiments.png with LAB_DOC_SHOTS=1 (tests/browser/test_layout.py `shot`)."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from lab.host import synthetic_arch
 from lab.host.experiments import Lab
 from lab.host.models import cache_dir
 from lab.worker.experiments import ASK_S
-from tests.browser.conftest import open_lab
+from tests.browser.conftest import take
 from tests.browser.test_layout import SHOTS, check_png, download, shot
 
 SLOW = 600_000           # ms: a load or a sweep on SwiftShader with the machine's two cores shared
@@ -73,14 +74,11 @@ def native(path):
 
 
 @pytest.fixture(scope="module")
-def lab_exp(browser, server_url, path):
-    with open_lab(browser, server_url) as lab:
-        lab.wait_ready()
-        lab.pick(path)
-        lab.wait_loaded(path.name)
-        lab.page.check('[data-testid="greedy"]')
-        lab.page.fill('[data-testid="max-tokens"]', str(MAX_NEW))
-        yield lab
+def lab_exp(card_page, path):
+    lab = take(card_page, path)
+    lab.page.check('[data-testid="greedy"]')
+    lab.page.fill('[data-testid="max-tokens"]', str(MAX_NEW))
+    return lab
 
 
 def _tab(lab, kind: str) -> None:

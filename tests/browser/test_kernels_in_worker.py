@@ -12,7 +12,10 @@ Path: SwiftShader in Chromium offers `subgroups`, so the reduction kernels (matv
 top-k) run their subgroup path in the browser (`SG_ENABLE=enable subgroups;` in their labels); natively on
 lavapipe too. test_reduction_path checks the kernel labels against the adapter's features and prints the path.
 
-One page load serves the module; the cases go to the worker a few per message (`window.labKernelCheck`).
+One page load serves the module; the cases go to the worker a few per message (`window.labKernelCheck`). Every case
+runs with --slow; by default the reduction cases only (their path per adapter), since the verification card runs all of
+them in the worker against the same float64 values (reference/kernels.json, from the same cases), held by
+tests/browser/test_verify_page.py.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from lab.instruments import kernelcheck
 BOOT_MS = 120_000
 PER_MESSAGE = 6                   # cases per worker message
 CASES = {c.name: c for c in make_cases()}
+# the reduction kernels' cases: two matvecs (the rest differ in their loops, not their reduction), RMSNorm, softmax,
+# argmax and top-k
+REDUCTIONS = ["matvec_F32", "matvec_Q4_K"] + [n for n in CASES
+                                              if n.split("_")[0] in ("rms", "softmax", "argmax", "top")]
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -53,11 +60,8 @@ def worker_page(browser, server_url):
     context.close()
 
 
-@pytest.fixture(scope="module")
-def in_worker(worker_page) -> dict:
-    """name -> {"outputs", "kernels"} from the browser worker, plus "adapter": its summary."""
-    page, _ = worker_page
-    names = list(CASES)
+def _in_worker(page, names: list[str]) -> dict:
+    """name -> {"outputs", "kernels"} from the browser worker for the cases `names`, plus "adapter": its summary."""
     results: dict = {}
     for i in range(0, len(names), PER_MESSAGE):
         batch = names[i:i + PER_MESSAGE]
@@ -70,13 +74,12 @@ def in_worker(worker_page) -> dict:
     return results
 
 
-@pytest.fixture(scope="module")
-def native(device) -> dict:
+def _native(device, names: list[str]) -> dict:
     """name -> {"outputs", "kernels"} from the native device, through the same lab/instruments/kernelcheck.py."""
     kernels = KernelCache(device)
 
     async def run_all():
-        return {name: await kernelcheck.run(device, kernels, c.spec) for name, c in CASES.items()}
+        return {name: await kernelcheck.run(device, kernels, CASES[name].spec) for name in names}
 
     # Playwright's sync API keeps an event loop running in this thread: run the native device in another.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -87,8 +90,25 @@ def native(device) -> dict:
     return results
 
 
+@pytest.fixture(scope="module")
+def in_worker(worker_page) -> dict:
+    return _in_worker(worker_page[0], list(CASES))
+
+
+@pytest.fixture(scope="module")
+def native(device) -> dict:
+    return _native(device, list(CASES))
+
+
+@pytest.fixture(scope="module")
+def reductions(worker_page, device) -> tuple[dict, dict]:
+    """The reduction families' cases (matvec, RMSNorm, softmax, argmax and top-k), in the worker and natively."""
+    return _in_worker(worker_page[0], REDUCTIONS), _native(device, REDUCTIONS)
+
+
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow   # the verification card runs these same cases against the same float64 values in the worker, by
+@pytest.mark.parametrize("name", list(CASES))       # default (tests/browser/test_verify_page.py test_card_on_a_hybrid)
 def test_case(name, in_worker, native):
     case = CASES[name]
     b_err, tol = case.check(in_worker[name]["outputs"])
@@ -99,14 +119,15 @@ def test_case(name, in_worker, native):
     assert in_worker[name]["kernels"] and len(in_worker[name]["kernels"]) == len(native[name]["kernels"])
 
 
-def test_reduction_path(in_worker, native, device, worker_page):
+def test_reduction_path(reductions, device, worker_page):
     """The reduction kernels were built for the path each adapter's features give: subgroups or the fallback."""
+    in_worker, native = reductions
     adapter = in_worker["adapter"]
     paths = {"browser": "subgroups" in adapter["features"], "native": "subgroups" in device.info.features}
     print(f"browser adapter {adapter['name']!r}: {'subgroup' if paths['browser'] else 'fallback'} path; native "
           f"{device.info.name!r}: {'subgroup' if paths['native'] else 'fallback'} path", file=sys.stderr)
     for where, results in (("browser", in_worker), ("native", native)):
-        labels = [k for n in CASES for k in results[n]["kernels"]
+        labels = [k for n in results if n != "adapter" for k in results[n]["kernels"]
                   if k.split(":")[0] in ("matvec", "norm", "softmax", "sample")]
         assert len(labels) >= 5
         for label in labels:     # the SG lines are live (switch empty) exactly on the subgroup path
@@ -124,9 +145,10 @@ def test_reduction_path(in_worker, native, device, worker_page):
 
 
 @pytest.fixture(scope="module")
-def i8_in_worker(worker_page, in_worker) -> dict:
-    if not in_worker["adapter"].get("int8_matrix"):
-        pytest.skip(f"{in_worker['adapter']['name']}: no int8 subgroup matrices (the H200 page has them)")
+def i8_in_worker(worker_page, reductions) -> dict:
+    adapter = reductions[0]["adapter"]
+    if not adapter.get("int8_matrix"):
+        pytest.skip(f"{adapter['name']}: no int8 subgroup matrices (the H200 page has them)")
     page, _ = worker_page
     reply = page.evaluate("cases => window.labKernelCheck(cases)", [_encoded(c.spec) for c in I8_CASES.values()])
     assert reply["buffers"]["after"] == reply["buffers"]["before"], "the worker's checks left buffers behind"

@@ -1,11 +1,12 @@
-"""The KV panel in a real browser (headless Chromium, SwiftShader WebGPU) on the real SmolLM2 file: the heatmap of |K|
+"""The KV panel in a real browser (headless Chromium, SwiftShader WebGPU) on the small synthetic Llama 3 file
+(tests/conftest.py `tiny`: 4 layers, 2 KV heads of 64; the panel's code does not depend on the model): the heatmap of |K|
 and |V| per layer and position grows with the reply and equals the cache as read back; Forget redraws it from its own
 read-back and it goes blank; with one K buffer left out of the wipe (the page's test hook `labForgetSkipping`), the
 same check fails, the cells of that buffer stay lit, and the page says NOT wiped and names it.
 
 The oracle is independent of the panel's kernel (wgsl/kvview.wgsl): `labKvRows` reads the raw K and V rows straight
 from the caches, and numpy takes their norms. Tolerance: the same f32 rows summed in f32 by the kernel and in f64 by
-numpy, ~192 terms: measured 4e-7 relative natively (tests/engine/test_kv_view.py); RTOL = 1e-5.
+numpy, ~128 terms: measured 4e-7 relative natively (tests/engine/test_kv_view.py); RTOL = 1e-5.
 
 Screenshots of the panel before and after Forget go to $LAB_SHOTS (default /tmp/llm-lab-shots)."""
 
@@ -19,12 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.browser.conftest import open_lab
+from tests.browser.conftest import take
 from tests.browser.test_layout import check_png, download
 
 SLOW = 600_000                   # ms: a load or a reply on SwiftShader
 RTOL = 1e-5
-N_LAYER = 30
+N_LAYER = 4                      # synthetic_arch "llama3"
+KV_BYTES = 4 * 2 * 2 * 64 * 4   # per token: layers x (K, V) x KV heads x head size x 4 bytes
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
 SKIPPED = "k cache 3 [n_ctx, kv]"    # lab/engine/engine.py Scratch.alloc's label of layer 3's K cache
 
@@ -69,16 +71,13 @@ def _assert_blank(lab, used: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab_kv(browser, server_url, smollm2_path):
+def lab_kv(card_page, tiny_path):
     # a short window: with the KV card scrolled to the top, no other panel is on screen (each would run its probes)
-    with open_lab(browser, server_url, viewport={"width": 1280, "height": 640}) as lab:
-        lab.wait_ready()
-        lab.page.set_input_files('[data-testid="model-file"]', str(smollm2_path))
-        lab.page.wait_for_selector('[data-testid="model-info"] dd[data-key="status"]', timeout=SLOW)
-        lab.page.check('[data-testid="greedy"]')
-        lab.page.evaluate("document.querySelector('#kv').scrollIntoView({block: 'start'})")
-        lab.page.wait_for_timeout(500)            # the card's IntersectionObserver marks it on screen
-        yield lab
+    lab = take(card_page, tiny_path, viewport={"width": 1280, "height": 640})
+    lab.page.check('[data-testid="greedy"]')
+    lab.page.evaluate("document.querySelector('#kv').scrollIntoView({block: 'start'})")
+    lab.page.wait_for_timeout(500)            # the card's IntersectionObserver marks it on screen
+    return lab
 
 
 def test_heatmap_grows_and_equals_the_cache_then_forget_blanks_it(lab_kv):
@@ -108,11 +107,12 @@ def test_heatmap_grows_and_equals_the_cache_then_forget_blanks_it(lab_kv):
     got = np.array([[cells[(il, p)] for il in range(N_LAYER)] for p in positions])
     np.testing.assert_allclose(got, want, rtol=RTOL)
     # hovering a cell names its layer, position, token and both magnitudes
-    title = page.get_attribute(f'[data-testid=kv-cell][data-layer="4"][data-pos="{used - 1}"]', "title")
-    k4, v4 = cells[(4, used - 1)]
-    assert title.startswith(f"layer 4 · position {used - 1} ") and len(title.split("\n")[0]) > len(f"layer 4 · position {used - 1} ")
-    assert f"‖k‖ = {k4:.4f}" in title and f"‖v‖ = {v4:.4f}" in title, title
-    assert page.inner_text('[data-testid="kv-bytes-per-token"]') == "46,080"
+    title = page.get_attribute(f'[data-testid=kv-cell][data-layer="2"][data-pos="{used - 1}"]', "title")
+    k2, v2 = cells[(2, used - 1)]
+    head = f"layer 2 · position {used - 1} "
+    assert title.startswith(head) and len(title.split("\n")[0]) > len(head)
+    assert f"‖k‖ = {k2:.4f}" in title and f"‖v‖ = {v2:.4f}" in title, title
+    assert page.inner_text('[data-testid="kv-bytes-per-token"]') == f"{KV_BYTES:,}"
     # the selected token's column is marked
     page.click('[data-testid=token][data-index="7"]')
     page.wait_for_selector('[data-testid=kv-cell].selected[data-pos="7"]')
@@ -185,7 +185,7 @@ def test_the_f16_cache_chats_draws_and_forgets(lab_kv):
     lab.send(prompt, max_tokens=6)
     assert lab.ids() == ids32
     used = int(lab.cells("kv-used", ["used"])[0]["used"])
-    assert page.inner_text('[data-testid="kv-bytes-per-token"]') == "23,040"      # half of 46,080
+    assert page.inner_text('[data-testid="kv-bytes-per-token"]') == f"{KV_BYTES // 2:,}"      # half of f32's
     r = page.evaluate("ps => window.labKvRows(ps)", [0])
     assert r["kv_type"] == "f16"
     cells = _cells(lab)

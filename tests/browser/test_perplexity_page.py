@@ -1,7 +1,9 @@
-"""The perplexity card on the real SmolLM2 in headless Chromium (SwiftShader): the fixture text's opening sentences pasted,
-run at a 64-token window (two chunks: a few minutes on SwiftShader), progress shown, and the figure equal to the
-native engine's on the same text and window; a run cancelled mid-way leaves the page usable, and the chat after it
-prefills its whole prompt (the run overwrote the KV cache, so the session must not reuse it).
+"""The perplexity card in headless Chromium (SwiftShader) on the small synthetic Llama 3 file (tests/conftest.py `tiny`:
+the card's windows, progress and cancel do not depend on the model; the real SmolLM2's figure is held to llama.cpp
+natively, tests/engine/test_perplexity.py): the fixture text's opening sentences pasted, run at a 64-token window (two
+chunks), progress shown, and the figure equal to the native engine's on the same text and window; a run cancelled
+mid-way leaves the page usable, and the chat after it prefills its whole prompt (the run overwrote the KV cache, so the
+session must not reuse it).
 Screenshots go to $LAB_SHOTS (default /tmp/llm-lab-shots)."""
 
 from __future__ import annotations
@@ -13,18 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from lab.engine.engine import Engine
 from lab.format import gguf
 from lab.host.native import open_native
 from lab.instruments.perplexity import Perplexity, tokens_of
 from lab.text.tokenizer import from_metadata
-from tests.conftest import FIXTURES
+from tests.browser.conftest import take
+from tests.conftest import FIXTURES, native_engine
+
 
 LOAD_MS = 300_000
 RUN_MS = 900_000
 CTX = 64
 RTOL_NATIVE = 0.005      # the same WGSL on another f32 rasterizer: measured far below this (see the report in docs)
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
+
+
+@pytest.fixture(scope="module")
+def lab(card_page, tiny_path):
+    return take(card_page, tiny_path)
+
 
 
 def _text(tok) -> str:
@@ -39,12 +48,10 @@ def _text(tok) -> str:
 
 
 @pytest.fixture(scope="module")
-def native(smollm2_path):
-    header = gguf.read_file(smollm2_path)
-    tok = from_metadata(header.metadata)
+def native(tiny_path):
+    tok = from_metadata(gguf.read_file(tiny_path).metadata)
     text = _text(tok)
-    engine = Engine(open_native(), header, n_ctx=CTX)
-    engine.weights.upload_file(smollm2_path)
+    engine = native_engine(open_native(), tiny_path, n_ctx=CTX)
     pp = Perplexity(engine)
     try:
         # in a thread: Playwright's sync API keeps an event loop running in this one
@@ -57,10 +64,9 @@ def native(smollm2_path):
     return text, res
 
 
-def _load(lab):
-    lab.wait_ready()
-    lab.page.click('[data-testid="load-default"]')
-    lab.page.wait_for_selector('[data-testid="prompt"]:not([disabled])', timeout=LOAD_MS)
+def _load(lab, path):
+    lab.pick(path)                      # afresh: nothing of the test before
+    lab.wait_loaded(path.name, LOAD_MS)
 
 
 def _shot(lab, name):
@@ -69,19 +75,19 @@ def _shot(lab, name):
     lab.page.screenshot(path=str(SHOTS / f"perplexity-{name}.png"), full_page=True)
 
 
-def _start(lab, text):
+def _start(lab, text, chunks: int = 2):
     page = lab.page
     page.fill('[data-testid="ppl-text"]', text)
     page.select_option('[data-testid="ppl-ctx"]', str(CTX))
     page.click('[data-testid="ppl-run"]')
     assert page.locator('[data-testid="ppl-run"]').is_disabled()
-    page.wait_for_selector('[data-testid="ppl-status"][data-state="running"][data-chunks="2"]', timeout=RUN_MS)
+    page.wait_for_selector(f'[data-testid="ppl-status"][data-state="running"][data-chunks="{chunks}"]', timeout=RUN_MS)
 
 
-def test_perplexity_matches_native(lab, native):
+def test_perplexity_matches_native(lab, native, tiny_path):
     text, res = native
     page = lab.page
-    _load(lab)
+    _load(lab, tiny_path)
     _start(lab, text)
     assert page.locator('[data-testid="ppl-progress"]').is_visible()
     assert "of 2" in page.locator('[data-testid="ppl-status"]').inner_text()
@@ -103,17 +109,16 @@ def test_perplexity_matches_native(lab, native):
     assert not lab.foreign_requests() and not lab.errors()
 
 
-@pytest.mark.slow   # a second run and a chat on SwiftShader; stopping between steps is held natively in tests/engine/test_perplexity.py
-def test_cancel_then_chat(lab, native):
+def test_cancel_then_chat(lab, native, tiny_path):
     text, _ = native
     page = lab.page
-    _load(lab)
+    _load(lab, tiny_path)
     page.fill('[data-testid="max-tokens"]', "2")
     page.fill('[data-testid="prompt"]', "Hi")
     page.press('[data-testid="prompt"]', "Enter")
     page.wait_for_function("document.querySelector('[data-testid=reuse]').textContent.includes('prefilled')",
                            timeout=RUN_MS)
-    _start(lab, text)
+    _start(lab, " ".join([text] * 8), chunks=16)   # 16 chunks: still running when the click lands, on a GPU too
     page.click('[data-testid="ppl-cancel"]')
     page.wait_for_selector('[data-testid="ppl-status"][data-state="cancelled"]', timeout=RUN_MS)
     assert page.locator('[data-testid="ppl-run"]').is_enabled()

@@ -1,6 +1,7 @@
-"""The retrieval card ("Ask your files") on the real SmolLM2 in headless Chromium (SwiftShader): small files indexed
-with windows of 16 tokens (about a window a second or slower there), hostile and bad files among them, a question
-answered with and without the passages, then Forget.
+"""The retrieval card ("Ask your files") in headless Chromium (SwiftShader) on the small synthetic Llama 3 file
+(tests/conftest.py `tiny`; how well a real model's windows find a passage is measured natively on SmolLM2,
+tests/engine/test_retrieval_cli.py, and the page's pooling is the same WGSL): small files indexed with windows of 16
+tokens, hostile and bad files among them, a question answered with and without the passages, then Forget.
 
 - Bad files are refused by name (empty, binary, not UTF-8) and the others indexed; progress reaches the total.
 - A file whose name and text hold `<script>`, `<img onerror=...>` and a `javascript:` link shows them as characters in
@@ -11,7 +12,7 @@ answered with and without the passages, then Forget.
 - Forget wipes the index with proof (its `retrieval.*` buffers non-zero before, zero after, as the worker read them
   back), empties the card, and a question afterwards says to index files first.
 
-One page serves the module (a load on SwiftShader takes a minute): the tests run in file order. A screenshot of the card
+One page serves the module: the tests run in file order. A screenshot of the card
 after the answers goes to $LAB_SHOTS, and to docs/screenshots/retrieval.png with LAB_DOC_SHOTS=1 (tests/browser/
 test_layout.py `shot`)."""
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import open_lab
+from tests.browser.conftest import take
 from tests.browser.test_layout import shot
 
 SLOW = 600_000            # ms: a load, a build or an answer on SwiftShader with the machine's two cores shared
@@ -44,15 +45,13 @@ QUESTION = "Who keeps the lighthouse on Varnholm island?"
 
 
 @pytest.fixture(scope="module")
-def lab_rag(browser, server_url):
-    with open_lab(browser, server_url) as lab:
-        lab.wait_ready()
-        lab.page.click('[data-testid="load-default"]')
-        lab.page.wait_for_selector('[data-testid="rag-files"]:not([disabled])', timeout=SLOW)
-        lab.page.check('[data-testid="greedy"]')
-        lab.page.fill('[data-testid="max-tokens"]', str(MAX_NEW))
-        lab.page.evaluate("document.querySelector('#retrieval').scrollIntoView({block: 'start'})")
-        yield lab
+def lab_rag(card_page, tiny_path):
+    lab = take(card_page, tiny_path)
+    lab.page.wait_for_selector('[data-testid="rag-files"]:not([disabled])', timeout=SLOW)
+    lab.page.check('[data-testid="greedy"]')
+    lab.page.fill('[data-testid="max-tokens"]', str(MAX_NEW))
+    lab.page.evaluate("document.querySelector('#retrieval').scrollIntoView({block: 'start'})")
+    return lab
 
 
 def _settled(lab, done: str) -> None:

@@ -1,18 +1,22 @@
-"""The RoPE demo card (web/rope.js) in headless Chromium (SwiftShader WebGPU) on the real SmolLM2 file.
+"""The RoPE demo card (web/rope.js) in headless Chromium (SwiftShader WebGPU) on the small synthetic Mistral-style file
+(lab.host.synthetic_arch "mistral", F32: llama's layout and adjacent pairing, 4 query heads over 1 KV head of 64, no
+rope_freqs; the card's arithmetic does not depend on the model, and SmolLM2's own heads are held natively by
+tests/engine/test_rope_probe.py).
 
 1. The relative-position identity the card shows holds: q·k at (m + s, n + s) equals q·k at (m, n) for every shift,
    a different m − n changes it, for both pairings; and the card's numbers are the rotation numpy computes from the
    card's own q and k (read from data-* attributes), so a rotation that is consistently wrong is caught too.
 2. A real head: after a chat, the card fetches layer 0's q and k before RoPE; the row it computes with the model's
-   pairing (adjacent for SmolLM2, a llama GGUF) is shown to match the engine's attention row (the check mark), and
+   pairing (adjacent for a llama GGUF) is shown to match the engine's attention row (the check mark), and
    switching the pairing changes the row by far more than that tolerance.
 3. The card's JSON export holds the rows shown, its PNG is an image; Forget empties the real-head rows.
 Screenshots of the card (rope.png, rope-wrong-pairing.png) go to $LAB_SHOTS (default /tmp/llm-lab-shots).
 
 Tolerances: the identity in float64, |Δ| <= 1e-9 |q||k| (the card's own bound); numpy and the page compute the same
 float64 expression in a different order, within 1e-12 relative. The real-head check's tolerance is the card's
-(rope.js MATCH_TOL, 1e-4; measured here 2.3e-7); the wrong pairing must move the picked row by more than
-WRONG_MIN = 0.01 (measured 0.36 for layer 0 head 3 of SmolLM2 at the last position of this chat).
+(rope.js MATCH_TOL, 1e-4; measured here 3.4e-8, 2.3e-7 on SmolLM2); the wrong pairing must move the picked row by
+more than WRONG_MIN = 0.01 (measured 0.070 for layer 0 head 3 of this file at the last position of this chat; 0.36 on
+SmolLM2).
 
 A shifted adjacent pairing (2i+1, 2i+2) in rope.js, still a rotation (so the identity itself still holds), fails
 the numpy comparison of part 1 and the check mark of part 2 (max |dp| 0.16): tried once on purpose.
@@ -27,23 +31,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.browser.conftest import Lab, open_lab
+from tests.browser.conftest import Lab, take
 
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
 SLOW = 600_000                 # ms: a chat's prefill and a probe pass take a minute or more on SwiftShader
 HEAD = 3
+GROUP = 4                      # query heads a KV head serves in the file (4 over 1)
 WRONG_MIN = 0.01
 VIEW = {"width": 1600, "height": 1000}
 
 
 @pytest.fixture(scope="module")
-def lab_rope(browser, server_url, smollm2_path):
-    with open_lab(browser, server_url) as lab:
-        lab.page.set_viewport_size(VIEW)
-        lab.wait_ready()
-        lab.page.set_input_files('[data-testid="model-file"]', str(smollm2_path))
-        lab.page.wait_for_selector('[data-testid="model-info"] dd[data-key="status"]', timeout=120_000)
-        yield lab
+def lab_rope(card_page):
+    from lab.host import synthetic_arch
+    from lab.host.models import cache_dir
+    return take(card_page, synthetic_arch.build("mistral", "f32", cache_dir() / "synthetic"), viewport=VIEW)
 
 
 def set_value(lab: Lab, testid: str, value) -> None:
@@ -106,13 +108,13 @@ def test_real_head_matches_the_engine_and_the_wrong_pairing_does_not(lab_rope):
     n = len(lab.ids())
     page.select_option('[data-testid="rope-layer"]', "0")
     page.select_option('[data-testid="rope-head"]', str(HEAD))
-    page.select_option('[data-testid="rope-pairing"]', "adjacent")       # SmolLM2's own
+    page.select_option('[data-testid="rope-pairing"]', "adjacent")       # the file's own
     page.click('[data-testid="rope-fetch"]')
     page.wait_for_selector('[data-testid="rope-engine-check"]', timeout=SLOW)
     what = lab.cells("rope-real-what", ["layer", "pos", "head", "kvhead", "stale"])[0]
-    assert what == {"layer": "0", "pos": str(n - 1), "head": str(HEAD), "kvhead": str(HEAD // 3), "stale": "false"}
+    assert what == {"layer": "0", "pos": str(n - 1), "head": str(HEAD), "kvhead": str(HEAD // GROUP), "stale": "false"}
     check = lab.cells("rope-engine-check", ["ok", "maxdiff", "wrongdiff", "tol", "pairing"])[0]
-    print(f"RoPE demo, SmolLM2 layer 0 head {HEAD}, query {n - 1}: right pairing max |dp| "
+    print(f"RoPE demo, layer 0 head {HEAD}, query {n - 1}: right pairing max |dp| "
           f"{float(check['maxdiff']):.2e}, wrong pairing {float(check['wrongdiff']):.3f}")
     assert check["pairing"] == "adjacent" and check["ok"] == "true"
     assert float(check["maxdiff"]) <= float(check["tol"])

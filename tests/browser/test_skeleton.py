@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from lab.format import gguf
+
+
+
+@pytest.fixture(scope="module")
+def lab(module_lab):
+    """The module's tests share one page, in file order (tests/browser/conftest.py `module_lab`)."""
+    return module_lab
+
 
 
 def _facts(page, testid: str) -> dict:
@@ -22,6 +32,9 @@ def test_boot_gpu_info_and_selftest(lab):
     assert info["backend"] == "browser"
     assert info["adapter"].strip()
     assert re.search(r"Python 3\.\d+ booted|Python 314", lab.page.inner_text('[data-testid="boot-status"]'))
+    # nothing loaded yet: the cards that need a model wait for one
+    assert lab.page.locator('[data-testid="verify-run"]').is_disabled()
+    assert lab.page.locator('[data-testid="prompt"]').is_disabled()
     # the tensor-core prefill is offered only where the adapter has int8 subgroup matrices (the H200 page)
     offered = lab.page.evaluate("() => document.querySelector('[data-testid=int8-prefill]').disabled") is False
     if "swiftshader" in info["adapter"].lower():

@@ -1,5 +1,12 @@
 """The verification card in headless Chromium (SwiftShader WebGPU): "Does it match llama.cpp?".
 
+By default the card runs on the synthetic Qwen3.5-shaped file (its exact fixture in reference/; the replay carries the
+delta-net and conv states) in the cards' page (tests/browser/conftest.py `card_page`; that the card waits for a model:
+tests/browser/test_skeleton.py), with the turn after it, which must reuse nothing of what the replay overwrote. With
+--slow,
+the real SmolLM2 (exact and quantized references; its llama.cpp parity in the page is held by default by
+tests/browser/test_browser_chat.py, the card's comparison logic natively by tests/engine/test_verify.py):
+
 1. The default model (SmolLM2), loaded by its button, then the card's run. The rows must be the eight
    (exact and quant x max |diff|, RMS, argmax, greedy 16) with the verdicts the native test holds (every exact row
    "pass", quant max |diff| and argmax "pass"), the numbers within their tolerances, and "N of N kernels match their
@@ -25,6 +32,7 @@ import pytest
 from lab.format import gguf
 from lab.host.verify_native import REFERENCE
 from lab.instruments import verify
+from tests.browser.conftest import take
 from tests.conftest import load_fixture
 
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
@@ -86,6 +94,7 @@ def _kernels_all_pass(lab) -> None:
     assert len(rows) == n and all(r["verdict"] == "pass" for r in rows), rows
 
 
+@pytest.mark.slow   # SmolLM2's two replays on SwiftShader; the default run holds the card on the hybrid file below
 def test_card_on_the_default_model(lab):
     page = lab.page
     lab.wait_ready()
@@ -158,21 +167,29 @@ def test_same_name_other_bytes_has_no_reference(lab, smollm2_path, tmp_path):
     assert lab.errors() == [] and lab.foreign_requests() == []
 
 
-def test_card_on_a_hybrid(lab):
+def test_card_on_a_hybrid(card_page):
     """The synthetic Qwen3.5-shaped file (gated delta-net layers: the replay's prefill and 16 decode steps carry their
-    conv and recurrent states): found by its content, and every exact row passes as for the real models."""
+    conv and recurrent states): found by its content, and every exact row passes as for the real models. A follow-up
+    turn before the card reuses the first turn's states; the turn after the card reuses nothing, since the replay
+    overwrote them."""
     from lab.host import synthetic_arch
     from lab.host.models import cache_dir
-    path = synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
-    lab.wait_ready()
-    lab.pick(path)
-    lab.wait_loaded(path.name)
+    lab = take(card_page, synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic"))
+    page = lab.page
+    if not page.locator('[data-testid="greedy"]').is_checked():
+        page.check('[data-testid="greedy"]')
+    _ask(lab, "Hi")
+    _ask(lab, "And then?")
+    assert "reused 0" not in page.inner_text('[data-testid="reuse"]')    # a follow-up reuses the states it left
     _run_card(lab)
-    status = lab.page.locator('[data-testid="verify-status"]')
+    status = page.locator('[data-testid="verify-status"]')
     assert status.get_attribute("data-state") == "done" and status.get_attribute("data-ok") == "true", \
         status.inner_text()
     got = {(r["reference"], r["check"]): r for r in lab.cells("verify-row", ["reference", "check", "verdict", "number"])}
     assert all(got[("exact", c)]["verdict"] == "pass" for c in ("max |diff|", "RMS diff", "argmax", "greedy 16")), got
     assert float(got[("exact", "greedy 16")]["number"]) == 16
     _kernels_all_pass(lab)
+    _shot(lab, "verify-card")
+    _ask(lab, "And after the card?")
+    assert "reused 0" in page.inner_text('[data-testid="reuse"]'), page.inner_text('[data-testid="reuse"]')
     assert lab.errors() == [] and lab.foreign_requests() == []

@@ -22,7 +22,6 @@ from lab.host import cli
 from lab.host.experiments import Lab
 from lab.host.reference.attribution import from_trace
 from lab.host.reference.forward import Reference
-from lab.host.reference.weights import Weights
 from lab.text.tokenizer import from_metadata
 from lab.text.tokens import token_id
 
@@ -41,7 +40,7 @@ def _attribution(device, path, target_text):
         lab.close()
     ref = Reference(path)
     ref.forward(ids, trace=True)
-    want = from_trace(ref.trace, Weights(path), target)
+    want = from_trace(ref.trace, ref.w, target)        # the forward's own dequantized weights: read once
     return gpu, want
 
 

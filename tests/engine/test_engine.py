@@ -30,10 +30,10 @@ Three kinds of evidence, strictest first:
    margin). How many free-running greedy tokens agree is printed (run with -s to see it).
 
 Cost: lavapipe runs these models at 1-10 tokens/s on two cores, so by default the greedy and
-teacher-forced checks use QUICK's prompts and lengths (3 prompts x 48 tokens for SmolLM2, 2 x 24
-for the others); `pytest --slow` adds all six fixture prompts x 48 tokens for every model and
-gemma3 past its real 512-token window (about 14 more minutes). The default file takes about 5
-minutes with the two cores nearly to itself (load average 2), 9 when other jobs share them (4).
+teacher-forced checks use QUICK's prompts and lengths (one prompt x 48 tokens for SmolLM2, one x 16
+for the others), and the Session's logic (KV reuse, seeded sampling) runs on SmolLM2 alone; `pytest
+--slow` adds all six fixture prompts x 48 tokens for every model and gemma3 past its real 512-token
+window. docs/results/ holds each run's time.
 """
 
 from __future__ import annotations
@@ -55,14 +55,15 @@ from lab.host.reference.bisect import bisect, rel_error
 from lab.settings import Settings
 from lab.text import chat
 from lab.text.tokenizer import from_metadata
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, smollm2_unless_slow
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}
 TRACE_TOL = 1e-3        # relative to each tensor's max |ref|; measured ~2e-5 (float32 summation order)
 NEAR_TIE = 0.01         # F32 llama.cpp top-2 gap under which a greedy divergence is a tie, not a bug
-# The default run's greedy parity: prompts and ids a prompt. Qwen2.5 and Gemma 3 take one prompt of 16 ids (their
-# decode steps cost 2.5-4 s and their prefill 3 s a token on lavapipe on a slow day); --slow runs all six x 48.
-QUICK = {"smollm2": ([1, 2, 4], 48), "qwen2.5": ([0], 16), "gemma3": ([1], 16)}
+# The default run's greedy parity: prompts and ids a prompt. SmolLM2 one prompt of 48 ids (the page's chat test holds a
+# second, the chat prompt, to llama.cpp in the page); Qwen2.5 and Gemma 3 one of 16 ids (their decode steps cost 2.5-4 s
+# and their prefill 3 s a token on lavapipe on a slow day); --slow runs all six x 48.
+QUICK = {"smollm2": ([1], 48), "qwen2.5": ([0], 16), "gemma3": ([1], 16)}
 CLI_PROMPT = {"smollm2": 3, "gemma3": 3, "qwen2.5": 0}
 GREEDY = Settings(greedy=True)
 SMALL_WINDOW = 20       # gemma3's sliding window narrowed so that a 40-token prompt crosses it
@@ -144,13 +145,6 @@ def m(request, device) -> Model:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-def smollm2_unless_slow(m, request, why: str) -> None:
-    """A check SmolLM2 holds in the default run and every model with --slow (Qwen2.5 prefills under 1 token/s on
-    lavapipe, and the default run must stay under 40 minutes)."""
-    if m.name != "smollm2" and not request.config.getoption("--slow"):
-        pytest.skip(f"slow: run with --slow ({why}; smollm2 runs it by default)")
-
 
 def gpu_trace(eng: Engine, ids: list[int], pos: int) -> dict[str, np.ndarray]:
     raw = run(eng.traced(ids, pos))
@@ -268,7 +262,7 @@ def test_greedy_matches_llama_cpp_f32(m, full):
 def test_teacher_forced_top1_matches_llama_cpp_quantized(m, full, request):
     """Against llama.cpp's CPU path on the quantized file (8-bit activations, f16 cache: a tolerance, not parity;
     the exact check is test_greedy_matches_llama_cpp_f32, every model by default)."""
-    smollm2_unless_slow(m, request, "a second engine with every row's logits; the F32 parity runs by default")
+    smollm2_unless_slow(m.name, request, "a second engine with every row's logits; the F32 parity runs by default")
     eng, V = m.eng_all, m.n_vocab
     t_max, _, gap_tol = TOL[m.name]
     agree = total = 0
@@ -314,7 +308,7 @@ def test_prompt_ids_and_cli_generate(m, capsys, request):
             assert chat.render_chat(m.tok, md, p["messages"]) == p["prompt_ids"]
         else:
             assert m.tok.encode(p["prompt"], add_bos=m.tok.add_bos) == p["prompt_ids"]
-    smollm2_unless_slow(m, request, "a third engine; the prompts' ids above are each model's, checked by default")
+    smollm2_unless_slow(m.name, request, "a third engine; the prompts' ids above are each model's, checked by default")
     # one run through `lab generate --json`: a chat prompt where prefill is cheap (one user message and
     # the template's default system prompt), the raw prompt for qwen2.5 (whose default system prompt
     # makes the chat prompt 36 tokens, 15 s of prefill on lavapipe)
@@ -343,7 +337,7 @@ def test_kv_reuse_follow_up_equals_fresh_session(m, request):
     session given the whole prompt. A chat conversation (the reply re-tokenized from its text, as a
     client sends it back); for qwen2.5, whose prefill on lavapipe runs under 1 token/s, a raw-text
     follow-up of a third the length."""
-    smollm2_unless_slow(m, request, "Session logic, the same for every model")
+    smollm2_unless_slow(m.name, request, "Session logic, the same for every model")
     md, tok = m.header.metadata, m.tok
     session = Session(m.eng, tok)
     if m.name == "qwen2.5":
@@ -489,7 +483,7 @@ def test_gemma3_past_the_real_sliding_window_matches_reference(m):
 def test_seeded_sampling_is_reproducible(m, request):
     """temperature 1 over the top 64 candidates (no top-p / min-p cut): the same seed twice gives the
     same ids, another seed other ids. The repeats reuse the cached prompt (one token prefilled)."""
-    smollm2_unless_slow(m, request, "Session logic, the same for every model")
+    smollm2_unless_slow(m.name, request, "Session logic, the same for every model")
     prompt = m.f32["prompts"][0]["prompt_ids"]
     session = Session(m.eng, m.tok)
 

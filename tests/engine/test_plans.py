@@ -1,6 +1,9 @@
 """Which op rotates Q and K in each plan (lab/engine/plans.py): decode's QKV projection where no q/k norm sits in
 between, adjacent pairs or NeoX's (phi3) (its epilogue rotates and writes the cache: one dispatch fewer a layer), the
-rope op everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran."""
+rope op everywhere else. The parity tests hold the numbers; this holds that the fused path is the one they ran.
+Qwen3's and Gemma 3's synthetic files (q/k norms, 150-260k-row vocabularies: a 0.2-0.3 GB file each to write) run with
+--slow; by default Qwen3.5's and Gemma 4's (q/k norms too, SmolLM2's vocabulary) hold the unfused case, on the layers
+that write a cache of their own."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ from lab.host.models import cache_dir
 from lab.ops import KV_WRITE
 
 
-@pytest.mark.parametrize("arch,fused", [("llama3", True), ("mistral", True), ("phi3", True), ("qwen3", False),
-                                       ("gemma3", False)])
+@pytest.mark.parametrize("arch,fused", [("llama3", True), ("mistral", True), ("phi3", True), ("qwen35", False),
+                                       ("gemma4", False), pytest.param("qwen3", False, marks=pytest.mark.slow),
+                                       pytest.param("gemma3", False, marks=pytest.mark.slow)])
 def test_decode_rotates_in_the_qkv_projection_where_it_can(device, arch, fused):
     path = synthetic_arch.build(arch, "f32", cache_dir() / "synthetic")
     header = gguf.read_file(path)
@@ -23,13 +27,14 @@ def test_decode_rotates_in_the_qkv_projection_where_it_can(device, arch, fused):
     eng = Engine(device, header, cfg, n_ctx=32, max_batch=8, host_values=read_host_values(path, header, cfg))
     try:
         decode, prefill = eng.plan_for(False), eng.plan_for(True)
-        for il in range(cfg.n_layer):
+        for il in eng.kv_layers:
             op = decode.ops[decode.at(f"Qcur_rope-{il}")]
             assert op.role == KV_WRITE and op.without_kv is not None
             assert op.kernel.label.split(":")[0] == ("matvec" if fused else "rope")
             assert prefill.ops[prefill.at(f"Qcur_rope-{il}")].kernel.label.split(":")[0] == "rope"
         rope_ops = sum(o.kernel.label.startswith("rope") for o in decode.ops)
-        assert rope_ops == (0 if fused else cfg.n_layer)
+        attending = sum(1 for tr in decode.trace if tr.name.startswith("Qcur_rope-"))
+        assert rope_ops == (0 if fused else attending) and attending >= len(eng.kv_layers) > 0
     finally:
         eng.close()
 

@@ -1,4 +1,7 @@
-"""lab/instruments/probes.py on the real SmolLM2 through the native device, against the numpy reference (lab/reference).
+"""lab/instruments/probes.py through the native device, against the numpy reference (lab/reference): what a real
+model's tables show (neighbours in a trained embedding, ties among its unused tokens, ' Paris' in the lens) on SmolLM2,
+the inspection pass's mechanics (windows, chunks, the chat left alone, decode untouched) on the small synthetic Llama 3
+file (tests/conftest.py `tiny`), whose 4 layers run the same plans in a fraction of the time.
 
 Tolerances. Every probe here reads an f32 activation of the GPU forward pass, which follows the reference within
 a few f32 ulps per op (tests/engine/test_reference.py); measured here: attention probabilities 6.5e-6 absolute,
@@ -16,7 +19,6 @@ import time
 import numpy as np
 import pytest
 
-from lab.engine.engine import Engine
 from lab.engine.session import Session
 from lab.format import gguf
 from lab.host.reference.forward import Reference
@@ -24,6 +26,7 @@ from lab.instruments import probes
 from lab.instruments.probes import Probes
 from lab.settings import Settings
 from lab.text.tokenizer import from_metadata
+from tests.conftest import native_engine
 
 ATTN_TOL = 1e-4          # absolute, probabilities
 RESID_RTOL = 5e-5        # relative, L2 norms
@@ -32,31 +35,33 @@ COS_TOL = 3e-6           # absolute, cosines
 N_CTX = 256
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_path):
-    return from_metadata(gguf.read_file(smollm2_path).metadata)
+class Probed:
+    """A model's tokenizer, engine (prefill steps wider than the probes' chunk, as a GPU page load's 512 >
+    probes.CHUNK: the pass must still go in chunks its attention probe holds), probes and reference."""
+
+    def __init__(self, device, path) -> None:
+        self.tok = from_metadata(gguf.read_file(path).metadata)
+        self.engine = native_engine(device, path, n_ctx=N_CTX, max_batch=probes.CHUNK + 32)
+        self.probe = Probes(self.engine)
+        self.ref = Reference(path)
+
+    def close(self) -> None:
+        self.probe.close()
+        self.engine.close()
 
 
 @pytest.fixture(scope="module")
-def engine(device, smollm2_path):
-    # prefill steps wider than the probes' chunk (a GPU page load's 512 > probes.CHUNK): the pass must still go
-    # in chunks its attention probe holds (test_long_window_in_probe_chunks)
-    eng = Engine(device, gguf.read_file(smollm2_path), n_ctx=N_CTX, max_batch=probes.CHUNK + 32)
-    eng.weights.upload_file(smollm2_path)
-    yield eng
-    eng.close()
+def smol(device, smollm2_path):
+    m = Probed(device, smollm2_path)
+    yield m
+    m.close()
 
 
 @pytest.fixture(scope="module")
-def probe(engine):
-    p = Probes(engine)
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def ref(smollm2_path):
-    return Reference(smollm2_path)
+def small(device, tiny_path):
+    m = Probed(device, tiny_path)
+    yield m
+    m.close()
 
 
 def run(coro):
@@ -71,7 +76,8 @@ def one_id(tok, text: str) -> int:
 
 # -- embedding inspector -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("word", [" king", " Paris", " apple", " running", "."])
-def test_neighbours_match_reference(probe, ref, tok, word):
+def test_neighbours_match_reference(smol, word):
+    probe, ref, tok = smol.probe, smol.ref, smol.tok
     tid = one_id(tok, word)
     e = run(probe.embedding(tid))
     ids, cos = ref.neighbours(tid, probes.NEIGHBOURS)
@@ -83,7 +89,8 @@ def test_neighbours_match_reference(probe, ref, tok, word):
     assert e.per_layer is None and e.per_layer_norms is None      # no per-layer embeddings in this model
 
 
-def test_king_neighbours_look_royal(probe, tok):
+def test_king_neighbours_look_royal(smol):
+    probe, tok = smol.probe, smol.tok
     e = run(probe.embedding(one_id(tok, " king")))
     pieces = [tok.piece(i) for i, _ in e.neighbours]
     print("\n' king' neighbours:", [(p, round(c, 4)) for p, (_, c) in zip(pieces, e.neighbours)])
@@ -91,9 +98,10 @@ def test_king_neighbours_look_royal(probe, tok):
 
 
 @pytest.mark.parametrize("tid", [2, 49151, 12345])
-def test_neighbours_with_ties_are_a_valid_top_k(probe, ref, tid):
+def test_neighbours_with_ties_are_a_valid_top_k(smol, tid):
     """Special and unused tokens share near-identical rows: their neighbours tie within f32 noise, so the order
     among ties is free; every listed cosine must be the token's true one and the k-th value must match."""
+    probe, ref = smol.probe, smol.ref
     e = run(probe.embedding(tid))
     ids, cos = ref.neighbours(tid, probes.NEIGHBOURS)
     table = ref.w.get("token_embd.weight").astype(np.float64)
@@ -110,7 +118,8 @@ TEXT = "The quick brown fox jumps over the lazy dog because it wanted to see wha
 
 
 @pytest.fixture(scope="module")
-def traced(ref, tok):
+def traced(small):
+    ref, tok = small.ref, small.tok
     ids = tok.encode(TEXT)
     ref.forward(ids, trace=True)
     return ids, {k: v.copy() for k, v in ref.trace.items()}
@@ -131,9 +140,10 @@ def check_window(r, trace, n_layer: int, n_head: int):
 
 @pytest.mark.parametrize("cached, start", [(0, 0), (0, 5), ("n-1", 4), ("n", 17)],
                          ids=["fresh", "fresh-window", "chat-like", "all-cached-decode-variant"])
-def test_attention_and_residual_match_reference(engine, probe, traced, cached, start):
+def test_attention_and_residual_match_reference(small, traced, cached, start):
     """Positions > 0 throughout; windows that start at 0 and later (the 'earlier' column), chunks through the
     prefill variant and token by token through the decode variant, with the cache full, partial, or empty."""
+    engine, probe = small.engine, small.probe
     ids, trace = traced
     n = len(ids)
     cached = {"n-1": n - 1, "n": n}.get(cached, cached)
@@ -143,9 +153,10 @@ def test_attention_and_residual_match_reference(engine, probe, traced, cached, s
     check_window(r, trace, engine.cfg.n_layer, engine.cfg.n_head)
 
 
-def test_long_window_in_probe_chunks(engine, probe, ref, tok):
+def test_long_window_in_probe_chunks(small):
     """A conversation longer than the probes' chunk and shorter than the engine's prefill step: the pass goes in
     chunks of probes.CHUNK (the attention probe holds that many rows), and the last window matches the reference."""
+    engine, probe, ref, tok = small.engine, small.probe, small.ref, small.tok
     ids = tok.encode(" ".join([TEXT] * 4))[:probes.CHUNK + 20]
     assert probe.chunk == probes.CHUNK < len(ids) <= engine.max_batch
     ref.forward(ids, trace=True)
@@ -154,7 +165,8 @@ def test_long_window_in_probe_chunks(engine, probe, ref, tok):
     check_window(r, ref.trace, engine.cfg.n_layer, engine.cfg.n_head)
 
 
-def test_logit_lens_paris(engine, probe, ref, tok):
+def test_logit_lens_paris(smol):
+    engine, probe, ref, tok = smol.engine, smol.probe, smol.ref, smol.tok
     ids = tok.encode("The capital of France is")
     n = len(ids)
     r = run(probe.inspect(ids, 0, lens=n, attention=False, residual=False))
@@ -176,10 +188,11 @@ def test_logit_lens_paris(engine, probe, ref, tok):
           f" in the top-5 from layer {first_top5}")
 
 
-def test_logit_lens_of_one_position_after_a_chat(engine, probe, ref, tok):
+def test_logit_lens_of_one_position_after_a_chat(small):
     """The page's cheapest lens: one position, the last token of a chat, whose predecessors sit in the cache. Only
     that position runs (no window is recomputed for a lens alone), and its head goes through the matvec rather than
     a 16-row matmul tile; every layer's top-5 as the reference has it."""
+    engine, probe, ref, tok = small.engine, small.probe, small.ref, small.tok
     ids = tok.encode("The capital of France is")
     n = len(ids)
     engine.step(ids[:n - 1], 0)
@@ -193,10 +206,11 @@ def test_logit_lens_of_one_position_after_a_chat(engine, probe, ref, tok):
     assert (r.lens_macs, r.lens_bytes) == (L * head.rows * head.cols, L * head.rows * head.row_bytes)
 
 
-def test_inspection_leaves_the_chat_alone(engine, probe, tok):
+def test_inspection_leaves_the_chat_alone(small):
     """Two identical two-turn chats, one with an inspection between the turns: the KV rows the session holds are
     bit for bit the same after the inspection, the decode plan is the same object, and the second turn's greedy
     output is the same."""
+    engine, probe, tok = small.engine, small.probe, small.tok
     prompt = tok.encode("Once upon a time")
 
     def chat(inspect: bool) -> list[int]:
@@ -216,9 +230,10 @@ def test_inspection_leaves_the_chat_alone(engine, probe, tok):
     assert chat(inspect=True) == chat(inspect=False)
 
 
-def test_decode_is_untouched_by_panels(engine, probe, tok):
+def test_decode_is_untouched_by_panels(small):
     """Decode runs the same plan, dispatch for dispatch, whether or not the probes exist (their variants are separate
     op lists); the speed is printed for the report, not asserted (this machine is shared: +-30% between runs)."""
+    engine, probe, tok = small.engine, small.probe, small.tok
     prompt = tok.encode("The history of the printing press")
 
     def decode_tok_s():
@@ -238,9 +253,10 @@ def test_decode_is_untouched_by_panels(engine, probe, tok):
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["prefill", "decode"])
-def test_probe_variant_is_the_engine_plan_plus_probes(engine, probe, tok, batched):
+def test_probe_variant_is_the_engine_plan_plus_probes(small, batched):
     """The probe variant is the engine's own op list up to the last layer, with each layer's attention (one op or a
     split-K run) replaced whole by its probe twin, and only the probe ops added."""
+    engine, probe, tok = small.engine, small.probe, small.tok
     run(probe.inspect(tok.encode("a b"), 0, lens=0))         # builds the pass
     base = engine.plan_for(batched).ops
     plan = probe._variant(probes.Variant(batched, write_kv=True, attention=True, lens=True, residual=True))
@@ -255,7 +271,8 @@ def test_probe_variant_is_the_engine_plan_plus_probes(engine, probe, tok, batche
     assert sum(op.kernel.label.startswith("attention:") for op in plan) == sum(map(len, probed))
 
 
-def test_requests_are_checked(probe, tok):
+def test_requests_are_checked(small):
+    probe, tok = small.probe, small.tok
     ids = tok.encode("a b c")
     with pytest.raises(ValueError):
         run(probe.embedding(10 ** 6))

@@ -37,7 +37,7 @@ import pytest
 from lab.host.reference import Hparams, Reference
 from lab.host.reference.bisect import bisect, rel_error
 from lab.host.reference.ops import rms_norm, rope, softmax
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, smollm2_unless_slow
 
 PATH_FIXTURE = {"smollm2": "smollm2_path", "qwen2.5": "qwen_path", "gemma3": "gemma_path"}
 
@@ -266,7 +266,8 @@ def test_trace_names_shapes_and_cache(ref):
     assert last.shape == (1, hp.n_vocab) and np.allclose(last[0], full[-1], atol=1e-3 * np.abs(full).max())
 
 
-def test_logit_lens_and_neighbours(ref):
+def test_logit_lens_and_neighbours(ref, request):
+    smollm2_unless_slow(ref.name, request, "the reference's lens and neighbours, the same code for every model")
     ids = GOLDEN_F32[ref.name]["ids"][:6]
     top, prob = ref.logit_lens(ids)
     assert top.shape == prob.shape == (ref.hp.n_layer, len(ids))
@@ -284,10 +285,11 @@ def test_logit_lens_and_neighbours(ref):
 
 # -- against llama.cpp on the quantized file (tests/fixtures/<model>.json) ------------------------
 
-def test_llama_cpp_fixture_logits(ref):
+def test_llama_cpp_fixture_logits(ref, request):
     """Teacher-forced over prompt + llama.cpp's greedy continuation: at every prompt position and
     every generated step, the reference's logits for llama.cpp's top-5 are within TOL, and its
     top-1 agrees except where llama.cpp's own top-2 gap is small."""
+    smollm2_unless_slow(ref.name, request, "a quantized-reference check; the F32 golden values run by default")
     fx = _fixture(ref.name)
     t_max, t_mean, gap_tol = TOL[ref.name]
     worst, means = 0.0, []
@@ -311,9 +313,10 @@ def test_llama_cpp_fixture_logits(ref):
     assert np.mean(means) < t_mean, f"{ref.name}: mean top-5 |logit diff| {np.mean(means):.3f}"
 
 
-def test_llama_cpp_fixture_greedy(ref):
+def test_llama_cpp_fixture_greedy(ref, request):
     """Free-running greedy decoding (through the KV cache) equals llama.cpp's continuation up to
     its first near-tie (top-2 gap below TOL's gap)."""
+    smollm2_unless_slow(ref.name, request, "a quantized-reference check; the F32 golden values run by default")
     fx = _fixture(ref.name)
     gap_tol = TOL[ref.name][2]
     compared = 0

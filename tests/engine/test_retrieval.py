@@ -1,9 +1,13 @@
-"""lab/instruments/retrieval.py natively on lavapipe: window embeddings against the numpy reference forward, the
-batched path against a window embedded alone, the GPU search against numpy's exact search (ties and a k past the
-index included), a stopped build, recall's bounds, and Forget's read-back of the index.
+"""lab/instruments/retrieval.py natively on lavapipe, on the small synthetic Llama 3 file (tests/conftest.py `tiny`:
+SmolLM2's vocabulary; the index's arithmetic does not depend on the weights, and the real models' recall is
+docs/retrieval.md's): window embeddings against the numpy reference forward, the batched path against a window embedded
+alone, the GPU search against numpy's exact search (ties and a k past the index included), a stopped build, recall's
+bounds, a tokenizer that adds BOS (the same file with `tokenizer.ggml.add_bos_token` set: the BOS row is not pooled),
+and Forget's read-back of the index.
 
 Tolerances. An embedding is the normalised mean of result_norm rows; the GPU forward and the numpy reference agree
-within a few f32 ulps per op (docs/correctness.md), which after 30 layers leaves ~1e-4 of a row's largest element:
+within a few f32 ulps per op (docs/correctness.md), which after SmolLM2's 30 layers leaves ~1e-4 of a row's largest
+element:
 EMB_TOL = 2e-3 of the embedding's largest element. Pooling the wrong rows (the BOS, one token short, the next
 window's) moves it by 2e-2 or more. The search's cosines are the same f32 dot products numpy recomputes in float64
 from the read-back vectors: SCORE_TOL = 1e-5.
@@ -17,13 +21,12 @@ import numpy as np
 import pytest
 
 from lab import gpu
-from lab.engine.engine import Engine
 from lab.format import gguf
 from lab.host.reference.forward import Reference
 from lab.instruments import forget
 from lab.instruments.retrieval import Index, RetrievalError, windows_of
 from lab.text.tokenizer import from_metadata
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, native_engine
 
 EMB_TOL = 2e-3
 SCORE_TOL = 1e-5
@@ -31,16 +34,27 @@ TEXT = (FIXTURES / "constitution.txt").read_bytes()[:150]
 WINDOW, STRIDE, BATCH = 20, 10, 16      # a window runs in two steps (16 + 4): the pooled ADD path
 
 
+ADD_BOS = b"tokenizer.ggml.add_bos_token"
+
+
 def _engine(device, path, n_ctx=64, batch=BATCH):
-    eng = Engine(device, gguf.read_file(path), n_ctx=n_ctx, max_batch=batch)
-    eng.weights.upload_file(path)
-    return eng
+    return native_engine(device, path, n_ctx=n_ctx, max_batch=batch)
+
+
+def _adding_bos(src, dst):
+    """The file with its tokenizer's add_bos_token (a GGUF bool: type 7, one byte) set: same weights, a BOS first."""
+    data = bytearray(src.read_bytes())
+    at = data.index(ADD_BOS) + len(ADD_BOS)
+    assert data[at:at + 4] == bytes([7, 0, 0, 0]) and data[at + 4] == 0
+    data[at + 4] = 1
+    dst.write_bytes(bytes(data))
+    return dst
 
 
 @pytest.fixture(scope="module")
-def smol(device, smollm2_path):
-    eng = _engine(device, smollm2_path)
-    tok = from_metadata(gguf.read_file(smollm2_path).metadata)
+def smol(device, tiny_path):
+    eng = _engine(device, tiny_path)
+    tok = from_metadata(gguf.read_file(tiny_path).metadata)
     ix = Index(eng, tok, window=WINDOW, stride=STRIDE)
     # the same text twice: identical windows, identical embeddings, so the search's ties are exercised
     ix.prepare([("a.txt", TEXT), ("b.txt", TEXT), ("empty.txt", b"")])
@@ -76,12 +90,12 @@ def test_prepare_and_build(smol):
     assert kinds == {gpu.CONVERSATION}, "every index buffer holds the user's text: Forget must wipe it"
 
 
-def test_embeddings_match_reference(smol, smollm2_path):
+def test_embeddings_match_reference(smol, tiny_path):
     """Windows 0 and the last of file a, as the numpy forward computes them from position 0."""
     eng, tok, ix, _ = smol
     table = _table(eng, ix)
-    ref = Reference(smollm2_path)
-    assert ix.first == 0                        # SmolLM2 adds no BOS
+    ref = Reference(tiny_path)
+    assert ix.first == 0                        # SmolLM2's tokenizer adds no BOS
     n_a = sum(1 for f, _, _ in ix.prepared.spans if f == 0)
     for w in (0, n_a - 1):
         want = _pooled_ref(ref, ix.window_ids(w), 0)
@@ -128,10 +142,10 @@ def test_recall_bounds(smol):
         asyncio.run(ix.recall(0))
 
 
-def test_stopped_build_searches_what_it_has(device, smollm2_path):
+def test_stopped_build_searches_what_it_has(device, tiny_path):
     """A stop after the first block leaves an index of the windows done: the rows never filled are never hits."""
-    eng = _engine(device, smollm2_path)
-    tok = from_metadata(gguf.read_file(smollm2_path).metadata)
+    eng = _engine(device, tiny_path)
+    tok = from_metadata(gguf.read_file(tiny_path).metadata)
     ix = Index(eng, tok, window=WINDOW, stride=STRIDE)
     try:
         ix.prepare([("a.txt", TEXT)])
@@ -148,17 +162,18 @@ def test_stopped_build_searches_what_it_has(device, smollm2_path):
         eng.close()
 
 
-def test_bos_window_matches_reference(device, gemma_path):
-    """Gemma 3 adds BOS: a window runs behind it and the BOS row is not pooled."""
-    eng = _engine(device, gemma_path, n_ctx=32)
-    tok = from_metadata(gguf.read_file(gemma_path).metadata)
+def test_bos_window_matches_reference(device, tiny_path, tmp_path):
+    """A tokenizer that adds BOS (as Gemma's): a window runs behind it and the BOS row is not pooled."""
+    path = _adding_bos(tiny_path, tmp_path / "adds-bos.gguf")
+    eng = _engine(device, path, n_ctx=32)
+    tok = from_metadata(gguf.read_file(path).metadata)
     ix = Index(eng, tok, window=16, stride=16)
     try:
         ix.prepare([("a.txt", TEXT[:60])])
         asyncio.run(ix.build())
         assert ix.first == 1
         table = _table(eng, ix)
-        want = _pooled_ref(Reference(gemma_path), [tok.bos_id] + ix.window_ids(0), 1)
+        want = _pooled_ref(Reference(path), [tok.bos_id] + ix.window_ids(0), 1)
         err = np.abs(table[0] - want).max() / np.abs(want).max()
         assert err <= EMB_TOL, f"error {err:.3g} of the largest element"
     finally:
