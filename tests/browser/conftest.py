@@ -165,10 +165,11 @@ _RESTORE_JS = """(settings) => { for (const [id, v] of settings) {
 
 @pytest.fixture(scope="session")
 def card_page(browser, server_url, tiny_path):
-    """One page for the cards' modules (the architectures, the experiments, the hybrids, the KV card, the layout, the
-    panels, perplexity, retrieval, the RoPE demo): it
-    boots once and compiles each kernel once (lab.gpu Device.compiled keeps them in the worker), where a page of each
-    module's own spent 8-10 s on both on SwiftShader. A module takes it with `take`, which leaves nothing of the module
+    """One page for the modules whose tests need a booted page rather than a fresh one (the architectures, the chat, the
+    experiments, the hybrids, the worker's kernel checks, the KV card, the layout, the panels, perplexity, retrieval,
+    the RoPE demo, the verification card): it
+    boots once in each pytest-xdist worker and compiles each kernel once (lab.gpu Device.compiled keeps them in the
+    page's worker), where a page of each module's own spent 8-10 s on both on SwiftShader. A module takes it with `take`, which leaves nothing of the module
     before: every setting back to the value it booted with, the file loaded afresh (a new engine, no conversation), the
     logs emptied."""
     with open_lab(browser, server_url) as lab:

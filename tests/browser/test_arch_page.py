@@ -123,7 +123,9 @@ def test_smollm3_in_the_page_and_its_layers_without_rope(arch_lab):
     assert lab.errors() == [] and lab.foreign_requests() == []
 
 
-@pytest.mark.parametrize("spec", ["qwen35", "gemma4"])
+# qwen35 with --slow: by default the verification card holds the same file in the page to llama.cpp's exact logits and
+# 16 greedy ids (tests/browser/test_verify_page.py test_card_on_a_hybrid)
+@pytest.mark.parametrize("spec", [pytest.param("qwen35", marks=pytest.mark.slow), "gemma4"])
 def test_a_2026_architecture_in_the_page_is_llama_cpps(arch_lab, spec):
     """The page's worker runs as natively, greedy ids and logits against llama.cpp: Qwen3.5's gated delta-net layers
     (conv and recurrent state, one dispatch each for the whole prefill chunk) and gated attention layers; Gemma 4's

@@ -16,6 +16,7 @@ from lab.host.native import open_native
 from lab.settings import Settings
 from lab.text import chat
 from lab.text.tokenizer import from_metadata
+from tests.browser.conftest import take
 from tests.conftest import load_fixture, native_engine
 
 
@@ -25,10 +26,9 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def lab(module_lab):
-    """The module's tests share one page, in file order (tests/browser/conftest.py `module_lab`)."""
-    return module_lab
-
+def lab(card_page, tiny_path):
+    """The cards' page (tests/browser/conftest.py `card_page`), its settings as after a first load."""
+    return take(card_page, tiny_path)
 
 
 def _f32_fixture_prompt(messages):
@@ -37,9 +37,8 @@ def _f32_fixture_prompt(messages):
 
 
 def _load(lab, path):
-    page = lab.page
-    page.set_input_files('[data-testid="model-file"]', str(path))
-    page.wait_for_selector('[data-testid="prompt"]:not([disabled])', timeout=LOAD_TIMEOUT_MS)
+    lab.pick(path)
+    lab.wait_loaded(path.name, LOAD_TIMEOUT_MS)
 
 
 def _send(lab, text, max_tokens):
@@ -90,8 +89,7 @@ def test_chat_matches_llama_cpp_then_reuse_stop_new_chat_and_seeded_sampling(lab
 
     # 2. a follow-up turn runs only its new tokens (from here on the small file: a second pick replaces the model, and
     # the session's logic is the same for every model)
-    lab.pick(tiny_path)
-    lab.wait_loaded(tiny_path.name, LOAD_TIMEOUT_MS)
+    _load(lab, tiny_path)
     _send(lab, QUESTION, 8)
     _send(lab, "And of Germany?", 8)
     reuse = page.locator('[data-testid="reuse"]').inner_text()
@@ -160,7 +158,6 @@ def test_bad_files_then_a_good_one(lab, tiny_path, tmp_path):
                            timeout=LOAD_TIMEOUT_MS)
     assert page.locator('[data-testid="prompt"]').is_disabled()
 
-    lab.pick(tiny_path)                              # no reload needed
-    lab.wait_loaded(tiny_path.name, LOAD_TIMEOUT_MS)
+    _load(lab, tiny_path)                            # no reload needed
     assert err.is_hidden()
     assert lab.foreign_requests() == []

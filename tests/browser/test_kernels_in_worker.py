@@ -12,7 +12,7 @@ Path: SwiftShader in Chromium offers `subgroups`, so the reduction kernels (matv
 top-k) run their subgroup path in the browser (`SG_ENABLE=enable subgroups;` in their labels); natively on
 lavapipe too. test_reduction_path checks the kernel labels against the adapter's features and prints the path.
 
-One page load serves the module; the cases go to the worker a few per message (`window.labKernelCheck`). Every case
+The cards' page serves the module; the cases go to the worker a few per message (`window.labKernelCheck`). Every case
 runs with --slow; by default the reduction cases only (their path per adapter), since the verification card runs all of
 them in the worker against the same float64 values (reference/kernels.json, from the same cases), held by
 tests/browser/test_verify_page.py.
@@ -31,7 +31,6 @@ from lab.gpu.shaders import KernelCache
 from lab.host.kernel_cases import I8_CASES, make_cases
 from lab.instruments import kernelcheck
 
-BOOT_MS = 120_000
 PER_MESSAGE = 6                   # cases per worker message
 CASES = {c.name: c for c in make_cases()}
 # the reduction kernels' cases: two matvecs (the rest differ in their loops, not their reduction), RMSNorm, softmax,
@@ -48,16 +47,11 @@ def _encoded(spec: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def worker_page(browser, server_url):
-    context = browser.new_context()
-    page = context.new_page()
-    console: list[tuple[str, str]] = []
-    page.on("console", lambda m: console.append((m.type, m.text)))
-    page.on("pageerror", lambda e: console.append(("error", str(e))))
-    page.goto(server_url + "/")
-    page.wait_for_selector('[data-testid="gpu-selftest"]:not([data-state="pending"])', timeout=BOOT_MS)
-    yield page, console
-    context.close()
+def worker_page(card_page):
+    """The cards' page (tests/browser/conftest.py `card_page`): the checks need a booted worker, no model; its console
+    from here on."""
+    card_page.console.clear()
+    return card_page.page, card_page.console
 
 
 def _in_worker(page, names: list[str]) -> dict:
