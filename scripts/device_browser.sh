@@ -101,10 +101,11 @@ if [ ! -e "$D/adapter_done" ]; then
   touch "$D/adapter_done"
 fi
 
-# 3. Correctness on the NVIDIA adapter: the worker's kernel checks and the chat parity with llama.cpp's fixtures.
+# 3. Correctness on the NVIDIA adapter: the worker's kernel checks (every case: --slow) and the chat parity with
+#    llama.cpp's fixtures.
 if [[ $mode == all || $mode == tests ]]; then
   log "kernel checks in the worker"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/browser/test_kernels_in_worker.py 2>&1 \
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE --slow tests/browser/test_kernels_in_worker.py 2>&1 \
     | tail -40 | tee -a "$OUT/tests.txt"
   log "the tensor-core GEMM's cases, with their errors"
   timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/browser/test_kernels_in_worker.py -k int8 2>&1 \
