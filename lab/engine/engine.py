@@ -284,7 +284,9 @@ class Engine:
         if bad is not None:
             raise error(f"{prefix}token id {bad} is outside the vocabulary of {self.cfg.n_vocab}")
 
-    def _check(self, ids, pos: int) -> None:
+    def check_step(self, ids, pos: int) -> None:
+        """Refuse a step of these ids at `pos` that this engine cannot run: its token count, the context made at load,
+        the adapter's loop budget, the vocabulary (EngineError, the words a user reads)."""
         t = len(ids)
         if not 1 <= t <= self.max_batch:
             raise EngineError(f"a step takes 1 to {self.max_batch} tokens, not {t}")
@@ -308,7 +310,7 @@ class Engine:
         snapshot=True: the recurrent and conv states after this step are also copied aside (qwen35; a no-op for other
         models), so that a later step can start from here (`resume_point`) whatever ran after."""
         t = len(ids) if ids is not None else (t or 1)
-        self._check(ids if ids is not None else [0] * t, pos)
+        self.check_step(ids if ids is not None else [0] * t, pos)
         self._advance(pos, t)
         s = self.scratch
         copies = []
@@ -347,7 +349,7 @@ class Engine:
         """Run one step op by op and read every traced activation (or those in `names`): {name: raw f32 bytes,
         [rows, width]}."""
         t = len(ids)
-        self._check(ids, pos)
+        self.check_step(ids, pos)
         op_list, trace = self.ops_for(t, pos=pos), self.step_plan(t, pos).trace
         if names is not None:
             wanted = set(names)

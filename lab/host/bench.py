@@ -174,8 +174,7 @@ def profile_step(path, *, t: int = 1, context: int = 0, max_batch: int | None = 
                      kv=kv)
     if warm_gpu_s:
         asyncio.run(profile.warm(engine, warm_gpu_s * 1e3))
-    rng = random.Random(0)
-    engine.step([rng.randrange(engine.cfg.n_vocab) for _ in range(t)], 0)
+    profile.prime(engine, t, pos)
     out = asyncio.run(profile.by_family(engine, t, pos))
     engine.close()
     return out

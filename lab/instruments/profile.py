@@ -7,6 +7,7 @@ the families' sum falls short of the whole pass by what the switches between ker
 
 from __future__ import annotations
 
+import random
 import time
 
 from lab import ops
@@ -14,6 +15,17 @@ from lab.engine.engine import Engine
 
 REPS = 7
 TUNING = ("IN", "BIAS", "ACT")     # pipeline constants that change what a kernel computes; the others only tune
+
+
+def prime(engine: Engine, t: int, pos: int, seed: int = 0) -> None:
+    """Make a step of t tokens at `pos` ready to time: refused as a chat's step would be if the engine cannot run it,
+    else t random ids put in the engine's ids buffer. They go in by a step at 0, not at pos: a hybrid's conv and
+    recurrent states hold what came before them and cannot be moved to pos as a KV cache can (the engine refuses such
+    a step), and a timing needs only the plan at pos, which reads the states whatever they hold."""
+    rng = random.Random(seed)
+    ids = [rng.randrange(engine.cfg.n_vocab) for _ in range(t)]
+    engine.check_step(ids, pos)
+    engine.step(ids, 0)
 
 
 def family(label: str) -> str:

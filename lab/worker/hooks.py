@@ -9,7 +9,6 @@ so they drop the conversation first. None of them is needed by the product: the 
 from __future__ import annotations
 
 import base64
-import random
 import time
 from array import array
 
@@ -134,8 +133,7 @@ async def profile(msg: dict, w: Worker) -> dict:
     t, pos, reps = int(msg["t"]), int(msg["pos"]), int(msg.get("reps") or gpu_profile.REPS)
     if msg.get("warm_ms"):
         await gpu_profile.warm(eng, float(msg["warm_ms"]))
-    rng = random.Random(0)
-    eng.step([rng.randrange(eng.cfg.n_vocab) for _ in range(t)], pos)     # checks t and pos; fills the ids
+    gpu_profile.prime(eng, t, pos)
     if msg.get("families"):
         rows = await gpu_profile.by_family(eng, t, pos, reps)
     else:

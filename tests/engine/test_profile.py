@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lab.engine.engine import Engine, read_host_values
+from lab.engine.engine import Engine, EngineError, read_host_values
 from lab.format import gguf
 from lab.format.model import from_gguf
 from lab.host import synthetic_arch
@@ -58,3 +58,30 @@ def test_warm_keeps_the_gpu_busy_for_its_time(engine):
     steps = asyncio.run(profile.warm(engine, 300))
     assert steps >= 1 and time.perf_counter() - t0 >= 0.3
     assert asyncio.run(profile.warm(engine, 0)) == 0
+
+
+@pytest.mark.parametrize("spec", ["llama3", "qwen35"])
+def test_a_step_past_the_states_is_primed_and_timed(device, spec):
+    """The page's bench times a decode at a context after its 512-token prefill: on a hybrid, a step at that position
+    is refused (its conv and delta-net states hold 16, not 12, and cannot be cut back), so `prime` fills the ids by a
+    step at 0 and the plan at the position is timed on the states as they are; a step past the context is refused
+    as a chat's would be."""
+    if "timestamp-query" not in device.info.features:
+        pytest.skip("this adapter has no timestamp queries")
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
+    header = gguf.read_file(path)
+    cfg = from_gguf(header)
+    eng = Engine(device, header, cfg, n_ctx=64, max_batch=16, host_values=read_host_values(path, header, cfg))
+    try:
+        eng.weights.upload_file(path)
+        asyncio.run(profile.warm(eng, 1))               # 16-token steps at 0: the states hold 16
+        if cfg.recurrent:
+            with pytest.raises(EngineError, match="cannot be cut back"):
+                eng.step([1], 12)
+        profile.prime(eng, 1, 12)
+        rows = asyncio.run(profile.by_family(eng, 1, 12, reps=2))
+        assert rows[0]["dispatches"] == eng.dispatches_per_step(1, pos=12) and all(r["gpu_us"] > 0 for r in rows)
+        with pytest.raises(EngineError, match="past the context"):
+            profile.prime(eng, 1, 64)
+    finally:
+        eng.close()
