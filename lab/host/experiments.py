@@ -14,8 +14,9 @@ the spirit of TransformerLens's `run_with_hooks` and nnsight's tracing, on the u
     lab.ablate(ids, paris, layers=[23])                                # dicts, as `lab ablate --json` prints
     lab.close()
 
-`lab ablate | patch | steer | attribute` (lab/host/cli.py) are this class's calls with their JSON printed. Each call
-starts at position 0 and owns the engine while it runs; `generate` and `steer` keep no conversation between calls.
+`lab ablate | patch | steer | attribute` (lab/host/cli/experiments.py) are this class's calls with their JSON printed.
+Each call starts at position 0 and owns the engine while it runs; `generate` and `steer` keep no conversation between
+calls.
 
 What it does not know: the page (lab/worker/experiments.py drives the same instrument there).
 """

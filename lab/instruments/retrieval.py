@@ -24,7 +24,7 @@ recall. Everything runs on the engine that chats; nothing is trained.
   retrieved window of the same file covering at least half of the crop; recall@1 and recall@5 over the queries.
 
 Running windows overwrites the engine's KV cache from position 0, as a perplexity run does: a caller with a chat
-session must drop what it believed the cache held (lab/worker/retrieval.py, lab/host/cli.py do).
+session must drop what it believed the cache held (lab/worker/retrieval.py, lab/host/cli/retrieval.py do).
 
 What it does not know: the page, sessions, chat templates beyond `messages` (the caller renders and generates), and
 the index file on disk (lab/host/index_file.py).

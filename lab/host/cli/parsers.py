@@ -1,0 +1,294 @@
+"""`lab`'s parsers: the flags several subcommands share, each defined once, and one function a subcommand that adds
+its parser with its flags in the order `lab CMD --help` lists them. Handlers live in the other modules here; this
+one knows only the flags, their defaults (from their homes: lab/settings.py, lab/instruments/retrieval.py) and,
+in `settings`, how the sampling flags read back."""
+
+from __future__ import annotations
+
+from lab.host.browser_args import add_browser_options
+from lab.settings import DEFAULT_CTX, PERPLEXITY_CTX, Settings
+
+RAW_PROMPT = "raw text (BOS as the vocabulary adds it; no chat template)"
+ONE_TOKEN = "one token: its text (with its leading space) or #ID"
+EXPERIMENT_PAGE = ("browser: the page in headless Chromium, through the Experiments card's message (JSON with the "
+                   "sweep's seconds, twice: cold, then warm)")
+
+
+# --- flags several subcommands share
+
+def model_arg(s, help: str | None = None) -> None:
+    s.add_argument("model", help=help)
+
+
+def gpu_flags(s) -> None:
+    """--disable: for every command that opens the GPU."""
+    s.add_argument("--disable", action="append", default=[], help="feature to leave off (e.g. subgroups)")
+
+
+def json_flag(s, help: str | None = None) -> None:
+    s.add_argument("--json", action="store_true", help=help)
+
+
+def ctx_flag(s, default: int = DEFAULT_CTX, help: str = "KV cache length in tokens") -> None:
+    s.add_argument("--ctx", type=int, default=default, help=help)
+
+
+def engine_flags(s, ctx_help: str = "KV cache length in tokens", json_help: str | None = None,
+                 ctx: int = DEFAULT_CTX) -> None:
+    """--ctx, --json and --disable, in that order: the last flags of every command that loads a model natively."""
+    ctx_flag(s, ctx, ctx_help)
+    json_flag(s, json_help)
+    gpu_flags(s)
+
+
+def sampling_flags(s) -> None:
+    """The sampler's flags and -n, with Settings' defaults (read back by `settings`)."""
+    defaults = Settings()
+    s.add_argument("--greedy", action="store_true")
+    s.add_argument("--temperature", type=float, default=defaults.temperature)
+    s.add_argument("--top-p", type=float, default=defaults.top_p)
+    s.add_argument("--top-k", type=int, default=defaults.top_k)
+    s.add_argument("--min-p", type=float, default=defaults.min_p)
+    s.add_argument("--seed", type=int, default=defaults.seed)
+    s.add_argument("-n", type=int, default=128, help="maximum new tokens")
+
+
+def settings(args) -> Settings:
+    """The sampler's settings from the flags `sampling_flags` adds."""
+    return Settings(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    min_p=args.min_p, seed=args.seed)
+
+
+def backend_flags(s, help: str, choices: tuple[str, ...] = ("native", "browser")) -> None:
+    """--backend and the browser's own options (lab/host/browser_args.py)."""
+    s.add_argument("--backend", choices=choices, default="native", help=help)
+    add_browser_options(s)
+
+
+def window_flags(s) -> None:
+    """A retrieval index's windows: their length and the step between their starts."""
+    from lab.instruments import retrieval
+    s.add_argument("--window", type=int, default=retrieval.WINDOW, help="tokens a window holds")
+    s.add_argument("--stride", type=int, default=retrieval.STRIDE, help="tokens between the starts of two windows")
+
+
+def prompt_flag(s) -> None:
+    s.add_argument("--prompt", required=True, help=RAW_PROMPT)
+
+
+def target_flag(s) -> None:
+    s.add_argument("--target", required=True, help=ONE_TOKEN)
+
+
+# --- one function a subcommand: `sub` is `lab`'s subparsers, `name` the subcommand's; each returns its parser
+
+def serve(sub, name):
+    s = sub.add_parser(name, help="serve the lab page on this machine (assets only; inference runs in the browser)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--model", default=None, help="GGUF served as the default model (default: the cached SmolLM2)")
+    return s
+
+
+def info(sub, name):
+    s = sub.add_parser(name, help="summarize a GGUF file from its header")
+    model_arg(s)
+    return s
+
+
+def selftest(sub, name):
+    s = sub.add_parser(name, help="run the GPU self-test through the native backend")
+    gpu_flags(s)
+    return s
+
+
+def generate(sub, name):
+    s = sub.add_parser(name, help="generate text natively (wgpu) with the same engine the page runs")
+    model_arg(s)
+    s.add_argument("--prompt", required=True)
+    s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
+    s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
+    sampling_flags(s)
+    engine_flags(s)
+    return s
+
+
+def tokenize(sub, name):
+    s = sub.add_parser(name, help="token ids of a text file (no BOS, no special-token parsing)")
+    model_arg(s)
+    s.add_argument("file")
+    json_flag(s)
+    return s
+
+
+def perplexity(sub, name):
+    s = sub.add_parser(name, help="perplexity of a text file in windows, as llama.cpp's llama-perplexity")
+    model_arg(s)
+    s.add_argument("text", help="a UTF-8 text file (at least 2 x --ctx tokens)")
+    ctx_flag(s, PERPLEXITY_CTX, "window length in tokens (llama-perplexity's -c)")
+    s.add_argument("--chunks", type=int, default=None, help="score at most this many windows (llama's --chunks)")
+    json_flag(s)
+    gpu_flags(s)
+    return s
+
+
+def index(sub, name):
+    s = sub.add_parser(name, help="index text files for `lab ask`: windows embedded by the model itself, saved to a "
+                                  "file (format: lab/host/index_file.py)")
+    model_arg(s)
+    s.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text or Markdown; a file that is not is refused "
+                                                            "by name and the others indexed")
+    s.add_argument("--out", required=True, metavar="INDEX", help="the index file to write")
+    window_flags(s)
+    engine_flags(s, "KV cache length in tokens (more than --window)")
+    return s
+
+
+def ask(sub, name):
+    from lab.instruments import retrieval
+    s = sub.add_parser(name, help="answer a question from an index's passages: prints the hits, the prompt verbatim "
+                                  "and the answer")
+    model_arg(s, "the GGUF that made the index")
+    s.add_argument("--index", required=True, help="a file `lab index` wrote with this model")
+    s.add_argument("--question", required=True)
+    s.add_argument("-k", type=int, default=retrieval.ASK_K,
+                   help=f"passages packed into the prompt (at most {retrieval.MAX_K})")
+    s.add_argument("--no-retrieval", action="store_true",
+                   help="answer the question alone, without passages (the index is still checked; compare "
+                        "with the same --seed)")
+    sampling_flags(s)
+    engine_flags(s, "KV cache length in tokens (prompt and answer)",
+                 'print {"hits": [{rank, file, window, start_token, end_token, score, text}], "prompt", "answer"}')
+    return s
+
+
+def retrieval_eval(sub, name):
+    from lab.instruments import retrieval
+    s = sub.add_parser(name, help="recall@1 and @5 of an index of the files on random crops of them "
+                                  "(in memory, nothing saved)")
+    model_arg(s)
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("--queries", type=int, default=retrieval.RECALL_QUERIES,
+                   help=f"random {retrieval.CROP}-token crops asked")
+    s.add_argument("--seed", type=int, default=0, help="seed of the crops")
+    window_flags(s)
+    engine_flags(s, "KV cache length in tokens (more than --window)")
+    backend_flags(s, "browser: the page in headless Chromium, indexing through the retrieval card")
+    return s
+
+
+def ablate(sub, name):
+    s = sub.add_parser(name, help="the target's log-probability with attention heads, or an attention or MLP "
+                                  "block, zeroed or mean-ablated (lab/instruments/experiments.py)")
+    model_arg(s)
+    prompt_flag(s)
+    target_flag(s)
+    s.add_argument("--layer", type=int, default=None, help="one layer (default: every layer)")
+    s.add_argument("--heads", default=None, help="query heads, comma-separated (default: every head)")
+    s.add_argument("--block", choices=("attn", "mlp"), default=None, help="a whole block per layer instead of heads")
+    s.add_argument("--mode", choices=("zero", "mean"), default="zero", help="mean: the site's mean over the prompt")
+    s.add_argument("--top", type=int, default=20, help="rows printed (the largest drops first); --json has all")
+    engine_flags(s, json_help='print {"target_id", "base_logprob", "rows": [{"layer", "head", "logprob", "delta"}]}')
+    backend_flags(s, EXPERIMENT_PAGE)
+    return s
+
+
+def patch(sub, name):
+    s = sub.add_parser(name, help="activation patching: the recovery of the target-foil logit difference when one "
+                                  "(layer, position) of the corrupted run takes the clean run's values")
+    model_arg(s)
+    s.add_argument("--clean", required=True)
+    s.add_argument("--corrupt", required=True, help="as many tokens as --clean")
+    target_flag(s)
+    s.add_argument("--foil", default=None, help="one token (default: the corrupted run's top token)")
+    s.add_argument("--site", choices=("resid", "attn", "mlp"), default="resid",
+                   help="resid: the residual after block L (l_out-L); attn: the attention output before its "
+                        "projection; mlp: the FFN's hidden after the GLU")
+    s.add_argument("--layers", default=None, help="layers, comma-separated (default: every layer)")
+    engine_flags(s, json_help='print {"target_id", "foil_id", "clean_diff", "corrupt_diff", "positions", "layers", '
+                              '"recovery": [[layer][position]]}')
+    backend_flags(s, EXPERIMENT_PAGE)
+    return s
+
+
+def steer(sub, name):
+    s = sub.add_parser(name, help="a steering vector (mean residual after --layer over --plus prompts minus "
+                                  "over --minus prompts) added times --scale at every position: the steered and "
+                                  "plain replies with the same sampler settings")
+    model_arg(s)
+    prompt_flag(s)
+    s.add_argument("--plus", action="append", required=True, help="a prompt of the direction (repeatable)")
+    s.add_argument("--minus", action="append", required=True, help="a prompt of the opposite (repeatable)")
+    s.add_argument("--layer", type=int, required=True, help="the residual after this block (l_out-L)")
+    s.add_argument("--scale", type=float, default=4.0, help="times the vector (negative: the other way)")
+    sampling_flags(s)
+    engine_flags(s, json_help='print {"layer", "scale", "vector_norm", "plain", "steered"} (each reply as `lab '
+                              'generate --json` prints it)')
+    return s
+
+
+def attribute(sub, name):
+    s = sub.add_parser(name, help="direct logit attribution: each layer's attention (and each head) and MLP "
+                                  "share of one token's logit at the last position (lab/instruments/experiments.py)")
+    model_arg(s)
+    prompt_flag(s)
+    target_flag(s)
+    engine_flags(s, json_help='print {"target_id", "logit", "embedding", "rows": [{"layer", "attn", "mlp", "heads"}], '
+                              '"remainder"}')
+    return s
+
+
+def bench(sub, name):
+    s = sub.add_parser(name, help="measure load, prefill and decode speed (or `kernels`), natively or in the page")
+    s.add_argument("model", nargs="?", default="", help="a GGUF file, or `kernels`")
+    s.add_argument("--profile", action="store_true",
+                   help="GPU time of one step by kernel family (timestamp queries): decode with --prompts 1, else a "
+                        "prefill of the largest --prompts, at the largest --contexts (browser: after the turns, the "
+                        "page's prefill of the largest prompt up to its step, and decode at the shortest and longest "
+                        "turn's context; add --chromium-flag=--enable-webgpu-developer-features, or Chromium rounds "
+                        "timestamps to 100 us)")
+    s.add_argument("--synthetic", metavar="NAME",
+                   help="benchmark a random GGUF with this model's exact tensor shapes and types, a name of "
+                        "lab/host/synthetic.py's SPECS (an unknown name prints them all); browser: the cached real "
+                        "model's header and tokenizer over random blocks (lab/host/sameshape.py), smollm2, qwen2.5 and "
+                        "gemma3 only (the others: lab bench FILE --backend browser on a written file)")
+    backend_flags(s, "browser: headless Chromium driving the real page, see lab/host/bench_browser.py; wllama: "
+                     "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench_wllama.py",
+                  ("native", "browser", "wllama"))
+    _bench_run_flags(s)
+    _bench_kernel_flags(s)
+    json_flag(s)
+    gpu_flags(s)
+    return s
+
+
+def _bench_run_flags(s) -> None:
+    """`lab bench MODEL`'s: the prompts, contexts and steps timed, and how the engine loads."""
+    s.add_argument("--prompts", default=None, help="prefill lengths (default 128,512; browser: 32, chat template "
+                                                   "included; wllama: 32, raw text of exactly that many tokens)")
+    s.add_argument("--contexts", default="0,512,2048",
+                   help="decode positions (native); one past the model's context_length is skipped, with a line on "
+                        "stderr")
+    s.add_argument("--decode", type=int, default=None,
+                   help="tokens timed at each context (default 32; browser, wllama: 8)")
+    s.add_argument("--batch", type=int, default=None, help="prefill chunk (tokens per step)")
+    s.add_argument("--int8", action="store_true",
+                   help="browser: load with the tensor-core prefill (adapters with int8 subgroup matrices)")
+    s.add_argument("--kv", choices=("f32", "f16"), default="f32",
+                   help="the KV cache's element type (f16: half the memory, each value rounded to f16; native and "
+                        "browser)")
+    s.add_argument("--warm-gpu", type=float, default=0, metavar="SECONDS",
+                   help="keep the GPU busy this long before each measured prefill, decode or profile, as llama-bench's "
+                        "warm-up run does (an idle GPU lowers its clocks; browser, 0: turns as typed after a pause)")
+
+
+def _bench_kernel_flags(s) -> None:
+    """`lab bench kernels`'s: which weight types, shapes and workgroup sizes, timed how many times."""
+    s.add_argument("--repeat", type=int, default=20, help="kernels: dispatches per timed pass")
+    s.add_argument("--types", default="", help="kernels: only these weight types (comma-separated, e.g. Q4_K,Q6_K)")
+    s.add_argument("--shapes", default="",
+                   help="kernels: rows x cols (comma-separated, e.g. 14336x4096): alone, the table's rows of these "
+                        "shapes; with --types, every one of those types at every one of these shapes")
+    s.add_argument("--wg", default="",
+                   help="kernels: matvec threads a workgroup, comma-separated (each a row of the table; default: "
+                        "lab.ops.matmul.matvec_wg's choice)")
