@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from lab.host.bench_browser import ADAPTER_JS, browser_command
+from lab.host.bench.browser import ADAPTER_JS, browser_command
 
 SUBGROUP_MATRIX_JS = (Path(__file__).parent / "subgroup_matrix_probe.js").read_text()
 

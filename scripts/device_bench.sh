@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (see docs/performance.md): Vulkan loader from .gl/, wheels from .whl/,
 # then the kernel tests and the benchmarks; results land in $OUT. MODELS: the synthetic models of `models`
-# (default all five of lab/host/synthetic.py; the same files scripts/device_llamacpp.sh gives llama.cpp).
+# (default all five of lab/host/synthetic/releases.py; the same files scripts/device_llamacpp.sh gives llama.cpp).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

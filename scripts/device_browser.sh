@@ -26,14 +26,14 @@ mkdir -p "$D" "$OUT"
 mode=${1:-all}
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 # The same-shape file of model $1 at $2 (once): the real model's header and tokenizer over random blocks
-# (lab/host/sameshape.py, the header prefixes in the pieces), or a lab/host/synthetic.py spec (the 2026 shelf:
+# (lab/host/synthetic/sameshape.py, the header prefixes in the pieces), or a lab/host/synthetic/releases.py spec (the 2026 shelf:
 # gemma4-e2b, qwen3.5-0.8b, ...) whose placeholder vocabulary the page chats with.
 same_shape() {
   [ -e "$2" ] && return 0
   if [ -e "$D/heads/$1.head" ]; then
-    python3 -m lab.host.sameshape build "$D/heads/$1.head" "$2" | tee -a "$OUT/log.txt"
+    python3 -m lab.host.synthetic.sameshape build "$D/heads/$1.head" "$2" | tee -a "$OUT/log.txt"
   else
-    python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+    python3 -c "import sys; from pathlib import Path; from lab.host.synthetic import releases as synthetic
 synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$1" "$2"
   fi
 }
@@ -154,7 +154,7 @@ print(json.dumps(d)[:600])"
   done
 fi
 
-# 4. Same-shape files of the real models (real header and tokenizer, random blocks), or of a lab/host/synthetic.py
+# 4. Same-shape files of the real models (real header and tokenizer, random blocks), or of a lab/host/synthetic/releases.py
 #    spec (MODELS="gemma4-e2b qwen3.5-0.8b": its placeholder vocabulary), each benchmarked natively and in the page.
 if [[ $mode == all || $mode == bench ]]; then
   mkdir -p "$D/ss"
@@ -197,7 +197,7 @@ if [[ $mode == all || $mode == bench ]]; then
   python3 scripts/device_browser_table.py "$OUT/bench.jsonl" | tee "$OUT/table.md"
 fi
 
-# 5. The browser peer: wllama (llama.cpp's WebGPU backend in wasm, lab/host/bench_wllama.py) and the page on the same
+# 5. The browser peer: wllama (llama.cpp's WebGPU backend in wasm, lab/host/bench/wllama.py) and the page on the same
 #    file in the same Chromium, each with Dawn's f16 toggle (wllama's WebGPU path needs shader-f16: its best case) and
 #    without it (what Chrome on Linux gives an NVIDIA card: wllama on its CPU path), every turn after 1 s of warm-up.
 #    Files: the real SmolLM2 (smollm2-real; greedy ids against llama.cpp's fixtures) and the same-shape files.

@@ -12,7 +12,7 @@
 #   - one TTF (fonts-dejavu-core): the headless shell dies at its first page without a font configuration;
 #   - Python 3.12 manylinux wheels the image lacks (native engine, page server, Playwright);
 #   - the Vulkan loader debs (the device README's recipe), the Pyodide core (web/node_modules/pyodide);
-#   - the header prefixes of the three real models (lab/host/sameshape.py rebuilds same-shape files there),
+#   - the header prefixes of the three real models (lab/host/synthetic/sameshape.py rebuilds same-shape files there),
 #     and the real SmolLM2 file for the chat parity test against the llama.cpp fixtures;
 #   - the browser peer's package (npm @wllama/wllama, installed in scripts/peer by `npm ci`): its esm/ folder, the
 #     module and its wasm, all the peer bench page loads (`device_browser.sh peer`).
@@ -69,7 +69,7 @@ echo "== Pyodide core, header prefixes"
 cp -r web/node_modules/pyodide "$W/stage/pyodide"
 for m in smollm2 qwen2.5 gemma3; do
   PYTHONPATH=$ROOT .venv/bin/python -c "
-import sys; from lab.host import models, sameshape
+import sys; from lab.host import models; from lab.host.synthetic import sameshape
 open(sys.argv[2], 'wb').write(sameshape.header_prefix(models.path(sys.argv[1])))" "$m" "$W/stage/heads/$m.head"
 done
 ls -la "$W/stage/heads"

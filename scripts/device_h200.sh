@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One run on the lent H200 for docs/performance.md's side-by-side table: the lab (native, wgpu-py on Vulkan),
 # llama.cpp with CUDA (built here from .llamacpp, scripts/device_llamacpp.sh) and PyTorch + transformers, on
-# the same synthetic GGUFs (lab/host/synthetic.py: each model's exact shapes and quant types, random blocks).
+# the same synthetic GGUFs (lab/host/synthetic/releases.py: each model's exact shapes and quant types, random blocks).
 # Carry .gl, .whl and .llamacpp (scripts/device_llamacpp_prepare.sh makes it here). Then, here:
 #   tar -xzf <files_at>/all.tgz -C DIR && python3 scripts/h200_table.py DIR [--depth 2048,8192,32768]
 # (--depth: the CONTEXTS less 0, as the run's first line prints them; the run writes that table as table.md too).
@@ -47,7 +47,7 @@ mkdir -p "$D/models"
 for m in $MODELS; do
   f=$D/models/$m.gguf      # the file device_llamacpp.sh benches (it skips writing where $f.done exists)
   if [ ! -e "$f.done" ]; then
-    python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+    python3 -c "import sys; from pathlib import Path; from lab.host.synthetic import releases as synthetic
 synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" && touch "$f.done"
   fi
 done

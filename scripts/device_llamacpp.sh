@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON the lent H200 (no network; Python 3.12 with numpy, nvcc in /usr/local/cuda/bin, cmake, 16 cores): builds
 # llama.cpp's llama-bench with CUDA from .llamacpp/llama.cpp.tar.xz (made here by scripts/device_llamacpp_prepare.sh)
-# and runs it on the lab's own synthetic GGUFs (lab/host/synthetic.py, with its placeholder vocabulary: llama.cpp
+# and runs it on the lab's own synthetic GGUFs (lab/host/synthetic/releases.py, with its placeholder vocabulary: llama.cpp
 # refuses a file without one), the files `lab bench --synthetic NAME` runs (scripts/device_bench.sh models).
 #
 #   bash scripts/device_llamacpp.sh all        # build (unless built) and wait for it, then bench: one call
@@ -126,7 +126,7 @@ bench() {
     f=$D/models/$m.gguf
     if [ ! -e "$f.done" ]; then
       local t0=$SECONDS
-      python3 -c "import sys; from pathlib import Path; from lab.host import synthetic
+      python3 -c "import sys; from pathlib import Path; from lab.host.synthetic import releases as synthetic
 synthetic.write(sys.argv[1], Path(sys.argv[2]), vocab=True)" "$m" "$f" || { log "$m: writing the GGUF failed"; continue; }
       touch "$f.done"
       log "$m: $(stat -c %s "$f") bytes written in $((SECONDS - t0)) s"

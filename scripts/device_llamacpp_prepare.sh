@@ -43,7 +43,7 @@ echo "== .llamacpp/llama.cpp.tar.xz: $size bytes ($(tar -tJf .llamacpp/llama.cpp
 if [ "$size" -gt 10000000 ]; then echo "too large for one call next to .gl and .whl: trim more" >&2; exit 1; fi
 sha256sum .llamacpp/llama.cpp.tar.xz | tee .llamacpp/llama.cpp.tar.xz.sha256
 
-# device_llamacpp.sh writes the GGUFs with lab/host/synthetic.py there: gguf-py comes from .whl/ (numpy is in the
+# device_llamacpp.sh writes the GGUFs with lab/host/synthetic/releases.py there: gguf-py comes from .whl/ (numpy is in the
 # image), as scripts/device_bench.sh installs it.
 if ! ls .whl/gguf-*.whl >/dev/null 2>&1; then
   echo "== gguf wheel missing from .whl/: fetching gguf==0.19.0"

@@ -12,7 +12,7 @@ What it reads in DIR (by content, so the file names may vary):
     the repetitions (samples_ts) ± half their range;
   - scripts/torch_bench.py's JSONL (docs/results/h200_torch.jsonl): the best of its dtype x cache rows per figure.
 The model of a lab file is its name's bench_<model>.json part (else its "model" path's stem), of a llama-bench row
-its model_filename's stem (lab/host/synthetic.py's names in both scripts), of a torch row its "model".
+its model_filename's stem (lab/host/synthetic/releases.py's names in both scripts), of a torch row its "model".
 Each depth adds three columns, one in each group: the lab's decode, llama.cpp's tg at that depth, and their ratio;
 a figure missing (a context the model cannot hold, a run cut short) is "-".
 """

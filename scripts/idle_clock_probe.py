@@ -22,7 +22,7 @@ from lab.host.native import open_native
 
 def main(path: str) -> None:
     if not path.endswith(".gguf"):
-        from lab.host import synthetic
+        from lab.host.synthetic import releases as synthetic
         path = str(synthetic.write(path, f"/tmp/{path}.gguf", vocab=True))
     dev = open_native()
     eng = Engine(dev, gguf.read_file(path), n_ctx=2200, max_batch=512)

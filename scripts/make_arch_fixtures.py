@@ -5,7 +5,7 @@ Runs only with a Python that has llama-cpp-python (the reference venv):
     LLAMA_CPP_LIB_PATH=/root/ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin \\
         /root/refvenv/bin/python scripts/make_arch_fixtures.py [SPEC[-MIX] ...]
 
-Each synthetic file is built by lab.host.synthetic_arch (fixed seeds: the tests rebuild the same bytes and
+Each synthetic file is built by lab.host.synthetic.arch (fixed seeds: the tests rebuild the same bytes and
 check the sha256 recorded here) under ~/.cache/llm-lab/synthetic, then run by llama.cpp with an F32 KV
 cache and flash attention off (type_k = type_v = 0, flash_attn=False): on F32 weights llama.cpp then
 rounds nothing of its own, so it computes the function the engine computes. A quantized mix runs as an
@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 
 OUT = ROOT / "tests" / "fixtures" / "arch"

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/make_kernel_fixtures.py
 
-The cases are lab/host/kernel_cases.py's, the ones tests/browser/test_kernels_in_worker.py runs in the worker (same
+The cases are lab/host/reference/kernel_cases.py's, the ones tests/browser/test_kernels_in_worker.py runs in the worker (same
 builders, same seeds, same inputs); their expected outputs come from the float64 references in lab/host/reference
 (kernels.py, quant.py, attention.py) and are written with a per-element scale, so that the worker can compare in pure
 Python (lab.instruments.verify.kernel_error): error = max |got - want| / scale over the output, held to the case's
@@ -20,7 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host.kernel_cases import attention_expected, deltanet_expected, make_cases, shortconv_expected
+from lab.host.reference.kernel_cases import attention_expected, deltanet_expected, make_cases, shortconv_expected
 from lab.host.reference import kernels as ref
 from lab.host.reference import quant as qo
 from lab.host.reference.ops import argmax

@@ -4,7 +4,7 @@ part of CI.
     LLAMA_CPP_LIB_PATH=/root/ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin \\
         /root/refvenv/bin/python scripts/make_long_fixtures.py [lfm2 qwen35 smollm3 gemma4]
 
-On each synthetic F32 file (lab/host/synthetic_arch.py, built with the project venv first: the tests' bytes),
+On each synthetic F32 file (lab/host/synthetic/arch.py, built with the project venv first: the tests' bytes),
 with an F32 KV cache and flash attention off as scripts/make_arch_fixtures.py runs llama.cpp:
 
   prompts   for each of PROMPTS (with the vocabulary's BOS): its ids and GREEDY_N greedy ids, each step's top-2 gap
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_arch_fixtures import greedy_on
 
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 
 OUT = ROOT / "tests" / "fixtures" / "long"

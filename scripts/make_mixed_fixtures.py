@@ -25,7 +25,7 @@ fault evaluating mixed-q4_k_m.gguf itself, 2026-12-02), and on the F32 copy llam
 quantized blocks.
 
 sameshape: tests/fixtures/mixed/sameshape-q4_k_m.json, the type llama-quantize --dry-run gives every tensor of each
-lab.host.synthetic spec whose types are "Q4_K_M" (the real sizes and the small variants), run on header-only F32
+lab.host.synthetic.releases spec whose types are "Q4_K_M" (the real sizes and the small variants), run on header-only F32
 copies of those files (sparse: the data is never read by a dry run). tests/engine/test_sameshape_models.py holds
 lab.host.synthetic.q4_k_m_types to it.
 """
@@ -49,7 +49,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host import synthetic  # noqa: E402
+from lab.host.synthetic import releases as synthetic  # noqa: E402
 
 BIN = Path(os.environ.get("LLAMA_CPP_LIB_PATH", "/root/ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"))
 OUT = ROOT / "tests" / "fixtures" / "mixed"

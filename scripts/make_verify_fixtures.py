@@ -5,7 +5,7 @@ Runs only with a Python that has llama-cpp-python (the reference venv):
     LLAMA_CPP_LIB_PATH=.../llama.cpp/build/bin /root/refvenv/bin/python scripts/make_verify_fixtures.py [smollm2 qwen2.5
     gemma3 lfm2 qwen35]
 
-(lfm2 and qwen35: the synthetic F32 hybrids of lab/host/synthetic_arch.py, built with the project venv first.)
+(lfm2 and qwen35: the synthetic F32 hybrids of lab/host/synthetic/arch.py, built with the project venv first.)
 
 Per model, the fixed prompt PROMPT (tokenized by llama.cpp with the vocabulary's BOS) is fed to llama.cpp one token
 at a time, as generation runs, and the final logits are written over the full vocabulary as little-endian f32:
@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_fixtures import f32_copy
 
-from lab.host import models, synthetic_arch
+from lab.host import models
+from lab.host.synthetic import arch as synthetic_arch
 from lab.instruments import verify
 
 OUT = ROOT / "reference"
@@ -80,7 +81,7 @@ def reference(name: str, kind: str, path: str, prompt_ids: list[int], eog: set[i
 
 
 # The hybrids the lab runs but no real weights of which are reachable here: their synthetic F32 files
-# (lab/host/synthetic_arch.py), so that the card's replay holds them to llama.cpp as it holds the real models.
+# (lab/host/synthetic/arch.py), so that the card's replay holds them to llama.cpp as it holds the real models.
 SYNTHETIC = ("lfm2", "qwen35")
 
 

@@ -36,12 +36,12 @@ def gemma_path() -> Path:
 
 
 def tiny(mix: str = "f32") -> Path:
-    """The small synthetic Llama 3 file (lab.host.synthetic_arch "llama3": 4 layers of 256, 4 query heads over 2 KV
+    """The small synthetic Llama 3 file (lab.host.synthetic.arch "llama3": 4 layers of 256, 4 query heads over 2 KV
     heads of 64, llama 3's rope_freqs, SmolLM2's vocabulary and tokenizer; 61 MB in F32), built once into the lab's
     cache.
     The engine's and the page's own logic (sessions, greedy blocks, the cards, Forget, the failures) runs on it in
     seconds; what only a real model shows (its tokenizer, its llama.cpp parity) stays on the real models."""
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     return synthetic_arch.build("llama3", mix, models.cache_dir() / "synthetic")
 
 

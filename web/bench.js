@@ -1,4 +1,4 @@
-// Page-side recorder for `lab bench --backend browser` (lab/host/bench_browser.py), which injects this file as an
+// Page-side recorder for `lab bench --backend browser` (lab/host/bench/browser.py), which injects this file as an
 // init script, so it runs before main.js. It records the worker's messages as the page receives them and gives
 // the benchmark a way to post to the worker directly; the page itself is untouched. The page never loads it.
 (() => {

@@ -110,7 +110,7 @@ globalThis.labTimePass = async (device, dispatches, writes) => {
   return Number(t[1] - t[0]);
 };
 
-// Call counters for `lab bench --backend browser` (lab/host/bench_browser.py); nothing is wrapped until the first
+// Call counters for `lab bench --backend browser` (lab/host/bench/browser.py); nothing is wrapped until the first
 // `count-calls` message, so the page pays nothing otherwise. Every call of a WebGPU method, of a lab* helper
 // and of postMessage is counted, under `python` when Python made it through pyodide.ffi, under `js` when a
 // helper's own JS did (labEncode's dispatches). Promise-returning methods also sum the milliseconds until

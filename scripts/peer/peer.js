@@ -1,5 +1,5 @@
 // The browser peer's bench page: wllama (llama.cpp's WebGPU backend in wasm, npm @wllama/wllama) on the GGUF the
-// file input holds, driven by lab/host/bench_wllama.py through `window.peerBench`. Bench-only: the lab's server
+// file input holds, driven by lab/host/bench/wllama.py through `window.peerBench`. Bench-only: the lab's server
 // serves it at /peer/ only when that bench asks (server/app.py, peer_dir), with its own CSP (wllama's workers are
 // Blob URLs) and cross-origin isolation (wllama then takes its multi-thread build by itself).
 //

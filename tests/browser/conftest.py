@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import uvicorn
 
-from lab.host.bench_browser import browser_command
+from lab.host.bench.browser import browser_command
 from server.app import create_app
 
 # Debian's Chromium on SwiftShader, unless LAB_CHROMIUM / LAB_CHROMIUM_FLAGS name another browser and flag set

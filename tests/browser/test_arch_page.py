@@ -1,5 +1,5 @@
 """One new architecture held to llama.cpp in the page itself (headless Chromium, SwiftShader WebGPU): the synthetic
-Llama 3 file (lab.host.synthetic_arch "llama3", F32: rope_freqs read from the file by the worker's one File.slice,
+Llama 3 file (lab.host.synthetic.arch "llama3", F32: rope_freqs read from the file by the worker's one File.slice,
 SmolLM2's vocabulary under the llama-bpe pre-tokenizer) is loaded through the file input, and its greedy continuation
 of the fixture's prompt, run through the worker's engine (the `labGreedyIds` test hook: the prefill and decode steps
 the chat runs, without a template), must be llama.cpp's id for id up to the first step where llama.cpp's own top-2
@@ -23,7 +23,7 @@ import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from tests.browser.conftest import take
 from tests.browser.test_layout import check_png, download, shot

@@ -1,5 +1,5 @@
 """The Experiments card in headless Chromium (SwiftShader WebGPU) on the small synthetic Llama 3 file
-(lab.host.synthetic_arch "llama3", F32: 4 layers, 4 query heads, SmolLM2's vocabulary), against the same experiments
+(lab.host.synthetic.arch "llama3", F32: 4 layers, 4 query heads, SmolLM2's vocabulary), against the same experiments
 run natively (lab.host.experiments.Lab on this machine's wgpu adapter) on the same file.
 
 - The chat goes on as if nothing ran: the KV rows of the conversation read back bit-identical after an attribution and
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.experiments import Lab
 from lab.host.models import cache_dir
 from lab.worker.experiments import ASK_S

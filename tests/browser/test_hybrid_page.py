@@ -1,6 +1,6 @@
 """Hybrids in the page (headless Chromium, SwiftShader WebGPU).
 
-The synthetic LFM2 file (lab.host.synthetic_arch "lfm2",
+The synthetic LFM2 file (lab.host.synthetic.arch "lfm2",
 F32: layers conv, conv, attention, conv, conv, attention; l_cache 3) loaded through the file input, a two-turn chat
 whose second turn continues from the states the first left (and the chat says so), and the memory card: the KV
 heatmap on the attention layers only, the conv rows the next token reads equal to the rings as read back raw
@@ -9,7 +9,7 @@ both over the conversation. The attention panel offers the attention layers only
 state left out (the page's `labForgetSkipping`) says NOT wiped and keeps that layer's rows lit from its read-back; a
 real Forget redraws every state as zero from what the GPU read back, and the raw read agrees.
 
-The synthetic Qwen3.5 file (lab.host.synthetic_arch "qwen35", F32: layers delta, delta, attention, delta, delta,
+The synthetic Qwen3.5 file (lab.host.synthetic.arch "qwen35", F32: layers delta, delta, attention, delta, delta,
 attention; 2 key heads under 4 value heads of 64; l_cache 4) likewise, with what a delta-net layer adds: a strip per
 layer of its state's norm as the tokens arrived, the picked head's 64 x 64 matrix equal to the raw state (its norm,
 its largest value and the sign of every pixel), the bytes of both state kinds and of the engine's snapshots, and Forget
@@ -28,7 +28,7 @@ import base64
 import numpy as np
 import pytest
 
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from tests.browser.conftest import take
 from tests.browser.test_layout import shot

@@ -1,4 +1,4 @@
-"""Both backends run the same WGSL: the kernel cases of lab/host/kernel_cases.py run inside the browser worker
+"""Both backends run the same WGSL: the kernel cases of lab/host/reference/kernel_cases.py run inside the browser worker
 (Chromium, SwiftShader WebGPU) and natively (wgpu-py on lavapipe), both through lab/instruments/kernelcheck.py, i.e.
 through the engine's own op builders, and both are compared with the same expected values and tolerances as
 tests/kernels.
@@ -28,7 +28,7 @@ import sys
 import pytest
 
 from lab.gpu.shaders import KernelCache
-from lab.host.kernel_cases import I8_CASES, make_cases
+from lab.host.reference.kernel_cases import I8_CASES, make_cases
 from lab.instruments import kernelcheck
 
 PER_MESSAGE = 6                   # cases per worker message
@@ -135,7 +135,7 @@ def test_reduction_path(reductions, device, worker_page):
 # The int8 GEMM (wgsl/matmul_i8.wgsl) runs only where the adapter has Chromium's int8 subgroup matrices
 # (AdapterInfo.int8_matrix: the H200 page, not SwiftShader or the native backend), so these cases run in the worker
 # alone (natively, tests/kernels/test_matmul_i8.py runs them with the matrix products written out in plain WGSL).
-# The cases and their checks: lab/host/kernel_cases.py (I8_CASES).
+# The cases and their checks: lab/host/reference/kernel_cases.py (I8_CASES).
 
 
 @pytest.fixture(scope="module")

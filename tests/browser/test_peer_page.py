@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lab.format import gguf
-from lab.host import bench_browser
-from lab.host.bench_wllama import FIXTURES, PEER, WASM, _fit
+from lab.host.bench import browser as bench_browser
+from lab.host.bench.wllama import FIXTURES, PEER, WASM, _fit
 from lab.text.tokenizer import from_metadata
 
 pytestmark = pytest.mark.skipif(not WASM.exists(), reason="scripts/peer's package is not installed (npm ci there)")

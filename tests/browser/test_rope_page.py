@@ -1,5 +1,5 @@
 """The RoPE demo card (web/rope.js) in headless Chromium (SwiftShader WebGPU) on the small synthetic Mistral-style file
-(lab.host.synthetic_arch "mistral", F32: llama's layout and adjacent pairing, 4 query heads over 1 KV head of 64, no
+(lab.host.synthetic.arch "mistral", F32: llama's layout and adjacent pairing, 4 query heads over 1 KV head of 64, no
 rope_freqs; the card's arithmetic does not depend on the model, and SmolLM2's own heads are held natively by
 tests/engine/test_rope_probe.py).
 
@@ -43,7 +43,7 @@ VIEW = {"width": 1600, "height": 1000}
 
 @pytest.fixture(scope="module")
 def lab_rope(card_page):
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     from lab.host.models import cache_dir
     return take(card_page, synthetic_arch.build("mistral", "f32", cache_dir() / "synthetic"), viewport=VIEW)
 

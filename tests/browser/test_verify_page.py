@@ -171,7 +171,7 @@ def test_card_on_a_hybrid(card_page):
     """The synthetic Qwen3.5-shaped file (gated delta-net layers: the replay's prefill and 16 decode steps carry their
     conv and recurrent states): found by its content, and every exact row passes as for the real models. The turn
     after the card reuses nothing of the turn before it, since the replay overwrote its states."""
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     from lab.host.models import cache_dir
     lab = take(card_page, synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic"))
     page = lab.page

@@ -12,7 +12,7 @@ from lab.engine.engine import Engine
 from lab.engine.load import validate
 from lab.engine.session import Session
 from lab.format import gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.host.reference import Reference

@@ -1,4 +1,4 @@
-"""Each architecture against llama.cpp, natively, on synthetic GGUFs (lab.host.synthetic_arch): llama 3 (rope_freqs),
+"""Each architecture against llama.cpp, natively, on synthetic GGUFs (lab.host.synthetic.arch): llama 3 (rope_freqs),
 Mistral-style llama, qwen3, phi3, gemma2, gemma3 1B-shaped, lfm2 (the first hybrid: short-conv and attention layers),
 each in F32, Q8_0 and a Q4_K_M-like mix.
 
@@ -44,7 +44,7 @@ import pytest
 from lab.engine.engine import Engine, read_host_values
 from lab.engine.load import validate
 from lab.format import gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from tests.conftest import FIXTURES
 

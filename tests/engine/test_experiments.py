@@ -155,7 +155,7 @@ def test_a_hybrid_keeps_its_states_through_an_experiment(device, arch):
     a recurrent state, with snapshots): an experiment between two turns puts the states and the engine's account of
     them back, so the next turn reuses them and is the turn it would have been; ablation sweeps only the attention
     layers, and attribution gives the other blocks their bar without heads."""
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     from lab.host.models import cache_dir
     lab = Lab.load(synthetic_arch.build(arch, "f32", cache_dir() / "synthetic"), 64, device=device)
     try:

@@ -24,7 +24,7 @@ from test_architectures import ARCH_FIXTURES, synthetic_dir
 from lab.engine.engine import Engine, read_host_values
 from lab.engine.load import validate
 from lab.format import gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 
 SPECS = ["llama3", "mistral", "phi3", "smollm3", "lfm2", "qwen35", "gemma4", "gemma4kv"]
 LOGIT_TOL = 1e-2

@@ -111,7 +111,7 @@ def test_memory_report_counts_the_registry(made, device, smollm2_path):
     """`lab bench`'s GPU memory: the registry's running total is its buffers' sizes, the peak is at least that,
     the weights are the file's tensor bytes once (the stacked QKV and gate/up hold no second copy) and the KV
     cache is 2 x layers x n_ctx x kv width x 4 bytes."""
-    from lab.host.bench import gpu_memory
+    from lab.host.bench.native import gpu_memory
     eng, _, _ = made
     assert device.live_bytes == sum(b.size for b in device.buffers) <= device.peak_bytes
     header = gguf.read_file(smollm2_path)

@@ -18,7 +18,7 @@ from lab.engine import budget
 from lab.engine.engine import Engine, read_host_values
 from lab.engine.load import validate
 from lab.format import gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.host.reference import Reference

@@ -20,7 +20,7 @@ from lab.engine.engine import Engine, read_host_values
 from lab.engine.load import validate
 from lab.engine.session import Session
 from lab.format import gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.settings import Settings
 from tests.conftest import FIXTURES

@@ -33,7 +33,7 @@ from lab.engine.scratch import AHEAD, SNAPSHOTS
 from lab.engine.session import Session
 from lab.format import gguf
 from lab.gpu.shaders import KernelCache
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.host.native import open_native
 from lab.instruments import forget, memory

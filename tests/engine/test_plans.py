@@ -12,7 +12,7 @@ import pytest
 from lab.engine.engine import Engine, read_host_values
 from lab.format import gguf
 from lab.format.model import from_gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.ops import KV_WRITE
 

@@ -13,7 +13,7 @@ import pytest
 from lab.engine.engine import Engine, EngineError, read_host_values
 from lab.format import gguf
 from lab.format.model import from_gguf
-from lab.host import synthetic_arch
+from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.instruments import profile
 

@@ -1,4 +1,4 @@
-"""The same-shape synthetic files of lab.host.synthetic (`lab bench --synthetic NAME`) for the 2026 releases: SmolLM3-3B,
+"""The same-shape synthetic files of lab.host.synthetic.releases (`lab bench --synthetic NAME`) for the 2026 releases: SmolLM3-3B,
 LFM2-350M and 1.2B, Qwen3.5-0.8B and 2B, Gemma 4 E2B and E4B.
 
 1. Every tensor's type is llama-quantize's: lab.host.synthetic.q4_k_m_types against what llama-quantize --dry-run
@@ -23,7 +23,7 @@ import pytest
 from lab.engine.engine import Engine, read_host_values
 from lab.format import gguf
 from lab.format.model import from_gguf
-from lab.host import synthetic
+from lab.host.synthetic import releases as synthetic
 from tests.conftest import FIXTURES
 
 NEW = ("smollm3", "lfm2-350m", "lfm2-1.2b", "qwen3.5-0.8b", "qwen3.5-2b", "gemma4-e2b", "gemma4-e4b")
@@ -39,7 +39,7 @@ def test_types_are_llama_quantizes(name):
     assert not wrong, f"{name}: {len(wrong)} types differ from llama-quantize's, e.g. {list(wrong.items())[:4]}"
 
 
-# What each release's config.json says (the sources: lab/host/synthetic.py), as the lab's Config reads it:
+# What each release's config.json says (the sources: lab/host/synthetic/releases.py), as the lab's Config reads it:
 # (n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, tied, the layers of the other kind)
 RELEASES = {
     "smollm3": (36, 2048, 11008, 16, 4, 128, 128256, True, tuple(range(3, 36, 4))),     # no RoPE

@@ -31,14 +31,14 @@ MODELS = [pytest.param("smollm2", "smollm2_path"),
 
 @pytest.fixture
 def lfm2_path():
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     from lab.host.models import cache_dir
     return synthetic_arch.build("lfm2", "f32", cache_dir() / "synthetic")
 
 
 @pytest.fixture
 def qwen35_path():
-    from lab.host import synthetic_arch
+    from lab.host.synthetic import arch as synthetic_arch
     from lab.host.models import cache_dir
     return synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
 

@@ -175,7 +175,7 @@ def test_decode_long_context(device, kernels):
     assert_ok(run_case(device, kernels, **SMOL, pos=2047, t=1, n_ctx=2048, mode="decode", seed=2))
 
 
-# The caches `lab bench --contexts 0,8192,32768 --decode 64` makes (n_ctx = context + 2 x 64 + 18, lab/host/bench.py),
+# The caches `lab bench --contexts 0,8192,32768 --decode 64` makes (n_ctx = context + 2 x 64 + 18, lab/host/bench/native.py),
 # at the default chunk as the H200 splits them: 64 keys (1 tile) x 131 chunks, 192 keys (3 tiles) x 172 chunks. The
 # last position leaves the last chunk partly filled (18 keys of 64, 82 of 192); Gemma 3's window of 512 keys is cut
 # into 8 chunks of one tile from its first key (the visible keys are chunked, not the cache). About 0.4 s each on

@@ -1,6 +1,6 @@
 """Qwen3.5's gated delta-net kernel (wgsl/deltanet.wgsl via lab.ops.deltanet) against an oracle built from the
 reference ops (lab/host/reference/ops.py: l2_norm, sigmoid, softplus, gated_delta_rule, rms_norm, silu) in float64
-(lab/host/kernel_cases.py deltanet_ref, the verification card's oracle too), over a conversation of steps through one
+(lab/host/reference/kernel_cases.py deltanet_ref, the verification card's oracle too), over a conversation of steps through one
 state buffer: a prefill chunk from position 0 over a state full of stale values, decode steps, a chunk at a position
 past 0, then a new conversation from position 0 over the state the first one left. Each step's output and the state
 it leaves are compared, with more value heads than key heads (ggml's broadcast) and as many, at S = 32 and at
@@ -19,7 +19,7 @@ import pytest
 from checks import env, env1, free, read, upload  # noqa: F401  (fixtures)
 from test_shortconv import Broken
 
-from lab.host.kernel_cases import deltanet_ref
+from lab.host.reference.kernel_cases import deltanet_ref
 from lab.host.reference import ops as ref
 from lab.ops import make_step, step_bytes
 from lab.ops.deltanet import deltanet, lanes
@@ -55,7 +55,7 @@ class Shape:
 
 
 class Oracle:
-    """The layer's recurrence in float64 (lab.host.kernel_cases.deltanet_ref: the reference ops), with its own state
+    """The layer's recurrence in float64 (lab.host.reference.kernel_cases.deltanet_ref: the reference ops), with its own state
     (never the GPU's)."""
 
     def __init__(self, shape: Shape, dt_bias, ssm_a, norm_w) -> None:

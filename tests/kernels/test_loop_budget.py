@@ -17,7 +17,7 @@ import pytest
 from lab import gpu
 from lab.engine.engine import Engine, EngineError
 from lab.format import gguf
-from lab.host import synthetic
+from lab.host.synthetic import releases as synthetic
 from lab.ops.attention import budget_keys
 
 SRC = """

@@ -4,7 +4,7 @@ The int8 GEMM runs only where Chromium offers int8 subgroup matrices (the H200 p
 tests/browser/test_kernels_in_worker.py runs these same cases). Here everything but the matrix products runs as the
 page runs it: each type's unpack to int8 (the 256-value types' blocks of 32, Q6_K's and Q3_K's halves), the double
 buffers, the per-block scaling. So a wrong byte offset, nibble, scale or half shows up here on lavapipe, against
-lab/host/kernel_cases.py's I8_CASES and their tolerance; what only the tensor cores can get wrong stays the page's.
+lab/host/reference/kernel_cases.py's I8_CASES and their tolerance; what only the tensor cores can get wrong stays the page's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from lab.host.kernel_cases import I8_CASES
+from lab.host.reference.kernel_cases import I8_CASES
 from lab.instruments import kernelcheck
 from lab.ops.matmul import I8_TYPES
 from tests.kernels.i8_plain import PlainKernels, int8_adapter

@@ -1,7 +1,7 @@
 """Configs of the architectures beyond the three real models (llama 3, Mistral-style llama, qwen3, phi3, gemma2,
 gemma3 1B-shaped), read as llama.cpp's loaders read them, and the refusals that name what is not supported.
 
-Headers are made in memory from lab.host.synthetic_arch's tensor tables (no file, no weights): what is tested
+Headers are made in memory from lab.host.synthetic.arch's tensor tables (no file, no weights): what is tested
 is lab.format.model / lab.format.checks, which only ever see the header."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from lab.format import gguf, model
 from lab.format.checks import ModelError, check_config
 from lab.format.gguf import TensorInfo
-from lab.host import synthetic_arch as sa
+from lab.host.synthetic import arch as sa
 
 N_VOCAB = 512
 

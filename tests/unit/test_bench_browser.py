@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from lab.format import gguf
-from lab.host import bench_browser, cli, models, sameshape, synthetic
+from lab.host import cli, models
+from lab.host.bench import browser as bench_browser
+from lab.host.synthetic import sameshape
+from lab.host.synthetic import releases as synthetic
 from lab.text import chat
 from lab.text.tokenizer import from_metadata
 

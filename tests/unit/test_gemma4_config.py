@@ -2,7 +2,7 @@
 with their own head size, rotated dims and base; per-layer KV heads and FFN widths; the shared-KV tail and which layer's
 cache each of its layers reads; the per-layer embedding tables; out_scale; the full layers' rope_freqs; and every
 malformed or unsupported file (the mixture-of-experts size above all) refused with a message that names the key or
-tensor. Headers are made in memory from lab.host.synthetic_arch's tables (no file, no weights)."""
+tensor. Headers are made in memory from lab.host.synthetic.arch's tables (no file, no weights)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from lab.format import model
 from lab.format.checks import ModelError
 from lab.format.gguf import TensorInfo
-from lab.host import synthetic_arch as sa
+from lab.host.synthetic import arch as sa
 from tests.unit.test_arch_config import N_VOCAB, header
 
 SPEC = sa.SPECS["gemma4"]

@@ -2,7 +2,7 @@
 l_cache, the final norm stored as token_embd_norm) and qwen35 (delta-net layers from the interval or the per-layer
 array, the ssm.* sizes, the text-only IMROPE sections, each head's [q | gate] rows as views, the multi-token-prediction
 blocks skipped and said), and every malformed or unsupported file refused with a message that names the key or
-tensor. Headers are made in memory from lab.host.synthetic_arch's tables (no file, no weights)."""
+tensor. Headers are made in memory from lab.host.synthetic.arch's tables (no file, no weights)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from lab.format import gguf, model
-from lab.host import bench, models, synthetic
+from lab.host import models
+from lab.host.bench import native as bench
+from lab.host.synthetic import releases as synthetic
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -33,7 +33,8 @@ def test_every_index_entry_is_keyed_by_its_file_content():
     (rebuilt from their fixed seeds), whose sha256 the entry also records."""
     import hashlib
 
-    from lab.host import models, synthetic_arch
+    from lab.host import models
+    from lab.host.synthetic import arch as synthetic_arch
     for digest, entry in index()["models"].items():
         if entry["file"].startswith("synthetic-"):
             p = synthetic_arch.build(entry["model"], "f32", models.cache_dir() / "synthetic")

@@ -1,5 +1,5 @@
-"""`lab bench`: a model's load, prefill and decode speed natively (lab/host/bench.py), in the page
-(lab/host/bench_browser.py) or in the wllama peer (lab/host/bench_wllama.py); `lab bench kernels`: the matvec and
+"""`lab bench`: a model's load, prefill and decode speed natively (lab/host/bench/native.py), in the page
+(lab/host/bench/browser.py) or in the wllama peer (lab/host/bench/wllama.py); `lab bench kernels`: the matvec and
 GEMM kernels alone on a table of weight types and shapes. A refused command line is one line on stderr, exit 2."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _ints(text: str) -> tuple[int, ...]:
 # --- lab bench kernels
 
 def _kernels(args) -> int:
-    from lab.host import bench as native_bench
+    from lab.host.bench import native as native_bench
     picked = _kernel_shapes(args, native_bench.KERNEL_SHAPES)
     rows = native_bench.bench_kernels(picked, repeat=args.repeat, disable=args.disable, wgs=_workgroup_sizes(args))
     if args.json:
@@ -91,7 +91,7 @@ def _workgroup_sizes(args) -> tuple[int | None, ...]:
 # --- lab bench MODEL --backend browser | wllama
 
 def _in_browser(args) -> int:
-    from lab.host import bench_browser
+    from lab.host.bench import browser as bench_browser
     from lab.instruments.profile import REPS
     _real_model_for(args, "the page chats")
 
@@ -103,7 +103,7 @@ def _in_browser(args) -> int:
 
 
 def _in_wllama(args) -> int:
-    from lab.host import bench_wllama
+    from lab.host.bench import wllama as bench_wllama
     _real_model_for(args, "wllama takes text prompts")
     if args.profile or args.int8 or args.kv != "f32":
         raise _Refused("lab bench: --profile, --int8 and --kv are the lab's; wllama has none of them "
@@ -127,7 +127,8 @@ def _real_model_for(args, why: str) -> None:
 def _in_page(args, run) -> int:
     """`run(path, chromium, flags)` on the file to bench (browser_args.model_file) in the browser the flags name,
     its result printed as JSON (one line with --json)."""
-    from lab.host import bench_browser, browser_args
+    from lab.host.bench import browser as bench_browser
+    from lab.host.bench import browser_args
     chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
     try:
         with browser_args.model_file(args.model, args.synthetic) as path:
@@ -144,7 +145,7 @@ def _native(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from lab.host import bench as native_bench
+    from lab.host.bench import native as native_bench
     with tempfile.TemporaryDirectory() as tmp:
         path = _synthetic_file(args.synthetic, Path(tmp)) if args.synthetic else args.model
         if args.profile:
@@ -163,7 +164,7 @@ def _native(args) -> int:
 def _synthetic_file(name: str, folder):
     """A random GGUF of the --synthetic model's shapes and types written in `folder`, with the placeholder vocabulary:
     the same bytes llama.cpp benchmarks (scripts/device_llamacpp.sh)."""
-    from lab.host import synthetic
+    from lab.host.synthetic import releases as synthetic
     if name not in synthetic.SPECS:
         raise _Refused(f"lab bench: --synthetic {name!r} is not one of {', '.join(synthetic.SPECS)}")
     return synthetic.write(name, folder / f"{name}.gguf", vocab=True)

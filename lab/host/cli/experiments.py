@@ -26,8 +26,8 @@ def _progress(args):
 
 
 def _experiment_in_page(args, msg: dict) -> int:
-    """`--backend browser`: the same experiment through the page's Experiments card (lab/host/bench_browser.py)."""
-    from lab.host import bench_browser
+    """`--backend browser`: the same experiment through the page's Experiments card (lab/host/bench/browser.py)."""
+    from lab.host.bench import browser as bench_browser
     chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
     try:
         out = bench_browser.experiment_page(args.model, msg, chromium=chromium, args=flags)

@@ -5,7 +5,7 @@ in `settings`, how the sampling flags read back."""
 
 from __future__ import annotations
 
-from lab.host.browser_args import add_browser_options
+from lab.host.bench.browser_args import add_browser_options
 from lab.settings import DEFAULT_CTX, PERPLEXITY_CTX, Settings
 
 RAW_PROMPT = "raw text (BOS as the vocabulary adds it; no chat template)"
@@ -60,7 +60,7 @@ def settings(args) -> Settings:
 
 
 def backend_flags(s, help: str, choices: tuple[str, ...] = ("native", "browser")) -> None:
-    """--backend and the browser's own options (lab/host/browser_args.py)."""
+    """--backend and the browser's own options (lab/host/bench/browser_args.py)."""
     s.add_argument("--backend", choices=choices, default="native", help=help)
     add_browser_options(s)
 
@@ -249,11 +249,11 @@ def bench(sub, name):
                         "timestamps to 100 us)")
     s.add_argument("--synthetic", metavar="NAME",
                    help="benchmark a random GGUF with this model's exact tensor shapes and types, a name of "
-                        "lab/host/synthetic.py's SPECS (an unknown name prints them all); browser: the cached real "
-                        "model's header and tokenizer over random blocks (lab/host/sameshape.py), smollm2, qwen2.5 and "
+                        "lab/host/synthetic/releases.py's SPECS (an unknown name prints them all); browser: the cached real "
+                        "model's header and tokenizer over random blocks (lab/host/synthetic/sameshape.py), smollm2, qwen2.5 and "
                         "gemma3 only (the others: lab bench FILE --backend browser on a written file)")
-    backend_flags(s, "browser: headless Chromium driving the real page, see lab/host/bench_browser.py; wllama: "
-                     "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench_wllama.py",
+    backend_flags(s, "browser: headless Chromium driving the real page, see lab/host/bench/browser.py; wllama: "
+                     "the browser peer (llama.cpp in wasm) in the same browser, see lab/host/bench/wllama.py",
                   ("native", "browser", "wllama"))
     _bench_run_flags(s)
     _bench_kernel_flags(s)

@@ -171,8 +171,8 @@ def retrieval_eval(args) -> int:
 
 
 def _retrieval_eval_in_page(args) -> int:
-    """`--backend browser`: the same recall measured by the page's retrieval card (lab/host/bench_browser.py)."""
-    from lab.host import bench_browser
+    """`--backend browser`: the same recall measured by the page's retrieval card (lab/host/bench/browser.py)."""
+    from lab.host.bench import browser as bench_browser
     chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
     try:
         out = bench_browser.retrieval_page(args.model, args.files, queries=args.queries, seed=args.seed,

@@ -3,7 +3,7 @@ layouts, with each kernel's tolerance and its reason, and the error measure the 
 (CPython only).
 
 The arithmetic is ops.py's, on the f32 inputs cast to float64. Nothing here touches a device: tests/kernels/checks.py
-runs the kernels natively against these, lab/host/kernel_cases.py builds the cases the browser worker and the
+runs the kernels natively against these, lab/host/reference/kernel_cases.py builds the cases the browser worker and the
 verification card run, and scripts/make_kernel_fixtures.py writes those cases' expected values.
 """
 

@@ -5,7 +5,7 @@ activation quantization, and the tolerances and error measures the matvec, matmu
 tests/unit/test_quant_blocks.py holds this dequantization to llama.cpp's own, on blocks its quantizer wrote.
 
 Nothing here touches a device: tests/kernels (through its Rig) runs the kernels against these, and
-lab/host/kernel_cases.py builds the browser worker's and the verification card's cases from them.
+lab/host/reference/kernel_cases.py builds the browser worker's and the verification card's cases from them.
 """
 
 from __future__ import annotations

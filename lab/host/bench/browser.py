@@ -21,7 +21,7 @@ reports is what the worker reports to the page: `loaded` (upload MB/s, the engin
 The browser and its flags are options (`chromium`, `args`; the CLI's --chromium / --chromium-flags /
 --chromium-flag, or LAB_CHROMIUM / LAB_CHROMIUM_FLAGS), so the same command runs on SwiftShader here and on a
 GPU's adapter elsewhere (scripts/device_browser.sh). A file without a tokenizer is refused (the page chats);
-lab/host/sameshape.py makes same-shape files that keep the real header and tokenizer.
+lab/host/synthetic/sameshape.py makes same-shape files that keep the real header and tokenizer.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ WARMUP = "Hi"
 PASSAGE = ["The", "river", "ran", "past", "the", "old", "mill", "and", "under", "the", "stone", "bridge,", "where", "children", "threw", "sticks", "into", "the", "water", "and", "watched", "them", "race", "toward", "the", "sea.", "In", "spring", "the", "banks", "filled", "with", "yellow", "flowers,", "and", "in", "autumn", "the", "leaves", "turned", "the", "current", "red", "and", "gold."]
 
 # Records the worker's messages as the page receives them, before main.js runs (`window.__labBench`).
-RECORDER = Path(__file__).resolve().parents[2] / "web" / "bench.js"
+RECORDER = Path(__file__).resolve().parents[3] / "web" / "bench.js"
 
 
 class BenchError(RuntimeError):
@@ -106,7 +106,7 @@ def _prompt_text(tok, md: dict, n: int) -> str:
 
 
 def _serve(model: Path, **app_options):
-    """The lab's server on a free port in a thread; `app_options` go to create_app (lab/host/bench_wllama.py
+    """The lab's server on a free port in a thread; `app_options` go to create_app (lab/host/bench/wllama.py
     passes peer_dir)."""
     import uvicorn
 

@@ -2,7 +2,7 @@
 
     lab bench MODEL.gguf | --synthetic NAME                     load MB/s, prefill and decode tok/s, TTFT
                          (smollm2, qwen2.5, gemma3, llama3.2-1b, llama3.1-8b, smollm3, lfm2-350m,
-                          lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b: lab/host/synthetic.py SPECS)
+                          lfm2-1.2b, qwen3.5-0.8b, qwen3.5-2b: lab/host/synthetic/releases.py SPECS)
     lab bench kernels                                           matvec GB/s and prefill GEMM GFLOP/s per type
                       [--types Q4_K,..] [--shapes 14336x4096,..] and shape of KERNEL_SHAPES, or only these (both:
                       [--wg 64,128,..]                            every type at every shape); each matvec workgroup
@@ -202,7 +202,7 @@ def bench_kernels(shapes=KERNEL_SHAPES, repeat: int = 20, tokens: int = 64, disa
 
     from lab.format.ggml import BY_NAME
     from lab.gpu.shaders import KernelCache
-    from lab.host.synthetic import random_blocks
+    from lab.host.synthetic.releases import random_blocks
     from lab.ops.matmul import matmul, matvec, matvec_wg
     from lab.ops.weights import alloc_weight, upload_weight
     device = open_native(disable=tuple(disable))

@@ -35,7 +35,7 @@ from lab.format.ggml import BY_NAME
 from lab.format.model import from_gguf
 from lab.host import models
 from lab.host.reference.quant import RANDOM_CODES, put_iq1_m_d
-from lab.host.synthetic_arch import llama3_factors
+from lab.host.synthetic.arch import llama3_factors
 
 
 @dataclass(frozen=True)
@@ -446,7 +446,7 @@ def header(s: Spec, path: Path, vocab: bool = False) -> gguf_header.Header:
 def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
     """Write the synthetic file of spec `name` (SPECS or SMALL). vocab: add the placeholder vocabulary llama.cpp
     needs (the page's chat cannot use it: `lab bench --backend browser` refuses files without a tokenizer and takes
-    the real header instead, lab/host/sameshape.py). The header and tensor table go first (checked by the lab's
+    the real header instead, lab/host/synthetic/sameshape.py). The header and tensor table go first (checked by the lab's
     from_gguf), then each tensor's bytes as they are made."""
     s = spec(name)
     rng = np.random.default_rng(seed)

@@ -4,7 +4,7 @@ wllama (npm @wllama/wllama 3.13.0, llama.cpp b12211 in wasm with its WebGPU back
 instead of the lab. Its bench page (scripts/peer: index.html, peer.js, and the package in scripts/peer/node_modules,
 installed by `npm ci` there) is served by the lab's server only for this bench (create_app's peer_dir, at
 /peer/), never by the lab page (shared/DESIGN.md, invariant 10). The server, the browser and its flags are
-lab/host/bench_browser.py's, so the same Chromium with the same adapter runs both.
+lab/host/bench/browser.py's, so the same Chromium with the same adapter runs both.
 
 What it measures, as `lab bench --backend browser` does: the load (file input to a loaded model, and MB/s of the
 file), then for each prompt length one greedy turn of decode_tokens tokens: TTFT and prefill tok/s of the
@@ -24,7 +24,7 @@ How the turns differ from the lab's, and why:
 - Greedy (temperature 0, top_k 1), the prompt cache off (`cache_prompt`), end-of-generation ignored, so each
   turn prefills its whole prompt and decodes exactly decode_tokens.
 - Timed turns never sample a token whose bytes are not valid UTF-8 on their own (a logit bias of -inf on a few
-  hundred ids): random-weight files (lab/host/sameshape.py) otherwise make llama.cpp emit invalid UTF-8, which
+  hundred ids): random-weight files (lab/host/synthetic/sameshape.py) otherwise make llama.cpp emit invalid UTF-8, which
   wllama's JSON layer rejects mid-turn. Concatenations of valid pieces stay valid; the bias costs one pass over
   that list per token. The greedy-ids call runs without it.
 - Before each timed turn, short decodes for warm_gpu_s (at least one), as the lab warms its GPU.
@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 
 from lab.format import gguf
-from lab.host.bench_browser import ADAPTER_JS, PASSAGE, BenchError, browser_page, resolve_browser
+from lab.host.bench.browser import ADAPTER_JS, PASSAGE, BenchError, browser_page, resolve_browser
 from lab.text.tokenizer import from_metadata
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PEER = ROOT / "scripts" / "peer"
 WASM = PEER / "node_modules" / "@wllama" / "wllama" / "esm" / "wasm" / "wllama.wasm"
 FIXTURES = ROOT / "tests" / "fixtures"

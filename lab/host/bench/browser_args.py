@@ -2,8 +2,8 @@
 
 The browser and its flags: --chromium PATH, --chromium-flags "..." (the whole set, shell-quoted, replacing the
 defaults) and --chromium-flag=FLAG (repeatable, appended), else LAB_CHROMIUM / LAB_CHROMIUM_FLAGS, else Debian's
-Chromium on SwiftShader (lab/host/bench_browser.py browser_command). --synthetic NAME benches a same-shape file
-made from the cached real model's header (lab/host/sameshape.py): the page needs the tokenizer.
+Chromium on SwiftShader (lab/host/bench/browser.py browser_command). --synthetic NAME benches a same-shape file
+made from the cached real model's header (lab/host/synthetic/sameshape.py): the page needs the tokenizer.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ def model_file(model: str, synthetic: str | None):
             raise ValueError("give a GGUF file, or --synthetic NAME")
         yield model
         return
-    from lab.host import models, sameshape
+    from lab.host import models
+    from lab.host.synthetic import sameshape
     real = models.path(synthetic)
     if not real.exists():
         raise ValueError(f"--synthetic {synthetic} with --backend browser keeps the real model's header and tokenizer "
                          f"(the page chats), and {real} is missing: run `make setup`, or build a file from a header "
-                         f"prefix with `python -m lab.host.sameshape build PREFIX OUT`")
+                         f"prefix with `python -m lab.host.synthetic.sameshape build PREFIX OUT`")
     with tempfile.TemporaryDirectory() as tmp:
         yield str(sameshape.build(real, Path(tmp) / f"{synthetic}.sameshape.gguf"))

@@ -2,13 +2,13 @@
 and its tensor table, byte for byte, with random but valid blocks of the same types and shapes after it
 (CPython only: numpy).
 
-lab/host/synthetic.py builds a file from a spec and has no tokenizer, so only the native benchmark can run
+lab/host/synthetic/releases.py builds a file from a spec and has no tokenizer, so only the native benchmark can run
 it; the page chats, so the browser benchmark needs a tokenizer. The header prefix is small (1.8 MB for
 SmolLM2, 5.9 MB for Qwen2.5, 6.5 MB for Gemma 3) against the file (98 / 491 / 253 MB), so the prefix is
 what travels to a GPU machine and the file is rebuilt there:
 
-    python -m lab.host.sameshape prefix REAL.gguf PREFIX      # the header bytes only
-    python -m lab.host.sameshape build PREFIX|REAL.gguf OUT   # header + random blocks, the real file's size
+    python -m lab.host.synthetic.sameshape prefix REAL.gguf PREFIX      # the header bytes only
+    python -m lab.host.synthetic.sameshape build PREFIX|REAL.gguf OUT   # header + random blocks, the real file's size
 
 The weights are noise: replies are gibberish, the timing is the real model's.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from lab.format import gguf
-from lab.host.synthetic import random_blocks
+from lab.host.synthetic.releases import random_blocks
 
 
 def header_prefix(path) -> bytes:
