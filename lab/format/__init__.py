@@ -1,6 +1,9 @@
 """The file: what a GGUF holds and what each of its values may be, before anything reaches a GPU.
 
-ggml (the tensor types, and which the kernels read) < gguf (the header reader) < checks (every metadata key's
-type and range) < model (one frozen Config per architecture, and the tensor table it expects).
+ggml (the tensor types, and which the kernels read) < iq_grids (the i-quants' grids) < gguf (the header reader)
+< rules (what one metadata key may hold, the keys every architecture reads, ModelError) < config (one frozen Config
+for every architecture) < arches (one module per architecture: its keys, flags, tensors and reading steps; inside it,
+base < each architecture's module < the registry) < checks (every metadata key's type and range, through the
+registry) < model (from_gguf, and the tensor table a Config expects).
 Standard library only; imports nothing of the lab above it.
 """

@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # Lowest first: a module may import its own group and the groups before it (docs/architecture.md, "Layers").
 LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops", "lab.engine", "lab.instruments",
           "lab.worker", "server", "lab.host"]
+# The order inside lab.format, lowest first, as its package docstring states it: a module of lab.format may import
+# the ones at its place or before it. lab.format.arches.base holds what the architectures' modules share, the package
+# (lab.format.arches) the registry of them.
+FORMAT = ["lab.format.ggml", "lab.format.iq_grids", "lab.format.gguf", "lab.format.rules", "lab.format.config",
+          "lab.format.arches.base", "lab.format.arches", "lab.format.checks", "lab.format.model"]
 # What the asset server may import of the lab: the version and the page's defaults (`lab serve` passes the model path).
 SERVER_MAY_IMPORT = {"lab", "lab.settings"}
 
@@ -31,6 +36,12 @@ def layer(mod: str) -> int:
     """The index of the longest LAYERS entry that is `mod` or a package above it."""
     best = max((g for g in LAYERS if mod == g or mod.startswith(g + ".")), key=len)
     return LAYERS.index(best)
+
+
+def format_place(mod: str) -> int:
+    """The index of the longest FORMAT entry that is `mod` or a package above it (-1: none)."""
+    found = [g for g in FORMAT if mod == g or mod.startswith(g + ".")]
+    return FORMAT.index(max(found, key=len)) if found else -1
 
 
 def imports(mod: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
@@ -104,6 +115,24 @@ def test_no_import_goes_up_the_layers():
     assert not wrong, "\n".join(wrong)
 
 
+def test_lab_format_keeps_its_order():
+    """Inside lab.format, every module has its place in FORMAT and imports none placed after it."""
+    mods = [m for m in sources() if m.startswith("lab.format.")]
+    assert not [m for m in mods if format_place(m) < 0], "modules of lab.format without a place in FORMAT"
+    wrong = [f"{m} ({FORMAT[format_place(m)]}) imports {t} ({FORMAT[format_place(t)]}) at line {line}"
+             for m, es in graph().items() if m in mods for t, line, _ in es
+             if t.startswith("lab.format.") and format_place(t) > format_place(m)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_format_docstring_states_the_order():
+    """lab/format/__init__.py names the modules in FORMAT's order (the base of arches inside arches)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "lab/format/__init__.py").read_text()))
+    names = list(dict.fromkeys(m.split(".")[2] for m in FORMAT))
+    where = [doc.find(f"{n} (") for n in names]
+    assert -1 not in where and where == sorted(where), dict(zip(names, where))
+
+
 def test_no_import_cycle():
     edges = {m: {t for t, _, _ in es if t != m} for m, es in graph().items()}
     assert not cycles(edges)
@@ -139,3 +168,12 @@ def test_an_upward_import_is_caught(tmp_path):
     found = imports("lab.format.planted", planted, set(sources()))
     assert [(t, inner) for t, _, inner in found] == [("lab.engine.budget", False), ("lab.worker.router", True)]
     assert all(layer(t) > layer("lab.format.planted") for t, _, _ in found)
+
+
+def test_a_format_import_out_of_order_is_caught(tmp_path):
+    """The order inside lab.format on a planted module: an architecture's module importing lab.format.model."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from lab.format.model import Config\n")
+    found = imports("lab.format.arches.planted", planted, set(sources()))
+    assert [t for t, _, _ in found] == ["lab.format.model"]
+    assert format_place("lab.format.model") > format_place("lab.format.arches.planted")
