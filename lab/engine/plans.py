@@ -130,8 +130,8 @@ class PlanBuilder:
             else:
                 self._attention(il)
             self._feed_forward(il)
-            if self.cfg.arch == "gemma4":
-                self._gemma4_tail(il)
+            if self.cfg.block_tail:
+                self._block_tail(il)
         self._output()
         return self.plan
 
@@ -145,7 +145,7 @@ class PlanBuilder:
     def _per_layer_inputs(self) -> None:
         """gemma4's per-layer inputs, once a step (project_per_layer_inputs): the token's rows of per_layer_token_embd
         times sqrt(width), plus the scaled embedding through per_layer_model_proj times 1/sqrt(n_embd), RMS-normed per
-        layer slice (per_layer_proj_norm); the sum times 1/sqrt(2). Layer il reads its slice in _gemma4_tail."""
+        layer slice (per_layer_proj_norm); the sum times 1/sqrt(2). Layer il reads its slice in _block_tail."""
         cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
         P = cfg.n_embd_per_layer
         N = cfg.n_layer * P
@@ -159,7 +159,7 @@ class PlanBuilder:
         self.add(elementwise.scale(dev, kernels, s.per_layer, s.step, N, 1.0 / math.sqrt(2.0)),
                  "inp_per_layer", s.per_layer, N)
 
-    def _gemma4_tail(self, il: int) -> None:
+    def _block_tail(self, il: int) -> None:
         """What a gemma4 block adds after its FFN's residual (pe_in): the per-layer embedding, GELU of inp_gate times
         this layer's slice of the per-layer inputs -> proj -> post_norm, added to x; then x times layer_output_scale."""
         cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
@@ -286,8 +286,8 @@ class PlanBuilder:
             self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
             self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[b + "post_ffw_norm.weight"],
                                    s.tmp, s.step, E, cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
-            # gemma4's block goes on (_gemma4_tail): the residual here is what llama.cpp calls pe_in
-            self.trace(f"{'pe_in' if cfg.arch == 'gemma4' else 'l_out'}-{il}", s.x, E)
+            # gemma4's block goes on (_block_tail): the residual here is what llama.cpp calls pe_in
+            self.trace(f"{'pe_in' if cfg.block_tail else 'l_out'}-{il}", s.x, E)
         else:
             self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts), f"l_out-{il}", s.x, E)
 

@@ -47,11 +47,10 @@ def conv_ring(cfg: Config) -> int:
 
 
 def qkv_width(cfg: Config, il: int) -> int:
-    """Floats of layer il's projection row: [q | k | v] (qwen35: | gate); gemma4 per layer, Q alone on a layer that
-    reads an earlier layer's K/V."""
-    if cfg.arch != "gemma4":
-        return cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)
-    return cfg.q_dim_of(il) + (2 * cfg.kv_dim_of(il) if cfg.has_kv(il) else 0)
+    """Floats of layer il's projection row: [q | k | v] (qwen35: | gate), in the layer's own sizes (gemma4's differ
+    by layer); Q alone on a layer that reads an earlier layer's K/V."""
+    q = cfg.q_dim_of(il)
+    return q + (2 * cfg.kv_dim_of(il) if cfg.has_kv(il) else 0) + (q if cfg.attn_gate else 0)
 
 
 def prefill_batch(info) -> int:
@@ -101,9 +100,7 @@ class Scratch:
     def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
               int8: bool = False, kv: str = "f32") -> Scratch:
         conv, f32 = gpu.CONVERSATION, 4
-        W = cfg.q_dim + 2 * cfg.kv_dim + (cfg.q_dim if cfg.attn_gate else 0)   # [q | k | v] (qwen35: | gate)
-        if cfg.arch == "gemma4":    # each layer its own widths: the widest row
-            W = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
+        W = max(qkv_width(cfg, il) for il in range(cfg.n_layer))     # the widest projection row of a layer
         A = max(cfg.q_dim, cfg.ssm_inner)       # attention's output, or a delta-net layer's gated-norm output
         rows = B if logits_all else 1
         # a cache per attention layer with K/V of its own (gemma4's shared-KV layers read an earlier layer's)

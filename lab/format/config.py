@@ -73,6 +73,7 @@ class Config:
     n_embd_per_layer: int = 0           # gemma4: one layer's slice of per_layer_token_embd [n_layer x this, n_vocab]
     v_norm: bool = False                # gemma4: V RMS-normed per head without a weight
     out_scale: bool = False             # gemma4: blk.N.layer_output_scale [1] multiplies each block's output
+    block_tail: bool = False            # gemma4: each block ends with its per-layer input (and output scale)
     rope_freqs_full: bool = False       # gemma4: rope_freqs (proportional RoPE) read by the full layers only
     v_is_k: tuple[bool, ...] = ()       # gemma4: per layer True where the file has no attn_v: V is K's projection
                                         # (attention_k_eq_v; llama.cpp: "if v_proj is not present, use k_proj")

@@ -54,7 +54,7 @@ def _layer_sizes(kv: dict, n_layer: int, n_head: int, tensors: dict, why: dict[s
         f"{a}embedding_length_per_layer_input = {kv['embedding_length_per_layer_input']}"))
     return dict(head_dim_swa=hd_swa, n_rot_swa=n_rot_swa, kv_heads=per_layer.get("attention.head_count_kv", ()),
                 ff_widths=per_layer.get("feed_forward_length", ()), kv_from_start=kv_from,
-                n_embd_per_layer=kv["embedding_length_per_layer_input"], v_norm=True,
+                n_embd_per_layer=kv["embedding_length_per_layer_input"], v_norm=True, block_tail=True,
                 out_scale="blk.0.layer_output_scale.weight" in tensors,
                 v_is_k=tuple(f"blk.{il}.attn_v.weight" not in tensors and (kv_from < 0 or il < kv_from)
                              for il in range(n_layer)),
