@@ -8,9 +8,18 @@ from pathlib import Path
 import pytest
 
 from lab.host import models
+from lab.host.synthetic import arch as synthetic_arch
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+
+# The architectures the tests run, from one list: lab/host/synthetic/arch.py's specs, each a published layout at a
+# small size. The default run takes those on SmolLM2's 49,152-token vocabulary; the big-vocabulary ones (qwen3's
+# 151,936 tokens, the gemmas' 262,144: 270 MB of F32 weights) run with --slow.
+ARCH_SPECS = tuple(synthetic_arch.SPECS)
+SMALL_VOCAB_SPECS = tuple(name for name, spec in synthetic_arch.SPECS.items() if spec.vocab == "smollm2")
+# The specs llama.cpp's long runs were made for (scripts/make_long_fixtures.py writes tests/fixtures/long/SPEC.json)
+LONG_SPECS = tuple(sorted(p.stem for p in (FIXTURES / "long").glob("*.json")))
 
 
 def _model(name: str) -> Path:
@@ -41,7 +50,6 @@ def tiny(mix: str = "f32") -> Path:
     cache.
     The engine's and the page's own logic (sessions, greedy blocks, the cards, Forget, the failures) runs on it in
     seconds; what only a real model shows (its tokenizer, its llama.cpp parity) stays on the real models."""
-    from lab.host.synthetic import arch as synthetic_arch
     return synthetic_arch.build("llama3", mix, models.cache_dir() / "synthetic")
 
 

@@ -26,6 +26,7 @@ from gguf.quants import dequantize
 from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from tests.browser.conftest import take
+from tests.conftest import LONG_SPECS
 from tests.browser.test_layout import check_png, download, shot
 from tests.conftest import FIXTURES
 
@@ -138,7 +139,7 @@ def test_a_2026_architecture_in_the_page_is_llama_cpps(arch_lab, spec):
 
 
 @pytest.mark.slow   # 3 x 48 ids and two turns per file on SwiftShader: natively by default (test_long_parity.py)
-@pytest.mark.parametrize("spec", ["lfm2", "qwen35", "smollm3", "gemma4"])
+@pytest.mark.parametrize("spec", LONG_SPECS)
 def test_48_tokens_and_two_turns_in_the_page(arch_lab, spec):
     """As tests/engine/test_long_parity.py, in the page's worker: 48 greedy ids after each of three prompts, and a
     two-turn chat through the worker's Session whose second turn reuses what the first left and is still llama.cpp's."""

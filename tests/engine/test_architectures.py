@@ -46,7 +46,7 @@ from lab.engine.load import validate
 from lab.format import gguf
 from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
-from tests.conftest import FIXTURES
+from tests.conftest import ARCH_SPECS, FIXTURES, SMALL_VOCAB_SPECS
 
 ARCH_FIXTURES = FIXTURES / "arch"
 F32_TOL = 2e-2          # max |logit diff| vs llama.cpp on F32 files (reason above)
@@ -57,8 +57,7 @@ REF_TOL = 1e-3          # engine vs numpy reference, relative to max |ref| (meas
 # phi3, smollm3, lfm2), ~1 min on lavapipe with the cores to itself (lfm2: 6 s). qwen3 (151936 tokens) and the gemmas
 # (262144 tokens, 270 MB of F32 weights) and every quantized mix are behind --slow (the gemma2 file alone took 9 min on
 # a loaded machine).
-DEFAULT = {("llama3", "f32"), ("mistral", "f32"), ("phi3", "f32"), ("smollm3", "f32"), ("lfm2", "f32"), ("qwen35", "f32"),
-           ("gemma4", "f32"), ("gemma4kv", "f32")}
+DEFAULT = {(spec, "f32") for spec in SMALL_VOCAB_SPECS}
 
 
 def _cases() -> list:

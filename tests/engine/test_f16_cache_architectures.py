@@ -25,8 +25,9 @@ from lab.engine.engine import Engine, read_host_values
 from lab.engine.load import validate
 from lab.format import gguf
 from lab.host.synthetic import arch as synthetic_arch
+from tests.conftest import SMALL_VOCAB_SPECS
 
-SPECS = ["llama3", "mistral", "phi3", "smollm3", "lfm2", "qwen35", "gemma4", "gemma4kv"]
+SPECS = SMALL_VOCAB_SPECS
 LOGIT_TOL = 1e-2
 NEAR_TIE = 0.05
 GREEDY = 8

@@ -23,10 +23,10 @@ from lab.format import gguf
 from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 from lab.settings import Settings
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, LONG_SPECS
 
 NEAR_TIE = 0.01
-SPECS = ("lfm2", "qwen35", "smollm3", "gemma4")
+SPECS = LONG_SPECS
 
 
 def fixture(spec: str) -> dict:
