@@ -9,7 +9,7 @@
 // head's bar picks that layer and head for the panels in return.
 // Everything that comes from the user (prompts, tokens, replies) is set as text (textContent), never parsed as HTML.
 // Its state is store.experiments (freshExperiments): main.js hands the worker's messages to the update functions
-// below and calls renderExperiments on every render.
+// below; its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderExperiments.
 import { BLUE, GREEN, node as el, RED, rgba, shown, withTestid as testid } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
@@ -629,3 +629,20 @@ export function drawExperiments(canvas, store) {
   ctx.translate(W + 20, 0);
   drawLines(ctx, 0, ["unsteered", "", ...b]);
 }
+
+// ---- its place in the page (web/cards.js): a new chat keeps the results; Forget drops them and the prompts typed,
+// another file and a lost GPU the results (they were that model's), and Forget's report says whether its buffers read
+// back as zero.
+export const card = {
+  key: "experiments",
+  fresh: freshExperiments,
+  render: renderExperiments,
+  wire: (store, worker, page) => wireExperiments(store, worker, page.render, page.sampling,
+    { selectHead: page.selectHead }),
+  exports: (store, register) => register("experiments", { data: () => experimentsData(store),
+                                                          draw: (canvas) => drawExperiments(canvas, store) }),
+  loaded: (store, stats, worker) => experimentsLoaded(store, worker),
+  forgetting: (store, worker) => dropExperiments(store.experiments, worker, true),
+  forgotten: (store, report) => experimentsForgotten(store.experiments, report),
+  dropped: (store, worker) => dropExperiments(store.experiments, worker),
+};

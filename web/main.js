@@ -1,8 +1,8 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
-// The cards with state of their own (web/context.js, verify.js, rope.js, perplexity.js, retrieval.js, experiments.js)
-// keep it here, under their key: each module makes its key (fresh*), changes only that key through the functions
-// main.js calls with it (the worker's messages, a load, a dropped conversation) and its own event handlers (wire*),
-// and renders from the store.
+// The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js,
+// perplexity.js, retrieval.js, experiments.js) keep it here, under their key: each module makes its key, changes only
+// that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
+// moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
 import {
   fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
@@ -10,21 +10,16 @@ import {
 } from "/web/panels.js";
 import { refreshExports, registerExport, revokeExports } from "/web/export.js";
 import { probeExports } from "/web/probe-exports.js";
+import { CARDS, each } from "/web/cards.js";
+import { verifyFailed, verifyKernels, verifyProgress, verifyResult } from "/web/verify.js";
+import { ropeAnswer, ropeFailed } from "/web/rope.js";
+import { pplFailed, pplProgress, pplResult } from "/web/perplexity.js";
 import {
-  freshVerify, renderVerify, verifyFailed, verifyFileLoaded, verifyKernels, verifyProgress, verifyResult, wireVerify,
-} from "/web/verify.js";
-import { drawRope, dropRope, freshRope, renderRope, ropeAnswer, ropeData, ropeFailed, wireRope } from "/web/rope.js";
-import {
-  dropPerplexity, freshPerplexity, pplFailed, pplProgress, pplResult, renderPerplexity, wirePerplexity,
-} from "/web/perplexity.js";
-import {
-  dropRetrieval, freshRetrieval, renderRetrieval, retrievalAnswer, retrievalFailed, retrievalForgotten, retrievalHits,
-  retrievalLoaded, retrievalPlan, retrievalProgress, retrievalReady, retrievalRecall, retrievalToken, wireRetrieval,
+  retrievalAnswer, retrievalFailed, retrievalHits, retrievalPlan, retrievalProgress, retrievalReady, retrievalRecall,
+  retrievalToken,
 } from "/web/retrieval.js";
 import {
-  drawExperiments, dropExperiments, experimentFailed, experimentPlan, experimentProgress, experimentResult,
-  experimentsData, experimentsForgotten, experimentsLoaded, experimentToken, experimentTokens, freshExperiments,
-  renderExperiments, wireExperiments,
+  experimentFailed, experimentPlan, experimentProgress, experimentResult, experimentToken, experimentTokens,
 } from "/web/experiments.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
@@ -57,11 +52,9 @@ const store = {
   busy: { embedding: false, inspect: 0, forget: false },
   // The cards with state of their own: each module owns the shape of its key and the functions that update it.
   contextLength: freshContextLength(),                   // web/context.js: the context the next load makes, its budget
-  verify: freshVerify(),                                 // web/verify.js: the llama.cpp checks
-  rope: freshRope(),                                     // web/rope.js: the RoPE demo
-  perplexity: freshPerplexity(),                         // web/perplexity.js: a pasted text's perplexity
-  retrieval: freshRetrieval(),                           // web/retrieval.js: the index of the user's files, the asks
-  experiments: freshExperiments(),                       // web/experiments.js: ablation, patching, steering, attribution
+  // web/cards.js's: verify (the llama.cpp checks), rope (the RoPE demo), perplexity (a pasted text's perplexity),
+  // retrieval (the index of the user's files, the asks), experiments (ablation, patching, steering, attribution)
+  ...Object.fromEntries(CARDS.map((card) => [card.key, card.fresh()])),
 };
 
 // used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
@@ -79,6 +72,8 @@ function freshMemory(mem, pick) {
            pick: pick ?? { layer: mem && mem.delta ? mem.delta.layers[0] : 0, head: 0 } };
 }
 const dropMemory = () => { store.memory = freshMemory(store.loaded && store.loaded.memory, store.memory.pick); };
+// A card's run overwrote the KV cache from position 0 (perplexity, retrieval): the chat's KV and memory pictures go.
+const dropKvPicture = () => { store.kv = freshKv(); dropMemory(); };
 
 function freshProbe() {
   return { attention: null, lens: null, residual: new Map() };  // residual: position -> Float32Array [n_layer + 1]
@@ -224,8 +219,14 @@ const panelActions = { selectHead: (h) => { store.attn.head = h; render(); } };
 const memoryActions = {
   pickState: (layer, head) => { store.memory.pick = { layer, head }; store.memory.rev++; requestMemoryHead(); render(); },
 };
-// The Experiments card picks a layer and a head for the panels (a heatmap cell, a head's bar).
-const experimentActions = { selectHead: (layer, head) => { store.attn = { layer, head }; render(); } };
+// What a card's own event handlers may ask of the page (web/cards.js wire): a render, the chat's sampling inputs (the
+// retrieval answers and steering use them too), and the panels' layer and head (the Experiments card's heatmap cells
+// and head bars pick them).
+const page = {
+  render: () => render(),
+  sampling: () => ({ settings: settings(), max_new: maxNew() }),
+  selectHead: (layer, head) => { store.attn = { layer, head }; render(); },
+};
 
 function render() {
   $("boot").textContent = store.boot;
@@ -238,12 +239,8 @@ function render() {
   renderLens(store);
   renderKv(store, memoryActions);
   renderForget(store);
-  renderVerify(store);
   renderContext(store);
-  renderRope(store);
-  renderPerplexity(store);
-  renderRetrieval(store);
-  renderExperiments(store);
+  each("render", store);
   refreshExports();
 }
 
@@ -347,16 +344,14 @@ function clearConversation() {
   store.selected = null; store.embedding = null; store.probe = freshProbe(); store.kv = freshKv();
   dropMemory();
   revokeExports();
-  dropRope(store.rope);
-  dropPerplexity(store.perplexity, worker);
+  each("cleared", store, worker);
 }
 
 // `skip` is for tests only (window.labForgetSkipping): the label of one buffer the wipe must leave alone.
-// A new chat keeps the retrieval index (the user's files, not the conversation); Forget wipes it with the rest.
+// A new chat keeps what a card holds beyond the conversation (the retrieval index: the user's files); Forget wipes it.
 function forgetAll(skip) {
   clearConversation();
-  dropRetrieval(store.retrieval, worker);
-  dropExperiments(store.experiments, worker, true);
+  each("forgetting", store, worker);
   $("prompt").value = "";
   $("system-prompt").value = "";
   store.forget = null;
@@ -427,8 +422,7 @@ const onWorker = {
     if (!current(m)) return;
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
     store.loading = null; store.kv = freshKv(); store.memory = freshMemory(m.stats.memory);
-    retrievalLoaded(store.retrieval, m.stats);
-    experimentsLoaded(store, worker);
+    each("loaded", store, m.stats, worker);
   },
   prompt: (m) => {
     if (store.dropTurn) return;
@@ -467,8 +461,7 @@ const onWorker = {
   forget: (m) => {
     store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv;
     store.memory.after = m.memory; store.memory.rev++;
-    retrievalForgotten(store.retrieval, m.report);
-    experimentsForgotten(store.experiments, m.report);
+    each("forgotten", store, m.report);
   },
   "kv-view": (m) => {
     if (store.dropTurn) return;
@@ -496,13 +489,13 @@ const onWorker = {
   verify: (m) => { if (verifyResult(store.verify, m)) store.kv.used = 0; },
   rope: (m) => ropeAnswer(store.rope, m, store.context.length),
   // a run overwrites the KV cache from position 0, so the KV picture of the chat is dropped
-  "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) { store.kv = freshKv(); dropMemory(); } },
+  "perplexity-progress": (m) => { if (pplProgress(store.perplexity, m)) dropKvPicture(); },
   perplexity: (m) => pplResult(store.perplexity, m),
   // embedding windows and questions overwrites the KV cache from position 0: the chat's KV picture is dropped
   "retrieval-plan": (m) => retrievalPlan(store.retrieval, m),
-  "retrieval-progress": (m) => { if (retrievalProgress(store.retrieval, m)) { store.kv = freshKv(); dropMemory(); } },
+  "retrieval-progress": (m) => { if (retrievalProgress(store.retrieval, m)) dropKvPicture(); },
   "retrieval-ready": (m) => retrievalReady(store.retrieval, m),
-  "retrieval-hits": (m) => { if (retrievalHits(store.retrieval, m)) { store.kv = freshKv(); dropMemory(); } },
+  "retrieval-hits": (m) => { if (retrievalHits(store.retrieval, m)) dropKvPicture(); },
   "retrieval-token": (m) => retrievalToken(store.retrieval, m),
   "retrieval-answer": (m) => retrievalAnswer(store.retrieval, m),
   "retrieval-recall": (m) => retrievalRecall(store.retrieval, m),
@@ -538,8 +531,7 @@ const onError = {
   load: loadFailed,
   init: (m) => { store.error = m.message; store.boot = "no GPU: the lab cannot run here"; },
   device: (m) => {   // the worker asks for a new device at once: its "gpu" message makes loading possible again
-    clearConversation(); store.dropTurn = false; dropRetrieval(store.retrieval, worker);
-    dropExperiments(store.experiments, worker);
+    clearConversation(); store.dropTurn = false; each("dropped", store, worker);
     store.error = m.message; store.boot = "GPU lost"; store.loaded = null; store.loading = null;
     store.generating = false; store.gpu = null; store.selftest = null;
   },
@@ -580,9 +572,8 @@ function load(file) {
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
   newChat();
-  dropRetrieval(store.retrieval, worker);       // the index was the old model's embeddings
-  dropExperiments(store.experiments, worker);   // so were the results
-  verifyFileLoaded(store.verify, file);
+  each("dropped", store, worker);     // what the cards held of the old model (the index: its embeddings)
+  each("picked", store, file);
   worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
                        kv: kvType(), seq: ++store.loadSeq });
   render();
@@ -644,14 +635,9 @@ $("tokens").addEventListener("click", (e) => {
 });
 $("tokens").addEventListener("keydown", stripKey);
 for (const [id, exp] of probeExports(store)) registerExport(id, exp);
-registerExport("rope", { data: () => ropeData(store), draw: (canvas) => drawRope(canvas, store), ready: () => true });
-registerExport("experiments", { data: () => experimentsData(store), draw: (canvas) => drawExperiments(canvas, store) });
+each("exports", store, registerExport);
 wireContext(store, load);
-wireVerify(store, worker, render);
-wireRope(store, worker, render);
-wirePerplexity(store, worker, render);
-wireRetrieval(store, worker, render, () => ({ settings: settings(), max_new: maxNew() }));
-wireExperiments(store, worker, render, () => ({ settings: settings(), max_new: maxNew() }), experimentActions);
+each("wire", store, worker, page);
 watchPanels();
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });

@@ -5,8 +5,8 @@
 // after every step and answers with the chunks it finished.
 // The pasted text is conversation-like data: it is never stored (it stays in the textarea), and dropPerplexity
 // (Forget, New chat, a new model) empties the textarea, drops the result and stops a run in flight.
-// Its state is store.perplexity (freshPerplexity): main.js hands the worker's messages to the update functions below
-// and calls renderPerplexity on every render.
+// Its state is store.perplexity (freshPerplexity): main.js hands the worker's messages to the update functions below;
+// its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderPerplexity.
 const $ = (id) => document.getElementById(id);
 
 // The windows offered (tokens), within the bounds the template writes on the select from lab.settings
@@ -145,3 +145,12 @@ export function renderPerplexity(store) {
   renderStatus(store);
   renderResult(s.result);
 }
+
+// ---- its place in the page (web/cards.js): the pasted text goes with the conversation -------------------------------
+export const card = {
+  key: "perplexity",
+  fresh: freshPerplexity,
+  render: renderPerplexity,
+  wire: (store, worker, page) => wirePerplexity(store, worker, page.render),
+  cleared: (store, worker) => dropPerplexity(store.perplexity, worker),
+};

@@ -6,8 +6,8 @@
 // text (textContent), never parsed as HTML: a file may hold <script> or <img onerror=...>, and they show as written.
 // The files are conversation-like data: the File objects are held only until Index sends them, nothing is stored, and
 // dropRetrieval (Forget, a new model, a lost GPU) empties the card and stops what runs; a new chat keeps the index.
-// Its state is store.retrieval (freshRetrieval): main.js hands the worker's messages to the update functions below
-// and calls renderRetrieval on every render.
+// Its state is store.retrieval (freshRetrieval): main.js hands the worker's messages to the update functions below;
+// its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderRetrieval.
 import { node as el, withTestid as testid } from "/web/panels.js";
 
 const $ = (id) => document.getElementById(id);
@@ -365,3 +365,16 @@ export function renderRetrieval(store) {
   renderRecall(s);
   renderWiped(s);
 }
+
+// ---- its place in the page (web/cards.js): a new chat keeps the index (the user's files, not the conversation);
+// Forget, another file and a lost GPU drop it, and Forget's report says whether its buffers read back as zero.
+export const card = {
+  key: "retrieval",
+  fresh: freshRetrieval,
+  render: renderRetrieval,
+  wire: (store, worker, page) => wireRetrieval(store, worker, page.render, page.sampling),
+  loaded: (store, stats) => retrievalLoaded(store.retrieval, stats),
+  forgetting: (store, worker) => dropRetrieval(store.retrieval, worker),
+  forgotten: (store, report) => retrievalForgotten(store.retrieval, report),
+  dropped: (store, worker) => dropRetrieval(store.retrieval, worker),    // the index was the old model's embeddings
+};

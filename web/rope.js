@@ -6,8 +6,8 @@
 //    that query. This card rotates them with both pairings and shows both score rows next to the engine's: the
 //    model's pairing reproduces the engine's row (a check mark, within MATCH_TOL), the other one does not.
 // Its state is store.rope (freshRope): main.js hands the worker's "rope" messages and "probe-rope" errors to
-// ropeAnswer and ropeFailed, calls dropRope whenever the conversation is dropped (Forget, new chat, a new model: the
-// q and k it holds come from the conversation), and renderRope on every render.
+// ropeAnswer and ropeFailed; its `card` (web/cards.js) runs dropRope whenever the conversation is dropped (Forget, new
+// chat, a new model: the q and k it holds come from the conversation), and renderRope on every render.
 import { BLUE, el, fillSelect, noRopeStep, rgba, selectedPos, shown } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
@@ -418,3 +418,14 @@ export function drawRope(canvas, store) {
   drawLines(ctx, 0, lines);
   if (spec) drawHeatmap(ctx, linesHeight(lines.length) + 16, spec);
 }
+
+// ---- its place in the page (web/cards.js): the q and k it holds go with the conversation ---------------------------
+export const card = {
+  key: "rope",
+  fresh: freshRope,
+  render: renderRope,
+  wire: (store, worker, page) => wireRope(store, worker, page.render),
+  exports: (store, register) => register("rope", { data: () => ropeData(store), draw: (canvas) => drawRope(canvas, store),
+                                                   ready: () => true }),
+  cleared: (store) => dropRope(store.rope),
+};

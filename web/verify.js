@@ -1,7 +1,8 @@
 // The verification card: "Does it match llama.cpp?". It asks the worker (lab/worker/verify.py) to replay the fixed
 // prompt of the loaded file's reference and to run the kernel fixtures, and renders what comes back; it computes
-// nothing itself. Its state is store.verify (freshVerify): main.js calls verifyFileLoaded on a load, hands the
-// worker's "verify*" messages and errors to the update functions below, and calls renderVerify on every render.
+// nothing itself. Its state is store.verify (freshVerify): main.js hands the worker's "verify*" messages and errors to
+// the update functions below; its `card` (web/cards.js) runs verifyFileLoaded when a file is picked, and renderVerify
+// on every render.
 const $ = (id) => document.getElementById(id);
 
 function cell(text, cls) {
@@ -152,3 +153,12 @@ export function renderVerify(store) {
   renderRows(s);
   renderKernels(s);
 }
+
+// ---- its place in the page (web/cards.js): another file picked resets what the card showed of the last one ---------
+export const card = {
+  key: "verify",
+  fresh: freshVerify,
+  render: renderVerify,
+  wire: (store, worker, page) => wireVerify(store, worker, page.render),
+  picked: (store, file) => verifyFileLoaded(store.verify, file),
+};

@@ -27,8 +27,9 @@ steered and unsteered replies are generated on a session of their own, each from
 Settings (so the same seed): the chat's session never sees them.
 
 The Experiments object (its GPU buffers, kind CONVERSATION) is made on the first experiment and held by the loaded
-model (lab/worker/state.py `Loaded.experiments`): Forget wipes its buffers with the rest while they are alive and then
-closes it (router.py `_forget`); a new load, an unload and a lost device close it (`Loaded.drop_experiments`).
+model (its state `cards.EXPERIMENTS` in lab/worker/state.py `Loaded.cards`): Forget wipes its buffers with the rest
+while they are alive and then closes it (router.py `_forget`); a new load, an unload and a lost device close it
+(lab/worker/cards.py says so).
 
 What it does not know: the page (it posts dicts), how an experiment runs (lab/instruments/experiments.py), chat
 templates (lab/text/chat.py renders the steering prompt as a user message when asked).
@@ -44,6 +45,7 @@ from lab.instruments.interventions import InterventionError
 from lab.settings import MAX_NEW, Settings
 from lab.text import chat
 from lab.text.tokens import token_id
+from lab.worker.cards import EXPERIMENTS
 from lab.worker.state import Loaded, Worker
 
 ASK_S = 30.0            # a sweep estimated longer than this waits for the user's go-ahead (or a smaller sweep)
@@ -207,10 +209,8 @@ def _float(msg: dict, key: str) -> float:
 
 # -- the Experiments object of the loaded engine -----------------------------------------------------------------
 def _of(lo: Loaded) -> Experiments:
-    """The loaded model's experiments (lab/worker/state.py `Loaded.experiments`), made on the first experiment."""
-    if lo.experiments is None:
-        lo.experiments = Experiments(lo.engine)
-    return lo.experiments
+    """The loaded model's experiments (`cards.EXPERIMENTS`), made on the first experiment."""
+    return lo.made(EXPERIMENTS, lambda: Experiments(lo.engine))
 
 
 # -- the handlers ---------------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ card is web/retrieval.js; the index itself is lab/instruments/retrieval.py).
         "retrieval-recall" {seq, recall}
     retrieval-drop {seq}  ->  "retrieval-dropped" {seq}
 
-The index belongs to the loaded model (`Loaded.index`): a new chat keeps it (the user's files are not the
-conversation), Forget wipes it with the rest and then drops it (router.py `_forget`), a new load, an unload and a lost
-device drop it. A new index replaces the old one, which is dropped before the new files are read.
+The index belongs to the loaded model (its state `cards.INDEX` in `Loaded.cards`): a new chat keeps it (the user's
+files are not the conversation), Forget wipes it with the rest and then drops it (router.py `_forget`), a new load, an
+unload and a lost device drop it (lab/worker/cards.py says so). A new index replaces the old one, which is dropped
+before the new files are read.
 
 Embedding windows and questions overwrites the engine's KV cache from position 0, as a perplexity run does, so the
 chat session is told its cache holds nothing (`session.reset()`) before each build, search and recall. The answer
@@ -45,6 +46,7 @@ from lab.instruments.retrieval import (
 )
 from lab.settings import MAX_NEW, Settings
 from lab.text import chat
+from lab.worker.cards import INDEX
 from lab.worker.state import Loaded, Worker
 
 NO_INDEX = "no index: index some files first (pick or drop text files above, then press Index)"
@@ -65,9 +67,10 @@ def _int(msg: dict, key: str, default: int) -> int:
 
 
 def _index_of(lo: Loaded) -> Index:
-    if lo.index is None or not lo.index.ready:
+    idx = lo.held(INDEX)
+    if idx is None or not idx.ready:
         raise RetrievalError(NO_INDEX)
-    return lo.index
+    return idx
 
 
 def _progress(w: Worker, seq, what: str):
@@ -83,7 +86,7 @@ def _progress(w: Worker, seq, what: str):
 async def index(msg: dict, w: Worker) -> None:
     lo = w.loaded()
     seq = msg.get("seq")
-    lo.drop_index()                     # the new files replace the old ones, whatever becomes of them
+    lo.drop(INDEX)                      # the new files replace the old ones, whatever becomes of them
     new = Index(lo.engine, lo.tokenizer, window=_int(msg, "window", WINDOW), stride=_int(msg, "stride", STRIDE))
     files = []
     for f in msg.get("files") or []:
@@ -103,7 +106,7 @@ async def index(msg: dict, w: Worker) -> None:
     except BaseException:
         new.drop()
         raise
-    lo.index = new
+    lo.hold(INDEX, new)
     w.post({"type": "retrieval-ready", "seq": seq, "built": built.to_dict(), "files": planned["files"],
             "windows": built.done})
 
@@ -164,5 +167,5 @@ async def recall(msg: dict, w: Worker) -> None:
 
 async def drop(msg: dict, w: Worker) -> None:
     if w.state.loaded is not None:
-        w.state.loaded.drop_index()
+        w.state.loaded.drop(INDEX)
     w.post({"type": "retrieval-dropped", "seq": msg.get("seq")})

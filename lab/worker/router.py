@@ -33,6 +33,7 @@ from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
 from lab.worker import experiments, hooks, perplexity, retrieval, rope, verify
+from lab.worker.cards import KV_VIEW, MEMORY
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
 
@@ -89,10 +90,7 @@ def _lost(w: Worker, reason: str) -> None:
     so is everything of the conversation on this side. A new device is asked for at once, so the page can load a
     model again without a reload."""
     if w.state.loaded is not None:
-        w.state.loaded.drop_conversation()
-        w.state.loaded.drop_index()         # its buffers went with the device; its files' ids go here
-        w.state.loaded.tokenizer.drop_caches()
-        w.state.loaded.drop_experiments()   # the experiments' too
+        w.state.loaded.device_lost()        # the conversation, and what the cards' states hold on this side
     w.state = State()
     w.post({"type": "error", "where": "device",
             "message": f"The GPU device was lost ({reason}); nothing of the conversation was kept. Asking for a new "
@@ -149,16 +147,7 @@ def _unload(w: Worker) -> None:
     old = w.state.loaded
     w.state = State(w.state.device, None, w.state.check_kernels)
     if old is not None:
-        old.drop_conversation()
-        old.drop_index()
-        old.drop_experiments()
-        if old.probes is not None:
-            old.probes.close()
-        if old.kv_view is not None:
-            old.kv_view.close()
-        if old.memory is not None:
-            old.memory.close()
-        old.engine.close()
+        old.close()                         # the conversation, every card's state (lab/worker/cards.py), the engine
 
 
 async def _load(msg: dict, w: Worker) -> None:
@@ -231,11 +220,9 @@ async def _chat(msg: dict, w: Worker) -> None:
     context = lo.context
     context[:] = prompt
 
-    if lo.kv_view is None:
-        lo.kv_view = kvview.KvView(lo.engine)
-    if lo.memory is None and lo.engine.cfg.recurrent:
-        lo.memory = memory.MemoryView(lo.engine)
-    view, live = lo.kv_view, bool(msg.get("kv_view"))
+    view, live = lo.made(KV_VIEW, lambda: kvview.KvView(lo.engine)), bool(msg.get("kv_view"))
+    if lo.engine.cfg.recurrent:
+        lo.made(MEMORY, lambda: memory.MemoryView(lo.engine))
     shown = 0       # cache rows the page has this turn: the first read starts at 0 (the prompt may have replaced rows)
 
     async def kv_columns() -> None:
@@ -248,8 +235,9 @@ async def _chat(msg: dict, w: Worker) -> None:
 
     async def memory_view() -> None:
         """A hybrid's states for the memory card: the conv rows the next token reads, the delta-net norms."""
-        if lo.memory is not None:
-            _post_memory(w, await lo.memory.view(len(session.cached)))
+        reads = lo.held(MEMORY)
+        if reads is not None:
+            _post_memory(w, await reads.view(len(session.cached)))
 
     async def live_columns() -> None:
         await kv_columns()
@@ -287,10 +275,9 @@ def _post_memory(w: Worker, body: dict) -> None:
 async def _memory_head(msg: dict, w: Worker) -> None:
     """One delta-net head's state matrix as the GPU holds it, for the memory card's heatmap."""
     lo = w.loaded()
-    if lo.memory is None:
-        lo.memory = memory.MemoryView(lo.engine)
+    view = lo.made(MEMORY, lambda: memory.MemoryView(lo.engine))
     layer, head = int(msg["layer"]), int(msg["head"])
-    values = await lo.memory.delta_head(layer, head)
+    values = await view.delta_head(layer, head)
     w.post({"type": "memory-head", "layer": layer, "head": head, "pos": len(lo.session.cached),
             "values": w.f32(values)})
 
@@ -347,22 +334,22 @@ async def _forget(msg: dict, w: Worker) -> None:
     KV panel's picture from the KV caches as read back after the wipe. `skip` (tests only) names a buffer the wipe
     leaves alone, to show that the check and the page catch it.
 
-    The retrieval index goes too, in that order: its buffers stay alive through the wipe, so the report's read-back
-    covers them (`retrieval.*`, non-zero before, zero after), and only then is it dropped (buffers freed, the files'
-    ids and names emptied). The Experiments card's buffers are held the same way and closed after the wipe."""
-    picture, states, rows, index, held = None, None, 0, None, None
+    The cards' states that Forget does not keep (lab/worker/cards.py Forget.WIPE: the retrieval index, the
+    Experiments card's runs) go too, in that order: out of the loaded model first, alive through the wipe, so the
+    report's read-back covers their buffers (`retrieval.*`, `experiment.*`: non-zero before, zero after), and closed
+    only then (buffers freed, the files' ids and names emptied)."""
+    picture, states, rows, held = None, None, 0, []
     lo = w.state.loaded
     if lo is not None:
         lo.tokenizer.drop_caches()
         rows = len(lo.session.cached)       # the columns the KV panel showed
         picture = kvview.AfterPicture(lo.engine)
-        if lo.memory is not None:           # and the states the memory card showed: the conv rows, the picked head
+        if lo.held(MEMORY) is not None:     # and the states the memory card showed: the conv rows, the picked head
             pick = msg.get("head")
             # the rows the card showed: at the conversation's end, or (a second Forget) where the rings last stood
             states = memory.StateAfter(lo.engine, memory.conv_span(lo.engine, rows or lo.engine.held[1]),
                                        (int(pick["layer"]), int(pick["head"])) if pick else None)
-        index, held = lo.index, lo.experiments
-        w.state.loaded = lo.fresh(keep_index=False)
+        w.state.loaded, held = lo.forgotten()
     try:
         device = w.state.device
         if device is None:
@@ -370,10 +357,8 @@ async def _forget(msg: dict, w: Worker) -> None:
         seen = [c for c in (picture, states) if c is not None]
         report = await forget.wipe(device, on_after=lambda *read: [c(*read) for c in seen], skip=msg.get("skip"))
     finally:
-        if index is not None:
-            index.drop()
-        if held is not None:
-            held.close()
+        for card, state in held:
+            card.close(state)
     kv = mem = None
     if picture is not None:
         kv = picture.picture(rows)

@@ -9,61 +9,103 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from lab.engine.engine import Engine
 from lab.engine.session import Session
 from lab.format import gguf
 from lab.gpu.shaders import KernelCache
-from lab.instruments import kvview, memory
-from lab.instruments.experiments import Experiments
 from lab.instruments.probes import Probes
-from lab.instruments.retrieval import Index
 from lab.text.tokenizer import Tokenizer
+from lab.worker import cards as registry   # its CARDS read at each event (a test adds cards of its own)
+from lab.worker.cards import PROBES, Card, Forget, S
 
 
 @dataclass
 class Loaded:
     """A loaded model and its conversation. Replaced whole, never edited field by field: on load, unload, Forget,
     new chat and device loss, so that no handler can keep a piece of an old conversation by forgetting a key.
-    The retrieval index (set by the card's build, as probes and kv_view are on first use) is the user's files, not
-    the conversation: a new chat keeps it; Forget wipes it and then drops it (lab/worker/router.py `_forget`); a new
-    load, an unload and a lost device drop it. The Experiments card's `experiments` (its buffers) go the same way."""
+    `cards` holds what the cards and panels made on first use (lab/worker/cards.py: the probes, the KV and memory
+    views, the retrieval index of the user's files, the Experiments card's runs); what a new chat, Forget, an unload
+    and a lost device do to each is said there, once, and done here by going through CARDS. A state joins `cards`
+    when its handler makes it and leaves it when dropped; any change of conversation is still a new Loaded."""
     engine: Engine
     header: gguf.Header
     tokenizer: Tokenizer
     session: Session
-    probes: Probes | None = None                        # built on the first panel request, freed with the engine
-    kv_view: kvview.KvView | None = None                # the KV panel's norms pass, built on the first chat
-    memory: memory.MemoryView | None = None             # a hybrid's state reads for the memory card, likewise
     context: list[int] = field(default_factory=list)    # ids the page shows: the last prompt and what followed
-    index: Index | None = None                          # the retrieval card's index of the user's files
-    experiments: Experiments | None = None              # the Experiments card's runs, made on its first experiment
+    cards: dict[Card, Any] = field(default_factory=dict)   # each card's state, once its handler made it
 
-    def fresh(self, *, keep_index: bool = True) -> Loaded:
-        """The same model with no conversation; this one's token lists are emptied in place (they may be shared).
-        The new one holds this one's index and experiments, unless keep_index is false: the caller then owns them
-        (Forget wipes their buffers before dropping the index and closing the experiments)."""
+    # -- a card's state ------------------------------------------------------------------------------------------
+    def held(self, card: Card[S]) -> S | None:
+        return self.cards.get(card)
+
+    def hold(self, card: Card[S], state: S) -> S:
+        if card not in registry.CARDS:       # a state nothing would close: every event goes through CARDS
+            raise KeyError(f"card {card.name!r} is not in lab/worker/cards.py CARDS")
+        self.cards[card] = state
+        return state
+
+    def made(self, card: Card[S], make: Callable[[], S]) -> S:
+        """The card's state, made now by `make` when it has none yet."""
+        state = self.held(card)
+        return self.hold(card, make()) if state is None else state
+
+    def drop(self, card: Card) -> None:
+        """Close the card's state now (its buffers freed, zeroed being CONVERSATION; its data emptied) and let it go."""
+        state = self.held(card)
+        if state is not None:
+            card.close(state)
+            del self.cards[card]
+
+    # -- the events ------------------------------------------------------------------------------------------------
+    def fresh(self) -> Loaded:
+        """A new chat: the same model with no conversation; this one's token lists are emptied in place (they may be
+        shared). Each card's state goes over to the new one, or is closed, as its `new_chat` says."""
+        return self._next(forgetting=False)[0]
+
+    def forgotten(self) -> tuple[Loaded, list[tuple[Card, Any]]]:
+        """Forget's new chat: as `fresh`, less every card's state Forget does not keep (Forget.WIPE, or one a new
+        chat closes), handed back in CARDS order, open: the caller holds them alive through the wipe, so its read-back
+        covers their buffers, and then closes them (lab/worker/router.py `_forget`)."""
+        return self._next(forgetting=True)
+
+    def _next(self, *, forgetting: bool) -> tuple[Loaded, list[tuple[Card, Any]]]:
         self.drop_conversation()
-        keep = keep_index
-        return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer), self.probes,
-                      kv_view=self.kv_view, memory=self.memory, index=self.index if keep else None,
-                      experiments=self.experiments if keep else None)
+        kept, handed = {}, []
+        for card in registry.CARDS:
+            state = self.held(card)
+            if state is None:
+                continue
+            if card.new_chat and not (forgetting and card.forget is Forget.WIPE):
+                kept[card] = state
+            elif forgetting:
+                handed.append((card, state))
+            else:
+                card.close(state)
+        return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer),
+                      cards=kept), handed
+
+    def close(self) -> None:
+        """An unload (a new load included): the conversation dropped, every card's state closed, then the engine."""
+        self.drop_conversation()
+        for card in registry.CARDS:
+            self.drop(card)
+        self.engine.close()
+
+    def device_lost(self) -> None:
+        """The device went, and every buffer with it: the conversation dropped, and what a card's state holds on this
+        side (its `lost`; a state with none is let go with this object)."""
+        self.drop_conversation()
+        self.tokenizer.drop_caches()
+        for card in registry.CARDS:
+            state = self.held(card)
+            if state is not None and card.lost(state):
+                del self.cards[card]
 
     def drop_conversation(self) -> None:
         self.session.reset()
         self.context.clear()
-
-    def drop_experiments(self) -> None:
-        """Free the experiments' GPU buffers (zeroed, being CONVERSATION)."""
-        if self.experiments is not None:
-            self.experiments.close()
-            self.experiments = None
-
-    def drop_index(self) -> None:
-        """Free the index's GPU buffers (zeroed, being CONVERSATION) and empty its files' ids and names in place."""
-        if self.index is not None:
-            self.index.drop()
-            self.index = None
 
 
 @dataclass
@@ -90,9 +132,7 @@ class Worker:
 
     def probes(self) -> Probes:
         lo = self.loaded()
-        if lo.probes is None:
-            lo.probes = Probes(lo.engine)
-        return lo.probes
+        return lo.made(PROBES, lambda: Probes(lo.engine))
 
     def device(self):
         if self.state.device is None:

@@ -2,7 +2,10 @@
 `pyodide.ffi` are stood in for (tests/unit/workerkit.py), so the state transitions run in CPython. What is checked:
 after a lost device, Forget and a new chat nothing of the conversation is left on the Python side, in the state or in
 lists a handler may still hold; the retrieval index survives a new chat (the user's files), is alive while Forget
-wipes and reads back the GPU and dropped after it, and is dropped by an unload and a lost device."""
+wipes and reads back the GPU and dropped after it, and is dropped by an unload and a lost device. And every card's
+state in lab/worker/cards.py CARDS, with cards of the test's own added there (each policy a new card may take), goes
+through the four events as its entry says, which fails if the router or `Loaded` lists cards instead of going
+through CARDS."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import asyncio
 import pytest
 
 from lab.engine.session import Session
+from lab.worker import cards
+from lab.worker.cards import INDEX, Card, Forget
 from lab.worker.state import Loaded, State
 from tests.unit.workerkit import router_over_standins
 
@@ -58,13 +63,13 @@ def _converse(router):
     session = Session(eng, tok)
     session.cached += [5, 6, 7]
     router.worker.state = State(device=object(), loaded=Loaded(eng, None, tok, session, context=[5, 6, 7, 8],
-                                                               index=_Index()))
+                                                               cards={INDEX: _Index()}))
     return tok, eng, session, router.worker.state.loaded.context
 
 
 def test_a_lost_device_keeps_nothing_of_the_conversation(router, monkeypatch):
     tok, eng, session, context = _converse(router)
-    index = router.worker.state.loaded.index
+    index = router.worker.state.loaded.held(INDEX)
     asked = []     # the new device the worker asks for: recorded, not run (there is no browser here)
     monkeypatch.setattr(router.asyncio, "ensure_future", lambda coro: asked.append(coro.__name__) or coro.close())
     router._lost(router.worker, "destroyed")
@@ -85,45 +90,133 @@ def test_new_chat_replaces_the_conversation_whole(router):
     assert new is not old and new.engine is eng and new.tokenizer is tok
     assert new.context == [] and new.session.cached == [] and new.session is not session
     assert session.cached == [] and context == []
-    assert new.index is old.index and not new.index.dropped          # the user's files, not the conversation
+    assert new.held(INDEX) is old.held(INDEX) and not new.held(INDEX).dropped    # the user's files, not the chat
+    assert new.cards is not old.cards
 
 
 def test_unload_frees_the_engine_and_the_conversation(router):
     tok, eng, session, context = _converse(router)
     device = router.worker.state.device
-    index = router.worker.state.loaded.index
+    index = router.worker.state.loaded.held(INDEX)
     router._unload(router.worker)
     assert router.worker.state.loaded is None and router.worker.state.device is device and eng.closed
     assert session.cached == [] and context == []
     assert index.dropped and index.ids == []
 
 
-def test_forget_wipes_the_index_while_alive_then_drops_it(router, monkeypatch):
-    """The wipe's read-back can only prove buffers that still exist: the index must be dropped after it, not before."""
-    tok, eng, session, context = _converse(router)
-    index = router.worker.state.loaded.index
-    seen = []
+class _Report:
+    def to_dict(self) -> dict:
+        return {"status": "wiped"}
 
-    class _Report:
-        def to_dict(self) -> dict:
-            return {"status": "wiped"}
 
+class _Picture:
+    """kvview.AfterPicture and memory.StateAfter: nothing read back here, an empty picture."""
+
+    def __init__(self, engine, *_) -> None:
+        pass
+
+    def picture(self, rows: int = 0) -> dict:
+        return {"norms": b"", "conv": None, "delta": None}
+
+
+def _forget(router, monkeypatch, during) -> None:
+    """Run the router's Forget with `forget.wipe` replaced by `during()` (what the test looks at while it runs)."""
     async def wipe(device, on_after=None, skip=None):
-        seen.append((index.dropped, router.worker.state.loaded.index))
+        during()
         return _Report()
-
-    class _Picture:
-        def __init__(self, engine) -> None:
-            pass
-
-        def picture(self, rows: int) -> dict:
-            return {"norms": b""}
 
     monkeypatch.setattr(router.forget, "wipe", wipe)
     monkeypatch.setattr(router.kvview, "AfterPicture", _Picture)
+    monkeypatch.setattr(router.memory, "StateAfter", _Picture)
+    monkeypatch.setattr(router.memory, "conv_span", lambda engine, rows: (0, rows))
     monkeypatch.setattr(router.worker, "f32", bytes)        # no JS typed arrays here
     asyncio.run(router._forget({"type": "forget"}, router.worker))
+    assert router.posted[-1]["type"] == "forget"
+
+
+def test_forget_wipes_the_index_while_alive_then_drops_it(router, monkeypatch):
+    """The wipe's read-back can only prove buffers that still exist: the index must be dropped after it, not before."""
+    tok, eng, session, context = _converse(router)
+    index = router.worker.state.loaded.held(INDEX)
+    seen = []
+    _forget(router, monkeypatch, lambda: seen.append((index.dropped, router.worker.state.loaded.held(INDEX))))
     assert seen == [(False, None)]        # alive through the wipe, and already out of the state
     assert index.dropped and index.ids == [] and index.names == []
-    assert router.worker.state.loaded.index is None and session.cached == [] and context == []
-    assert router.posted[-1]["type"] == "forget"
+    assert router.worker.state.loaded.held(INDEX) is None and session.cached == [] and context == []
+
+
+# -- every card's state, by its entry in lab/worker/cards.py ----------------------------------------------------------
+def test_every_card_constant_is_registered():
+    """A card's constant that CARDS lacks would be made and never closed (Loaded.hold refuses it at run time)."""
+    declared = [v for v in vars(cards).values() if isinstance(v, Card)]
+    assert set(declared) == set(cards.CARDS) and len(cards.CARDS) == len({c.name for c in cards.CARDS})
+
+
+# Cards of the test's own, one for each policy a new card may take, added to CARDS: no router code names them.
+EXTRA = (Card("kept-view"), Card("user-data", close_with="drop", lost_with="forget_all", forget=Forget.WIPE),
+         Card("per-chat", lost_with="close", new_chat=False))
+
+
+class _Recorder:
+    """A card's state that records every method called on it, in the log all states and the engine share."""
+
+    def __init__(self, card: Card, log: list) -> None:
+        self.card, self.log, self.calls = card, log, []
+
+    def __getattr__(self, method: str):
+        def call() -> None:
+            self.calls.append(method)
+            self.log.append((self.card.name, method))
+        return call
+
+
+@pytest.fixture
+def every_card(router, monkeypatch):
+    """The loaded model holding a recording state for every card of CARDS and EXTRA; the shared log of their calls
+    (the engine's close included)."""
+    monkeypatch.setattr(cards, "CARDS", cards.CARDS + EXTRA)
+    tok, eng, session, context = _converse(router)
+    log = []
+    monkeypatch.setattr(eng, "close", lambda: log.append(("engine", "close")), raising=False)
+    lo = router.worker.state.loaded
+    for card in cards.CARDS:
+        if card is not INDEX:
+            lo.hold(card, _Recorder(card, log))
+    lo.cards[INDEX] = _Recorder(INDEX, log)       # replaces _converse's index: every state records
+    return {card: lo.held(card) for card in cards.CARDS}, log
+
+
+def test_unload_closes_every_card_then_the_engine(router, every_card):
+    states, log = every_card
+    router._unload(router.worker)
+    assert log == [(c.name, c.close_with) for c in cards.CARDS] + [("engine", "close")]
+
+
+def test_a_lost_device_drops_what_every_card_holds(router, every_card, monkeypatch):
+    states, log = every_card
+    monkeypatch.setattr(router.asyncio, "ensure_future", lambda coro: coro.close())
+    old = router.worker.state.loaded
+    router._lost(router.worker, "destroyed")
+    assert log == [(c.name, c.lost_with) for c in cards.CARDS if c.lost_with is not None]
+    assert set(old.cards) == {c for c in cards.CARDS if c.lost_with is None}   # let go with the old model, untouched
+
+
+def test_a_new_chat_keeps_or_closes_each_card(router, every_card):
+    states, log = every_card
+    asyncio.run(router._reset({"type": "reset"}, router.worker))
+    new = router.worker.state.loaded
+    assert new.cards == {c: states[c] for c in cards.CARDS if c.new_chat}
+    assert log == [(c.name, c.close_with) for c in cards.CARDS if not c.new_chat]
+
+
+def test_forget_keeps_or_wipes_each_card_by_its_policy(router, every_card, monkeypatch):
+    """What Forget does not keep is out of the loaded model and still open while the wipe reads the GPU back, and
+    closed after it, in CARDS order."""
+    states, log = every_card
+    gone = [c for c in cards.CARDS if c.forget is Forget.WIPE or not c.new_chat]
+    during = []
+    _forget(router, monkeypatch, lambda: during.append((dict(router.worker.state.loaded.cards), list(log))))
+    kept = {c: states[c] for c in cards.CARDS if c not in gone}
+    assert during == [(kept, [])]                  # none closed yet, none left in the state
+    assert router.worker.state.loaded.cards == kept
+    assert log == [(c.name, c.close_with) for c in gone]
