@@ -82,7 +82,7 @@ def test_engine_refuses_keys_past_the_budget(device, tmp_path):
             assert eng.max_keys is None
             pytest.skip(f"{device.info.name}: no loop budget")
         assert eng.max_keys == 6_400
-        eng._check([1], 6_399)                                           # the last key inside: accepted
+        eng.check_step([1], 6_399)                                       # the last key inside: accepted
         with pytest.raises(EngineError, match="without a word.*6,400 keys"):
             eng.step([1], 6_400)
     finally:
