@@ -2,7 +2,7 @@
 
     count(limits, header, cfg, n_ctx) -> Budget: every buffer the engine would make for the weights
     (lab.ops.weights.ModelWeights: matrices already split into binding-sized row ranges), the KV cache at
-    `n_ctx`, the conv states of lfm2's short-conv layers (fixed, whatever the context) and the activations
+    `n_ctx`, the blocks' states (conv and recurrent states: fixed, whatever the context) and the activations
     (lab.engine.scratch.Scratch), each checked against the adapter's per-buffer limits
     (max_buffer_size, and max_storage_buffer_binding_size for a buffer bound whole).
     check(budget) -> the same Budget, or BudgetError with its message.
@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lab import gpu
+from lab.engine import blocks
 from lab.engine.scratch import DEFAULT_BATCH, Scratch
 from lab.format.gguf import Header
 from lab.format.model import Config, tensor_views
@@ -126,7 +127,7 @@ class Budget:
                 "kv_type": self.kv_type, "kv_bytes_per_token": cfg.kv_bytes_per_token(KV_TYPES[self.kv_type]),
                 "default_ctx": context_for(cfg.n_ctx_train),
                 # hybrids: the conv and recurrent states' buffers (rings, snapshots), and the model's own states
-                # (l_cache - 1 conv rows a layer; qwen35's d_k x d_v per value head), flat in the context
+                # (l_cache - 1 conv rows a layer; a delta-net's d_k x d_v per value head), flat in the context
                 "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes(),
                 "delta_state_bytes": cfg.delta_state_bytes(),
                 "skipped": cfg.skipped}     # what the file holds that the lab leaves out on purpose, and why
@@ -150,10 +151,14 @@ def scratch_needs(limits: dict[str, int], cfg: Config, n_ctx: int, max_batch: in
                   logits_all: bool, int8: bool = False, kv: str = "f32") -> list[Need]:
     """The activation and KV cache buffers lab.engine.scratch.Scratch would make at `n_ctx`."""
     dev = _Counting(limits)
-    s = Scratch.alloc(dev, cfg, n_ctx, max_batch, logits_all, int8, kv)
-    kv = {id(b) for b in s.k_cache + s.v_cache if b is not None}
-    state = {id(b) for b in (*s.conv_state, *s.recurrent, *s.snapshots) if b is not None}
-    return [Need(b.label, b.size, b.kind, kv=id(b) in kv, state=id(b) in state) for b in dev.buffers]
+    made = blocks.for_config(cfg)
+    s = Scratch.alloc(dev, cfg, made, n_ctx, max_batch, logits_all, int8, kv)
+
+    def held(fields: str) -> set[int]:     # the buffers of the blocks' fields of this sort
+        found = (getattr(s, name) for block in made.all for name in getattr(block, fields))
+        return {id(b) for v in found for b in (v if isinstance(v, tuple) else (v,)) if b is not None}
+    kv_ids, state_ids = held("kv_fields"), held("state_fields")
+    return [Need(b.label, b.size, b.kind, kv=id(b) in kv_ids, state=id(b) in state_ids) for b in dev.buffers]
 
 
 def _problems(limits: dict[str, int], needs: list[Need]) -> list[str]:

@@ -2,7 +2,8 @@
 decode of one), each run as one compute pass with one submit.
 
     Config (lab.format.model)  ->  Engine: weights (lab.ops.weights.ModelWeights: GGUF blocks on the GPU),
-                                    scratch (lab.engine.scratch.Scratch: activations, KV cache),
+                                    blocks (lab.engine.blocks: each kind of layer part, its buffers and ops),
+                                    scratch (lab.engine.scratch.Scratch: activations, KV cache, states),
                                     plans (lab.engine.plans: Prefill and Decode, lists of Ops with bind groups
                                     built once at load), step
 
@@ -10,12 +11,12 @@ Per step the CPU writes only the step uniform (position, token count) and, for p
 token, the ids; a greedy step reads back one u32 (the argmax writes the next token id straight into
 the ids buffer, so the following decode step needs no write of it).
 
-A KV cache can be stepped from any position it holds; the conv states (lfm2, qwen35) cannot: each holds the inputs of
-the latest positions (a ring of conv_ring rows, lab/engine/scratch.py). qwen35's recurrent states hold the sum of
-every token so far: only the position they were left at, or a snapshot's (`snapshot=` of `step`). The engine keeps
-the span of positions the live states hold (`held`) and the snapshots' (`snaps`), refuses a step that would read
-what they do not hold, restores a snapshot when a step starts at its position, and says where a step may start
-(`resume_point`).
+A KV cache can be stepped from any position it holds; a block's states may not: a conv state holds the inputs of the
+latest positions (a ring of conv_ring rows, lab/engine/scratch.py), a recurrent state the sum of every token so far
+(only the position it was left at, or a snapshot's: `snapshot=` of `step`). The engine keeps the span of positions the
+live states hold (`held`) and the snapshots' (`snaps`), asks each block whether a step may start at a position
+(`Block.resumes`), refuses one that would read what they do not hold, restores a snapshot when a step starts at its
+position, and says where a step may start (`resume_point`).
 
 What it does not know: text (lab.text.tokenizer), turns and KV reuse (lab.engine.session), files (`weights.uploads`
 says which file bytes go where; `weights.upload_file` and the browser's JS helper move them).
@@ -29,9 +30,9 @@ from array import array
 from collections.abc import Awaitable
 
 from lab import gpu, ops
-from lab.engine import budget
+from lab.engine import blocks, budget
 from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
-from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring, qkv_width
+from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring
 from lab.format.gguf import Header
 from lab.format.model import Config, from_gguf, host_tensors, tensor_views
 from lab.gpu.shaders import KernelCache
@@ -77,19 +78,7 @@ class Engine:
         self.cfg = cfg = cfg or from_gguf(header)
         if n_ctx < MIN_CTX or max_batch < 1:
             raise EngineError(f"context {n_ctx} (at least {MIN_CTX}) and batch {max_batch} must be positive")
-        # [n_rot/2] frequency factors, theta_i / factor_i: llama 3's on every layer, gemma4's on its full layers
-        self.rope_freqs = None
-        self.out_scale: dict[int, float] = {}   # gemma4: layer -> layer_output_scale, a constant of the plans
-        for t in host_tensors(cfg, header):
-            raw = (host_values or {}).get(t.name)
-            if raw is None or len(raw) != t.nbytes:
-                raise EngineError(f"tensor {t.name}: its {t.nbytes} bytes were not read from the file (the engine "
-                                  f"needs its values before it builds the plans)")
-            values = array("f", bytes(raw)).tolist()
-            if t.name == "rope_freqs.weight":
-                self.rope_freqs = values
-            else:
-                self.out_scale[int(t.name.split(".")[1])] = values[0]
+        self._read_host_values(host_values or {})
         self.n_ctx = n_ctx
         self.max_batch = max_batch
         # decode steps with at most this many keys run attention in one dispatch (plans.with_whole_attention); on a
@@ -106,26 +95,20 @@ class Engine:
         self.kv_type = kv
         self.kernels = KernelCache(device)
         self._prepared: dict[tuple[str, int, bool], object] = {}
-        # [lo, hi): the positions whose inputs the conv states hold, as the steps run so far left them (lfm2, qwen35);
-        # the recurrent states (qwen35) hold the state after position hi - 1
+        self.blocks = blocks.for_config(cfg)
+        self._stateful = any(b.state_fields for b in self.blocks.all)
+        self._snapshotting = any(b.snapshots for b in self.blocks.all)
+        # [lo, hi): the positions whose inputs the conv states hold, as the steps run so far left them; the recurrent
+        # states hold the state after position hi - 1
         self.held = (0, 0)
-        # qwen35: per snapshot slot, the `held` of the states it copied (None: empty), and the slot the next one takes
+        # per snapshot slot, the `held` of the states it copied (None: empty), and the slot the next one takes
         self.snaps: list[tuple[int, int] | None] = [None] * SNAPSHOTS
         self._next_snap = 0
-        # every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py):
-        # a refusal names the buffer, its bytes and the limit, and leaves nothing allocated
-        key = (n_ctx, max_batch, logits_all, int8_prefill, kv)
-        if counted is None:
-            counted = budget.count(device.info.limits, header, cfg, n_ctx, max_batch=max_batch, logits_all=logits_all,
-                                   int8=int8_prefill, kv=kv)
-        elif counted.counted_for != key:
-            raise EngineError(f"the memory budget was counted for (n_ctx, max_batch, logits_all, int8, kv) = "
-                              f"{counted.counted_for}, not {key}")
-        self.budget = budget.check(counted, bounded=False)
+        self.budget = self._checked(counted)
         with device.owning(self):
             try:
                 self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
-                self.scratch = Scratch.alloc(device, cfg, n_ctx, max_batch, logits_all, int8_prefill, kv)
+                self.scratch = Scratch.alloc(device, cfg, self.blocks, n_ctx, max_batch, logits_all, int8_prefill, kv)
                 self.prefill: Plan = Prefill(self).build()
                 self.decode: Plan = Decode(self).build()
                 self.decode_whole: Plan = with_whole_attention(self.decode, cfg.attention_layers,
@@ -133,6 +116,36 @@ class Engine:
             except BaseException:
                 device.free(self)
                 raise
+
+    def _read_host_values(self, host_values: dict[str, bytes]) -> None:
+        """The values of the tensors the plans take as constants: rope_freqs' [n_rot/2] frequency factors
+        (theta_i / factor_i), and each layer's output scale (`out_scale`: layer -> scale)."""
+        self.rope_freqs = None
+        self.out_scale: dict[int, float] = {}
+        for t in host_tensors(self.cfg, self.header):
+            raw = host_values.get(t.name)
+            if raw is None or len(raw) != t.nbytes:
+                raise EngineError(f"tensor {t.name}: its {t.nbytes} bytes were not read from the file (the engine "
+                                  f"needs its values before it builds the plans)")
+            values = array("f", bytes(raw)).tolist()
+            if t.name == "rope_freqs.weight":
+                self.rope_freqs = values
+            else:
+                self.out_scale[int(t.name.split(".")[1])] = values[0]
+
+    def _checked(self, counted: budget.Budget | None) -> budget.Budget:
+        """Every buffer's size against the adapter's limits before the first is made (lab/engine/budget.py): a
+        refusal names the buffer, its bytes and the limit, and leaves nothing allocated. `counted`, where the caller
+        counted already, must be for this engine's arguments."""
+        key = (self.n_ctx, self.max_batch, self.logits_all, self.int8_prefill, self.kv_type)
+        if counted is None:
+            counted = budget.count(self.device.info.limits, self.header, self.cfg, self.n_ctx,
+                                   max_batch=self.max_batch, logits_all=self.logits_all, int8=self.int8_prefill,
+                                   kv=self.kv_type)
+        elif counted.counted_for != key:
+            raise EngineError(f"the memory budget was counted for (n_ctx, max_batch, logits_all, int8, kv) = "
+                              f"{counted.counted_for}, not {key}")
+        return budget.check(counted, bounded=False)
 
     def close(self) -> None:
         """Free every buffer this engine made (weights, activations, caches, parameters)."""
@@ -171,16 +184,11 @@ class Engine:
 
     # -- the conv and recurrent states (lfm2, qwen35) --------------------------------------------------------
     def can_resume(self, pos: int) -> bool:
-        """Whether a step at `pos` finds what it reads: the conv states' l_cache - 1 rows before it, as the steps so far
-        wrote them, and (qwen35) a recurrent state left at pos, live or in a snapshot. Before position 0 there is
-        nothing: a step there always can; so can any step of a model with a KV cache only (read up to pos, whatever
-        lies past it)."""
-        if not self.cfg.recurrent or pos == 0:
-            return True
-        if self.cfg.delta:
-            return any(h is not None and h[1] == pos for h in (self.held, *self.snaps))
-        lo, hi = self.held
-        return lo <= max(0, pos - (self.cfg.l_cache - 1)) and pos <= hi
+        """Whether a step at `pos` finds what every block reads (Block.resumes: a conv state's l_cache - 1 rows before
+        it, as the steps so far wrote them; a recurrent state left at pos, live or in a snapshot). Before position 0
+        there is nothing: a step there always can; so can any step of a model with a KV cache only (read up to pos,
+        whatever lies past it)."""
+        return pos == 0 or all(b.resumes(self.held, self.snaps, pos) for b in self.blocks.all)
 
     def resume_point(self, n: int) -> int:
         """The latest position at or before n a step can start from (0 at worst): n itself where the states allow it,
@@ -192,26 +200,25 @@ class Engine:
         """Refuse a step the states cannot serve, restore the snapshot it starts from (qwen35), and record the positions
         they hold after it: the step's rows are written, and a row of the ring is overwritten by the position `ring`
         after it. Snapshots of positions past pos belong to another continuation and are dropped."""
-        cfg = self.cfg
-        if not cfg.recurrent:
+        if not self._stateful:
             return
         if not self.can_resume(pos):
             raise EngineError(f"a step at position {pos}: the conv and recurrent states hold position "
                               f"{self.held[1]} and cannot be cut back like a KV cache; run from position 0")
-        if cfg.delta:
+        if self._snapshotting:
             if pos and self.held[1] != pos:
                 slot = next(i for i, h in enumerate(self.snaps) if h is not None and h[1] == pos)
                 self.device.run([], (), self._snapshot_copies(slot, restore=True))
                 self.held = self.snaps[slot]
             self.snaps = [h if h is not None and h[1] <= pos else None for h in self.snaps]
         lo = 0 if pos == 0 else self.held[0]
-        self.held = (max(lo, pos + t - conv_ring(cfg)), pos + t)
+        self.held = (max(lo, pos + t - conv_ring(self.cfg)), pos + t)
 
     def _snapshot_copies(self, slot: int, restore: bool = False) -> list[tuple]:
-        """The copies between the live states (every recurrent, then every conv state, in layer order) and snapshot
-        `slot`: into it, or back out of it with restore=True."""
+        """The copies between the live states the blocks snapshot (Block.snapshotted) and snapshot `slot`: into it, or
+        back out of it with restore=True."""
         out, off, snap = [], 0, self.scratch.snapshots[slot]
-        for buf in (*self.recurrent_buffers.values(), *self.state_buffers.values()):
+        for buf in (b for block in self.blocks.all for b in block.snapshotted(self.scratch)):
             out.append((snap, off, buf, 0, buf.size) if restore else (buf, 0, snap, off, buf.size))
             off += buf.size
         return out
@@ -238,19 +245,7 @@ class Engine:
                      whole: bool = False) -> list[ops.Op]:
         """Layer il's attention over the cache, as the plans run it (role ATTENTION); lab.instruments.probes builds it
         again with a `probe` buffer (attention probabilities), so the probe variant can never drift from the plans'."""
-        cfg, s = self.cfg, self.scratch
-        src = cfg.kv_source(il)     # gemma4's shared-KV layers attend an earlier layer's cache
-        return attn_ops.attention(self.device, self.kernels, s.qkv, s.k_cache[src], s.v_cache[src], s.att,
-                                  s.step, n_head=cfg.n_head, n_kv_head=cfg.n_head_kv_of(il),
-                                  head_dim=cfg.head_dim_of(il), q_stride=qkv_width(cfg, il), q_offset=0, n_ctx=self.n_ctx, scale=cfg.attn_scale,
-                                  window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap,
-                                  probe=probe, mode="prefill" if batched else "whole" if whole else "decode",
-                                  kv=self.kv_type,
-                                  # split-K decode and narrow prefill tiles feed a GPU's many cores; a CPU
-                                  # adapter pays per workgroup, so there the keys stay in one chunk and the
-                                  # tiles wide (measured on lavapipe: narrow tiles made prefill attention 4x slower)
-                                  chunk=self.n_ctx if self.device.info.software else None,
-                                  narrow=not self.device.info.software)
+        return self.blocks.of(blocks.Attention).op(self, il, batched, probe, whole)
 
     def step_writes(self, ids: list[int] | None, pos: int, t: int) -> list[tuple[gpu.Buffer, int, bytes]]:
         """The CPU's only writes of a step: the step uniform, and the ids unless the previous argmax feeds it."""
@@ -318,7 +313,7 @@ class Engine:
             if sampled or not 0 <= keep < AHEAD:
                 raise EngineError(f"keep={keep}: greedy steps only, slots 0..{AHEAD - 1}")
             copies = [(s.ids, 0, s.kept, 4 * keep, 4)]
-        if snapshot and self.cfg.delta:
+        if snapshot and self._snapshotting:
             copies += self._take_snapshot()
         writes = self.step_writes(ids, pos, t)
         if edit is None:

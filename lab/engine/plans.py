@@ -6,14 +6,9 @@ matvecs (the RMSNorm before a projection, the GLU before the down projection, th
 rotation, adjacent or NeoX pairs, with the KV write after QKV), because a decode step on a GPU is bound by the
 number of dependent kernels, not by bytes (docs/performance.md).
 
-Every plan records `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...),
-the names lab/host/reference/forward.py traces and the panels key their data by. An lfm2 short-conv layer takes the
-place of attention with attn_norm-L, shortconv_bcx-L (in_proj's [B | C | x]), shortconv_y-L (C * conv, out_proj's
-input) and ffn_inp-L; its conv state is read and written by the one shortconv op, in prefill and decode alike. A
-qwen35 delta-net layer records attn_norm-L, linear_attn_qkv_mixed-L (the in-projection's q, k, v), conv_output_silu-L,
-final_output-L (the gated norm of the recurrence's output, ssm_out's input) and ffn_inp-L; its conv and recurrent
-states are each read and written by one op. A qwen35 attention layer adds attn_gated-L (the output after its
-sigmoid gate).
+The layer sequence is the blocks' (lab.engine.blocks): `build` hands each its turn, and a block adds its ops and
+records its `Traced` points under llama.cpp's eval-callback names (attn_norm-0, kqv_out-3, l_out-29, ...), the names
+lab/host/reference/forward.py traces and the panels key their data by; each block's docstring lists its own.
 
 What it does not know: files, tokens, sessions. It reads the engine's weights and scratch buffers, and builds ops.
 """
@@ -21,15 +16,10 @@ What it does not know: files, tokens, sessions. It reads the engine's weights an
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from lab import gpu, ops
-from lab.engine.scratch import conv_ring, qkv_width
-from lab.ops import attention as attn_ops
-from lab.ops import deltanet, elementwise, embed, glu, matmul, norm, rope, sample, shortconv
-from lab.ops.rows import Rows
-from lab.settings import MAX_CANDIDATES
+from lab.ops import elementwise, glu, matmul, norm, rope
 
 
 @dataclass(frozen=True)
@@ -117,205 +107,43 @@ class PlanBuilder:
 
     # -- the layer sequence ---------------------------------------------------------------------------------
     def build(self) -> Plan:
-        """Embedding, then each layer's attention (or short-conv) and feed-forward blocks, then the output: the whole
-        step."""
-        self._embedding()
-        if self.cfg.n_embd_per_layer:
-            self._per_layer_inputs()
+        """The embedding (and the per-layer inputs), then each layer's mixer, feed-forward and tail, then the head:
+        the whole step, each part added by the block that owns it (lab.engine.blocks)."""
+        blocks = self.eng.blocks
+        blocks.embedding.build(self)
+        if blocks.tail:
+            blocks.tail.inputs(self)
         for il in range(self.cfg.n_layer):
-            if self.cfg.is_conv(il):
-                self._shortconv(il)
-            elif self.cfg.is_delta(il):
-                self._delta(il)
-            else:
-                self._attention(il)
-            self._feed_forward(il)
-            if self.cfg.block_tail:
-                self._block_tail(il)
-        self._output()
+            blocks.mixers[il].build(self, il)
+            blocks.ffn.build(self, il)
+            if blocks.tail:
+                blocks.tail.build(self, il)
+        blocks.head.build(self)
         return self.plan
 
-    def _embedding(self) -> None:
-        # inp_embd: token rows, scaled by sqrt(n_embd) for gemma3
-        cfg, s = self.cfg, self.scratch
-        self.add(embed.get_rows(self.dev, self.kernels, self.weights.embedding, s.ids, s.x, s.step,
-                                scale=cfg.embd_scale),
-                 "inp_embd" if cfg.embd_scale == 1.0 else "inp_scaled", s.x, cfg.n_embd)
-
-    def _per_layer_inputs(self) -> None:
-        """gemma4's per-layer inputs, once a step (project_per_layer_inputs): the token's rows of per_layer_token_embd
-        times sqrt(width), plus the scaled embedding through per_layer_model_proj times 1/sqrt(n_embd), RMS-normed per
-        layer slice (per_layer_proj_norm); the sum times 1/sqrt(2). Layer il reads its slice in _block_tail."""
-        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
-        P = cfg.n_embd_per_layer
-        N = cfg.n_layer * P
-        self.add(embed.get_rows(dev, kernels, self.weights.per_layer_embedding, s.ids, s.per_layer,
-                                s.step, scale=math.sqrt(P)), "inp_per_layer_selected", s.per_layer, N)
-        self.add(self.mm("per_layer_model_proj.weight", s.x, s.per_layer_proj))
-        self.add(elementwise.scale(dev, kernels, s.per_layer_proj, s.step, N, 1.0 / math.sqrt(cfg.n_embd)))
-        self.add(norm.rms_norm(dev, kernels, s.per_layer_proj, self.weights.vectors["per_layer_proj_norm.weight"],
-                               s.per_layer_proj, s.step, N, cfg.eps, group=P, residual=s.per_layer),
-                 "per_layer_proj", s.per_layer_proj, N)
-        self.add(elementwise.scale(dev, kernels, s.per_layer, s.step, N, 1.0 / math.sqrt(2.0)),
-                 "inp_per_layer", s.per_layer, N)
-
-    def _block_tail(self, il: int) -> None:
-        """What a gemma4 block adds after its FFN's residual (pe_in): the per-layer embedding, GELU of inp_gate times
-        this layer's slice of the per-layer inputs -> proj -> post_norm, added to x; then x times layer_output_scale."""
-        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
-        E, P, b = cfg.n_embd, cfg.n_embd_per_layer, f"blk.{il}."
-        if P:
-            self.add(self.mm(b + "inp_gate.weight", s.x, s.gate_up))
-            self.add(glu.glu(dev, kernels, s.gate_up, s.per_layer, s.h, s.step, P, act="geglu",
-                             up_stride=cfg.n_layer * P, up_offset=il * P))
-            self.add(self.mm(b + "proj.weight", s.h, s.tmp))
-            self.add(norm.rms_norm(dev, kernels, s.tmp, self.weights.vectors[b + "post_norm.weight"], s.tmp, s.step, E,
-                                   cfg.eps, residual=s.x), f"per_layer_embd_out-{il}", s.tmp, E)
-        if il in self.eng.out_scale:
-            self.add(elementwise.scale(dev, kernels, s.x, s.step, E, self.eng.out_scale[il]))
-        self.trace(f"l_out-{il}", s.x, E)
-
-    def _attention(self, il: int) -> None:
-        """Layer il's attention block: x -> norm -> q, k, v (fused row [q | k | v], bias) -> rope -> cache ->
-        attention -> output projection, added to x. gemma4: the layer's own head size, KV heads and rotated dims; V
-        RMS-normed without a weight; a shared-KV layer projects and rotates Q alone and attends an earlier layer's
-        cache (Engine.attention_op)."""
-        cfg, dev, kernels, s, vec = self.cfg, self.dev, self.kernels, self.scratch, self.weights.vectors
-        E, Q, KV, W, HD = cfg.n_embd, cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il)
-        own = cfg.has_kv(il)
-        b = f"blk.{il}."
-        base = cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base
-        fused = self.qkv_rope(il, base) if cfg.rotates(il) else None
-        self._add_normed(self.normed_proj(b + "qkv", b + "attn_norm.weight", s.qkv, W,
-                                          b + "attn_qkv.bias" if cfg.qkv_bias else None, fused), f"attn_norm-{il}")
-        if cfg.qk_norm and own:     # per head over the adjacent Q and K heads, each part with its own weight
-            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[b + "attn_q_norm.weight"], s.qkv, s.step, Q + KV,
-                                   cfg.eps, group=HD, in_stride=W, in_offset=0,
-                                   w2=vec[b + "attn_k_norm.weight"], split=cfg.n_head))
-        elif cfg.qk_norm:
-            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[b + "attn_q_norm.weight"], s.qkv, s.step, Q, cfg.eps,
-                                   group=HD, in_stride=W, in_offset=0))
-        if cfg.v_norm and own:      # gemma4: V RMS-normed per head, without a weight (times ones)
-            self.add(norm.rms_norm(dev, kernels, s.qkv, vec[f"ones.{HD}"], s.qkv, s.step, KV, cfg.eps, group=HD,
-                                   in_stride=W, in_offset=Q + KV))
-        # rope_freqs: llama 3's on every layer; gemma4's (proportional RoPE) on its full layers only
-        factors = None if cfg.rope_freqs_full and cfg.sliding[il] else self.eng.rope_freqs
-        if fused is not None:   # the projection left Q and K rotated and wrote the cache (role KV_WRITE)
-            self.trace(f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-        elif not cfg.rotates(il):
-            # smollm3's NoPE layers: Q and K stay as projected (the traced names keep "_rope" for one name per
-            # layer kind: here the step is the identity), K and V go to the cache as they are (role KV_WRITE)
-            self.add(attn_ops.kv_write(dev, kernels, s.qkv, s.k_cache[il], s.v_cache[il], s.step,
-                                       n_kv_head=cfg.n_head_kv, head_dim=cfg.head_dim, src_stride=W, k_offset=Q,
-                                       v_offset=Q + KV, n_ctx=self.eng.n_ctx, kv=self.eng.kv_type,
-                                       label=f"kv_write {il}"),
-                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-        else:
-            # Q heads then K heads are adjacent in the fused row: one rope op rotates both, and writes the
-            # rotated K and the V into the cache (role KV_WRITE).
-            self.add(rope.rope(dev, kernels, s.qkv, s.step, cfg.n_head + (cfg.n_head_kv_of(il) if own else 0), HD,
-                               cfg.n_rot_of(il), base, cfg.rope_scale, mode="neox" if cfg.rope_neox else "adjacent",
-                               row_stride=W, col_offset=0, freq_factors=factors,
-                               cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, self.eng.n_ctx) if own else None,
-                               kv=self.eng.kv_type),
-                     f"Qcur_rope-{il}", s.qkv, Q, W, 0)
-        if own:
-            self.trace(f"Kcur_rope-{il}", s.qkv, KV, W, Q)
-            self.trace(f"Vcur_normed-{il}" if cfg.v_norm else f"Vcur-{il}", s.qkv, KV, W, Q + KV)
-        self.add(self.eng.attention_op(il, self.batched), f"kqv_out-{il}", s.att, Q)
-        if cfg.attn_gate:   # qwen35: times sigmoid of the gate half of each head's Q rows, last in the fused row
-            self.add(elementwise.sigmoid_gate(dev, kernels, s.att, s.qkv, s.step, Q, W, Q + 2 * KV),
-                     f"attn_gated-{il}", s.att, Q)
-        # output projection; the residual add is folded into it unless gemma3's post-norm sits between
-        if cfg.post_norms:
-            self.add(self.mm(b + "attn_output.weight", s.att, s.tmp))
-            self.add(norm.rms_norm(dev, kernels, s.tmp, vec[b + "post_attention_norm.weight"], s.tmp, s.step, E,
-                                   cfg.eps, residual=s.x), f"attn_post_norm-{il}", s.tmp, E)
-            self.trace(f"ffn_inp-{il}", s.x, E)
-        else:
-            self.add(self.mm(b + "attn_output.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
-
-    def _shortconv(self, il: int) -> None:
-        """lfm2's short-conv block in place of attention: x -> norm -> in_proj [B | C | x] -> C * conv(B * x) over the
-        conv state (read and written by the one op) -> out_proj, added to x."""
-        cfg, s = self.cfg, self.scratch
-        E = cfg.n_embd
-        b = f"blk.{il}."
-        self._add_normed(self.normed_proj(b + "in_proj", b + "attn_norm.weight", s.bcx, 3 * E, None), f"attn_norm-{il}")
-        self.trace(f"shortconv_bcx-{il}", s.bcx, 3 * E)
-        self.add(shortconv.shortconv(self.dev, self.kernels, s.bcx, self.weights.vectors[b + "shortconv.conv.weight"],
-                                     s.conv_state[il], s.att, s.step, n=E, l_cache=cfg.l_cache, ring=conv_ring(cfg),
-                                     label=f"shortconv {il}"),
-                 f"shortconv_y-{il}", s.att, E)
-        self.add(self.mm(b + "shortconv.out_proj.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
-
-    def _delta(self, il: int) -> None:
-        """qwen35's gated delta-net layer in place of attention (llama.cpp build_layer_attn_linear): x -> norm -> the
-        in-projection row [q k v | z | beta | alpha] -> silu(conv(q k v)) over the conv state -> the recurrence over
-        the delta-net state (q, k L2-normed; decay from alpha, dt's bias and A; beta's gate), its output RMS-normed and
-        gated by silu(z) (one op) -> ssm_out, added to x."""
-        cfg, s, vec = self.cfg, self.scratch, self.weights.vectors
-        E, C, V, H, W = cfg.n_embd, cfg.conv_channels, cfg.ssm_inner, cfg.ssm_v_heads, cfg.delta_width
-        b = f"blk.{il}."
-        self._add_normed(self.normed_proj(b + "delta_in", b + "attn_norm.weight", s.delta_in, W, None),
-                         f"attn_norm-{il}")
-        self.trace(f"linear_attn_qkv_mixed-{il}", s.delta_in, C, W)
-        self.add(shortconv.shortconv(self.dev, self.kernels, s.delta_in, vec[b + "ssm_conv1d.weight"],
-                                     s.conv_state[il], s.delta_conv, s.step, n=C, l_cache=cfg.l_cache,
-                                     ring=conv_ring(cfg), mode="silu", stride=W, label=f"delta conv {il}"),
-                 f"conv_output_silu-{il}", s.delta_conv, C)
-        self.add(deltanet.deltanet(self.dev, self.kernels, s.delta_in, s.delta_conv, vec[b + "ssm_dt.bias"],
-                                   vec[b + "ssm_a"], vec[b + "ssm_norm.weight"], s.recurrent[il], s.att, s.step,
-                                   n_k_heads=cfg.ssm_k_heads, n_v_heads=H, head_dim=cfg.ssm_head_dim, proj_stride=W,
-                                   z_offset=C, beta_offset=C + V, alpha_offset=C + V + H, eps=cfg.eps,
-                                   label=f"deltanet {il}"),
-                 f"final_output-{il}", s.att, V)
-        self.add(self.mm(b + "ssm_out.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
-
-    def _feed_forward(self, il: int) -> None:
-        """Layer il's feed-forward block: norm -> gate|up (fused row) -> (silu|gelu)(gate) * up -> down, added to x."""
-        cfg, s = self.cfg, self.scratch
-        E, FF = cfg.n_embd, cfg.n_ff_of(il)
-        b = f"blk.{il}."
-        self._add_normed(self.normed_proj(b + "gate_up", b + cfg.ffn_norm, s.gate_up, 2 * FF, None),
-                         f"ffn_norm-{il}")
-        down_in, down_opts = self.glu_then("geglu" if cfg.gelu else "swiglu", FF)
-        if down_in is s.h:      # the GLU ran as its own op (prefill; decode's widest FFNs): its output is a site
-            self.trace(f"{'ffn_geglu' if cfg.gelu else 'ffn_swiglu'}-{il}", s.h, FF)
-        if cfg.post_norms:
-            self.add(self.mm(b + "ffn_down.weight", down_in, s.tmp, **down_opts), f"ffn_out-{il}", s.tmp, E)
-            self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[b + "post_ffw_norm.weight"],
-                                   s.tmp, s.step, E, cfg.eps, residual=s.x), f"ffn_post_norm-{il}", s.tmp, E)
-            # gemma4's block goes on (_block_tail): the residual here is what llama.cpp calls pe_in
-            self.trace(f"{'pe_in' if cfg.block_tail else 'l_out'}-{il}", s.x, E)
-        else:
-            self.add(self.mm(b + "ffn_down.weight", down_in, s.x, accumulate=True, **down_opts), f"l_out-{il}", s.x, E)
-
-    def _output(self) -> None:
-        """The final norm, the head (soft-capped for gemma2), and the tails that pick the next token from it."""
-        cfg, dev, kernels, s = self.cfg, self.dev, self.kernels, self.scratch
-        # The head keeps its own norm op: folded in, each of its n_vocab / 4 workgroups would re-read x.
-        self.add(norm.rms_norm(dev, kernels, s.x, self.weights.vectors[cfg.output_norm], s.xn, s.step,
-                               cfg.n_embd, cfg.eps),
-                 "result_norm", s.xn, cfg.n_embd)
-        per_token = self.head()
-        if cfg.final_softcap:   # gemma2: logits = c * tanh(logits / c), before the tail picks a token
-            self.add(elementwise.softcap(dev, kernels, s.logits, s.step, cfg.n_vocab, cfg.final_softcap,
-                                         rows=0 if per_token else 1))
-        # the logits as the tail reads them: complete after the head and its soft-cap
-        self.trace("result_output", s.logits, cfg.n_vocab, rows="tokens" if per_token else "one")
-        # The tail picks the next token (from the last token's row where the head left one per token): greedy's
-        # argmax lands in ids[0], ready to be the next decode step's input; sampling reads back the top-k
-        # candidates instead (the top-k pass costs 13% of a decode step on lavapipe, so greedy plans leave it out).
-        rows = Rows.last() if per_token else Rows.fixed(1)
-        self.plan.tails = Tails(
-            greedy=sample.argmax(dev, kernels, s.logits, s.ids, s.step, cfg.n_vocab, rows=rows),
-            sampled=sample.top_k(dev, kernels, s.logits, s.topk, s.step, cfg.n_vocab, MAX_CANDIDATES, rows=rows))
-
-    def _add_normed(self, op_lists, name) -> None:
+    # -- what the blocks share ------------------------------------------------------------------------------
+    def add_normed(self, op_lists, name) -> None:
+        """normed_proj's op lists, the normed x traced as `name` after the first."""
         self.add(op_lists[0], name, self.scratch.xn, self.cfg.n_embd)
         for o in op_lists[1:]:
             self.add(o)
+
+    def residual(self, weight: str, x_in: gpu.Buffer, post_norm: str, il: int, post_name: str, out_name: str,
+                 mm_name: str | None = None, **opts) -> None:
+        """A branch's output projection `weight` of x_in added to the residual x, traced as `out_name`: the add folded
+        into the projection, or, where the config has post-norms, the projection into tmp (traced as `mm_name`),
+        RMS-normed by layer il's `post_norm` (traced as `post_name`), whose op adds it."""
+        cfg, s, E = self.cfg, self.scratch, self.cfg.n_embd
+        if not cfg.post_norms:
+            self.add(self.mm(weight, x_in, s.x, accumulate=True, **opts), out_name, s.x, E)
+            return
+        self.add(self.mm(weight, x_in, s.tmp, **opts), mm_name, s.tmp, E)
+        self.add(norm.rms_norm(self.dev, self.kernels, s.tmp, self.weights.vectors[f"blk.{il}.{post_norm}"], s.tmp,
+                               s.step, E, cfg.eps, residual=s.x), post_name, s.tmp, E)
+        self.trace(out_name, s.x, E)
+
+    def set_tails(self, greedy: list[ops.Op], sampled: list[ops.Op]) -> None:
+        self.plan.tails = Tails(greedy=greedy, sampled=sampled)
 
 
 GLU_APART = 8192        # decode: FFNs at least this wide run their GLU as its own op (Decode.glu_then)

@@ -1,9 +1,10 @@
-"""What the engine keeps between the ops of a step and between steps: the activations, the KV cache of the attention
-layers, the conv states of lfm2's short-conv and qwen35's delta-net layers, and the delta-net layers' recurrent states
-with their snapshots (`Scratch`), and the sizes they are made at (the prefill step's rows, the greedy steps run ahead
-of a read-back, the positions a conv state can step back, the snapshots a recurrent state keeps).
+"""What the engine keeps between the ops of a step and between steps: the activations, and what the blocks keep of
+the conversation (the attention layers' KV caches, the conv layers' conv states, the delta-net layers' recurrent
+states with their snapshots): `Scratch`; and the sizes they are made at (the prefill step's rows, the greedy steps
+run ahead of a read-back, the positions a conv state can step back, the snapshots a recurrent state keeps).
 
-    Scratch.alloc(device, cfg, n_ctx, B, ...)   every buffer kind CONVERSATION, each with its shape
+    Scratch.alloc(device, cfg, blocks, n_ctx, B, ...)   every buffer kind CONVERSATION, each with its shape;
+                                                        the blocks' own made by each block (lab.engine.blocks)
 
 lab.engine.budget runs `Scratch.alloc` against a device that only records sizes, so the memory budget and the engine
 share one allocation. What it does not know: the weights (lab.ops.weights) or the plans that use these buffers.
@@ -11,14 +12,12 @@ share one allocation. What it does not know: the weights (lab.ops.weights) or th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from dataclasses import fields as fields_of
 
 from lab import gpu, ops
 from lab.format.model import Config
-from lab.ops import attention as attn_ops
-from lab.ops import deltanet as deltanet_ops
 from lab.ops import matmul as matmul_ops
-from lab.ops import shortconv as shortconv_ops
 from lab.settings import MAX_CANDIDATES
 
 DEFAULT_BATCH = 64      # prefill chunk: prompts run in steps of at most this many tokens
@@ -32,7 +31,7 @@ AHEAD = 8               # greedy decode steps submitted before one read-back (la
 # advance the state past the tokens the session keeps, and the ring lets the next turn step back to them instead of
 # recomputing the conversation. 16 rows of n_embd f32: 64 KB a layer at LFM2-1.2B's 2048.
 REWIND = 2 * AHEAD
-# A recurrent state (qwen35's delta-net) cannot step back at all: it is the sum of every token so far. The session asks
+# A recurrent state (a delta-net's) cannot step back at all: it is the sum of every token so far. The session asks
 # for a snapshot after the last step of each submitted block (lab.engine.session), and a turn that ends inside a block
 # resumes from the latest snapshot at or before its end, one block back at most (GreedyAhead has at most the block it
 # reads and the one queued after it in flight): three slots cover the block before, the block read and the block
@@ -46,13 +45,6 @@ def conv_ring(cfg: Config) -> int:
     return cfg.l_cache - 1 + REWIND
 
 
-def qkv_width(cfg: Config, il: int) -> int:
-    """Floats of layer il's projection row: [q | k | v] (qwen35: | gate), in the layer's own sizes (gemma4's differ
-    by layer); Q alone on a layer that reads an earlier layer's K/V."""
-    q = cfg.q_dim_of(il)
-    return q + (2 * cfg.kv_dim_of(il) if cfg.has_kv(il) else 0) + (q if cfg.attn_gate else 0)
-
-
 def prefill_batch(info) -> int:
     """The prefill step a page load uses on this adapter (lab.gpu.AdapterInfo)."""
     return DEFAULT_BATCH if info.software else GPU_BATCH
@@ -61,100 +53,82 @@ def prefill_batch(info) -> int:
 
 @dataclass(frozen=True)
 class Scratch:
-    """Activations, the KV cache and the conv states, allocated once per engine; every buffer is kind CONVERSATION
-    (Forget wipes them). B = max_batch rows; decode uses row 0."""
+    """The buffers of a step and of the conversation, allocated once per engine; every buffer is kind CONVERSATION
+    (Forget wipes them). B = max_batch rows; decode uses row 0. The step's own rows first; then the fields each block
+    fills (lab.engine.blocks, each `Block.alloc`), None or () where the model has no such block."""
     step: gpu.Buffer            # the per-step uniform: pos, n_tokens, n_ctx (lab.ops.STEP)
     ids: gpu.Buffer             # [B] u32 token ids; greedy's argmax lands in ids[0]
     x: gpu.Buffer               # [B, n_embd] the residual stream
     xn: gpu.Buffer              # [B, n_embd] normed residual
-    qkv: gpu.Buffer             # [B, q + 2 kv] the fused projection row [q | k | v]
-    att: gpu.Buffer             # [B, q] attention output
-    tmp: gpu.Buffer | None      # [B, n_embd] branch output before gemma3's post-norm (None without post-norms)
-    gate_up: gpu.Buffer         # [B, 2 n_ff] the fused row [gate | up]
-    h: gpu.Buffer               # [B, n_ff] GLU output (prefill; decode folds it into the down projection)
+    att: gpu.Buffer             # [B, q] a mixer's output (attention's, or a delta-net's), its out projection's input
+    tmp: gpu.Buffer | None      # [B, n_embd] a branch's output before its post-norm (None without post-norms)
     last: gpu.Buffer            # [n_embd] the last row, the only one prefill's head reads
     logits: gpu.Buffer          # [1 or B, n_vocab]
     topk: gpu.Buffer            # [K] (u32 id, f32 logit) pairs for sampling
     kept: gpu.Buffer            # [AHEAD] u32 ids of greedy steps run ahead of one read-back
-    k_cache: tuple[gpu.Buffer | None, ...]   # per layer [n_ctx, n_head_kv * head_dim]; None for a short-conv layer
-    v_cache: tuple[gpu.Buffer | None, ...]
-    qkv_width: int              # floats per fused qkv row
-    # per conv layer [conv_ring rows, conv_channels] the conv input of the latest positions (row q % rows): lfm2's B*x,
-    # qwen35's q, k, v; None for an attention layer
-    conv_state: tuple[gpu.Buffer | None, ...] = ()
-    bcx: gpu.Buffer | None = None   # [B, 3 n_embd] lfm2's in_proj rows [B | C | x] (None without short-conv layers)
-    # qwen35: per delta-net layer [ssm_v_heads, d_k, d_v] f32, state[(h d_k + r) d_v + c] (None for other layers)
-    recurrent: tuple[gpu.Buffer | None, ...] = ()
-    delta_in: gpu.Buffer | None = None      # [B, delta_width] the delta-net in-projection rows [q k v | z | beta | alpha]
-    delta_conv: gpu.Buffer | None = None    # [B, conv_channels] silu(conv(q k v)), the recurrence's input
-    # SNAPSHOTS copies of (every recurrent state, every conv state) in one buffer each, in layer order (qwen35)
-    snapshots: tuple[gpu.Buffer, ...] = ()
     xq: gpu.Buffer | None = None    # [B padded, widest input] int8: prefill's input to the int8 GEMM (int8 engines)
     xd: gpu.Buffer | None = None    # its (d, d * sum q) per block of 32
-    # gemma4's per-layer inputs [B, n_layer x n_embd_per_layer] (layer il's slice at il x n_embd_per_layer), and the
-    # projection of the scaled embedding that goes into them (None without per-layer embeddings)
+    # -- attention (blocks.attention)
+    qkv: gpu.Buffer | None = None   # [B, qkv_width] the fused projection row [q | k | v] (| gate)
+    qkv_width: int = 0              # floats per fused qkv row, the widest layer's
+    k_cache: tuple[gpu.Buffer | None, ...] = ()     # per layer [n_ctx, n_head_kv * head_dim]; None where the layer
+    v_cache: tuple[gpu.Buffer | None, ...] = ()     # has no cache of its own
+    # -- the feed-forward (blocks.feedforward)
+    gate_up: gpu.Buffer | None = None   # [B, 2 n_ff] the fused row [gate | up]
+    h: gpu.Buffer | None = None         # [B, n_ff] GLU output (prefill; decode folds it into the down projection)
+    # -- short conv and delta-net (blocks.shortconv, blocks.deltanet): per conv layer [conv_ring rows, conv_channels],
+    # the conv input of the latest positions (row q % rows): a short conv's B*x, a delta-net's q, k, v
+    conv_state: tuple[gpu.Buffer | None, ...] = ()
+    bcx: gpu.Buffer | None = None   # [B, 3 n_embd] a short conv's in_proj rows [B | C | x]
+    # per delta-net layer [ssm_v_heads, d_k, d_v] f32, state[(h d_k + r) d_v + c]
+    recurrent: tuple[gpu.Buffer | None, ...] = ()
+    delta_in: gpu.Buffer | None = None      # [B, delta_width] the in-projection rows [q k v | z | beta | alpha]
+    delta_conv: gpu.Buffer | None = None    # [B, conv_channels] silu(conv(q k v)), the recurrence's input
+    snapshots: tuple[gpu.Buffer, ...] = ()  # SNAPSHOTS copies of (every recurrent state, every conv state), in one
+                                            # buffer each, in layer order
+    # -- the per-layer inputs (blocks.perlayer) [B, n_layer x n_embd_per_layer] (layer il's slice at il x
+    # n_embd_per_layer), and the projection of the scaled embedding that goes into them
     per_layer: gpu.Buffer | None = None
     per_layer_proj: gpu.Buffer | None = None
+    # the fields of a block kind this list does not name, read as attributes all the same (`__getattr__`): a new
+    # block needs no line here
+    others: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        # called only where the normal lookup failed: a field of `others`
+        others = self.__dict__.get("others", {})
+        if name in others:
+            return others[name]
+        raise AttributeError(f"Scratch has no field {name!r}")
 
     @classmethod
-    def alloc(cls, dev: gpu.Device, cfg: Config, n_ctx: int, B: int, logits_all: bool,
+    def alloc(cls, dev: gpu.Device, cfg: Config, blocks, n_ctx: int, B: int, logits_all: bool,
               int8: bool = False, kv: str = "f32") -> Scratch:
+        """The step's own rows, then each block's fields (`blocks`: lab.engine.blocks.Blocks; each `Block.alloc`)."""
         conv, f32 = gpu.CONVERSATION, 4
-        W = max(qkv_width(cfg, il) for il in range(cfg.n_layer))     # the widest projection row of a layer
-        A = max(cfg.q_dim, cfg.ssm_inner)       # attention's output, or a delta-net layer's gated-norm output
+        A = max(cfg.q_dim, cfg.ssm_inner)       # a mixer's output: attention's, or a delta-net's gated norm
         rows = B if logits_all else 1
-        # a cache per attention layer with K/V of its own (gemma4's shared-KV layers read an earlier layer's)
-        attends = {il for il in cfg.attention_layers if cfg.has_kv(il)}
-        kv_bytes = [attn_ops.kv_cache_bytes(n_ctx, cfg.n_head_kv_of(il), cfg.head_dim_of(il), kv)
-                    for il in range(cfg.n_layer)]
-        return cls(
+        fields = dict(
             step=ops.make_step(dev, "step"),
             ids=dev.buffer(4 * B, conv, "ids [B] u32"),
             x=dev.buffer(f32 * B * cfg.n_embd, conv, "x residual [B, n_embd]"),
             xn=dev.buffer(f32 * B * cfg.n_embd, conv, "xn normed [B, n_embd]"),
-            qkv=dev.buffer(f32 * B * W, conv, "qkv [B, q + 2 kv]" + (" + gate" if cfg.attn_gate else "")),
             att=dev.buffer(f32 * B * A, conv, "attention out [B, q]"),
             tmp=dev.buffer(f32 * B * cfg.n_embd, conv, "branch out [B, n_embd]") if cfg.post_norms else None,
-            gate_up=dev.buffer(f32 * B * 2 * cfg.n_ff, conv, "gate|up [B, 2 n_ff]"),
-            h=dev.buffer(f32 * B * cfg.n_ff, conv, "glu out [B, n_ff]"),
             last=dev.buffer(f32 * cfg.n_embd, conv, "last row [n_embd]"),
             logits=dev.buffer(f32 * rows * cfg.n_vocab, conv, f"logits [{rows}, n_vocab]"),
             topk=dev.buffer(8 * MAX_CANDIDATES, conv, "top-k pairs [K] (u32, f32)"),
             kept=dev.buffer(4 * AHEAD, conv, f"decoded ids [{AHEAD}] u32 (greedy steps ahead)"),
-            k_cache=tuple(dev.buffer(kv_bytes[il], conv, f"k cache {il} [n_ctx, kv]") if il in attends else None
-                          for il in range(cfg.n_layer)),
-            v_cache=tuple(dev.buffer(kv_bytes[il], conv, f"v cache {il} [n_ctx, kv]") if il in attends else None
-                          for il in range(cfg.n_layer)),
-            qkv_width=W, **(cls._int8(dev, cfg, B) if int8 else {}), **(cls._per_layer(dev, cfg, B)), **(cls._conv(dev, cfg, B) if cfg.recurrent else {}))
-
-    @staticmethod
-    def _conv(dev: gpu.Device, cfg: Config, B: int) -> dict:
-        ring, n, conv = conv_ring(cfg), cfg.conv_channels, gpu.CONVERSATION
-        convs = set(cfg.conv_layers)
-        out = {"conv_state": tuple(dev.buffer(shortconv_ops.state_bytes(n, ring), conv,
-                                              f"conv state {il} [{ring}, {n}]") if il in convs else None
-                                   for il in range(cfg.n_layer))}
-        if cfg.shortconv:
-            out["bcx"] = dev.buffer(4 * B * 3 * cfg.n_embd, conv, "bcx [B, 3 n_embd]")
-        if cfg.delta:
-            d, hv = cfg.ssm_head_dim, cfg.ssm_v_heads
-            state = deltanet_ops.state_bytes(hv, d)
-            out["recurrent"] = tuple(dev.buffer(state, conv, f"delta-net state {il} [{hv}, {d}, {d}]")
-                                     if cfg.is_delta(il) else None for il in range(cfg.n_layer))
-            out["delta_in"] = dev.buffer(4 * B * cfg.delta_width, conv, "delta-net in-projection [B, width]")
-            out["delta_conv"] = dev.buffer(4 * B * n, conv, f"delta-net conv out [B, {n}]")
-            size = len(cfg.delta_layers) * state + len(convs) * shortconv_ops.state_bytes(n, ring)
-            out["snapshots"] = tuple(dev.buffer(size, conv, f"state snapshot {i} (recurrent and conv states)")
-                                     for i in range(SNAPSHOTS))
-        return out
-
-    @staticmethod
-    def _per_layer(dev: gpu.Device, cfg: Config, B: int) -> dict:
-        if not cfg.n_embd_per_layer:
-            return {}
-        n = cfg.n_layer * cfg.n_embd_per_layer
-        return {"per_layer": dev.buffer(4 * B * n, gpu.CONVERSATION, f"per-layer inputs [B, {n}]"),
-                "per_layer_proj": dev.buffer(4 * B * n, gpu.CONVERSATION, f"per-layer projection [B, {n}]")}
+            **(cls._int8(dev, cfg, B) if int8 else {}))
+        for block in blocks.all:
+            for name, value in block.alloc(dev, n_ctx, B, kv).items():
+                # per-layer fields two blocks fill (the conv states of two mixers) merge layer by layer
+                old = fields.get(name)
+                merged = isinstance(old, tuple)
+                fields[name] = tuple(b if a is None else a for a, b in zip(old, value)) if merged else value
+        named = {f.name for f in fields_of(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in named},
+                   others={k: v for k, v in fields.items() if k not in named})
 
     @staticmethod
     def _int8(dev: gpu.Device, cfg: Config, B: int) -> dict:

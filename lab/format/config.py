@@ -121,6 +121,11 @@ class Config:
         """Whether layer il is a gated delta-net layer (qwen35) rather than attention."""
         return bool(self.delta and self.delta[il])
 
+    def mixer(self, il: int) -> str:
+        """The kind of block in layer il where attention sits in a plain decoder (lab.engine.blocks.MIXERS):
+        "shortconv", "deltanet" or "attention"."""
+        return "shortconv" if self.is_conv(il) else "deltanet" if self.is_delta(il) else "attention"
+
     @property
     def attention_layers(self) -> tuple[int, ...]:
         """The layers with attention (and a KV cache): every layer but the short-conv and delta-net ones."""

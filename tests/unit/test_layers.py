@@ -19,6 +19,13 @@ LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops",
 # (lab.format.arches) the registry of them.
 FORMAT = ["lab.format.ggml", "lab.format.iq_grids", "lab.format.gguf", "lab.format.rules", "lab.format.config",
           "lab.format.arches.base", "lab.format.arches", "lab.format.checks", "lab.format.model"]
+# The order inside lab.engine, as its package docstring states it (the blocks' base and kinds inside blocks, the
+# package the registry of them, lab.engine.blocks' docstring).
+ENGINE = ["lab.engine.scratch", "lab.engine.blocks.base", "lab.engine.blocks.attention", "lab.engine.blocks.shortconv",
+          "lab.engine.blocks.deltanet", "lab.engine.blocks.feedforward", "lab.engine.blocks.perlayer",
+          "lab.engine.blocks.ends", "lab.engine.blocks", "lab.engine.plans", "lab.engine.budget", "lab.engine.engine",
+          "lab.engine.load", "lab.engine.sampler", "lab.engine.session"]
+ORDERED = {"lab.format": FORMAT, "lab.engine": ENGINE}     # the groups whose inside order the tests hold
 # What the asset server may import of the lab: the version and the page's defaults (`lab serve` passes the model path).
 SERVER_MAY_IMPORT = {"lab", "lab.settings"}
 
@@ -38,10 +45,10 @@ def layer(mod: str) -> int:
     return LAYERS.index(best)
 
 
-def format_place(mod: str) -> int:
-    """The index of the longest FORMAT entry that is `mod` or a package above it (-1: none)."""
-    found = [g for g in FORMAT if mod == g or mod.startswith(g + ".")]
-    return FORMAT.index(max(found, key=len)) if found else -1
+def place(mod: str, order: list[str] = FORMAT) -> int:
+    """The index of the longest entry of `order` that is `mod` or a package above it (-1: none)."""
+    found = [g for g in order if mod == g or mod.startswith(g + ".")]
+    return order.index(max(found, key=len)) if found else -1
 
 
 def imports(mod: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
@@ -115,20 +122,25 @@ def test_no_import_goes_up_the_layers():
     assert not wrong, "\n".join(wrong)
 
 
-def test_lab_format_keeps_its_order():
-    """Inside lab.format, every module has its place in FORMAT and imports none placed after it."""
-    mods = [m for m in sources() if m.startswith("lab.format.")]
-    assert not [m for m in mods if format_place(m) < 0], "modules of lab.format without a place in FORMAT"
-    wrong = [f"{m} ({FORMAT[format_place(m)]}) imports {t} ({FORMAT[format_place(t)]}) at line {line}"
+@pytest.mark.parametrize("group", ORDERED)
+def test_a_group_keeps_its_order(group):
+    """Inside lab.format and lab.engine, every module has its place in the group's order and imports none placed
+    after it."""
+    order = ORDERED[group]
+    mods = [m for m in sources() if m.startswith(group + ".")]
+    assert not [m for m in mods if place(m, order) < 0], f"modules of {group} without a place in its order"
+    wrong = [f"{m} ({order[place(m, order)]}) imports {t} ({order[place(t, order)]}) at line {line}"
              for m, es in graph().items() if m in mods for t, line, _ in es
-             if t.startswith("lab.format.") and format_place(t) > format_place(m)]
+             if t.startswith(group + ".") and place(t, order) > place(m, order)]
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_format_docstring_states_the_order():
-    """lab/format/__init__.py names the modules in FORMAT's order (the base of arches inside arches)."""
-    doc = ast.get_docstring(ast.parse((ROOT / "lab/format/__init__.py").read_text()))
-    names = list(dict.fromkeys(m.split(".")[2] for m in FORMAT))
+@pytest.mark.parametrize("group", ORDERED)
+def test_the_docstring_states_the_order(group):
+    """The group's package docstring names its modules in the order the test holds (a package's inner modules
+    inside it)."""
+    doc = ast.get_docstring(ast.parse((ROOT / group.replace(".", "/") / "__init__.py").read_text()))
+    names = list(dict.fromkeys(m.split(".")[2] for m in ORDERED[group]))
     where = [doc.find(f"{n} (") for n in names]
     assert -1 not in where and where == sorted(where), dict(zip(names, where))
 
@@ -176,4 +188,13 @@ def test_a_format_import_out_of_order_is_caught(tmp_path):
     planted.write_text("from lab.format.model import Config\n")
     found = imports("lab.format.arches.planted", planted, set(sources()))
     assert [t for t, _, _ in found] == ["lab.format.model"]
-    assert format_place("lab.format.model") > format_place("lab.format.arches.planted")
+    assert place("lab.format.model") > place("lab.format.arches.planted")
+
+
+def test_an_engine_import_out_of_order_is_caught(tmp_path):
+    """The order inside lab.engine on a planted module: a block importing the plans (which run the blocks)."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from lab.engine.plans import Plan\n")
+    found = imports("lab.engine.blocks.planted", planted, set(sources()))
+    assert [t for t, _, _ in found] == ["lab.engine.plans"]
+    assert place("lab.engine.plans", ENGINE) > place("lab.engine.blocks.planted", ENGINE)

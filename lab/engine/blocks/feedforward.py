@@ -1,0 +1,27 @@
+"""The feed-forward block of every layer: norm -> the fused row [gate | up] -> (SiLU or tanh-GELU)(gate) * up -> down,
+added to x (or, with post-norms, normed and then added). It owns the [gate | up] and GLU rows.
+"""
+
+from __future__ import annotations
+
+from lab import gpu
+from lab.engine.blocks.base import Block
+
+
+class FeedForward(Block):
+    def alloc(self, dev, n_ctx, B, kv):
+        ff, conv = self.cfg.n_ff, gpu.CONVERSATION      # n_ff: the widest layer's
+        return {"gate_up": dev.buffer(4 * B * 2 * ff, conv, "gate|up [B, 2 n_ff]"),
+                "h": dev.buffer(4 * B * ff, conv, "glu out [B, n_ff]")}
+
+    def build(self, p, il):
+        cfg, s = self.cfg, p.scratch
+        FF, b = cfg.n_ff_of(il), f"blk.{il}."
+        p.add_normed(p.normed_proj(b + "gate_up", b + cfg.ffn_norm, s.gate_up, 2 * FF, None), f"ffn_norm-{il}")
+        act = "geglu" if cfg.gelu else "swiglu"
+        down_in, down_opts = p.glu_then(act, FF)
+        if down_in is s.h:      # the GLU ran as its own op (prefill; decode's widest FFNs): its output is a site
+            p.trace(f"ffn_{act}-{il}", s.h, FF)
+        # a block with a tail goes on after this residual: llama.cpp calls it pe_in there
+        p.residual(b + "ffn_down.weight", down_in, "post_ffw_norm.weight", il, f"ffn_post_norm-{il}",
+                   f"{'pe_in' if cfg.block_tail and cfg.post_norms else 'l_out'}-{il}", f"ffn_out-{il}", **down_opts)
