@@ -206,9 +206,16 @@ class Experiments:
                 run, writes = self.runner.step(plan, t, runs[r], (pick_op,), at)
                 dev.run(run, step_writes + writes + more)
 
-        out: list[list[float] | None] = [None] * len(runs)
+        return await self._in_blocks(len(runs), submit, width, 1 + len(picked), on_progress, should_stop)
+
+    async def _in_blocks(self, n_runs: int, submit, width: int, kept: int, on_progress,
+                         should_stop) -> tuple[list[list[float] | None], float]:
+        """Runs 0 .. n_runs-1 through submit(first, n), in blocks sized to take about POLL_S each: each run's first
+        `kept` floats of its `width` in the results table (None where a stop left it unrun), and the seconds taken."""
+        dev = self.device
+        out: list[list[float] | None] = [None] * n_runs
         t0 = time.perf_counter()
-        if not runs:
+        if not n_runs:
             return out, 0.0
         block, first, n = 1, 0, 1
         submit(0, 1)
@@ -216,16 +223,16 @@ class Experiments:
         while True:
             nxt = first + n
             stop = should_stop is not None and should_stop()
-            m = 0 if stop else min(block, len(runs) - nxt)
+            m = 0 if stop else min(block, n_runs - nxt)
             if m:
                 submit(nxt, m)          # queued before this block's results are awaited: the GPU keeps busy
             raw = array("f", await read)
             for j in range(n):
-                out[first + j] = raw[j * width: j * width + 1 + len(picked)].tolist()
+                out[first + j] = raw[j * width: j * width + kept].tolist()
             done = nxt
             seconds = time.perf_counter() - t0
             if on_progress is not None:
-                on_progress(done, len(runs), seconds)
+                on_progress(done, n_runs, seconds)
             block = max(1, min(MAX_BLOCK, int(POLL_S * done / max(seconds, 1e-6))))
             if not m:
                 return out, seconds
@@ -425,18 +432,11 @@ class Experiments:
         buf = self.engine.weights.vectors[name]
         return array("f", await self.device.read(buf, 0, 4 * self.cfg.n_embd)).tolist()
 
-    async def attribute(self, ids: list[int], target: int) -> dict:
-        """{"target_id", "logit", "embedding", "rows": [{"layer", "attn", "mlp", "heads"}], "remainder"}."""
+    async def _project_heads(self, last, target: int) -> tuple[list[float], array]:
+        """The target's unembedding row, and each head's output at the last position (last(name, width): a traced
+        tensor's last row) through its own columns of attn_output.weight: [layers x heads, n_embd] floats."""
         cfg, dev = self.cfg, self.device
-        t = self._check_prompt(ids)
-        self.engine.check_ids([target], InterventionError, "the target: ")
-        raw = await self.engine.traced(ids, 0)
         E, Q, hd, H = cfg.n_embd, cfg.q_dim, self.runner.head_dim, cfg.n_head
-
-        def last(name: str, width: int) -> list[float]:
-            a = array("f", raw[name])
-            return a[len(a) - width:].tolist()
-
         if self._heads is None:
             self._build_heads()
         x, y, step, id_buf, u_buf, op_list, row = self._heads
@@ -454,6 +454,21 @@ class Experiments:
                                          (id_buf, 0, struct.pack("<I", target))])
         u = array("f", await dev.read(u_buf, 0, 4 * E)).tolist()
         per_head = array("f", await dev.read(y, 0, 4 * cfg.n_layer * H * E))
+        return u, per_head
+
+    async def attribute(self, ids: list[int], target: int) -> dict:
+        """{"target_id", "logit", "embedding", "rows": [{"layer", "attn", "mlp", "heads"}], "remainder"}."""
+        cfg = self.cfg
+        t = self._check_prompt(ids)
+        self.engine.check_ids([target], InterventionError, "the target: ")
+        raw = await self.engine.traced(ids, 0)
+        E, H = cfg.n_embd, cfg.n_head
+
+        def last(name: str, width: int) -> list[float]:
+            a = array("f", raw[name])
+            return a[len(a) - width:].tolist()
+
+        u, per_head = await self._project_heads(last, target)
         w_norm = await self._vector(cfg.output_norm)
 
         def rms(v: list[float]) -> float:

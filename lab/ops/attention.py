@@ -225,13 +225,8 @@ def attention(device: gpu.Device, kernels, q_src, k_cache, v_cache, out, step, *
     n_chunks = -(-n_ctx // chunk)
 
     # 1. The variant: the entries that run, and how many query heads a decode workgroup takes within the limit.
-    limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
-    hpw = heads_per_workgroup(head_dim, group, limit)
-    entries = _entries(device, mode, probe is not None, narrow, rows, head_dim, label)
-    need = workgroup_bytes(head_dim, hpw, narrow)
-    for entry in entries:
-        if need[entry] > limit:
-            raise gpu.GpuError(f"{label}: {entry} needs {need[entry]} bytes of workgroup memory, the limit is {limit}")
+    hpw, entries = _variant(device, label, mode=mode, probe=probe is not None, narrow=narrow, rows=rows,
+                            head_dim=head_dim, group=group)
 
     # 2. What the entries bind: the parameters, and decode's scratch (sized for max_tokens).
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -274,6 +269,20 @@ def _check_arguments(label: str, k_cache, v_cache, *, n_head: int, n_kv_head: in
             raise ValueError(f"{label}: {name} is smaller than {n_ctx} rows of {kv}")
     if q_offset + n_head * head_dim > q_stride:
         raise ValueError(f"{label}: Q columns run past the source row ({q_stride} floats)")
+
+
+def _variant(device: gpu.Device, label: str, *, mode: str, probe: bool, narrow: bool, rows: bool | None,
+             head_dim: int, group: int) -> tuple[int, list[str]]:
+    """Decode's query heads a workgroup (HPW) and the entries attention dispatches, each checked against the device's
+    workgroup memory (at most WG_BYTES, what the tiles are sized for)."""
+    limit = min(WG_BYTES, device.info.limits["max_compute_workgroup_storage_size"])
+    hpw = heads_per_workgroup(head_dim, group, limit)
+    entries = _entries(device, mode, probe, narrow, rows, head_dim, label)
+    need = workgroup_bytes(head_dim, hpw, narrow)
+    for entry in entries:
+        if need[entry] > limit:
+            raise gpu.GpuError(f"{label}: {entry} needs {need[entry]} bytes of workgroup memory, the limit is {limit}")
+    return hpw, entries
 
 
 def _entries(device: gpu.Device, mode: str, probe: bool, narrow: bool, rows: bool | None, head_dim: int,

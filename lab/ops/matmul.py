@@ -122,35 +122,18 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
     _check_matvec(w, x, y, x_offset=x_offset, y_offset=y_offset, accumulate=accumulate, norm=norm, xn=xn,
                   xn_offset=xn_offset, glu=glu, bias=bias, bias_offset=bias_offset, rope=rope)
 
-    # 1. The variant: the input prologue, the weight type's loop, the epilogues, and the kernel.
     # x is read as vec4s where its offset allows; the types' own loops need that, else they take the group loop
     x4 = x_offset % 4 == 0
-    consts, w4, table = _matvec_consts(w.type.name, x4, norm=norm is not None, glu=glu, bias=bias is not None,
-                                       rope=rope is not None)
-    if rope is not None:
-        storage = matvec_storage(w.type.name, norm=norm is not None, bias=bias is not None, rope=True, x4=x4)
-        if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
-            raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
-                               f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
-    wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
-    sg = subgroup_consts(device)
-    red = max(1, wg // 4) if sg["SG"] == "" else wg
-    kvc = kv_consts(rope.kv if rope is not None else "f32")
-    k = kernels.get("matvec", WG=wg, RED=red, **consts,
-                    **dequant_consts(w.type), **sg, **kvc)
+    k, w4, table = _matvec_kernel(device, kernels, w, x4, norm=norm is not None, glu=glu, bias=bias is not None,
+                                  rope=rope, wg=wg)
 
-    # 2. The bindings every part shares: the prologue's and the bias after W, x, y and the parameters, then the loop's
-    # (the grid: one table per grid and owner, not one per op); the rotary epilogue's last, its parameters with the
-    # cache writes (True) and without (False).
+    # The bindings every part shares: the prologue's and the bias after W, x, y and the parameters, then the loop's
+    # (the grid: one table per grid and owner, not one per op); the rotary epilogue's last.
     extra = ([norm[0], xn] if norm is not None else []) + ([bias] if bias is not None else [])
     grid_buf = [kernels.table(f"{table} grid", grid_bytes(table))] if table else []
-    tail = {}
-    if rope is not None:
-        tail = {True: [device.uniform(rope.params(True), f"{w.name}.rope"), rope.step, rope.k_cache, rope.v_cache],
-                False: [device.uniform(rope.params(False), f"{w.name}.rope (no kv)"), rope.step, rope.k_cache,
-                        rope.v_cache]}
+    tail = _rope_bindings(device, w, rope) if rope is not None else {}
 
-    # 3. One op per weight part, each writing its own rows of y (only the first writes xn).
+    # One op per weight part, each writing its own rows of y (only the first writes xn).
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
     eps = float(norm[1]) if norm else 0.0
     ops = []
@@ -169,6 +152,32 @@ def matvec(device: gpu.Device, kernels: KernelCache, w: Weight, x: gpu.Buffer, y
         ops.append(Op(k, device.bind(k, res + tail[True], f"{part.buffer.label}.matvec+rope+kv"),
                       lambda t, g=grid: g, KV_WRITE, without_kv=plain))
     return ops
+
+
+def _matvec_kernel(device: gpu.Device, kernels: KernelCache, w: Weight, x4: bool, *, norm: bool, glu: str | None,
+                   bias: bool, rope: QkvRope | None, wg: int | None) -> tuple[object, bool, str]:
+    """matvec's variant: its kernel (the input prologue, the weight type's loop, the epilogues, the threads), whether
+    the loop binds W a second time, wider, and the grid it binds (or "")."""
+    consts, w4, table = _matvec_consts(w.type.name, x4, norm=norm, glu=glu, bias=bias, rope=rope is not None)
+    if rope is not None:
+        storage = matvec_storage(w.type.name, norm=norm, bias=bias, rope=True, x4=x4)
+        if storage > device.info.limits["max_storage_buffers_per_shader_stage"]:
+            raise gpu.GpuError(f"{w.name} matvec: the rotary epilogue needs {storage} storage buffers, the adapter "
+                               f"allows {device.info.limits['max_storage_buffers_per_shader_stage']}")
+    wg = wg or matvec_wg(w.cols, w.rows, device.info.software, w.type.name, device.info.swiftshader)
+    sg = subgroup_consts(device)
+    red = max(1, wg // 4) if sg["SG"] == "" else wg
+    kvc = kv_consts(rope.kv if rope is not None else "f32")
+    k = kernels.get("matvec", WG=wg, RED=red, **consts,
+                    **dequant_consts(w.type), **sg, **kvc)
+    return k, w4, table
+
+
+def _rope_bindings(device: gpu.Device, w: Weight, rope: QkvRope) -> dict[bool, list]:
+    """The rotary epilogue's bindings, its parameters with the cache writes (True) and without (False)."""
+    return {True: [device.uniform(rope.params(True), f"{w.name}.rope"), rope.step, rope.k_cache, rope.v_cache],
+            False: [device.uniform(rope.params(False), f"{w.name}.rope (no kv)"), rope.step, rope.k_cache,
+                    rope.v_cache]}
 
 
 def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_offset: int, accumulate: bool,

@@ -111,70 +111,82 @@ class Plan:
             raise InterventionError(f"experiment {self.kind!r}: one of {', '.join(KINDS)}")
         self.msg, self.tok, self.engine = msg, tok, eng
         self.tokens: dict[str, list[list[int]] | list[int]] = {}
-        n_layer, n_head = cfg.n_layer, cfg.n_head
         if self.kind == "steer":
-            self.plus, self.minus = _lines(tok, msg.get("plus"), "plus"), _lines(tok, msg.get("minus"), "minus")
-            text = _text(msg, "prompt")
-            if not text:
-                raise InterventionError("the prompt is empty: type one")
-            # as a chat message (the model's template), or as text to continue (behind BOS, as `lab steer`)
-            self.ids = chat.render_chat(tok, lo.header.metadata, [{"role": "user", "content": text}]) \
-                if msg.get("chat") else tok.encode(text, add_bos=tok.add_bos)
-            self.layer = _int(msg, "layer", "layer")
-            if not 0 <= self.layer < n_layer:
-                raise InterventionError(f"layer {self.layer}: the model has layers 0 .. {n_layer - 1}")
-            self.scale = _float(msg, "scale")
-            self.max_new = int(msg.get("max_new") or MAX_NEW)
-            if not 1 <= self.max_new <= eng.n_ctx - len(self.ids):
-                raise InterventionError(f"{self.max_new} tokens to generate: 1 .. {eng.n_ctx - len(self.ids)} after "
-                                        f"the prompt's {len(self.ids)} (the context is {eng.n_ctx})")
-            self.settings = Settings.from_dict(msg.get("settings") or {})
-            for side, prompts in (("plus", self.plus), ("minus", self.minus)):
-                for i, ids in enumerate(prompts):
-                    _fits(ids, eng, f"{side} prompt on line {i + 1}")
-            # one run a prompt for the vector, then the two replies' prompts (their tokens come at the chat's speed)
-            self.runs = len(self.plus) + len(self.minus) + 2
-            self.timed = self.ids
+            self._steering(msg, lo)
             return
         self.target = token_id(tok, _text(msg, "target", strip=False), "the target")
         if self.kind == "patch":
-            self.clean, self.corrupt = _prompt(tok, msg.get("clean"), "clean prompt"), \
-                _prompt(tok, msg.get("corrupt"), "corrupted prompt")
-            if len(self.clean) != len(self.corrupt):
-                raise InterventionError(f"the clean prompt is {len(self.clean)} tokens and the corrupted one "
-                                        f"{len(self.corrupt)}: patching matches positions one to one, so the lengths "
-                                        f"must match; reword one until both have the same number of tokens")
-            foil = _text(msg, "foil", strip=False)
-            self.foil = token_id(tok, foil, "the foil") if foil else None
-            self.site = str(msg.get("site") or "resid")
-            if self.site not in SITES:
-                raise InterventionError(f"site {self.site!r}: one of {', '.join(SITES)}")
-            self.layers = numbers(msg.get("layers"), n_layer, "layers")
-            per_layer = len(self.clean)
-            # the corrupted run (its top token is the default foil), the two runs compared, the clean run's trace,
-            # and for the residual the check that patching all of the last layer gives the clean run
-            self.base_runs = 5 if self.site == "resid" else 4
-            self.timed = self.clean
+            self._patching(msg, cfg.n_layer)
         else:
             self.ids = _prompt(tok, msg.get("prompt"))
             self.timed = self.ids
             if self.kind == "attribute":
                 self.runs = 1
                 return
-            self.what = str(msg.get("what") or "heads")
-            if self.what not in ("heads", "attn", "mlp"):
-                raise InterventionError(f"ablate {self.what!r}: heads, attn or mlp")
-            self.mode = str(msg.get("mode") or "zero")
-            if self.mode not in ("zero", "mean"):
-                raise InterventionError(f"mode {self.mode!r}: zero or mean")
-            self.layers = numbers(msg.get("layers"), n_layer, "layers")
-            self.heads = numbers(msg.get("heads"), n_head, "heads") if self.what == "heads" else None
-            per_layer = (n_head if self.heads is None else len(self.heads)) if self.what == "heads" else 1
-            # the plain run, the trace a mean is taken from, and for a single row the run its top 5 come from
-            self.base_runs = 1 + (self.mode == "mean") + (per_layer * len(self.layers or range(n_layer)) == 1)
-        self.per_layer = per_layer
-        self.all_layers = list(range(n_layer)) if self.layers is None else self.layers
-        self.runs = self.base_runs + per_layer * len(self.all_layers)
+            self._ablation(msg, cfg.n_layer, cfg.n_head)
+        self.all_layers = list(range(cfg.n_layer)) if self.layers is None else self.layers
+        self.runs = self.base_runs + self.per_layer * len(self.all_layers)
+
+    def _steering(self, msg: dict, lo: Loaded) -> None:
+        """The steering inputs: both sides' prompts, the prompt the replies continue, the layer, scale and length."""
+        eng, tok, n_layer = self.engine, self.tok, self.engine.cfg.n_layer
+        self.plus, self.minus = _lines(tok, msg.get("plus"), "plus"), _lines(tok, msg.get("minus"), "minus")
+        text = _text(msg, "prompt")
+        if not text:
+            raise InterventionError("the prompt is empty: type one")
+        # as a chat message (the model's template), or as text to continue (behind BOS, as `lab steer`)
+        self.ids = chat.render_chat(tok, lo.header.metadata, [{"role": "user", "content": text}]) \
+            if msg.get("chat") else tok.encode(text, add_bos=tok.add_bos)
+        self.layer = _int(msg, "layer", "layer")
+        if not 0 <= self.layer < n_layer:
+            raise InterventionError(f"layer {self.layer}: the model has layers 0 .. {n_layer - 1}")
+        self.scale = _float(msg, "scale")
+        self.max_new = int(msg.get("max_new") or MAX_NEW)
+        if not 1 <= self.max_new <= eng.n_ctx - len(self.ids):
+            raise InterventionError(f"{self.max_new} tokens to generate: 1 .. {eng.n_ctx - len(self.ids)} after "
+                                    f"the prompt's {len(self.ids)} (the context is {eng.n_ctx})")
+        self.settings = Settings.from_dict(msg.get("settings") or {})
+        for side, prompts in (("plus", self.plus), ("minus", self.minus)):
+            for i, ids in enumerate(prompts):
+                _fits(ids, eng, f"{side} prompt on line {i + 1}")
+        # one run a prompt for the vector, then the two replies' prompts (their tokens come at the chat's speed)
+        self.runs = len(self.plus) + len(self.minus) + 2
+        self.timed = self.ids
+
+    def _patching(self, msg: dict, n_layer: int) -> None:
+        """The patching inputs: two prompts of one length, the foil, the site and the layers swept."""
+        tok = self.tok
+        self.clean, self.corrupt = _prompt(tok, msg.get("clean"), "clean prompt"), \
+            _prompt(tok, msg.get("corrupt"), "corrupted prompt")
+        if len(self.clean) != len(self.corrupt):
+            raise InterventionError(f"the clean prompt is {len(self.clean)} tokens and the corrupted one "
+                                    f"{len(self.corrupt)}: patching matches positions one to one, so the lengths "
+                                    f"must match; reword one until both have the same number of tokens")
+        foil = _text(msg, "foil", strip=False)
+        self.foil = token_id(tok, foil, "the foil") if foil else None
+        self.site = str(msg.get("site") or "resid")
+        if self.site not in SITES:
+            raise InterventionError(f"site {self.site!r}: one of {', '.join(SITES)}")
+        self.layers = numbers(msg.get("layers"), n_layer, "layers")
+        self.per_layer = len(self.clean)
+        # the corrupted run (its top token is the default foil), the two runs compared, the clean run's trace,
+        # and for the residual the check that patching all of the last layer gives the clean run
+        self.base_runs = 5 if self.site == "resid" else 4
+        self.timed = self.clean
+
+    def _ablation(self, msg: dict, n_layer: int, n_head: int) -> None:
+        """The ablation inputs (the prompt is read already): what is ablated, how, at which layers and heads."""
+        self.what = str(msg.get("what") or "heads")
+        if self.what not in ("heads", "attn", "mlp"):
+            raise InterventionError(f"ablate {self.what!r}: heads, attn or mlp")
+        self.mode = str(msg.get("mode") or "zero")
+        if self.mode not in ("zero", "mean"):
+            raise InterventionError(f"mode {self.mode!r}: zero or mean")
+        self.layers = numbers(msg.get("layers"), n_layer, "layers")
+        self.heads = numbers(msg.get("heads"), n_head, "heads") if self.what == "heads" else None
+        self.per_layer = (n_head if self.heads is None else len(self.heads)) if self.what == "heads" else 1
+        # the plain run, the trace a mean is taken from, and for a single row the run its top 5 come from
+        self.base_runs = 1 + (self.mode == "mean") + (self.per_layer * len(self.layers or range(n_layer)) == 1)
 
     def fitting(self, seconds_per_run: float, budget_s: float) -> list[int] | None:
         """The layers a sweep of this kind can take in budget_s (a run of consecutive layers, ending at the last one

@@ -254,10 +254,55 @@ _CONTRACTION_1 = frozenset("sStTmMdD")
 _CONTRACTION_2 = frozenset(["re", "ve", "ll"])
 
 
+def _llama3_contraction(text: str, pos: int, b: int) -> int:
+    """The end of a contraction ('s, 'T, 're, 'LL, ...: any case, ASCII only) starting at the apostrophe at pos,
+    or pos when none does."""
+    if pos + 1 < b:
+        n = text[pos + 1]
+        if n in _CONTRACTION_1:
+            return pos + 2
+        if pos + 2 < b and (n + text[pos + 2]).lower() in _CONTRACTION_2 and (n + text[pos + 2]).isascii():
+            return pos + 3
+    return pos
+
+
+def _llama3_digits(add, flags: list[int], pos: int, b: int) -> int:
+    """\\p{N}{1,3}, repeated: the digit run at pos as pieces of three and a shorter last one; returns its end."""
+    ini = p = pos
+    while p < b and flags[p] & NUMBER:
+        p += 1
+        if p - ini >= 3:
+            add((ini, p))
+            ini = p
+    if p > ini:
+        add((ini, p))
+    return p
+
+
+def _llama3_space(text: str, flags: list[int], pos: int, b: int) -> int:
+    """The end of the whitespace piece at pos: through its last \\r or \\n if it has one, else the run less its last
+    character where a non-space follows, else the whole run (pos + 1 where no rule matched)."""
+    n = 0
+    last_rn = -1
+    while pos + n < b and flags[pos + n] & WHITESPACE:
+        if text[pos + n] == "\r" or text[pos + n] == "\n":
+            last_rn = pos + n + 1
+        n += 1
+    if last_rn >= 0:                    # \s*[\r\n]+
+        return last_rn
+    if n > 1 and pos + n < b:           # \s+(?!\S)
+        return pos + n - 1
+    if n > 0:
+        return pos + n
+    return pos + 1
+
+
 def _split_llama3(text: str, flags: list[int], collapsed: str,
                   pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
     # (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*
     # |\s*[\r\n]+|\s+(?!\S)|\s+
+    # the letter and punctuation runs, most of the pieces, stay inline (the helpers take the rarer ones): a call
+    # per piece adds up in this loop
     out = []
     add = out.append
     for a, b in pieces:
@@ -265,15 +310,11 @@ def _split_llama3(text: str, flags: list[int], collapsed: str,
         while pos < b:
             c = text[pos]
             f = flags[pos]
-            if c == "'" and pos + 1 < b:
-                n = text[pos + 1]
-                if n in _CONTRACTION_1:
-                    add((pos, pos + 2))
-                    pos += 2
-                    continue
-                if pos + 2 < b and (n + text[pos + 2]).lower() in _CONTRACTION_2 and (n + text[pos + 2]).isascii():
-                    add((pos, pos + 3))
-                    pos += 3
+            if c == "'":
+                p = _llama3_contraction(text, pos, b)
+                if p > pos:
+                    add((pos, p))
+                    pos = p
                     continue
             if not (c == "\r" or c == "\n" or f & NUMBER):
                 if f & LETTER or (pos + 1 < b and flags[pos + 1] & LETTER):
@@ -284,15 +325,7 @@ def _split_llama3(text: str, flags: list[int], collapsed: str,
                     pos = p
                     continue
             if f & NUMBER:
-                ini = p = pos
-                while p < b and flags[p] & NUMBER:
-                    p += 1
-                    if p - ini >= 3:
-                        add((ini, p))
-                        ini = p
-                if p > ini:
-                    add((ini, p))
-                pos = p
+                pos = _llama3_digits(add, flags, pos, b)
                 continue
             sp = c == " "
             f2 = (flags[pos + 1] if pos + 1 < b else 0) if sp else f
@@ -305,26 +338,9 @@ def _split_llama3(text: str, flags: list[int], collapsed: str,
                 add((pos, p))
                 pos = p
                 continue
-            n = 0
-            last_rn = -1
-            while pos + n < b and flags[pos + n] & WHITESPACE:
-                if text[pos + n] == "\r" or text[pos + n] == "\n":
-                    last_rn = pos + n + 1
-                n += 1
-            if last_rn >= 0:                    # \s*[\r\n]+
-                add((pos, last_rn))
-                pos = last_rn
-                continue
-            if n > 1 and pos + n < b:           # \s+(?!\S)
-                add((pos, pos + n - 1))
-                pos += n - 1
-                continue
-            if n > 0:
-                add((pos, pos + n))
-                pos += n
-                continue
-            add((pos, pos + 1))
-            pos += 1
+            p = _llama3_space(text, flags, pos, b)
+            add((pos, p))
+            pos = p
     return out
 
 
