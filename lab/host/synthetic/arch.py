@@ -64,6 +64,9 @@ class ArchSpec:
     kv_per_layer: tuple[int, ...] = ()     # lfm2: attention.head_count_kv as an array, 0 for a short-conv layer
     ff_per_layer: tuple[int, ...] = ()     # gemma4: feed_forward_length as an array (double-wide shared-KV layers)
     v_is_k: bool = False                   # gemma4: full layers without attn_v (attention_k_eq_v: V is K's projection)
+    # general.name's spec part where the spec's own would trip llama.cpp: it matches general.name against "phi3" /
+    # "phi-3" and then looks up Phi-3's own "</s>" token (unordered_map::at on a vocabulary without it)
+    label: str = ""
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -99,7 +102,7 @@ SPECS: dict[str, ArchSpec] = {
                       extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,
                              "attention.value_length": 64}),
     # Phi-3: fused QKV and [gate | up]; its sliding_window key is read and switched off by llama.cpp
-    "phi3": ArchSpec("phi3", "smollm2", 4, 4, 2, 64, 512, tied=False,
+    "phi3": ArchSpec("phi3", "smollm2", 4, 4, 2, 64, 512, tied=False, label="phi",
                      extra={"rope.freq_base": 10000.0, "context_length": 4096, "rope.dimension_count": 64,
                             "attention.sliding_window": 8}),
     # Gemma 2: soft-caps small enough to bind on random weights, window 8 (prompts cross it), pattern 2
@@ -339,9 +342,7 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     tok = _tokenizer_fields(spec.vocab)
     n_vocab = len(next(f for k, f in tok if k == "tokenizer.ggml.tokens").contents())
     w = gguf.GGUFWriter(str(tmp), spec.arch)
-    # llama.cpp matches general.name against "phi3" / "phi-3" and then looks up Phi-3's own "</s>" token
-    # (unordered_map::at on a vocabulary without it): the name keeps the spec but not that spelling.
-    w.add_name(f"synthetic {name.replace('phi3', 'phi')} {mix}")
+    w.add_name(f"synthetic {spec.label or name} {mix}")
     w.add_uint32("general.file_type", 0 if mix == "f32" else 7 if mix == "q8_0" else 15)
     layout.put(w, _keys(spec))
     for k, f in tok:
