@@ -67,11 +67,14 @@ def in_order(cfg: Config, shapes: dict[str, Shape], head_order: Callable[[Config
     first = head_order(cfg)
 
     def rank(name: str) -> tuple[int, int]:
-        il, _, rest = name.removeprefix("blk.").partition(".") if name.startswith("blk.") else ("-1", "", name)
-        order = block(cfg, int(il)) if int(il) >= 0 else first
+        il, rest, order = -1, name, first
+        if name.startswith("blk."):
+            number, _, rest = name.removeprefix("blk.").partition(".")
+            il = int(number)
+            order = block(cfg, il)
         if rest not in order:
             raise ValueError(f"tensor {name} has no place in the synthetic files' order (lab.host.synthetic.layout)")
-        return int(il), order.index(rest)
+        return il, order.index(rest)
 
     return [(name, shapes[name]) for name in sorted(shapes, key=rank)]
 

@@ -10,9 +10,9 @@ llama-quantize's own dry run. `SMALL` are small variants of the new architecture
 made by the same code, for tests that must load and run them in seconds. The weights are noise: the output is
 gibberish, the timing is the real model's.
 
-A spec gives a release's metadata keys; its tensors' names and shapes are the ones the lab's registry (lab.format.arches)
-gives a model of those keys, less the head where it is tied and rope_freqs where nothing needs it, in the order these
-files have always had (lab.host.synthetic.layout). Every file's header is read back by the lab
+A spec gives a release's metadata keys; its tensors' names and shapes are the ones the lab's registry
+(lab.format.arches) gives a model of those keys, less the head where it is tied and rope_freqs where nothing needs it,
+in the order these files have always had (lab.host.synthetic.layout). Every file's header is read back by the lab
 (lab.format.model.from_gguf) before a byte of data is written, so a spec whose keys the lab would refuse fails at once.
 `write(..., vocab=True)` adds a placeholder vocabulary so llama.cpp (which refuses a file without one) loads
 the same file; `lab bench --synthetic` writes it that way too, so both benchmark the same bytes. The tensors are
@@ -294,9 +294,10 @@ def add_vocab(w, n_vocab: int) -> None:
 
 # A plain attention layer's tensors in these files' order (every other block's: lab.host.synthetic.layout): the
 # matrices, then the norms, the Q/K/V biases and the Q/K norms
-_PLAIN = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
-          "ffn_down.weight", "attn_norm.weight", "ffn_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight",
-          "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight")
+_PLAIN_LAYER = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                "ffn_up.weight", "ffn_down.weight", "attn_norm.weight", "ffn_norm.weight", "post_attention_norm.weight",
+                "post_ffw_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
+                "attn_k_norm.weight")
 
 
 def _head(cfg: Config) -> tuple[str, ...]:
@@ -309,7 +310,7 @@ def _head(cfg: Config) -> tuple[str, ...]:
 
 
 def _block(cfg: Config, il: int) -> tuple[str, ...]:
-    return layout.block_order(cfg, il, _PLAIN)
+    return layout.block_order(cfg, il, _PLAIN_LAYER)
 
 
 def _keys(spec: Spec) -> dict:
@@ -355,8 +356,8 @@ def tensor_table(spec: Spec) -> list[tuple[str, str, int, int]]:
 
 def _start(spec: Spec, label: str, path: Path, vocab: bool):
     """A gguf-py writer of `spec` at `path` with the header and tensor table written and flushed (the data not yet),
-    the file's Config and that table; the header is read back and checked by lab.format.model.from_gguf, so a file the lab would
-    refuse (a tensor missing, misnamed or misshaped for the architecture) is never written."""
+    the file's Config and that table; the header is read back and checked by lab.format.model.from_gguf, so a file the
+    lab would refuse (a tensor missing, misnamed or misshaped for the architecture) is never written."""
     import gguf
     w = gguf.GGUFWriter(str(path), spec.arch)
     w.add_name(f"synthetic {label}")
