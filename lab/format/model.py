@@ -48,18 +48,44 @@ FLAT_TENSORS = tuple(name for arch in REGISTRY.values() for name in arch.flat_te
 # Tensors whose VALUES Python reads (everything else only has its offsets read): rope_freqs is n_rot/2 f32.
 # gemma4's layer_output_scale: one float a block, a constant of the plan (lab.engine.plans) rather than a buffer
 HOST_TENSORS = ("rope_freqs.weight", "layer_output_scale.weight")
+# Tensors a file may hold or not, each read as a Config flag (the head: else tied to token_embd; rope_freqs); a block's
+# are its architecture's (Arch.optional_tensors).
+OPTIONAL_TENSORS = ("output.weight", "rope_freqs.weight")
 
 
 def from_gguf(header: Header) -> Config:
     """The model's Config from its GGUF header, read as llama.cpp's loader reads it: the architecture, the config
     keys (type and range: lab.format.checks), the sizes and their agreement, RoPE, the architecture's quirks
     (sliding windows, query scale, soft-caps), then the tensor table against all of it (check_tensors)."""
+    cfg, why = _config(header, whole_table=True)
+    check_tensors(cfg, header, why)
+    return cfg
+
+
+def config_of_keys(metadata: dict, n_vocab: int) -> Config:
+    """The Config of a file with these keys that holds token_embd of n_vocab rows and every optional tensor
+    (OPTIONAL_TENSORS, and in each block its architecture's optional_tensors), for a writer that makes a file from its
+    keys (lab.host.synthetic) and has no tensor table yet: stored_tensors(config) is that file's table, of which the
+    writer leaves out the optional tensors its file does not hold; from_gguf then reads the header it writes. No
+    tensor is checked here (there is no table to check)."""
+    arch = _architecture(Header(3, metadata, [], 32, 0, 0, None))
+    kv = check_config(metadata, arch.name)
+    optional = [*OPTIONAL_TENSORS, *(f"blk.{il}.{name}" for il in range(kv["block_count"])
+                                     for name in arch.optional_tensors)]
+    tensors = [TensorInfo("token_embd.weight", (kv["embedding_length"], n_vocab), 0, 0, 0)]
+    tensors += [TensorInfo(name, (1,), 0, 0, 0) for name in optional]
+    return _config(Header(3, metadata, tensors, 32, 0, 0, None), whole_table=False)[0]
+
+
+def _config(header: Header, whole_table: bool) -> tuple[Config, dict[str, str]]:
+    """from_gguf's reading but the tensor table's check: the Config, and for each field the keys behind it (why).
+    whole_table: the header has the file's whole tensor table (block_count is checked against its length)."""
     arch = _architecture(header)
     tensors = {t.name: t for t in header.tensors}
     kv = check_config(header.metadata, arch.name)
     why: dict[str, str] = {}    # Config field -> the keys its size came from, for the messages of check_tensors
     n_embd, n_vocab = _embedding(arch, kv, tensors, why)
-    n_layer, mtp = _layers(arch, kv, tensors, why)
+    n_layer, mtp = _layers(arch, kv, tensors if whole_table else None, why)
     kinds = arch.layer_kinds(kv, n_layer, mtp, why) if arch.layer_kinds else {}    # lfm2, qwen35: which layer is what
     n_head, n_head_kv, head_dim = _heads(arch, kv, n_embd, why)
     n_ff = kv["feed_forward_length"]
@@ -85,8 +111,7 @@ def from_gguf(header: Header) -> Config:
         final_softcap=final_cap,
         mtp_layers=mtp, **_flags(arch, tensors, n_layer, n_embd), **kinds, **sizes,
     )
-    check_tensors(cfg, header, why)
-    return cfg
+    return cfg, why
 
 
 def _architecture(header: Header) -> Arch:
@@ -183,10 +208,11 @@ def _heads(arch: Arch, kv: dict, n_embd: int, why: dict[str, str]) -> tuple[int,
     return n_head, n_head_kv, head_dim
 
 
-def _layers(arch: Arch, kv: dict, tensors: dict[str, TensorInfo], why: dict[str, str]) -> tuple[int, int]:
+def _layers(arch: Arch, kv: dict, tensors: dict[str, TensorInfo] | None, why: dict[str, str]) -> tuple[int, int]:
     """(n_layer, mtp): the blocks run, refused when the file cannot hold that many (at least the architecture's
-    per_block tensors each: checked before anything loops over them), and trailing multi-token-prediction blocks
-    (qwen35's nextn_predict_layers; llama.cpp: n_layer() = block_count - nextn_predict_layers), which this lab skips."""
+    per_block tensors each: checked before anything loops over them; not where `tensors` is None, a writer's keys
+    without a table), and trailing multi-token-prediction blocks (qwen35's nextn_predict_layers; llama.cpp: n_layer()
+    = block_count - nextn_predict_layers), which this lab skips."""
     a = arch.name + "."
     n_all = kv["block_count"]
     mtp = kv.get("nextn_predict_layers", 0)
@@ -195,7 +221,7 @@ def _layers(arch: Arch, kv: dict, tensors: dict[str, TensorInfo], why: dict[str,
     n_layer = n_all - mtp
     why["n_layer"] = f"{a}block_count = {n_all}" + (f" - {a}nextn_predict_layers = {mtp}" if mtp else "")
     per_block = arch.per_block
-    if per_block * n_layer > len(tensors):
+    if tensors is not None and per_block * n_layer > len(tensors):
         raise ModelError(f"{a}block_count = {n_all} needs at least {per_block * n_layer} tensors ({per_block} a "
                          f"block); the file has {len(tensors)}")
     return n_layer, mtp

@@ -29,10 +29,9 @@ def header(spec: str, md: dict | None = None, drop: tuple[str, ...] = (), add: t
     meta.update(md or {})
     meta = {k: v for k, v in meta.items() if v is not None}
     tensors, off = [], 0
-    for name, _role, shape, _std in sa.tensor_table(s):
+    for name, _role, shape, _std in sa.tensor_table(s, N_VOCAB):
         if name in drop:
             continue
-        shape = tuple(N_VOCAB if d == "V" else d for d in shape)
         n = math.prod(shape)
         tensors.append(TensorInfo(name, tuple(reversed(shape)), 0, off, 4 * n))
         off += 4 * n

@@ -30,6 +30,18 @@ def test_same_tensors_and_config_as_the_real_file(name, tmp_path):
         assert np.isfinite(dequantize(t.data, t.tensor_type)).all(), t.name
 
 
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5", "gemma3"])
+def test_a_writer_starts_from_the_registry(name):
+    """lab.format.model.config_of_keys, where both synthetic builders start (lab.host.synthetic.layout): from a real
+    file's keys alone, the table of a file that holds every optional tensor is the real file's plus the optional ones
+    it leaves out (SmolLM2 and Gemma 3 tie the head; neither has rope_freqs)."""
+    real = gguf.read_file(models.path(name))
+    have = {t.name: t.shape for t in real.tensors}
+    table = model.stored_tensors(model.config_of_keys(real.metadata, model.from_gguf(real).n_vocab))
+    assert {n: s for n, s in table.items() if n in have} == have
+    assert set(table) - set(have) <= set(model.OPTIONAL_TENSORS)
+
+
 def test_bench_kernels_runs(device):
     rows = bench.bench_kernels(shapes=[("Q4_1", 64, 256), ("Q6_K", 32, 512), ("IQ2_XXS", 32, 512)], repeat=2,
                                tokens=4)

@@ -97,6 +97,7 @@ class Arch:
     per_block: int = 9              # the fewest tensors a block holds (block_count is checked against it first)
     flat_tensors: tuple[str, ...] = ()      # block tensors uploaded as one flat f32 buffer their kernel reads whole
     shared_kv_unread: tuple[str, ...] = ()  # tensors a shared-KV layer may hold that are never read (skipped)
+    optional_tensors: tuple[str, ...] = ()  # block tensors a file may leave out, each read as a Config flag
     # -- what is refused by name
     refused_variants: dict[str, str] = field(default_factory=dict)  # general.architecture -> why (its MoE sizes)
     moe_refusal: str = ""           # its own reason for a router tensor or expert_count; "": the generic one

@@ -141,6 +141,8 @@ ARCH = Arch(
     unit_attn_scale=True,   # q.k unscaled: Gemma 4's attention scale is 1
     # tensors a shared-KV layer may hold that llama.cpp loads (TENSOR_NOT_REQUIRED) and never reads
     shared_kv_unread=("attn_k.weight", "attn_v.weight", "attn_k_norm.weight"),
+    # read by _layer_sizes: without attn_v a layer's V is K's projection (v_is_k); without the scales, no out_scale
+    optional_tensors=("attn_v.weight", "layer_output_scale.weight"),
     # the mixture-of-experts size (26B-A4B): a router (ffn_gate_inp) and stacked experts beside the dense FFN
     moe_refusal="gemma4's mixture-of-experts size (26B-A4B): its routed expert FFNs (ffn_gate_inp, ffn_gate_up_exps, "
                 "ffn_down_exps beside the dense FFN) are not run by this lab; the dense gemma4 models (E2B, E4B, 31B) "

@@ -3,12 +3,15 @@
 
     path = build("gemma2", "q4_k_m", out_dir)      # the same bytes every time (fixed seeds), cached by name
 
-Each `ArchSpec` has the architecture's exact tensor names and layout as llama.cpp's loader reads them
-(src/models/<arch>.cpp: phi3's fused attn_qkv and [gate | up] ffn_up, llama 3's rope_freqs, qwen3's and
-gemma3's per-head Q/K norms, the gemmas' post-norms, lfm2's short-conv blocks and its final norm stored as
-token_embd_norm), at small shapes: 4 layers (6 for gemma3, whose pattern puts a global layer every 6th, and for
-lfm2, whose first 6 layers hold 4 short-conv blocks and 2 attention layers), grouped-query attention, head size 64 (256 for the gemmas),
-n_embd 256 (the K-quants need rows of whole 256-value blocks).
+Each `ArchSpec` gives an architecture's metadata keys at small shapes: 4 layers (6 for gemma3, whose pattern puts a
+global layer every 6th, and for lfm2, whose first 6 layers hold 4 short-conv blocks and 2 attention layers),
+grouped-query attention, head size 64 (256 for the gemmas), n_embd 256 (the K-quants need rows of whole 256-value
+blocks). The tensors' names and shapes are the ones the lab's registry (lab.format.arches, llama.cpp's loaders' names:
+phi3's fused attn_qkv and [gate | up] ffn_up, the per-head Q/K norms, the gemmas' post-norms, lfm2's short-conv blocks
+and its final norm stored as token_embd_norm, ...) gives a model of those keys, less the optional ones the spec's file
+leaves out (the head where tied, rope_freqs unless llama 3's, V where K stands for it): lab.host.synthetic.layout, which
+also keeps the files' tensor order. What is this module's own: each tensor's role (its type in a mix, `MIXES`), the
+std its values are drawn with, and the rules for the values that are not drawn as a matrix (norms, rope_freqs, ...).
 
 A real vocabulary: the tokenizer metadata (every `tokenizer.*` key) is copied from one of the three real
 models (SmolLM2's gpt2 BPE, Qwen2.5's, Gemma 3's SentencePiece), with `tokenizer.ggml.pre` overridden
@@ -34,7 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.format import model
+from lab.format.config import Config
 from lab.host import models
+from lab.host.synthetic import layout
 
 # byte offsets of a block's f16 d and dmin (None: the type has no dmin)
 _D_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None),
@@ -54,10 +60,13 @@ class ArchSpec:
     tied: bool = True
     extra: dict = field(default_factory=dict)        # "{arch}." keys beyond the shapes
     overrides: dict = field(default_factory=dict)    # tokenizer keys replaced (tokenizer.ggml.pre)
-    rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2]
+    rope_freqs: bool = False    # llama 3: rope_freqs.weight [head_dim/2] (the scaling factors)
     kv_per_layer: tuple[int, ...] = ()     # lfm2: attention.head_count_kv as an array, 0 for a short-conv layer
     ff_per_layer: tuple[int, ...] = ()     # gemma4: feed_forward_length as an array (double-wide shared-KV layers)
     v_is_k: bool = False                   # gemma4: full layers without attn_v (attention_k_eq_v: V is K's projection)
+    # general.name's spec part where the spec's own would trip llama.cpp: it matches general.name against "phi3" /
+    # "phi-3" and then looks up Phi-3's own "</s>" token (unordered_map::at on a vocabulary without it)
+    label: str = ""
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -93,7 +102,7 @@ SPECS: dict[str, ArchSpec] = {
                       extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,
                              "attention.value_length": 64}),
     # Phi-3: fused QKV and [gate | up]; its sliding_window key is read and switched off by llama.cpp
-    "phi3": ArchSpec("phi3", "smollm2", 4, 4, 2, 64, 512, tied=False,
+    "phi3": ArchSpec("phi3", "smollm2", 4, 4, 2, 64, 512, tied=False, label="phi",
                      extra={"rope.freq_base": 10000.0, "context_length": 4096, "rope.dimension_count": 64,
                             "attention.sliding_window": 8}),
     # Gemma 2: soft-caps small enough to bind on random weights, window 8 (prompts cross it), pattern 2
@@ -229,147 +238,101 @@ def _tokenizer_fields(name: str):
     return [(k, f) for k, f in r.fields.items() if k.startswith("tokenizer.")]
 
 
-def tensor_table(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]]:
-    """(name, role, numpy shape (rows, cols) or (n,), std) of every tensor, in file order."""
-    e, hd = spec.n_embd, spec.head_dim
-    q, kv, ff = spec.n_head * hd, spec.n_head_kv * hd, spec.n_ff
-    out = [("token_embd.weight", "token_embd", ("V", e), 0.25)]   # tied heads: logits of std ~4
-    if not spec.tied:
-        out.append(("output.weight", "output", ("V", e), 0.25))
-    # lfm2's final norm is stored under the name of token_embd_norm (llama.cpp: LLM_TENSOR_OUTPUT_NORM_LFM2)
-    out.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", "norm", (e,), 0.0))
-    if spec.rope_freqs:
-        out.append(("rope_freqs.weight", "rope_freqs", (hd // 2,), 0.0))
-    gemma = spec.arch in ("gemma2", "gemma3")
-    if spec.arch == "gemma4":
-        return out + _gemma4_tensors(spec)
-    for il in range(spec.n_layer):
-        b = f"blk.{il}."
-        out.append((b + "attn_norm.weight", "norm", (e,), 0.0))
-        if spec.arch == "qwen35":
-            out += _qwen35_block(spec, b, il)
-            continue
-        if spec.kv_per_layer and spec.kv_per_layer[il] == 0:
-            # the short-conv block: the depthwise kernel [n_embd, l_cache] (F32 in every mix: rows of 3 values are no
-            # quant block), in_proj to [B | C | x], out_proj
-            taps = spec.extra["shortconv.l_cache"]
-            out += [(b + "shortconv.conv.weight", "shortconv_conv", (e, taps), 1.0 / np.sqrt(taps)),
-                    (b + "shortconv.in_proj.weight", "shortconv_in_proj", (3 * e, e), 1.0 / np.sqrt(e)),
-                    (b + "shortconv.out_proj.weight", "shortconv_out_proj", (e, e), 1.0 / np.sqrt(e)),
-                    (b + "ffn_norm.weight", "norm", (e,), 0.0),
-                    (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
-                    (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
-                    (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff))]
-            continue
-        if spec.arch == "phi3":
-            out.append((b + "attn_qkv.weight", "attn_qkv", (q + 2 * kv, e), 1.0 / np.sqrt(e)))
-        else:
-            out += [(b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e)),
-                    (b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
-                    (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e))]
-        if spec.arch in ("qwen3", "gemma3", "lfm2"):
-            out += [(b + "attn_q_norm.weight", "norm", (hd,), 0.0), (b + "attn_k_norm.weight", "norm", (hd,), 0.0)]
-        out.append((b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)))
-        if gemma:
-            out.append((b + "post_attention_norm.weight", "norm", (e,), 0.0))
-        out.append((b + "ffn_norm.weight", "norm", (e,), 0.0))
-        if spec.arch == "phi3":
-            out.append((b + "ffn_up.weight", "ffn_up", (2 * ff, e), 1.0 / np.sqrt(e)))
-        else:
-            out += [(b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
-                    (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e))]
-        out.append((b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff)))
-        if gemma:
-            out.append((b + "post_ffw_norm.weight", "norm", (e,), 0.0))
-    return out
+def _keys(spec: ArchSpec) -> dict:
+    """The "{arch}." metadata keys of spec's file, in the order they are written."""
+    a = spec.arch
+    return {f"{a}.block_count": spec.n_layer, f"{a}.embedding_length": spec.n_embd,
+            f"{a}.feed_forward_length": list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff,
+            f"{a}.attention.head_count": spec.n_head,
+            f"{a}.attention.head_count_kv": list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv,
+            f"{a}.attention.layer_norm_rms_epsilon": 1e-6, **{f"{a}.{k}": v for k, v in spec.extra.items()}}
 
 
-def gemma4_swa(spec: ArchSpec) -> list[bool]:
-    return list(spec.extra["attention.sliding_window_pattern"])
+# Roles named otherwise than their tensors (the mixes and build's value rules use the roles)
+_ROLES = {"layer_output_scale": "out_scale", "proj": "per_layer_proj"}
+# The std of the roles not drawn as a matrix of their fan-in: the [n_vocab, width] embeddings (tied heads: logits of
+# std ~4); qwen35's dt bias and A's log (ssm_a = -exp(A_log))
+_STD = {"token_embd": 0.25, "output": 0.25, "per_layer_token_embd": 0.25, "ssm_dt": 1.0, "ssm_a": 0.5}
 
 
-def _gemma4_tensors(spec: ArchSpec) -> list[tuple[str, str, tuple[int, ...], float]]:
-    """gemma4's tensors after token_embd and output_norm, in llama.cpp's names (llama_model_gemma4::load_arch_tensors):
-    the per-layer token embeddings [V, n_layer x per-layer width], their projection from the residual and its norm;
-    rope_freqs (the full layers' proportional RoPE: factor 1 on the first quarter of the pairs, 1e30 on the rest, so
-    those never turn); per block the attention (no K/V projection or K norm from shared_kv_layers on), its post-norm,
-    the GeGLU FFN (per-layer width) and its post-norm, the per-layer input gate, projection and post-norm, and
-    layer_output_scale [1]."""
-    x = spec.extra
-    e, n, ple = spec.n_embd, spec.n_layer, x["embedding_length_per_layer_input"]
-    swa = gemma4_swa(spec)
-    kv_from = n - x["attention.shared_kv_layers"]
-    hd_full = x["attention.key_length"]
-    out = [("per_layer_token_embd.weight", "per_layer_token_embd", ("V", ple * n), 0.25),
-           ("per_layer_model_proj.weight", "per_layer_model_proj", (ple * n, e), 1.0 / np.sqrt(e)),
-           ("per_layer_proj_norm.weight", "norm", (ple,), 0.0),
-           ("rope_freqs.weight", "rope_freqs", (hd_full // 2,), 0.0)]
-    for il in range(n):
-        b = f"blk.{il}."
-        hd = x["attention.key_length_swa"] if swa[il] else hd_full
-        q, kv, ff = spec.n_head * hd, spec.kv_per_layer[il] * hd, spec.ff_per_layer[il]
-        out += [(b + "attn_norm.weight", "norm", (e,), 0.0),
-                (b + "attn_q.weight", "attn_q", (q, e), 1.0 / np.sqrt(e))]
-        if il < kv_from:
-            out.append((b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)))
-            if not (spec.v_is_k and not swa[il]):
-                out.append((b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)))
-            out.append((b + "attn_k_norm.weight", "qk_norm", (hd,), 0.0))
-        out += [(b + "attn_q_norm.weight", "qk_norm", (hd,), 0.0),
-                (b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)),
-                (b + "post_attention_norm.weight", "norm", (e,), 0.0),
-                (b + "ffn_norm.weight", "norm", (e,), 0.0),
-                (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
-                (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
-                (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff)),
-                (b + "post_ffw_norm.weight", "norm", (e,), 0.0),
-                (b + "inp_gate.weight", "inp_gate", (ple, e), 1.0 / np.sqrt(e)),
-                (b + "proj.weight", "per_layer_proj", (e, ple), 1.0 / np.sqrt(ple)),
-                (b + "post_norm.weight", "norm", (e,), 0.0),
-                (b + "layer_output_scale.weight", "out_scale", (1,), 0.0)]
-    return out
+def _role(cfg: Config, name: str, shape: tuple[int, ...]) -> str:
+    """A tensor's role: the name within its block (dots as underscores), but "norm" for a norm, "qk_norm" for the Q/K
+    norms of a Config whose q.k is unscaled (their values carry the scale), "shortconv_conv" for a conv kernel (F32 in
+    every mix: rows of a few taps are no quant block)."""
+    stem = name.split(".", 2)[2] if name.startswith("blk.") else name
+    stem = stem.removesuffix(".weight").removesuffix(".bias")
+    if stem in ("attn_q_norm", "attn_k_norm") and cfg.attn_scale == 1.0:
+        return "qk_norm"
+    if len(shape) == 1 and stem.endswith("norm"):
+        return "norm"
+    if model.is_flat(name):
+        return "shortconv_conv"
+    return _ROLES.get(stem, stem.replace(".", "_"))
 
 
-def _qwen35_block(spec: ArchSpec, b: str, il: int) -> list[tuple[str, str, tuple[int, ...], float]]:
-    """A qwen35 block after attn_norm, in llama.cpp's names: a gated delta-net layer unless (il + 1) is a multiple of
-    full_attention_interval, then gated attention (attn_q's rows [q | gate] per head); post_attention_norm and the FFN.
-    ssm_a is A = -exp(A_log) (negative: a decay), ssm_dt.bias dt's bias; the conv kernel F32 in every mix."""
-    x = spec.extra
-    e, hd, ff = spec.n_embd, spec.head_dim, spec.n_ff
-    d, hk, hv, taps = x["ssm.state_size"], x["ssm.group_count"], x["ssm.time_step_rank"], x["ssm.conv_kernel"]
-    out: list[tuple[str, str, tuple[int, ...], float]] = []
-    if (il + 1) % x["full_attention_interval"]:
-        conv = 2 * hk * d + hv * d
-        out += [(b + "attn_qkv.weight", "attn_qkv", (conv, e), 1.0 / np.sqrt(e)),
-                (b + "attn_gate.weight", "attn_gate", (hv * d, e), 1.0 / np.sqrt(e)),
-                (b + "ssm_conv1d.weight", "shortconv_conv", (conv, taps), 1.0 / np.sqrt(taps)),
-                (b + "ssm_dt.bias", "ssm_dt", (hv,), 1.0),
-                (b + "ssm_a", "ssm_a", (hv,), 0.5),
-                (b + "ssm_beta.weight", "ssm_beta", (hv, e), 1.0 / np.sqrt(e)),
-                (b + "ssm_alpha.weight", "ssm_alpha", (hv, e), 1.0 / np.sqrt(e)),
-                (b + "ssm_norm.weight", "norm", (d,), 0.0),
-                (b + "ssm_out.weight", "ssm_out", (e, hv * d), 1.0 / np.sqrt(hv * d))]
-    else:
-        q, kv = spec.n_head * hd, spec.n_head_kv * hd
-        out += [(b + "attn_q.weight", "attn_q", (2 * q, e), 1.0 / np.sqrt(e)),
-                (b + "attn_k.weight", "attn_k", (kv, e), 1.0 / np.sqrt(e)),
-                (b + "attn_v.weight", "attn_v", (kv, e), 1.0 / np.sqrt(e)),
-                (b + "attn_output.weight", "attn_output", (e, q), 1.0 / np.sqrt(q)),
-                (b + "attn_q_norm.weight", "norm", (hd,), 0.0), (b + "attn_k_norm.weight", "norm", (hd,), 0.0)]
-    return out + [(b + "post_attention_norm.weight", "norm", (e,), 0.0),
-                  (b + "ffn_gate.weight", "ffn_gate", (ff, e), 1.0 / np.sqrt(e)),
-                  (b + "ffn_up.weight", "ffn_up", (ff, e), 1.0 / np.sqrt(e)),
-                  (b + "ffn_down.weight", "ffn_down", (e, ff), 1.0 / np.sqrt(ff))]
+def _std(role: str, shape: tuple[int, ...]) -> float:
+    """The standard deviation a tensor's values are drawn with: _STD's, else a matrix's 1/sqrt(fan-in); 0 for the
+    other vectors (build draws them by rules of their own)."""
+    if role in _STD:
+        return _STD[role]
+    return 1.0 / np.sqrt(shape[1]) if len(shape) == 2 else 0.0
+
+
+def _table(spec: ArchSpec, n_vocab: int) -> tuple[Config, list[tuple[str, str, tuple[int, ...], float]]]:
+    """The Config of spec's file (a vocabulary of n_vocab) and its tensor_table."""
+    cfg, shapes = layout.registry(spec.arch, _keys(spec), n_vocab, tied=spec.tied, rope_scaling=spec.rope_freqs,
+                                  v_is_k=spec.v_is_k)
+    out = []
+    for name, gguf_shape in layout.in_order(cfg, shapes, layout.head, layout.block_order):
+        shape = gguf_shape[::-1]
+        role = _role(cfg, name, shape)
+        out.append((name, role, shape, _std(role, shape)))
+    return cfg, out
+
+
+def tensor_table(spec: ArchSpec, n_vocab: int) -> list[tuple[str, str, tuple[int, ...], float]]:
+    """(name, role, numpy shape (rows, cols) or (n,), std) of every tensor, in file order: the names and shapes the
+    registry gives a model of the spec's keys (lab.host.synthetic.layout), with a vocabulary of n_vocab."""
+    return _table(spec, n_vocab)[1]
 
 
 def file_name(name: str, mix: str) -> str:
     return f"synthetic-{name}-{mix}.gguf"
 
 
+def _values(cfg: Config, mix: str, role: str, il: int, shape: tuple[int, ...], std: float,
+            rng: np.random.Generator):
+    """(data, raw_dtype) of one tensor as gguf-py's add_tensor takes them: its values drawn by its role, in the type
+    the mix gives the role (raw_dtype None: data is float32)."""
+    import gguf
+    from gguf.quants import quantize
+    if role == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32), None
+    if role == "qk_norm":   # attention scale 1 (gemma4): q.k of std ~1 rather than ~sqrt(head size), so that the
+        # softmax is not one-hot and llama.cpp's float16 GELU table moves the logits by less than F32_TOL
+        return ((1.0 + 0.1 * rng.standard_normal(shape)) * shape[0] ** -0.25).astype(np.float32), None
+    if role == "rope_freqs" and cfg.rope_freqs_full:   # proportional RoPE: a quarter of the pairs turn
+        turn = shape[0] // 4
+        return np.array([1.0] * turn + [1e30] * (shape[0] - turn), np.float32), None
+    if role == "rope_freqs":
+        return llama3_factors(shape[0] * 2, float(cfg.rope_base)), None
+    if role == "out_scale":     # layer_output_scale: one multiplier of the block's output, away from 1
+        return (0.6 + 0.2 * rng.random(shape)).astype(np.float32), None
+    if role in ("ssm_a", "ssm_dt"):     # A = -exp(A_log): every value a decay; dt's bias about N(0, 1)
+        v = rng.standard_normal(shape)
+        return (-np.exp(std * v) if role == "ssm_a" else std * v).astype(np.float32), None
+    ttype = "F32" if role == "shortconv_conv" else _type_for(mix, role, il, cfg.n_layer)
+    if ttype == "F32":
+        return (std * rng.standard_normal(shape)).astype(np.float32), None
+    if ttype == "Q8_0":
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        return quantize((std * rng.standard_normal(shape)).astype(np.float32), q8), q8
+    return random_blocks(ttype, shape[0], shape[1], std, rng), gguf.GGMLQuantizationType[ttype]
+
+
 def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     """Write (or reuse) the synthetic GGUF of architecture spec `name` in type mix `mix` under out_dir."""
     import gguf
-    from gguf.quants import quantize
     spec = SPECS[name]
     path = Path(out_dir) / file_name(name, mix)
     if path.exists() and not force:
@@ -378,64 +341,21 @@ def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")     # two builders at once never share a half-written file
     tok = _tokenizer_fields(spec.vocab)
     n_vocab = len(next(f for k, f in tok if k == "tokenizer.ggml.tokens").contents())
-    a = spec.arch
-    w = gguf.GGUFWriter(str(tmp), a)
-    # llama.cpp matches general.name against "phi3" / "phi-3" and then looks up Phi-3's own "</s>" token
-    # (unordered_map::at on a vocabulary without it): the name keeps the spec but not that spelling.
-    w.add_name(f"synthetic {name.replace('phi3', 'phi')} {mix}")
+    w = gguf.GGUFWriter(str(tmp), spec.arch)
+    w.add_name(f"synthetic {spec.label or name} {mix}")
     w.add_uint32("general.file_type", 0 if mix == "f32" else 7 if mix == "q8_0" else 15)
-    w.add_block_count(spec.n_layer)
-    w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    for k, v in spec.extra.items():
-        if isinstance(v, list):
-            w.add_array(f"{a}.{k}", v)
-        else:
-            (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"{a}.{k}", v)
+    layout.put(w, _keys(spec))
     for k, f in tok:
         vt = f.types[0]
         value = spec.overrides.get(k, f.contents())
         w.add_key_value(k, value, vt, f.types[1] if vt == gguf.GGUFValueType.ARRAY else None)
 
-    for tname, role, shape, std in tensor_table(spec):
-        shape = tuple(n_vocab if s == "V" else s for s in shape)
+    cfg, table = _table(spec, n_vocab)
+    for tname, role, shape, std in table:
         rng = np.random.default_rng(_seed(name, tname))          # per tensor: independent of the mix and order
         il = int(tname.split(".")[1]) if tname.startswith("blk.") else -1
-        if role == "norm":
-            w.add_tensor(tname, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-            continue
-        if role == "qk_norm":   # gemma4 (attention scale 1): q.k of std ~1 rather than ~sqrt(head size), so that the
-            # softmax is not one-hot and llama.cpp's float16 GELU table moves the logits by less than F32_TOL
-            w.add_tensor(tname, ((1.0 + 0.1 * rng.standard_normal(shape)) * shape[0] ** -0.25).astype(np.float32))
-            continue
-        if role == "rope_freqs" and spec.arch == "gemma4":   # proportional RoPE: a quarter of the pairs turn
-            turn = shape[0] // 4
-            w.add_tensor(tname, np.array([1.0] * turn + [1e30] * (shape[0] - turn), np.float32))
-            continue
-        if role == "rope_freqs":
-            w.add_tensor(tname, llama3_factors(shape[0] * 2, float(spec.extra["rope.freq_base"])))
-            continue
-        if role == "out_scale":     # layer_output_scale: one multiplier of the block's output, away from 1
-            w.add_tensor(tname, (0.6 + 0.2 * rng.random(shape)).astype(np.float32))
-            continue
-        if role in ("ssm_a", "ssm_dt"):     # A = -exp(A_log): every value a decay; dt's bias about N(0, 1)
-            v = rng.standard_normal(shape)
-            w.add_tensor(tname, (-np.exp(std * v) if role == "ssm_a" else std * v).astype(np.float32))
-            continue
-        ttype = "F32" if role == "shortconv_conv" else _type_for(mix, role, il, spec.n_layer)
-        if ttype in ("F32", "Q8_0"):
-            data = (std * rng.standard_normal(shape)).astype(np.float32)
-            if ttype == "F32":
-                w.add_tensor(tname, data)
-            else:
-                w.add_tensor(tname, quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                             raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            raw = random_blocks(ttype, shape[0], shape[1], std, rng)
-            w.add_tensor(tname, raw, raw_dtype=gguf.GGMLQuantizationType[ttype])
+        data, raw_dtype = _values(cfg, mix, role, il, shape, std, rng)
+        w.add_tensor(tname, data, raw_dtype=raw_dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -10,8 +10,10 @@ llama-quantize's own dry run. `SMALL` are small variants of the new architecture
 made by the same code, for tests that must load and run them in seconds. The weights are noise: the output is
 gibberish, the timing is the real model's.
 
-Every file's header is read back by the lab (lab.format.model.from_gguf) before a byte of data is written, so a
-spec whose tensors the lab would refuse (missing, misnamed or misshaped for its architecture) fails at once.
+A spec gives a release's metadata keys; its tensors' names and shapes are the ones the lab's registry
+(lab.format.arches) gives a model of those keys, less the head where it is tied and rope_freqs where nothing needs it,
+in the order these files have always had (lab.host.synthetic.layout). Every file's header is read back by the lab
+(lab.format.model.from_gguf) before a byte of data is written, so a spec whose keys the lab would refuse fails at once.
 `write(..., vocab=True)` adds a placeholder vocabulary so llama.cpp (which refuses a file without one) loads
 the same file; `lab bench --synthetic` writes it that way too, so both benchmark the same bytes. The tensors are
 written one at a time after the header: peak memory is a small multiple of the largest tensor, not the file
@@ -31,10 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from lab.format import gguf as gguf_header
+from lab.format import model
+from lab.format.config import Config
 from lab.format.ggml import BY_NAME
-from lab.format.model import from_gguf
 from lab.host import models
 from lab.host.reference.quant import RANDOM_CODES, put_iq1_m_d
+from lab.host.synthetic import layout
 from lab.host.synthetic.arch import llama3_factors
 
 
@@ -288,132 +292,80 @@ def add_vocab(w, n_vocab: int) -> None:
     w.add_eos_token_id(2)
 
 
-def _layout(spec: Spec) -> list[tuple[str, str, int, int]]:
-    """(name, role, rows, cols) of every tensor in file order, as llama.cpp's loader of the architecture names and
-    shapes them (cols: ne0, the contiguous row; 1-D tensors have rows 1); role "" for a tensor that is F32 in every
-    file (norms, biases, rope_freqs, the convs' kernels, qwen35's A)."""
+# A plain attention layer's tensors in these files' order (every other block's: lab.host.synthetic.layout): the
+# matrices, then the norms, the Q/K/V biases and the Q/K norms
+_PLAIN_LAYER = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight",
+                "ffn_up.weight", "ffn_down.weight", "attn_norm.weight", "ffn_norm.weight", "post_attention_norm.weight",
+                "post_ffw_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight",
+                "attn_k_norm.weight")
+
+
+def _head(cfg: Config) -> tuple[str, ...]:
+    """The tensors outside blocks in file order: layout's, but rope_freqs first where it scales every layer's RoPE
+    (Config.rope_freqs; the one of the full layers alone, rope_freqs_full, keeps its place)."""
+    order = layout.head(cfg)
+    if cfg.rope_freqs:
+        return ("rope_freqs.weight",) + tuple(name for name in order if name != "rope_freqs.weight")
+    return order
+
+
+def _block(cfg: Config, il: int) -> tuple[str, ...]:
+    return layout.block_order(cfg, il, _PLAIN_LAYER)
+
+
+def _keys(spec: Spec) -> dict:
+    """The metadata keys of spec's file beyond general.architecture and general.name, in the order they are written."""
     a = spec.arch
-    e, q, kv, ff = spec.n_embd, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim, spec.n_ff
-    out = [("rope_freqs.weight", "", 1, spec.head_dim // 2)] if spec.rope_scaling else []
-    out.append(("token_embd.weight", "token_embd", spec.n_vocab, e))
-    if not spec.tied:
-        out.append(("output.weight", "output", spec.n_vocab, e))
-    # lfm2's final norm is stored under the name of token_embd_norm (llama.cpp: LLM_TENSOR_OUTPUT_NORM_LFM2)
-    out.append(("token_embd_norm.weight" if a == "lfm2" else "output_norm.weight", "", 1, e))
-    if a == "gemma4":
-        return out + _gemma4_tensors(spec)
-    for il in range(spec.n_layer):
-        b = f"blk.{il}."
-        if a == "qwen35":
-            out += _qwen35_block(spec, b, il)
-            continue
-        if spec.kv_per_layer and spec.kv_per_layer[il] == 0:
-            # lfm2's short-conv block: the depthwise kernel [n_embd, l_cache], in_proj to [B | C | x], out_proj
-            out += [(b + "attn_norm.weight", "", 1, e),
-                    (b + "shortconv.conv.weight", "", e, spec.extra["lfm2.shortconv.l_cache"]),
-                    (b + "shortconv.in_proj.weight", "shortconv_in_proj", 3 * e, e),
-                    (b + "shortconv.out_proj.weight", "shortconv_out_proj", e, e), (b + "ffn_norm.weight", "", 1, e),
-                    (b + "ffn_gate.weight", "ffn_gate", ff, e), (b + "ffn_up.weight", "ffn_up", ff, e),
-                    (b + "ffn_down.weight", "ffn_down", e, ff)]
-            continue
-        for role, rows, cols in (("attn_q", q, e), ("attn_k", kv, e), ("attn_v", kv, e), ("attn_output", e, q),
-                                 ("ffn_gate", ff, e), ("ffn_up", ff, e), ("ffn_down", e, ff)):
-            out.append((b + role + ".weight", role, rows, cols))
-        norms = ["attn_norm", "ffn_norm"] + (["post_attention_norm", "post_ffw_norm"] if a == "gemma3" else [])
-        out += [(b + n + ".weight", "", 1, e) for n in norms]
-        if a == "qwen2":
-            out += [(b + role + ".bias", "", 1, n) for role, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv))]
-        if a in ("gemma3", "lfm2"):
-            out += [(b + "attn_q_norm.weight", "", 1, spec.head_dim), (b + "attn_k_norm.weight", "", 1, spec.head_dim)]
-    return out
+    return {f"{a}.block_count": spec.n_layer, f"{a}.embedding_length": spec.n_embd,
+            f"{a}.feed_forward_length": list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff,
+            f"{a}.attention.head_count": spec.n_head,
+            f"{a}.attention.head_count_kv": list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv,
+            **spec.extra}
 
 
-def _qwen35_block(spec: Spec, b: str, il: int) -> list[tuple[str, str, int, int]]:
-    """A qwen35 block (llama_model_qwen35::load_block_trunk): a gated delta-net layer where (il + 1) %
-    full_attention_interval != 0, else gated attention (attn_q holds [q | gate] rows per head); both with
-    post_attention_norm (the FFN's input norm) and the FFN."""
-    x = spec.extra
-    e, ff = spec.n_embd, spec.n_ff
-    d, k_heads, v_heads = (x[f"qwen35.ssm.{k}"] for k in ("state_size", "group_count", "time_step_rank"))
-    inner, channels = v_heads * d, 2 * k_heads * d + v_heads * d      # value width; conv channels q, k, v
-    out = [(b + "attn_norm.weight", "", 1, e)]
-    if (il + 1) % x["qwen35.full_attention_interval"]:
-        out += [(b + "attn_qkv.weight", "attn_qkv", channels, e), (b + "attn_gate.weight", "attn_gate", inner, e),
-                (b + "ssm_conv1d.weight", "", channels, x["qwen35.ssm.conv_kernel"]), (b + "ssm_dt.bias", "", 1, v_heads),
-                (b + "ssm_a", "", 1, v_heads), (b + "ssm_beta.weight", "ssm_beta", v_heads, e),
-                (b + "ssm_alpha.weight", "ssm_alpha", v_heads, e), (b + "ssm_norm.weight", "", 1, d),
-                (b + "ssm_out.weight", "ssm_out", e, inner)]
-    else:
-        q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-        out += [(b + "attn_q.weight", "attn_q", 2 * q, e), (b + "attn_k.weight", "attn_k", kv, e),
-                (b + "attn_v.weight", "attn_v", kv, e), (b + "attn_output.weight", "attn_output", e, q),
-                (b + "attn_q_norm.weight", "", 1, spec.head_dim), (b + "attn_k_norm.weight", "", 1, spec.head_dim)]
-    return out + [(b + "post_attention_norm.weight", "", 1, e), (b + "ffn_gate.weight", "ffn_gate", ff, e),
-                  (b + "ffn_up.weight", "ffn_up", ff, e), (b + "ffn_down.weight", "ffn_down", e, ff)]
+def _layout(spec: Spec) -> tuple[Config, list[tuple[str, str, int, int]]]:
+    """The Config of spec's file and (name, role, rows, cols) of every tensor in file order: the names and shapes the
+    registry gives a model of the spec's keys (cols: ne0, the contiguous row; 1-D tensors have rows 1); role "" for a
+    tensor that is F32 in every file (the vectors: norms, biases, rope_freqs, qwen35's dt and A; the conv kernels),
+    else its name within the block (the key of spec.types)."""
+    cfg, shapes = layout.registry(spec.arch, _keys(spec), spec.n_vocab, tied=spec.tied,
+                                  rope_scaling=spec.rope_scaling is not None)
+    out = []
+    for name, shape in layout.in_order(cfg, shapes, _head, _block):
+        cols, rows = shape if len(shape) == 2 else (shape[0], 1)
+        stem = name.split(".", 2)[2] if name.startswith("blk.") else name
+        role = "" if len(shape) == 1 or model.is_flat(name) else stem.removesuffix(".weight").replace(".", "_")
+        out.append((name, role, rows, cols))
+    return cfg, out
 
 
-def _gemma4_tensors(spec: Spec) -> list[tuple[str, str, int, int]]:
-    """gemma4's tensors after token_embd and output_norm (llama_model_gemma4::load_arch_tensors): the per-layer token
-    embeddings [n_vocab rows of n_layer x 256], their projection from the residual and its norm, rope_freqs (the full
-    layers' proportional RoPE); per block the attention (sliding heads of key_length_swa, full of key_length; no K/V
-    from shared_kv_layers on), its post-norm, the GeGLU FFN of the layer's width and its norms, the per-layer input's
-    gate, projection and post-norm, and layer_output_scale."""
-    x, e, n = spec.extra, spec.n_embd, spec.n_layer
-    ple, swa = x["gemma4.embedding_length_per_layer_input"], x["gemma4.attention.sliding_window_pattern"]
-    kv_from = n - x["gemma4.attention.shared_kv_layers"]
-    out = [("per_layer_token_embd.weight", "per_layer_token_embd", spec.n_vocab, ple * n),
-           ("per_layer_model_proj.weight", "per_layer_model_proj", ple * n, e),
-           ("per_layer_proj_norm.weight", "", 1, ple),
-           ("rope_freqs.weight", "", 1, x["gemma4.attention.key_length"] // 2)]
-    for il in range(n):
-        b = f"blk.{il}."
-        hd = x["gemma4.attention.key_length_swa"] if swa[il] else x["gemma4.attention.key_length"]
-        q, kv = spec.n_head * hd, spec.n_head_kv * hd
-        ff = spec.ff_per_layer[il] if spec.ff_per_layer else spec.n_ff
-        out += [(b + "attn_norm.weight", "", 1, e), (b + "attn_q.weight", "attn_q", q, e)]
-        if il < kv_from:
-            out += [(b + "attn_k.weight", "attn_k", kv, e), (b + "attn_v.weight", "attn_v", kv, e),
-                    (b + "attn_k_norm.weight", "", 1, hd)]
-        out += [(b + "attn_q_norm.weight", "", 1, hd), (b + "attn_output.weight", "attn_output", e, q),
-                (b + "post_attention_norm.weight", "", 1, e), (b + "ffn_norm.weight", "", 1, e),
-                (b + "ffn_gate.weight", "ffn_gate", ff, e), (b + "ffn_up.weight", "ffn_up", ff, e),
-                (b + "ffn_down.weight", "ffn_down", e, ff), (b + "post_ffw_norm.weight", "", 1, e),
-                (b + "inp_gate.weight", "inp_gate", ple, e), (b + "proj.weight", "per_layer_proj", e, ple),
-                (b + "post_norm.weight", "", 1, e), (b + "layer_output_scale.weight", "", 1, 1)]
-    return out
+def _table(spec: Spec) -> tuple[Config, list[tuple[str, str, int, int]]]:
+    """The Config of spec's file and (name, type, rows, cols) of every tensor in file order; 1-D tensors have rows 1."""
+    cfg, tensors = _layout(spec)
+    if spec.types == "Q4_K_M":
+        types = q4_k_m_types([(name, rows, cols) for name, _, rows, cols in tensors], spec.n_layer)
+        return cfg, [(name, types[name], rows, cols) for name, _, rows, cols in tensors]
+    return cfg, [(name, _role_type(spec, role, _layer(name)) if role else "F32", rows, cols)
+                 for name, role, rows, cols in tensors]
 
 
 def tensor_table(spec: Spec) -> list[tuple[str, str, int, int]]:
     """(name, type, rows, cols) of every tensor in file order; 1-D tensors have rows 1."""
-    layout = _layout(spec)
-    if spec.types == "Q4_K_M":
-        types = q4_k_m_types([(name, rows, cols) for name, _, rows, cols in layout], spec.n_layer)
-        return [(name, types[name], rows, cols) for name, _, rows, cols in layout]
-    return [(name, _role_type(spec, role, _layer(name)) if role else "F32", rows, cols)
-            for name, role, rows, cols in layout]
+    return _table(spec)[1]
 
 
 def _start(spec: Spec, label: str, path: Path, vocab: bool):
     """A gguf-py writer of `spec` at `path` with the header and tensor table written and flushed (the data not yet),
-    and that table; the header is read back and checked by lab.format.model.from_gguf, so a file the lab would
-    refuse (a tensor missing, misnamed or misshaped for the architecture) is never written."""
+    the file's Config and that table; the header is read back and checked by lab.format.model.from_gguf, so a file the
+    lab would refuse (a tensor missing, misnamed or misshaped for the architecture) is never written."""
     import gguf
     w = gguf.GGUFWriter(str(path), spec.arch)
     w.add_name(f"synthetic {label}")
-    w.add_block_count(spec.n_layer)
-    w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv)
-    for k, v in spec.extra.items():
-        if isinstance(v, list):
-            w.add_array(k, v)
-        else:
-            (w.add_float32 if isinstance(v, float) else w.add_uint32)(k, v)
+    layout.put(w, _keys(spec))
     if vocab:
         add_vocab(w, spec.n_vocab)
 
-    table = tensor_table(spec)
+    cfg, table = _table(spec)
     for tname, type_name, rows, cols in table:
         if type_name == "F32":
             w.add_tensor_info(tname, (rows, cols) if rows > 1 else (cols,), np.dtype(np.float32), 4 * rows * cols)
@@ -426,8 +378,8 @@ def _start(spec: Spec, label: str, path: Path, vocab: bool):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.flush()
-    from_gguf(gguf_header.read(Path(path).read_bytes()))
-    return w, table
+    model.from_gguf(gguf_header.read(Path(path).read_bytes()))
+    return w, cfg, table
 
 
 def spec(name: str) -> Spec:
@@ -438,7 +390,7 @@ def spec(name: str) -> Spec:
 def header(s: Spec, path: Path, vocab: bool = False) -> gguf_header.Header:
     """The header of spec `s`'s file alone, written at `path` (no tensor data: cheap at any size), as the lab
     reads it."""
-    w, _ = _start(s, "header", path, vocab)
+    w, _, _ = _start(s, "header", path, vocab)
     w.close()
     return gguf_header.read(Path(path).read_bytes())
 
@@ -450,17 +402,16 @@ def write(name: str, path: Path, seed: int = 0, vocab: bool = False) -> Path:
     from_gguf), then each tensor's bytes as they are made."""
     s = spec(name)
     rng = np.random.default_rng(seed)
-    w, table = _start(s, name, path, vocab)
+    w, cfg, table = _start(s, name, path, vocab)
     for tname, type_name, rows, cols in table:
-        if tname == "rope_freqs.weight" and s.arch == "gemma4":
+        if tname == "rope_freqs.weight" and cfg.rope_freqs_full:
             # proportional RoPE: the first quarter of the pairs turn (factor 1), the rest never (1e30)
             data = np.array([1.0] * (cols // 4) + [1e30] * (cols - cols // 4), np.float32)
         elif tname.endswith("layer_output_scale.weight"):
             data = np.ones((rows, cols), np.float32)        # a block's output multiplier: noise would compound
         elif tname == "rope_freqs.weight":
             factor, low, high, orig = s.rope_scaling
-            base = s.extra[f"{s.arch}.rope.freq_base"]
-            data = llama3_factors(2 * cols, base, factor, low, high, orig)
+            data = llama3_factors(2 * cols, cfg.rope_base, factor, low, high, orig)
         elif tname.endswith(".ssm_a"):
             # qwen35's A is stored as -exp(A_log) (the converter's own transform): always negative, so each token's
             # decay exp(softplus(alpha + dt) * A) is below 1 and the random model's delta-net state stays finite
