@@ -2,6 +2,8 @@
 # Runs on the lent GPU machine (see docs/performance.md): Vulkan loader from .gl/, wheels from .whl/,
 # then the kernel tests and the benchmarks; results land in $OUT. MODELS: the synthetic models of `models`
 # (default all five of lab/host/synthetic/releases.py; the same files scripts/device_llamacpp.sh gives llama.cpp).
+# BASE=.base: also bench each model with the lab of .base/, made here by
+#   rm -rf .base && mkdir .base && git archive REV lab wgsl | tar -x -C .base   (git-ignored; carry .gl .whl .base)
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -16,10 +18,17 @@ fi
 if [[ $what == *kernels* ]]; then
   python3 -m lab.host.cli bench kernels | tee "$OUT/kernels.txt"
 fi
+# bench MODEL TREE FILE: the model's benchmark with the lab of TREE (the working tree, or BASE's)
+bench() {
+  PYTHONPATH=/tmp/site:$2 python3 -m lab.host.cli bench --synthetic "$1" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --warm-gpu "${WARM_GPU:-1}" --json \
+    | tee "$3"
+}
 if [[ $what == *models* ]]; then
   for m in ${MODELS:-smollm2 qwen2.5 gemma3 llama3.2-1b llama3.1-8b}; do
-    python3 -m lab.host.cli bench --synthetic "$m" --prompts 128,512 --contexts 0,512,2048 --decode 64 --batch "${BATCH:-512}" --warm-gpu "${WARM_GPU:-1}" --json \
-      | tee "$OUT/bench_$m.json"
+    bench "$m" "$PWD" "$OUT/bench_$m.json"
+    # BASE: an older lab beside this one (git-ignored, carried), each model run by both back to back, so that a
+    # change is measured against its baseline on the same GPU in the same call
+    if [[ -n ${BASE:-} ]]; then bench "$m" "$PWD/$BASE" "$OUT/bench_${m}_base.json"; fi
   done
 fi
 if [[ $what == *torch* ]]; then
