@@ -1,0 +1,56 @@
+"""Backward builders of the dense path's elementwise and normalization ops (issue #43, training in the tab): RMSNorm
+(wgsl/backward_norm.wgsl). Each mirrors its forward builder's conventions (compact f32 rows, the shared `step`
+uniform, a grid that depends on the step's token count) and returns `Op`s.
+
+Gradients: an input's gradient (dx) is written, replacing what the buffer held; a weight's gradient (dw, dE) is
+added into its buffer, since training sums it over micro-batches (the caller clears it at the start of a step).
+Every sum over tokens runs in a fixed order (no float atomics exist in WGSL), so a backward pass is bit-reproducible.
+lab/host/reference/grads.py holds the float64 oracle; tests/kernels/test_backward_*.py check each kernel against it.
+
+The residual add (h = x + f(x)) has no backward kernel: its gradient is the identity, dh reaching the stream and the
+branch unchanged, and the two meet again as a sum where the branch's input gradient is added into the stream's.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from lab import gpu
+from lab.gpu.shaders import subgroup_consts
+from lab.ops import Op
+
+NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, _p
+
+
+def _norm_wg(device: gpu.Device, group: int) -> int:
+    """The dx pass's workgroup: one per (token, group), sized to the group as the forward's (lab.ops.norm)."""
+    if device.info.swiftshader:
+        return gpu.SWIFTSHADER_WG
+    return 64 if group <= 64 else (128 if group <= 128 else 256)
+
+
+def rms_norm_back(device: gpu.Device, kernels, x: gpu.Buffer, w: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer,
+                  dw: gpu.Buffer, rs: gpu.Buffer, step: gpu.Buffer, n: int, eps: float,
+                  group: int | None = None) -> list[Op]:
+    """Gradients of y = x / sqrt(mean(x^2) + eps) * w (lab.ops.norm.rms_norm) over each `group` floats (None: the
+    whole row of n) of the step's t compact rows x [t, n], given dy [t, n]: dx [t, n] is written and dw (`group`
+    floats) gets the sum over the t rows and their groups added. `rs` (t * n / group floats) is scratch: the dx
+    pass leaves each group's 1 / rms there for the dw pass. Two ops, dx then dw, run in that order. Compact rows
+    only (the forward's strided fused-QKV heads, its second weight and its residual add come with attention's)."""
+    group = n if group is None else int(group)
+    if group <= 0 or n % group:
+        raise ValueError(f"rms_norm_back: n={n} is not a whole number of groups of {group}")
+    if dx is x or dx is dy:
+        raise ValueError("rms_norm_back: dx must be a buffer other than x and dy (WebGPU refuses a buffer bound "
+                         "read-only and writable at once, and the dw pass reads both after dx is written)")
+    n_groups = n // group
+    wg = _norm_wg(device, group)
+    params = device.uniform(NORM_PARAMS.pack(group, n_groups, float(eps), 0), "rms_norm_back.params")
+    consts = dict(WG=wg, **subgroup_consts(device))
+    k_dx = kernels.get("backward_norm", "rms_norm_dx", **consts)
+    k_dw = kernels.get("backward_norm", "rms_norm_dw", **consts)
+    dx_op = Op(k_dx, device.bind(k_dx, [dx, x, dy, w, params, step, rs], "rms_norm_back.dx"),
+               lambda t: (max(1, t), n_groups, 1))
+    gx = -(-group // wg)
+    dw_op = Op(k_dw, device.bind(k_dw, [dw, x, dy, rs, params, step], "rms_norm_back.dw"), lambda t: (gx, 1, 1))
+    return [dx_op, dw_op]
