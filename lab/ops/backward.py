@@ -1,6 +1,6 @@
 """Backward builders of the dense path's elementwise and normalization ops (issue #43, training in the tab): RMSNorm
-(wgsl/backward_norm.wgsl). Each mirrors its forward builder's conventions (compact f32 rows, the shared `step`
-uniform, a grid that depends on the step's token count) and returns `Op`s.
+(wgsl/backward_norm.wgsl), SwiGLU and GeGLU (wgsl/backward_glu.wgsl). Each mirrors its forward builder's conventions
+(compact f32 rows, the shared `step` uniform, a grid that depends on the step's token count) and returns `Op`s.
 
 Gradients: an input's gradient (dx) is written, replacing what the buffer held; a weight's gradient (dw, dE) is
 added into its buffer, since training sums it over micro-batches (the caller clears it at the start of a step).
@@ -19,7 +19,10 @@ from lab import gpu
 from lab.gpu.shaders import subgroup_consts
 from lab.ops import Op
 
+WG = 64           # the glu's workgroup
 NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, _p
+GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
+GLU_ACTS = ("swiglu", "geglu")
 
 
 def _norm_wg(device: gpu.Device, group: int) -> int:
@@ -54,3 +57,18 @@ def rms_norm_back(device: gpu.Device, kernels, x: gpu.Buffer, w: gpu.Buffer, dy:
     gx = -(-group // wg)
     dw_op = Op(k_dw, device.bind(k_dw, [dw, x, dy, rs, params, step], "rms_norm_back.dw"), lambda t: (gx, 1, 1))
     return [dx_op, dw_op]
+
+
+def glu_back(device: gpu.Device, kernels, gu: gpu.Buffer, dh: gpu.Buffer, dgu: gpu.Buffer, step: gpu.Buffer,
+             n: int, act: str = "swiglu") -> list[Op]:
+    """Gradients of h = act(gate) * up (lab.ops.glu.glu with up=None) over the step's fused rows gu [t, 2n] =
+    [gate | up], given dh [t, n]: dgu [t, 2n] = [d gate | d up] is written, in the forward's fused layout (the
+    gradient of the one matvec over the concatenated gate and up weights)."""
+    if act not in GLU_ACTS:
+        raise ValueError(f"glu_back: unknown activation {act!r} ({', '.join(GLU_ACTS)})")
+    if dgu is gu or dgu is dh:
+        raise ValueError("glu_back: dgu must be a buffer other than its inputs")
+    params = device.uniform(GLU_PARAMS.pack(n, 0, 0, 0), f"{act}_back.params")
+    k = kernels.get("backward_glu", f"{act}_back", WG=WG)
+    gx = -(-n // WG)
+    return [Op(k, device.bind(k, [gu, dh, dgu, params, step], f"{act}_back"), lambda t: (gx, max(1, t), 1))]

@@ -54,6 +54,15 @@ def rms_norm_grad(x, w, dy, eps: float, group: int) -> tuple[np.ndarray, np.ndar
     return dx.reshape(shape), dw
 
 
+# GLU backward, held per half ([d gate | d up]) to that half's largest value. d up = dh act(g) is the forward's f32
+# act (GLU_TOL in kernels.py: 3e-6) times one more product. d gate = dh u act'(g): silu' takes two exps, each allowed
+# 3 + 2|g| ulp by Vulkan (~2e-6 relative at the |g| <= ~16 drawn here), and gelu' a tanh and an exp of similar
+# bounds, the products a few ulp more; act' is O(1) (at most 1.1 for silu, 1.13 for gelu), so the error stays at that
+# scale of the half's magnitude. 5e-6 covers it; lavapipe measures 2e-8 to 1.7e-7 (1e-7 for |g| up to 400). A silu'
+# without its g s (1 - s) term, dz/dg without the cubic's 3, or d up without the activation err by 1e-2 or more.
+GLU_BACK_TOL = 5e-6
+
+
 def silu_grad(g) -> np.ndarray:
     """d silu / dg, silu(g) = g * sigmoid(g): sigmoid + g * sigmoid' (sigmoid' = sigmoid (1 - sigmoid))."""
     g = _f64(g)
