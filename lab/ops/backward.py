@@ -1,6 +1,7 @@
 """Backward builders of the dense path's elementwise and normalization ops (issue #43, training in the tab): RMSNorm
-(wgsl/backward_norm.wgsl), SwiGLU and GeGLU (wgsl/backward_glu.wgsl). Each mirrors its forward builder's conventions
-(compact f32 rows, the shared `step` uniform, a grid that depends on the step's token count) and returns `Op`s.
+(wgsl/backward_norm.wgsl), SwiGLU and GeGLU (wgsl/backward_glu.wgsl) and the soft-cap (wgsl/backward_elementwise.wgsl).
+Each mirrors its forward builder's conventions (compact f32 rows, the shared `step` uniform, a grid that depends on
+the step's token count) and returns `Op`s.
 
 Gradients: an input's gradient (dx) is written, replacing what the buffer held; a weight's gradient (dw, dE) is
 added into its buffer, since training sums it over micro-batches (the caller clears it at the start of a step).
@@ -17,12 +18,15 @@ import struct
 
 from lab import gpu
 from lab.gpu.shaders import subgroup_consts
-from lab.ops import Op
+from lab.ops import Op, groups_1d
 
 WG = 64           # the glu's workgroup
+EW_WG = 256       # the soft-cap's, as the forward's elementwise kernels
 NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, _p
 GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
+SOFTCAP_PARAMS = struct.Struct("<IfII")  # n, cap, rows, _p
 GLU_ACTS = ("swiglu", "geglu")
+SOFTCAP_SAVED = ("x", "y")
 
 
 def _norm_wg(device: gpu.Device, group: int) -> int:
@@ -72,3 +76,21 @@ def glu_back(device: gpu.Device, kernels, gu: gpu.Buffer, dh: gpu.Buffer, dgu: g
     k = kernels.get("backward_glu", f"{act}_back", WG=WG)
     gx = -(-n // WG)
     return [Op(k, device.bind(k, [gu, dh, dgu, params, step], f"{act}_back"), lambda t: (gx, max(1, t), 1))]
+
+
+def softcap_back(device: gpu.Device, kernels, grad: gpu.Buffer, saved: gpu.Buffer, step: gpu.Buffer, n: int,
+                 cap: float, rows: int = 0, saved_is: str = "x") -> list[Op]:
+    """grad *= 1 - tanh(x / cap)^2 in place over rows of n floats (the gradient of lab.ops.elementwise.softcap, with
+    its `rows`: the step's tokens when 0). `saved` holds the forward's input x (saved_is="x") or, since the forward
+    caps in place, its output y = cap * tanh(x / cap) (saved_is="y"; near saturation good only to ~1e-7 of grad)."""
+    if not cap > 0:
+        raise ValueError(f"softcap_back: cap {cap} must be positive")
+    if saved_is not in SOFTCAP_SAVED:
+        raise ValueError(f"softcap_back: saved_is {saved_is!r} is not one of {SOFTCAP_SAVED}")
+    if saved is grad:
+        raise ValueError("softcap_back: the saved values must be a buffer other than the gradient")
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(SOFTCAP_PARAMS.pack(n, float(cap), rows, 0), "softcap_back.params")
+    k = kernels.get("backward_elementwise", f"softcap_back_{saved_is}", WG=EW_WG)
+    return [Op(k, device.bind(k, [grad, params, step, saved], f"softcap_back_{saved_is}"),
+               lambda t: groups_1d(max(1, (rows or t) * n), EW_WG, max_dim))]
