@@ -1,7 +1,7 @@
 """Backward builders of the dense path's elementwise and normalization ops (issue #43, training in the tab): RMSNorm
-(wgsl/backward_norm.wgsl), SwiGLU and GeGLU (wgsl/backward_glu.wgsl) and the soft-cap (wgsl/backward_elementwise.wgsl).
-Each mirrors its forward builder's conventions (compact f32 rows, the shared `step` uniform, a grid that depends on
-the step's token count) and returns `Op`s.
+(wgsl/backward_norm.wgsl), SwiGLU and GeGLU (wgsl/backward_glu.wgsl), the soft-cap (wgsl/backward_elementwise.wgsl)
+and the embedding lookup (wgsl/backward_embed.wgsl). Each mirrors its forward builder's conventions (compact f32
+rows, the shared `step` uniform, a grid that depends on the step's token count) and returns `Op`s.
 
 Gradients: an input's gradient (dx) is written, replacing what the buffer held; a weight's gradient (dw, dE) is
 added into its buffer, since training sums it over micro-batches (the caller clears it at the start of a step).
@@ -15,16 +15,18 @@ branch unchanged, and the two meet again as a sum where the branch's input gradi
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from lab import gpu
 from lab.gpu.shaders import subgroup_consts
-from lab.ops import Op, groups_1d
+from lab.ops import Op, WeightPart, groups_1d
 
-WG = 64           # the glu's workgroup
+WG = 64           # the elementwise and column-owning kernels (glu, soft-cap, embedding, the norm's dw)
 EW_WG = 256       # the soft-cap's, as the forward's elementwise kernels
 NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, _p
 GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
 SOFTCAP_PARAMS = struct.Struct("<IfII")  # n, cap, rows, _p
+EMBED_PARAMS = struct.Struct("<4If3I")   # first_row, n_rows, cols, x_off, scale, _p0, _p1, _p2
 GLU_ACTS = ("swiglu", "geglu")
 SOFTCAP_SAVED = ("x", "y")
 
@@ -94,3 +96,22 @@ def softcap_back(device: gpu.Device, kernels, grad: gpu.Buffer, saved: gpu.Buffe
     k = kernels.get("backward_elementwise", f"softcap_back_{saved_is}", WG=EW_WG)
     return [Op(k, device.bind(k, [grad, params, step, saved], f"softcap_back_{saved_is}"),
                lambda t: groups_1d(max(1, (rows or t) * n), EW_WG, max_dim))]
+
+
+def embed_back(device: gpu.Device, kernels, table: Sequence[WeightPart], cols: int, ids: gpu.Buffer,
+               dx: gpu.Buffer, step: gpu.Buffer, *, scale: float = 1.0, x_offset: int = 0) -> list[Op]:
+    """dE[ids[i], :] += scale * dx[x_offset + i * cols ...] for the step's t tokens (the gradient of
+    lab.ops.embed.get_rows): `table` is the f32 gradient table [rows, cols] as parts of rows (WeightPart: buffer,
+    first_row, n_rows), one op per part, each adding only the tokens whose ids it holds. Only the rows of ids seen
+    are written; a repeated id's row gets its tokens' sum, added in token order (wgsl/backward_embed.wgsl says what
+    that costs)."""
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    k = kernels.get("backward_embed", "embed_back", WG=WG)
+    grid = groups_1d(cols, WG, max_dim)
+    out = []
+    for part in table:
+        label = f"{part.buffer.label}.embed_back"
+        params = device.uniform(EMBED_PARAMS.pack(part.first_row, part.n_rows, cols, x_offset, float(scale), 0, 0, 0),
+                                label)
+        out.append(Op(k, device.bind(k, [part.buffer, ids, dx, params, step], label), lambda t: grid))
+    return out

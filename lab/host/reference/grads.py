@@ -105,6 +105,15 @@ def softcap_grad(x, dy, cap: float) -> np.ndarray:
     return _f64(dy) * (1.0 - th * th)
 
 
+# Embedding backward, held over the rows of the ids seen to their largest value: each element is the earlier value
+# plus, per token of its id in order, one rounded product scale * dx and one rounded add, 2k + 1 roundings of 2^-24
+# for an id seen k times (4 at most in the tests), each relative to a running sum no larger than the sum of the terms'
+# magnitudes (~k + 1 times the result's at worst): (2k + 1)(k + 1) 2^-24 ~ 2.7e-6, taken as 3e-6; lavapipe measures
+# 0.6e-7 to 1.1e-7. With scale 1 there is no product and the table must equal numpy's float32 adds in token order bit
+# for bit (test_backward_embed.py). An overwrite for the add, a missing scale or a dropped token errs by 1e-1 or more.
+EMBED_BACK_TOL = 3e-6
+
+
 def get_rows(table, ids, scale: float = 1.0) -> np.ndarray:
     """The embedding lookup's forward (lab.ops.embed.get_rows on a dequantized table): scale * table[ids]."""
     return scale * _f64(table)[np.asarray(ids, np.int64)]
