@@ -21,7 +21,7 @@ from lab import gpu
 from lab.gpu.shaders import subgroup_consts
 from lab.ops import Op, WeightPart, groups_1d
 
-WG = 64           # the elementwise and column-owning kernels (glu, soft-cap, embedding, the norm's dw)
+WG = 64           # the glu's and the embedding's (one invocation per column) workgroup
 EW_WG = 256       # the soft-cap's, as the forward's elementwise kernels
 NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, _p
 GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
