@@ -1,0 +1,46 @@
+// Elementwise backward: the soft-cap's (the forward is elementwise.wgsl softcap_to, y = c * tanh(x / c), in place).
+// The gradient is scaled in place; the saved forward value is read. The forward overwrites x with y, so the caller
+// keeps whichever it has: a copy of x (softcap_back_x) or the capped values themselves (softcap_back_y).
+// Bindings (both entries): 0 dy (storage, read_write: the gradient, becomes dx)  1 p (uniform Params)
+//                          2 step (uniform Step)  3 s (storage, read: the saved x, or y)
+// Math (lab/host/reference/grads.py softcap_grad is the float64 oracle): dx = dy * (1 - tanh(x / c)^2)
+//   softcap_back_x: 1 - tanh(u)^2 = sech^2(u) = 4 e / (1 + e)^2, e = exp(-2|u|), u = x / c: no cancellation where
+//                   tanh nears 1; past the forward's clamp (|u| >= 15, where tanh is 1 in f32) the derivative is 0
+//   softcap_back_y: tanh(u) = y / c, 1 - tanh^2 = (1 - y/c)(1 + y/c): y carries the forward's rounding, so near
+//                   saturation the factor is only good to ~1e-7 absolute (of dy); the x form has no such floor
+// Params { n: u32, cap: f32, rows: u32, _p: u32 }: i < n * (rows == 0 ? n_tokens : rows), as softcap_to.
+// Grid: 1-D over elements, folded into y past 65535 groups: element = gid.x + gid.y * (num_workgroups.x * {{WG}}).
+
+//!include common.wgsl
+
+struct Params { n: u32, cap: f32, rows: u32, _p: u32 };
+
+const WG: u32 = {{WG}}u;
+
+@group(0) @binding(0) var<storage, read_write> dy: array<f32>;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<uniform> step: Step;
+@group(0) @binding(3) var<storage, read> s: array<f32>;
+
+fn element(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {   // the element, or 0xffffffff past the op's rows
+    let i = gid.x + gid.y * (nwg.x * WG);
+    let rows = select(p.rows, step.n_tokens, p.rows == 0u);
+    return select(0xffffffffu, i, i < p.n * rows);
+}
+
+@compute @workgroup_size(WG)
+fn softcap_back_x(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i == 0xffffffffu) { return; }
+    let u = abs(s[i] / p.cap);
+    let e = exp(-2.0 * u);
+    dy[i] = select(0.0, dy[i] * (4.0 * e / ((1.0 + e) * (1.0 + e))), u < 15.0);
+}
+
+@compute @workgroup_size(WG)
+fn softcap_back_y(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = element(gid, nwg);
+    if (i == 0xffffffffu) { return; }
+    let th = s[i] / p.cap;
+    dy[i] = dy[i] * ((1.0 - th) * (1.0 + th));
+}
