@@ -5,7 +5,9 @@ kernel's mistake. No device.
 Each case draws a random upstream gradient dy and differentiates loss(x) = sum(dy * forward(x)) numerically with
 step h = 1e-5: for inputs of order 1 the truncation error is ~h^2 |f'''| ~ 1e-10 and the rounding ~1e-16 |loss| / h
 ~ 1e-10, far inside the 1e-6 the oracle must meet relative to the gradient's magnitude (measured 1e-11 to 3e-11). The
-RMSNorm cases' small row (values ~0.015, so h is 1e-3 of them) measures 3e-8, still 30x inside.
+RMSNorm cases' small row (values ~0.015, so h is 1e-3 of them) measures 3e-8, still 30x inside. The projections'
+losses are linear in each input (no truncation error) but sum thousands of products, whose rounding, ~1e-16 of their
+magnitudes' sum over 2h, measures up to 2.5e-9 (a Q4_K weight's dW).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab.host.reference import grads, ops
+from lab.host.reference import grads, ops, quant
 from lab.host.reference.kernels import rel_err
 
 H = 1e-5
@@ -78,6 +80,31 @@ def test_embedding_repeated_ids():
     assert not np.any(de[[2, 3, 5]])
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "IQ2_XS", "F32"])
+def test_linear(name):
+    """dx and dW of y = x W^T, W a quantized tensor dequantized by gguf.quants (quant.dequant): the gradient the
+    kernels take through the dequantized values."""
+    rng = np.random.default_rng(11)
+    W = quant.dequant(quant.random_tensor(name, 5, 256, seed=3), name).astype(np.float64)
+    x = rng.standard_normal((3, 256))
+    dy = rng.standard_normal((3, 5))
+    dx, dw = grads.linear_grad(W, x, dy)
+    _agree(f"linear {name} dx", dx, lambda v: np.sum(dy * grads.linear(W, v)), x)
+    _agree(f"linear {name} dW", dw, lambda v: np.sum(dy * grads.linear(v, x)), W)
+
+
+def test_lora():
+    """dx, dA, dB of y = x W^T + s (x A^T) B^T, rank 3, a scale other than 1."""
+    rng = np.random.default_rng(12)
+    n_in, n_out, r, t, s = 8, 5, 3, 4, 0.75
+    W, A, B = rng.standard_normal((n_out, n_in)), rng.standard_normal((r, n_in)), rng.standard_normal((n_out, r))
+    x, dy = rng.standard_normal((t, n_in)), rng.standard_normal((t, n_out))
+    dx, da, db = grads.lora_grad(W, A, B, x, dy, s)
+    _agree("lora dx", dx, lambda v: np.sum(dy * grads.lora(W, A, B, v, s)), x)
+    _agree("lora dA", da, lambda v: np.sum(dy * grads.lora(W, v, B, x, s)), A)
+    _agree("lora dB", db, lambda v: np.sum(dy * grads.lora(W, A, v, x, s)), B)
+
+
 def test_a_wrong_derivation_fails():
     """The check has teeth: dx without r's own dependence on x (dy w r alone, the 'normalisation is a constant'
     mistake) is far from central differences."""
@@ -86,4 +113,14 @@ def test_a_wrong_derivation_fails():
     r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-5)
     wrong = dy * w * r
     e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * ops.rms_norm(v, w, 1e-5)), x, H))
+    assert e > 1e3 * ORACLE_TOL
+
+
+def test_a_wrong_lora_derivation_fails():
+    """And for the adapter: dA with the scale left out (dy B where s dy B belongs) is far from central differences."""
+    rng = np.random.default_rng(13)
+    W, A, B = rng.standard_normal((5, 8)), rng.standard_normal((3, 8)), rng.standard_normal((5, 3))
+    x, dy, s = rng.standard_normal((4, 8)), rng.standard_normal((4, 5)), 0.75
+    wrong = (dy @ B).T @ x
+    e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * grads.lora(W, v, B, x, s)), A, H))
     assert e > 1e3 * ORACLE_TOL

@@ -128,6 +128,71 @@ def embed_grad(ids, dx, n_rows: int, scale: float = 1.0) -> np.ndarray:
     return de
 
 
+# -- projections and LoRA -------------------------------------------------------------------------------------------
+# The projections' kernels (wgsl/backward_matmul.wgsl, backward_gemm.wgsl) are sums of products in f32, so their
+# tolerances are the classic bound of a sum computed in order (Higham, Accuracy and Stability, 3.1): each rounding a
+# term passes through scales its error by at most u = 2^-24, so an output whose terms pass through at most n
+# roundings is within ~n u of the sum of its terms' magnitudes. The error is therefore measured per element against
+# that magnitude (`bound_err`: |got - want| / scale, the scale being the same gradient computed from the inputs'
+# absolute values, plus the magnitude of the value added into), never against the tensor's largest value, and the
+# tolerance is the count of roundings, each stated where it is computed. A wrong index, a scale skipped or a part's
+# rows taken from the wrong place errs by a large fraction of the scale; the worst-case bound is ~n u, the measured
+# errors sqrt(n) u or less (random signs).
+U32 = 2.0 ** -24
+
+
+def dx_back_tol(chunk_rows: int, chunks: int) -> float:
+    """The tolerance of dx = W^T dy through a quantized weight (dx_back), per element against |dy| |W| + |dx0|:
+    a term dy * W is one product (0 roundings where fused), at most chunk_rows - 1 adds within its chunk (the first
+    onto 0 is exact), chunks - 1 adds of the chunk sums, one more onto dx0 (accumulate); the dequantized W is the
+    f32 arithmetic gguf.quants does, where an fma contraction moves up to 2 ulp of its terms (quant.py DEQUANT_TOL's
+    note): chunk_rows + chunks + 3 roundings, one more for margin."""
+    return (chunk_rows + chunks + 4) * U32
+
+
+def gemm_tol(k: int) -> float:
+    """The tolerance of the f32 GEMM C (+)= s sum_k A B (backward_gemm.wgsl), per element against |s| |A| |B| + |C0|:
+    a product, at most k - 1 adds (the first onto 0 is exact), the scale, the add onto C0: k + 2 roundings, one more
+    for margin. A GEMM whose operand is itself a GEMM's output adds that one's count (lora_back's chains)."""
+    return (k + 3) * U32
+
+
+def bound_err(got, want, scale) -> float:
+    """Largest |got - want| / scale, element by element (scale: the sum of the terms' magnitudes, bounds' unit)."""
+    got, want, scale = _f64(got), _f64(want), _f64(scale)
+    return float(np.max(np.abs(got - want) / np.maximum(scale, 1e-30)))
+
+
+def linear(w, x) -> np.ndarray:
+    """The projection's forward, y[t, r] = sum_c w[r, c] x[t, c] (lab.ops.matmul.matmul on a dequantized weight)."""
+    return _f64(x) @ _f64(w).T
+
+
+def linear_grad(w, x, dy) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dw) of y = x w^T: dx [t, cols] = dy w, dw [rows, cols] = dy^T x summed over the tokens. A quantized
+    weight enters dequantized (quant.dequant, gguf.quants): the gradient is taken through its values."""
+    w, x, dy = _f64(w), _f64(x), _f64(dy)
+    return dy @ w, dy.T @ x
+
+
+def lora(w, a, b, x, scale: float) -> np.ndarray:
+    """A projection with a LoRA adapter: y = x w^T + scale * (x a^T) b^T, a [rank, cols], b [rows, rank]."""
+    x = _f64(x)
+    return x @ _f64(w).T + scale * (x @ _f64(a).T) @ _f64(b).T
+
+
+def lora_grad(w, a, b, x, dy, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dx, da, db) of `lora`: reverse mode through its intermediates u = x a^T, v = u b^T, y = x w^T + scale v."""
+    w, a, b, x, dy = _f64(w), _f64(a), _f64(b), _f64(x), _f64(dy)
+    u = x @ a.T
+    dv = scale * dy                   # y = x w^T + scale v
+    du = dv @ b                       # v = u b^T
+    db = dv.T @ u
+    da = du.T @ x                     # u = x a^T
+    dx = dy @ w + du @ a              # x reaches y through w and through u
+    return dx, da, db
+
+
 def numeric_grad(loss, x, h: float) -> np.ndarray:
     """Central differences of the scalar `loss(x)` with respect to every element of x (float64):
     (loss(x + h e_i) - loss(x - h e_i)) / 2h, error O(h^2) from the third derivative plus ~1e-16 |loss| / h."""
