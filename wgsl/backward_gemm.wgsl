@@ -1,0 +1,88 @@
+// The backward pass's plain f32 products (lab/ops/backward_matmul.py): one generic strided GEMM and the sum of the
+// projection dx's partial chunks (backward_matmul.wgsl). Two entries, each with its own layout at bindings 0..4
+// (variables of the two share binding numbers on purpose, as backward_norm.wgsl's: WGSL forbids two variables at
+// one binding only within the SAME entry point):
+//   gemm:      0 A (read)  1 B (read)  2 C (read_write)  3 p (uniform Gemm)  4 step (uniform Step)
+//   chunk_sum: 0 sums (read: dx_rows' partial sums)  1 dx (read_write)  2 q (uniform Sum)  3 step (uniform Step)
+//   (one binding number may hold variables of other types in the two entries: only one entry uses each)
+//
+// gemm: C[i, j] = (acc ? C[i, j] : 0) + scale * sum_{k < K} A[i, k] B[k, j], for i < M, j < N, where
+//   A[i, k] = A[a_off + i * a_si + k * a_sk], B[k, j] = B[b_off + k * b_sk + j * b_sj], C[i, j] = C[c_off + i * c_si +
+//   j * c_sj]: any of the three may be read transposed through its strides, so the one kernel serves every shape the
+//   projections' weight and LoRA gradients take ("C += A^T B over the tokens", "C = A B"): dW += dy^T x, u = x A^T,
+//   du = s dy B, dA += du^T x, dB += s dy^T u, dx += du A. `tok` says which of M (bit 0), N (bit 1), K (bit 2) is the
+//   step's token count instead of the field's value (the grid follows it: lab.ops.backward_matmul).
+//   One invocation per element of C sums its K products in order k = 0, 1, ..., scales once, then adds C's value:
+//   deterministic, no element written by two invocations. Why this and not tiles in workgroup memory: these products
+//   are small next to the projections (K is the step's tokens, <= 64 here, or a LoRA rank, or one projection's width
+//   for u and du, whose M x N is tokens x rank), and a tile's barriers cost lavapipe and SwiftShader more than they
+//   save there. The one large case, a full fine-tune's dW (rows x cols outputs, t products each), reads A and B through
+//   the cache: consecutive invocations take consecutive j, so its x reads are contiguous and its dy read one broadcast
+//   per workgroup row. The upgrade if that GEMM ever bounds a step: 4 x 4 outputs an invocation from vec4 loads.
+//   On lavapipe one invocation's loop stops silently past 32,768 iterations (tests/kernels/test_loop_budget.py): K
+//   stays under that there.
+//   Grid: (ceil(N / 8), ceil(M / 8), 1), workgroups of 8 x 8.
+// Gemm { m, n, k, tok, a_off, a_si, a_sk, b_off, b_sk, b_sj, c_off, c_si, c_sj, acc: u32, scale: f32, _p: u32 }
+//
+// chunk_sum: dx[dx_off + t * dx_stride + c] = (acc ? that value : 0) + sum over chunks k = 0, 1, ... in order of
+//   sums[(k * n_tokens + t) * cols + c], for t < n_tokens, c < cols: the second pass of the projection's dx.
+//   Grid: 1-D over n_tokens * cols, folded into y past 65535 groups: index = gid.x + gid.y * (num_workgroups.x * 64).
+// Sum { cols, chunks, dx_off, dx_stride, acc, _p0, _p1, _p2: u32 }
+
+//!include common.wgsl
+
+struct Gemm { m: u32, n: u32, k: u32, tok: u32, a_off: u32, a_si: u32, a_sk: u32, b_off: u32,
+              b_sk: u32, b_sj: u32, c_off: u32, c_si: u32, c_sj: u32, acc: u32, scale: f32, _p: u32 };
+struct Sum { cols: u32, chunks: u32, dx_off: u32, dx_stride: u32, acc: u32, _p0: u32, _p1: u32, _p2: u32 };
+
+@group(0) @binding(0) var<storage, read> A: array<f32>;
+@group(0) @binding(1) var<storage, read> B: array<f32>;
+@group(0) @binding(2) var<storage, read_write> C: array<f32>;
+@group(0) @binding(3) var<uniform> p: Gemm;
+@group(0) @binding(4) var<uniform> step: Step;
+// chunk_sum's own
+@group(0) @binding(0) var<storage, read> sums: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(2) var<uniform> q: Sum;
+@group(0) @binding(3) var<uniform> step_s: Step;
+
+// A dimension of the product: the field's value, or the step's token count where `tok` has bit `b`.
+fn dim(v: u32, b: u32) -> u32 {
+    return select(v, step.n_tokens, (p.tok & b) != 0u);
+}
+
+@compute @workgroup_size(8, 8)
+fn gemm(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.y;
+    let j = gid.x;
+    if (i >= dim(p.m, 1u) || j >= dim(p.n, 2u)) { return; }
+    let kn = dim(p.k, 4u);
+    var s = 0.0;
+    var a = p.a_off + i * p.a_si;
+    var b = p.b_off + j * p.b_sj;
+    for (var k = 0u; k < kn; k++) {
+        s += A[a] * B[b];
+        a += p.a_sk;
+        b += p.b_sk;
+    }
+    let o = p.c_off + i * p.c_si + j * p.c_sj;
+    var v = p.scale * s;
+    if (p.acc != 0u) { v += C[o]; }
+    C[o] = v;
+}
+
+@compute @workgroup_size(64)
+fn chunk_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * (nwg.x * 64u);
+    let nt = step_s.n_tokens;
+    if (idx >= nt * q.cols) { return; }
+    let t = idx / q.cols;
+    let c = idx % q.cols;
+    var s = 0.0;
+    for (var k = 0u; k < q.chunks; k++) {
+        s += sums[(k * nt + t) * q.cols + c];
+    }
+    let o = q.dx_off + t * q.dx_stride + c;
+    if (q.acc != 0u) { s += dx[o]; }
+    dx[o] = s;
+}
