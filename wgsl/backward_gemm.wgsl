@@ -58,12 +58,8 @@ fn gemm(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= dim(p.m, 1u) || j >= dim(p.n, 2u)) { return; }
     let kn = dim(p.k, 4u);
     var s = 0.0;
-    var a = p.a_off + i * p.a_si;
-    var b = p.b_off + j * p.b_sj;
     for (var k = 0u; k < kn; k++) {
-        s += A[a] * B[b];
-        a += p.a_sk;
-        b += p.b_sk;
+        s += A[p.a_off + i * p.a_si + k * p.a_sk] * B[p.b_off + k * p.b_sk + j * p.b_sj];
     }
     let o = p.c_off + i * p.c_si + j * p.c_sj;
     var v = p.scale * s;

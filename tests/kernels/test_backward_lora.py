@@ -1,0 +1,170 @@
+"""The projections' f32 gradients on the generic GEMM (wgsl/backward_gemm.wgsl via lab.ops.backward_matmul): an F32
+weight's dW += dy^T x (dw_back, full fine-tuning; the gradient split into parts as the weight is), and a LoRA
+adapter's dA, dB and input gradient (lora_back) on top of a quantized base's dx (dx_back): the whole backward of
+y = W x + s B (A x) against the float64 oracle (lab/host/reference/grads.py lora_grad, linear_grad); then broken
+variants the same checks must catch.
+
+Shapes fill no 8 x 8 GEMM tile evenly: rank 5, 67 or 131 output rows, 96 or 768 inputs, 13 tokens (3 for the part
+split). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
+the inputs' absolute values), tolerances the chain's count of roundings (grads.gemm_tol, dx_back_tol); -s prints
+them in units of 2^-24.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from checks import Env, env1, free, ops_step, patched, read, run, upload  # noqa: F401  (env1: fixture)
+
+from lab.format.ggml import BY_NAME
+from lab.host.reference import quant as qo
+from lab.host.reference.grads import U32, bound_err, dx_back_tol, gemm_tol, linear_grad, lora_grad
+from lab.host.reference.kernels import f32
+from lab.ops.backward_matmul import dw_back, dx_back, dx_chunks, dx_scratch_floats, lora_back
+from lab.ops.weights import alloc_weight, upload_weight
+
+SENTINEL = 7.0
+
+
+def _tokens(rng, t: int, n: int, spare: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(values [t, n], the buffer's t + spare rows: NaN past the step, which no kernel may read)."""
+    v = f32(rng.standard_normal((t, n)) * scale)
+    return v, np.concatenate([v, np.full((spare, n), np.nan, np.float32)])
+
+
+def _within(what: str, got, want, scale, tol: float) -> float:
+    """Raises AssertionError unless got is finite and within tol of want per element against scale; the error in
+    units of 2^-24."""
+    got = np.asarray(got)
+    if not np.all(np.isfinite(got)):
+        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    e = bound_err(got, want, scale)
+    if not e <= tol:
+        raise AssertionError(f"{what}: error {e:.3g} of its terms' magnitudes exceeds {tol:.3g}")
+    return e / U32
+
+
+# -- dW of an F32 weight -------------------------------------------------------------------------------------------
+
+def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0) -> float:
+    """dw_back for t tokens (two more rows of NaN past the step) into a gradient already holding an earlier
+    micro-batch's sum, cut into `parts` as alloc_weight cuts an F32 weight of the shape."""
+    dev, rng = env.device, np.random.default_rng(seed)
+    x, xb_host = _tokens(rng, t, n_in, 2)
+    dy, dyb_host = _tokens(rng, t, n_out, 2, 2.0)
+    dw0 = f32(rng.standard_normal((n_out, n_in)) * 3.0)
+    per = -(-n_out // parts)
+    dw = alloc_weight(dev, "dW", BY_NAME["F32"], n_out, n_in, max_binding=per * n_in * 4 + 3 if parts > 1 else None)
+    assert len(dw.parts) == parts
+    upload_weight(dev, dw, dw0.tobytes())
+    xb, dyb = upload(dev, xb_host), upload(dev, dyb_host)
+    run(env, dw_back(dev, env.kernels, dw.parts, n_in, xb, dyb, ops_step(env), max_tokens=t + 2), 0, t)
+    got = np.concatenate([read(dev, p.buffer).reshape(p.n_rows, n_in) for p in dw.parts])
+    free(dev, xb, dyb, *(p.buffer for p in dw.parts))
+    _, want = linear_grad(np.zeros((n_out, n_in)), x, dy)
+    scale = np.abs(dw0) + np.abs(dy).T.astype(np.float64) @ np.abs(x)
+    return _within(f"dw_back {n_out}x{n_in} t={t} parts={parts}", got, dw0 + want, scale, gemm_tol(t))
+
+
+@pytest.mark.parametrize("n_out,n_in,t,parts", [(67, 264, 13, 1), (131, 96, 3, 3), (67, 264, 1, 2)])
+def test_dw_back(env1, n_out, n_in, t, parts):  # noqa: F811
+    e = check_dw(env1, n_out, n_in, t, parts, seed=n_out + t)
+    print(f"dw_back {n_out}x{n_in} t={t} parts={parts}: {e:.2f} u (tolerance {gemm_tol(t) / U32:.0f} u)")
+
+
+# -- LoRA on a quantized base --------------------------------------------------------------------------------------
+
+def _lora_inputs(rng, n_out: int, n_in: int, rank: int) -> dict:
+    """The adapter (A, B), its gradients' earlier values (dA0, dB0), in f32."""
+    return dict(A=f32(rng.standard_normal((rank, n_in)) / np.sqrt(n_in)),
+                B=f32(rng.standard_normal((n_out, rank)) * 0.5),
+                dA0=f32(rng.standard_normal((rank, n_in))), dB0=f32(rng.standard_normal((n_out, rank))))
+
+
+def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
+                        seed: int = 0) -> dict:
+    """dx_back through the quantized base (dx written), then lora_back (dA, dB added into, dx added into): the
+    whole backward of y = W x + s B (A x) for t tokens. Returns the results read back and the inputs."""
+    dev, rng = env.device, np.random.default_rng(seed)
+    raw = qo.random_tensor(name, n_out, n_in, seed)
+    c = dict(W=qo.dequant(raw, name).astype(np.float64), **_lora_inputs(rng, n_out, n_in, rank))
+    c["x"], xb_host = _tokens(rng, t, n_in, 2)
+    c["dy"], dyb_host = _tokens(rng, t, n_out, 2, 2.0)
+    mt = t + 2
+    w = alloc_weight(dev, "w", BY_NAME[name], n_out, n_in)
+    upload_weight(dev, w, raw.tobytes())
+    bufs = {k: upload(dev, v) for k, v in dict(x=xb_host, dy=dyb_host, A=c["A"], B=c["B"], dA=c["dA0"],
+                                                 dB=c["dB0"], dx=np.full((mt, n_in), SENTINEL, np.float32),
+                                                 u=np.full(mt * rank, np.nan, np.float32),
+                                                 du=np.full(mt * rank, np.nan, np.float32),
+                                                 sums=np.full(dx_scratch_floats(w, mt, 16), np.nan,
+                                                              np.float32)).items()}
+    ops = dx_back(dev, env.kernels, w, bufs["dy"], bufs["dx"], bufs["sums"], ops_step(env), max_tokens=mt,
+                  chunk_rows=16)
+    ops += lora_back(dev, env.kernels, (bufs["A"], bufs["B"]), (bufs["dA"], bufs["dB"]), (bufs["u"], bufs["du"]),
+                     bufs["x"], bufs["dy"], bufs["dx"], ops_step(env), n_in=n_in, n_out=n_out, rank=rank, scale=s,
+                     max_tokens=mt)
+    run(env, ops, 0, t)
+    c.update(dx=read(dev, bufs["dx"]).reshape(mt, n_in), dA=read(dev, bufs["dA"]).reshape(rank, n_in),
+             dB=read(dev, bufs["dB"]).reshape(n_out, rank), chunks=dx_chunks(w, 16))
+    free(dev, *bufs.values(), *(p.buffer for p in w.parts))
+    return c
+
+
+def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
+                          seed: int = 0) -> dict[str, float]:
+    """run_projection_back against lora_grad: dx (base and adapter), dA0 + dA, dB0 + dB, each per element within its
+    chain's roundings (below); dx's rows past the step untouched. Returns the errors in units of 2^-24."""
+    c = run_projection_back(env, name, n_out, n_in, rank, t, s, seed)
+    dx, da, db = lora_grad(c["W"], c["A"], c["B"], c["x"], c["dy"], s)
+    absolute = [np.abs(c[k]).astype(np.float64) for k in ("W", "A", "B", "x", "dy")]
+    sx, sa, sb = lora_grad(*absolute, abs(s))
+    # dx: the base's chain (dx_back_tol) or the adapter's, du = s dy B (n_out products) then du A (rank), whichever
+    # is longer; dA: du's chain then the sum over t tokens; dB: u = x A^T (n_in products) then t tokens.
+    longest = min(16, n_out)
+    tol_dx = max(dx_back_tol(longest, sum(c["chunks"])), gemm_tol(n_out) + gemm_tol(rank))
+    what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s}"
+    out = {"dx": _within(what + " dx", c["dx"][:t], dx, sx, tol_dx),
+           "dA": _within(what + " dA", c["dA"], c["dA0"] + da, sa + np.abs(c["dA0"]), gemm_tol(n_out) + gemm_tol(t)),
+           "dB": _within(what + " dB", c["dB"], c["dB0"] + db, sb + np.abs(c["dB0"]), gemm_tol(n_in) + gemm_tol(t))}
+    if not np.all(c["dx"][t:] == SENTINEL):
+        raise AssertionError(f"{what}: wrote dx rows past the step's tokens")
+    return out
+
+
+@pytest.mark.parametrize("name,n_out,n_in,rank,t,s", [
+    ("Q4_K", 131, 768, 5, 13, 2.0),       # a K type's 96 groups, rank 5 of an 8 x 8 tile, scale alpha / r = 2
+    ("Q8_0", 67, 96, 5, 3, 0.75),
+    ("F16", 67, 264, 8, 1, 0.5),          # one token: the M = t GEMMs one row of tiles
+])
+def test_projection_back(env1, name, n_out, n_in, rank, t, s):  # noqa: F811
+    e = check_projection_back(env1, name, n_out, n_in, rank, t, s, seed=rank + t)
+    print(f"projection_back {name} rank={rank} t={t}: " + ", ".join(f"{k} {v:.2f} u" for k, v in e.items()))
+
+
+def test_lora_bit_reproducible(env1):  # noqa: F811
+    a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3)
+    b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3)
+    assert all(a[k].tobytes() == b[k].tobytes() for k in ("dx", "dA", "dB"))
+
+
+# Broken variants of the GEMM: each must fail the checks above.
+GEMM_BREAKS = [
+    ("var v = p.scale * s;", "var v = s;"),                                     # the LoRA scale s missing
+    ("i * p.a_si + k * p.a_sk", "i * p.a_sk + k * p.a_si"),                     # A's index transposed
+    ("if (p.acc != 0u) { v += C[o]; }", ""),                                    # overwritten, not added into
+    ("for (var k = 0u; k < kn; k++)", "for (var k = 0u; k + 1u < kn; k++)"),   # the last term (token) dropped
+    ("(p.tok & b) != 0u", "(p.tok & b) > 7u"),                                  # the step's token count ignored
+]
+
+
+@pytest.mark.parametrize("old,new", GEMM_BREAKS)
+def test_broken_lora_fails(env1, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite|past the step"):
+        check_projection_back(patched(env1, "backward_gemm", old, new), "Q4_K", 131, 768, 5, 13, 2.0, seed=5)
+
+
+@pytest.mark.parametrize("old,new", GEMM_BREAKS[1:])
+def test_broken_dw_fails(env1, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_dw(patched(env1, "backward_gemm", old, new), 131, 96, 3, 3, seed=5)
