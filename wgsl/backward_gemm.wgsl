@@ -1,10 +1,10 @@
 // The backward pass's plain f32 products (lab/ops/backward_matmul.py): one generic strided GEMM and the sum of the
-// projection dx's partial chunks (backward_matmul.wgsl). Two entries, each with its own layout at bindings 0..4
-// (variables of the two share binding numbers on purpose, as backward_norm.wgsl's: WGSL forbids two variables at
-// one binding only within the SAME entry point):
+// projection dx's partial chunks (backward_matmul.wgsl). Two entries, each with its own layout from binding 0 up
+// (variables of the two share binding numbers on purpose, as backward_norm.wgsl's, here even of other types and
+// access: WGSL forbids two variables at one binding only within the SAME entry point; a bind group holds bindings
+// 0, 1, ... with no gap, lab.gpu.Device.bind):
 //   gemm:      0 A (read)  1 B (read)  2 C (read_write)  3 p (uniform Gemm)  4 step (uniform Step)
-//   chunk_sum: 0 sums (read: dx_rows' partial sums)  1 dx (read_write)  2 q (uniform Sum)  3 step (uniform Step)
-//   (one binding number may hold variables of other types in the two entries: only one entry uses each)
+//   chunk_sum: 0 sums (read: dx_rows' partial sums)  1 dx (read_write)  2 q (uniform Sum)  3 step_s (uniform Step)
 //
 // gemm: C[i, j] = (acc ? C[i, j] : 0) + scale * sum_{k < K} A[i, k] B[k, j], for i < M, j < N, where
 //   A[i, k] = A[a_off + i * a_si + k * a_sk], B[k, j] = B[b_off + k * b_sk + j * b_sj], C[i, j] = C[c_off + i * c_si +

@@ -7,6 +7,7 @@ Gradients: an input's gradient (dx) is written, replacing what the buffer held; 
 added into its buffer, since training sums it over micro-batches (the caller clears it at the start of a step).
 Every sum over tokens runs in a fixed order (no float atomics exist in WGSL), so a backward pass is bit-reproducible.
 lab/host/reference/grads.py holds the float64 oracle; tests/kernels/test_backward_*.py check each kernel against it.
+The projections' and LoRA adapters' backward builders are lab/ops/backward_matmul.py.
 
 The residual add (h = x + f(x)) has no backward kernel: its gradient is the identity, dh reaching the stream and the
 branch unchanged, and the two meet again as a sum where the branch's input gradient is added into the stream's.

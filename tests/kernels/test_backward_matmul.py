@@ -141,6 +141,7 @@ def test_dx_back(env1, name):  # noqa: F811
     (13, 131, 1, 64, False),        # 64 + 64 + 3
     (13, 131, 3, None, True),       # three parts, one chunk each by default
     (64, 67, 1, 16, True),          # the step's largest token count here: 16 full quads
+    (5, 1000, 2, None, True),       # the default chunking past CHUNK_MIN: parts of 500 rows, chunks of 256 + 244
 ])
 def test_dx_back_sweep(env1, name, t, n_out, parts, chunk_rows, accumulate):  # noqa: F811
     e = check_dx(env1, name, n_out, t, parts=parts, chunk_rows=chunk_rows, accumulate=accumulate, seed=t + n_out)
