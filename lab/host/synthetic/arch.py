@@ -240,12 +240,8 @@ def _tokenizer_fields(name: str):
 
 def _keys(spec: ArchSpec) -> dict:
     """The "{arch}." metadata keys of spec's file, in the order they are written."""
-    a = spec.arch
-    return {f"{a}.block_count": spec.n_layer, f"{a}.embedding_length": spec.n_embd,
-            f"{a}.feed_forward_length": list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff,
-            f"{a}.attention.head_count": spec.n_head,
-            f"{a}.attention.head_count_kv": list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv,
-            f"{a}.attention.layer_norm_rms_epsilon": 1e-6, **{f"{a}.{k}": v for k, v in spec.extra.items()}}
+    return {**layout.size_keys(spec), f"{spec.arch}.attention.layer_norm_rms_epsilon": 1e-6,
+            **{f"{spec.arch}.{k}": v for k, v in spec.extra.items()}}
 
 
 # Roles named otherwise than their tensors (the mixes and build's value rules use the roles)

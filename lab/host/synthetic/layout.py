@@ -97,6 +97,16 @@ def registry(arch: str, keys: dict, n_vocab: int, tied: bool, rope_scaling: bool
     return model.from_gguf(header), shapes
 
 
+def size_keys(spec) -> dict:
+    """The "{arch}." keys of a spec's sizes (either builder's spec: arch, n_layer, n_embd, n_ff or ff_per_layer,
+    n_head, n_head_kv or kv_per_layer), in the order the files write them first."""
+    a = spec.arch
+    return {f"{a}.block_count": spec.n_layer, f"{a}.embedding_length": spec.n_embd,
+            f"{a}.feed_forward_length": list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff,
+            f"{a}.attention.head_count": spec.n_head,
+            f"{a}.attention.head_count_kv": list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv}
+
+
 def put(w, keys: dict) -> None:
     """Write metadata `keys` with gguf-py's writer `w`: a list as an array, a float as float32, an int as uint32."""
     for k, v in keys.items():

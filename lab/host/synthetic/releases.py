@@ -315,12 +315,7 @@ def _block(cfg: Config, il: int) -> tuple[str, ...]:
 
 def _keys(spec: Spec) -> dict:
     """The metadata keys of spec's file beyond general.architecture and general.name, in the order they are written."""
-    a = spec.arch
-    return {f"{a}.block_count": spec.n_layer, f"{a}.embedding_length": spec.n_embd,
-            f"{a}.feed_forward_length": list(spec.ff_per_layer) if spec.ff_per_layer else spec.n_ff,
-            f"{a}.attention.head_count": spec.n_head,
-            f"{a}.attention.head_count_kv": list(spec.kv_per_layer) if spec.kv_per_layer else spec.n_head_kv,
-            **spec.extra}
+    return {**layout.size_keys(spec), **spec.extra}
 
 
 def _layout(spec: Spec) -> tuple[Config, list[tuple[str, str, int, int]]]:
