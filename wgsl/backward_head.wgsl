@@ -25,7 +25,7 @@
 //     s = sum_k s_k exp(m_k - m), lse = m + log(s); nll = lse - tl (0 without a target). Grid (ceil(n_tokens / WG)).
 //   ce_loss: one invocation sums nll over the tokens with a target in token order: out = (sum / N, count, 1 / N,
 //     sum), N = rows_total if given (the step's rows over several calls), else the count. Grid (1, 1, 1).
-// Gradient (after the loss, per slab, the slab's z in L again):
+// Gradient (right after the loss, per slab, last slab first: the loss left its z in L, each earlier one's recomputed):
 //   ce_dlogits: L[t, r] = (exp(l - lse[t]) - [v0 + r == target]) * dl/dz * (1 / N), 0 on a row without a target,
 //     where dl/dz = 1 - tanh(z / c)^2 = 4 e / (1 + e)^2, e = exp(-2 |z / c|) (no cancellation near saturation;
 //     0 past the forward's clamp at |z / c| = 15, where tanh is 1 in f32), 1 without the cap.

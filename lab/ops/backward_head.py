@@ -16,11 +16,12 @@ the row's bytes). Per slab the forward's own matmul (lab.ops.matmul) writes the 
 max_tokens x slab rows floats, and wgsl/backward_head.wgsl reads it:
 - `head_loss`: per slab matmul then ce_stats (each chunk of STATS_ROWS rows: its max and sum of exp, the target's
   logit); then ce_merge (per row, the chunks in order: lse and nll) and ce_loss (the mean, in row order).
-- `head_back`, after head_loss (it reads lse and 1 / N): per slab matmul again (the logits are recomputed, the
-  price of never holding them), ce_dlogits in place, then lab.ops.backward_matmul's dx_back over the slab's rows
-  (the projections' chunked dx = W^T dy through any weight type: a slab of the vocabulary is a row range of W), the
-  first slab writing dxn (or adding, `accumulate`) and each later one adding in slab order, and for an F32 head
-  backward_matmul's gemm adding the slab's dW rows. Every sum runs in a fixed order: bit-reproducible.
+- `head_back`, right after head_loss (it reads lse and 1 / N, and the last slab's z still in the scratch): per slab,
+  last first, matmul again (but for that last slab: the logits are recomputed, the price of never holding them),
+  ce_dlogits in place, then lab.ops.backward_matmul's dx_back over the slab's rows (the projections' chunked
+  dx = W^T dy through any weight type: a slab of the vocabulary is a row range of W), the first slab done writing
+  dxn (or adding, `accumulate`) and each later one adding, and for an F32 head backward_matmul's gemm adding the
+  slab's dW rows. Every sum runs in a fixed order: bit-reproducible.
 Scratch (`head_ce` allocates it, `head_layout` states its sizes without a device): the slab's logits, max_tokens x
 slab_rows floats with slab_rows = SLAB_FLOATS / max_tokens in whole SLAB_ALIGNs (16 MiB; less where the longest part
 is shorter; 256 rows a token past 16,384 tokens); dx_back's partial sums (its own bound, ~16 MiB at most); two floats
@@ -216,7 +217,8 @@ def head_back(device: gpu.Device, kernels: KernelCache, ce: HeadCE, xn: gpu.Buff
               dxn: gpu.Buffer, step: gpu.Buffer, *, x_offset: int = 0, x_stride: int | None = None,
               target_offset: int = 0, dx_offset: int = 0, dx_stride: int | None = None, accumulate: bool = False,
               dw: Sequence[WeightPart] | None = None) -> list[Op]:
-    """The loss's gradient, run after head_loss's ops (same ce, xn and targets): dxn [t, n_embd] at
+    """The loss's gradient, run right after head_loss's ops (same ce, xn and targets; nothing else writes the
+    scratch between them): dxn [t, n_embd] at
     dxn[dx_offset + t * dx_stride ...] written, or added into with accumulate=True; with `dw` (an F32 gradient of
     the head's shape in f32 parts of rows, WeightPart: buffer, first_row, n_rows; a tied head's is the embedding's
     gradient table) dW += dlogits^T xn too."""
@@ -225,8 +227,11 @@ def head_back(device: gpu.Device, kernels: KernelCache, ce: HeadCE, xn: gpu.Buff
         raise ValueError(f"{ce.w.name} head_back: dW's parts hold {sum(p.n_rows for p in dw)} rows, not {ce.w.rows}")
     k = kernels.get("backward_head", "ce_dlogits", WG=WG)
     ops = []
-    for i, slab in enumerate(ce.slabs):
-        ops += _slab_logits(device, kernels, ce, slab, xn, step, x_offset, x_stride)
+    # last slab first: head_loss left its z in the scratch, so its matmul is not run again (a head of one slab, up to
+    # SLAB_FLOATS / n_vocab rows a step, computes its logits once for the loss and the gradient)
+    for i, slab in enumerate(reversed(ce.slabs)):
+        if i > 0:
+            ops += _slab_logits(device, kernels, ce, slab, xn, step, x_offset, x_stride)
         label = f"{slab.view.name}.ce_dlogits"
         params = _params(device, ce, label, t_off=target_offset, slab=slab)
         bound = device.bind(k, [ce.logits, targets, ce.lse, ce.loss, params, step], label)

@@ -153,9 +153,9 @@ def check_head(env: Env, name: str, vocab: int, cols: int, t: int, **kw) -> dict
         raise AssertionError(f"{what}: wrote dxn outside the step's rows and columns")
     if got["dw"] is not None:
         out["dw"] = _frac(f"{what} dW", got["dw"], c["dw0"] + g["dw"], b["dw"])
-    # for the report: dxn's error in units of 2^-24 of the sum of its terms' magnitudes, sum |dlogits| |W|
-    out["dx_u"] = float(np.max(np.abs(got["dx"] - c["dx0"] - g["dxn"]) / np.maximum(np.abs(g["dz"]) @ np.abs(W), 1e-30))
-                        / 2.0 ** -24)
+    # for the report: dxn's error in units of 2^-24 of the sum of its terms' magnitudes, sum |dlogits| |W| + |dx0|
+    scale = np.abs(g["dz"]) @ np.abs(W) + np.abs(c["dx0"])
+    out["dx_u"] = float(np.max(np.abs(got["dx"] - c["dx0"] - g["dxn"]) / np.maximum(scale, 1e-30)) / 2.0 ** -24)
     out["loss_abs"] = abs(float(got["loss"][0]) - f["loss"])
     if got["loss"][1] != f["mask"].sum() or got["loss"][2] != np.float32(1.0 / f["n"]):
         raise AssertionError(f"{what}: count {got['loss'][1]} or 1/N {got['loss'][2]}: error exceeds 0 (exact: "
@@ -323,3 +323,32 @@ def test_refuses_arguments(env1):  # noqa: F811
         head_ce(dev, w, 4, cap=-1.0)
     free_head_ce(dev, ce)
     free(dev, x, short, ids, dx, w.parts[0].buffer)
+
+
+def test_broken_orchestration_fails(env1, monkeypatch):  # noqa: F811
+    """head_back's slabs broken in Python: the earlier slabs' logits not recomputed (their dlogits made from the last
+    slab's, left in the scratch), and each slab's dxn written over the previous ones' instead of added."""
+    import sys
+
+    import lab.ops.backward_head as bh
+    name, vocab, cols, t, kw = CASES["q8_0-576-parts"]
+    in_back = []
+    real_logits, real_back = bh._slab_logits, bh.head_back
+
+    def back(*a, **k):
+        in_back.append(True)
+        try:
+            return real_back(*a, **k)
+        finally:
+            in_back.clear()
+    monkeypatch.setattr(bh, "_slab_logits", lambda *a: [] if in_back else real_logits(*a))
+    monkeypatch.setattr(sys.modules[__name__], "head_back", back)
+    with pytest.raises(AssertionError, match="exceeds") as err:
+        check_head(env1, name, vocab, cols, t, seed=3, **kw)
+    print(f"broken: logits not recomputed: {str(err.value)[:120]}")
+    monkeypatch.undo()
+    real_dx = bh.dx_back
+    monkeypatch.setattr(bh, "dx_back", lambda *a, **k: real_dx(*a, **{**k, "accumulate": False}))
+    with pytest.raises(AssertionError, match="exceeds") as err:
+        check_head(env1, name, vocab, cols, t, seed=3, **kw)
+    print(f"broken: slabs' dxn overwritten: {str(err.value)[:120]}")
