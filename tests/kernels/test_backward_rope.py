@@ -75,6 +75,18 @@ def test_far_position_scaled(env1):  # noqa: F811
     print(f"rope_back neox pos=3000 scale=0.5: {e:.2e}")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["norm", "neox"])
+@pytest.mark.parametrize("t,pos", [(1, 0), (1, 5000), (3, 0), (13, 7), (37, 100), (70, 1000)])
+@pytest.mark.parametrize("head_dim,n_rot", [(64, None), (64, 32), (80, 80), (96, 64), (128, 128), (256, 128)])
+@pytest.mark.parametrize("factors", [False, True])
+def test_rope_back_sweep(env1, mode, t, pos, head_dim, n_rot, factors):  # noqa: F811
+    half = (n_rot or head_dim) // 2
+    ff = [0.5 + 0.25 * (i % 7) for i in range(half)] if factors else None
+    e = check_rope_back(env1, mode, t, pos, 3, head_dim, n_rot, ff, None if t % 2 else (4, 2), seed=t + pos)
+    print(f"rope_back sweep {mode} t={t} pos={pos} hd={head_dim} n_rot={n_rot} factors={factors}: {e:.2e}")
+
+
 @pytest.mark.parametrize("mode", ["norm", "neox"])
 def test_backward_undoes_the_forward(env1, mode):  # noqa: F811
     """A rotation's transpose is its inverse: the forward kernel then the backward leave each head as it was, to the
