@@ -24,7 +24,7 @@ from lab.host.reference import grads_attention as ga
 from lab.host.reference.grads import U32, bound_err
 from lab.host.reference.kernels import f32
 from lab.ops import attention as fwd
-from lab.ops.backward_attention import attention_back, stats_bytes
+from lab.ops.backward_attention import LOOP_LIMIT, attention_back, loop_iterations, stats_bytes
 
 SENTINEL = 7.0
 EPS32 = 2.0 ** -23
@@ -191,6 +191,16 @@ def test_arguments(env1):  # noqa: F811
         attention_back(dev, env1.kernels, buf, other[0], other[0], other[0], other[0], buf, other[1], other[1],
                        other[2], None, **args)
     free(dev, buf, *other)
+
+
+def test_near_the_loop_limit(env1):  # noqa: F811
+    """622 keys at heads of 64: by the builder's count (every fixed-length vec4 loop counted, as if never unrolled)
+    attn_stats' and attn_dq's invocations loop ~30,500 times, just inside LOOP_LIMIT, and lavapipe computes them
+    whole. The count is conservative here: LLVM unrolls those inner loops, and with the check lifted lavapipe first
+    cut the walk over keys between 32,802 keys (whole) and 66,000 (cut) at heads of 64."""
+    assert 30_000 < loop_iterations(64, 622, 2) <= LOOP_LIMIT
+    _report("attention_back t=2 pos=620 2/1 hd=64",
+            check_attention_back(env1, 2, 620, 2, 1, 64, spare=0, size=1.0, seed=13))
 
 
 def test_loop_budget_refused(env1):  # noqa: F811
