@@ -148,9 +148,10 @@ def attention_grad(q, k, v, do, pos: int, *, n_kv_head: int, scale: float, windo
 # term may be missing whole, so it enters B at 1 / (count of dS) u times its size (the error allowed is the term).
 # An O given with an error beyond its f32 rounding (the forward kernel's output, not the oracle's) adds |dO_i|.err_i
 # to D's error; `o_err` folds it into B at the count dS carries. The counts are worst cases, the scores' error taken at
-# the largest a everywhere: ~2,000 to 5,000 u at the tests' shapes, where lavapipe measures 0.6 to 15 u (-s prints
-# both). A wrong mask, a missing D, scale or cap derivative, or a query head left out of dK errs by 1e-2 to 1 of these
-# magnitudes, 1e5 u or more.
+# the largest a everywhere: 1,200 to 9,400 u at the tests' shapes, where lavapipe measures at most 47 u (-s prints
+# both); raw scores of tens against a cap of 2 count 55,000 u and measure 2,800 u (the cap's derivative far out on its
+# shoulder, ~1e-9, carries the raw score's absolute error over c / 2). A wrong mask, a missing D, scale or cap
+# derivative, or a query head left out of dK errs by 1e-2 to 1 of these magnitudes, 1e6 u or more.
 
 def _row_facts(q, k, mask, scale: float, softcap: float, group: int) -> dict:
     """The magnitudes the counts take, over every visible (query, head, key): A, the range X of a row's scores, W."""
