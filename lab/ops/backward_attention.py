@@ -1,0 +1,119 @@
+"""Causal attention's backward builder (issue #43, training in the tab; wgsl/backward_attention.wgsl): dQ, dK and dV
+of lab.ops.attention's forward (GQA, sliding window, logit soft-cap, a scale) for the step's t queries at positions
+pos .. pos + t - 1 over keys 0 .. pos + t - 1, given Q, K, V, the forward's output O and its gradient dO.
+
+The probabilities are recomputed, never stored: a first pass (attn_stats) walks each query row's keys once for its
+max m and sum l and takes D = dO . O; then attn_dq (one invocation per query row) and attn_dkv (one per key row and
+KV head, summing over the group's query heads and the queries in a fixed order) recompute each P = exp(s - m) / l.
+Conventions as lab/ops/backward.py's: gradients of inputs are written; every sum runs in a fixed order, so the pass
+is bit-reproducible. lab/host/reference/grads_attention.py holds the float64 oracle (attention_grad) and the
+tolerances; tests/kernels/test_backward_attention.py checks the kernels against it.
+
+Rows: each tensor is a Buffer of compact rows or a tuple (buffer, offset, stride) in floats, row r's head h at
+offset + r * stride + h * head_dim: q, o, do, dq have the step's t rows (compact stride n_head * head_dim; q may be
+the forward's fused [q | k | v] row), k, v, dk, dv one row a key position (compact stride n_kv_head * head_dim: the
+f32 KV cache is such a buffer).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from lab import gpu
+from lab.ops import Op
+
+WG = 64
+STATS = struct.Struct("<4f")       # per (query row, head): m, 1 / l, D, unused
+_PARAMS = struct.Struct("<20I2f2I")  # 8 (off, stride) pairs: q o do dq k v dk dv; n_head n_kv group window scale cap
+# lavapipe stops an invocation's loops silently past 32,768 iterations (65,535 over nested loops together:
+# tests/kernels/test_loop_budget.py); an invocation's iterations in all stay below this on such an adapter.
+LOOP_LIMIT = 32_767
+
+
+def stats_bytes(max_tokens: int, n_head: int) -> int:
+    """Bytes of the statistics buffer: one vec4 (m, 1 / l, D, 0) per (query row, head)."""
+    return STATS.size * max_tokens * n_head
+
+
+def _rows(arg, width: int) -> tuple[gpu.Buffer, int, int]:
+    """(buffer, offset, stride) of a Buffer of compact rows of `width` floats or of such a tuple."""
+    if isinstance(arg, tuple):
+        buf, off, stride = arg
+        return buf, int(off), int(stride)
+    return arg, 0, width
+
+
+def loop_iterations(head_dim: int, n_keys: int, n_terms: int) -> int:
+    """The most loop iterations one invocation runs: attn_stats and attn_dq walk up to n_keys keys, each a q.k, a
+    dO.v and an accumulation of head_dim / 4 vec4s (stats: q.k only, then D), attn_dkv up to n_terms (query, head)
+    terms of the same work."""
+    per = 3 * (head_dim // 4) + 1
+    return max(n_keys, n_terms) * per + 2 * (head_dim // 4) + n_terms
+
+
+def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stats: gpu.Buffer, step: gpu.Buffer, *,
+                   n_head: int, n_kv_head: int, head_dim: int, n_ctx: int, max_tokens: int,
+                   scale: float | None = None, window: int = 0, softcap: float = 0.0,
+                   label: str = "attention_back") -> list[Op]:
+    """dq (the step's t rows), dk and dv (rows 0 .. pos + t - 1; keys no query sees get 0) of the attention of
+    lab.ops.attention with these `scale` (default 1 / sqrt(head_dim)), `window` (W > 0: keys with qpos - k < W) and
+    `softcap` (c > 0: scores c tanh(s / c)), for steps of t <= max_tokens tokens with pos + t <= n_ctx. `stats` is
+    scratch of stats_bytes(max_tokens, n_head). Rows as the module's docstring says. Three ops in this order:
+    attn_stats, attn_dq, attn_dkv (one compute pass: each dispatch sees the one before). dq, dk and dv are written,
+    each a buffer other than the inputs (dk and dv may share one, dq too: a fused gradient row)."""
+    qd, kvd = n_head * head_dim, n_kv_head * head_dim
+    rows = dict(q=_rows(q, qd), o=_rows(o, qd), do=_rows(do, qd), dq=_rows(dq, qd),
+                k=_rows(k, kvd), v=_rows(v, kvd), dk=_rows(dk, kvd), dv=_rows(dv, kvd))
+    _check(device, label, rows, stats, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, n_ctx=n_ctx,
+           max_tokens=max_tokens, window=window, softcap=softcap)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    packed = [x for name in ("q", "o", "do", "dq", "k", "v", "dk", "dv") for x in rows[name][1:]]
+    params = device.uniform(_PARAMS.pack(*packed, n_head, n_kv_head, n_head // n_kv_head, window, scale,
+                                         float(softcap), 0, 0), f"{label}.params")
+    b = {name: r[0] for name, r in rows.items()}
+    layouts = {"attn_stats": [b["q"], b["k"], b["o"], b["do"], stats, params, step],
+               "attn_dq": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dq"]],
+               "attn_dkv": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dk"], b["dv"]]}
+    g_rows = lambda t: (-(-max(1, t) * n_head // WG), 1, 1)        # noqa: E731  (one invocation per query row)
+    g_keys = -(-n_ctx * n_kv_head // WG)                           # one per key row: every step's pos + t fits
+    grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: (g_keys, 1, 1)}
+    ops = []
+    for entry, res in layouts.items():
+        kern = kernels.get("backward_attention", entry, HEAD_DIM=head_dim, WG=WG)
+        ops.append(Op(kern, device.bind(kern, res, f"{label}.{entry}"), grids[entry]))
+    return ops
+
+
+def _need(buf: gpu.Buffer, floats: int, what: str) -> None:
+    if buf.size < 4 * floats:
+        raise ValueError(f"{what}: buffer {buf.label} has {buf.size} bytes, needs {4 * floats}")
+
+
+def _check(device: gpu.Device, label: str, rows: dict, stats: gpu.Buffer, *, n_head: int, n_kv_head: int,
+           head_dim: int, n_ctx: int, max_tokens: int, window: int, softcap: float) -> None:
+    """attention_back's checks: the shapes, the grid and, on an adapter with a loop budget, each invocation's
+    iterations; then distinct buffers for what is written and every buffer long enough."""
+    if n_kv_head <= 0 or n_head % n_kv_head:
+        raise ValueError(f"{label}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
+    if head_dim <= 0 or head_dim % 4:
+        raise ValueError(f"{label}: head_dim {head_dim} is not a multiple of 4")
+    if not 0 < max_tokens <= n_ctx or window < 0 or softcap < 0:
+        raise ValueError(f"{label}: max_tokens {max_tokens} of n_ctx {n_ctx}, window {window}, softcap {softcap}")
+    if -(-n_ctx * n_kv_head // WG) > device.info.limits["max_compute_workgroups_per_dimension"]:
+        raise gpu.GpuError(f"{label}: {n_ctx} keys x {n_kv_head} KV heads exceed the grid")
+    keys = min(n_ctx, window) if window else n_ctx
+    terms = min(max_tokens, keys) * (n_head // n_kv_head)
+    if device.info.loop_budget and loop_iterations(head_dim, keys, terms) > LOOP_LIMIT:
+        raise gpu.GpuError(f"{label}: {keys} keys or {terms} query terms at head_dim {head_dim} run past "
+                           f"{LOOP_LIMIT:,} loop iterations an invocation, where {device.info.name} stops loops")
+    inputs = {rows[n][0] for n in ("q", "k", "v", "o", "do")}
+    if any(rows[n][0] in inputs | {stats} for n in ("dq", "dk", "dv")) or stats in inputs:
+        raise ValueError(f"{label}: dq, dk, dv and stats must be buffers other than the inputs (WebGPU refuses one "
+                         f"buffer bound read-only and writable in one dispatch)")
+    for name, (buf, off, stride) in rows.items():
+        heads, n_rows = (n_kv_head, n_ctx) if name in ("k", "v", "dk", "dv") else (n_head, max_tokens)
+        if stride < heads * head_dim:
+            raise ValueError(f"{label}: {name}'s stride {stride} is shorter than its row")
+        _need(buf, off + (n_rows - 1) * stride + heads * head_dim, f"{label} {name}")
+    _need(stats, stats_bytes(max_tokens, n_head) // 4, f"{label} stats")
