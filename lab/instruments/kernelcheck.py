@@ -11,14 +11,23 @@ browser its reads pass through the device's read-back staging buffer, which the 
 A case is a dict: "op" (a key of BUILDERS), the op's parameters (below), "inputs" {name: bytes} (f32 or u32
 little-endian arrays; "w" is a weight's raw GGUF bytes), and for every op "t" (tokens in the step, default 1),
 "pos" (position of its first token, default 0), "n_ctx" (default 4096).
+
+The backward families (issue #43) take their gradients' earlier values as inputs where the op adds into them (dw,
+dE, dA, dB, an accumulated dx) and read those buffers back; their scratch (RMSNorm's 1 / rms, dx_back's partial sums,
+attention's row statistics, the fused head's slabs) is made here and freed with the rest, never read back.
 """
 
 from __future__ import annotations
 
 from lab import gpu
 from lab.format.ggml import BY_NAME
-from lab.ops import make_step, step_bytes
+from lab.ops import WeightPart, make_step, step_bytes
 from lab.ops.attention import attention, kv_write
+from lab.ops.backward import embed_back, glu_back, rms_norm_back, softcap_back
+from lab.ops.backward_attention import attention_back, stats_bytes
+from lab.ops.backward_head import head_back, head_ce, head_loss
+from lab.ops.backward_matmul import dx_back, dx_scratch_floats, lora_back
+from lab.ops.backward_rope import rope_back
 from lab.ops.deltanet import deltanet
 from lab.ops.embed import get_rows
 from lab.ops.glu import glu
@@ -54,6 +63,10 @@ class _Case:
         buf = self.device.buffer(nbytes, gpu.CONVERSATION, f"check.{name}")
         self.outputs[name] = (buf, nbytes)
         return buf
+
+    def scratch(self, nbytes: int, name: str = "scratch") -> gpu.Buffer:
+        """A buffer the op needs but the case does not check (freed with the case's others)."""
+        return self.device.buffer(nbytes, gpu.CONVERSATION, f"check.{name}")
 
     def read_back(self, name: str, nbytes: int) -> None:
         """An in-place op's result is its input buffer."""
@@ -174,9 +187,105 @@ def _deltanet(dev, kernels, step, c: _Case):
     return ops
 
 
+# -- the backward families (lab/ops/backward*.py): gradients added into are inputs read back --------------------------
+
+def _rms_norm_back(dev, kernels, step, c: _Case):
+    """x, dy [t, n], w [group], dw [group] (its earlier value) -> dx [t, n], dw += the step's sum."""
+    t, n = c["t"], c["n"]
+    group = c.case.get("group") or n
+    ops = rms_norm_back(dev, kernels, c.input("x"), c.input("w"), c.input("dy"), c.output("dx", 4 * t * n),
+                        c.input("dw"), c.scratch(4 * t * (n // group), "rs"), step, n, c["eps"], group=group)
+    c.read_back("dw", 4 * group)
+    return ops
+
+
+def _glu_back(dev, kernels, step, c: _Case):
+    """gu [t, 2n] = [gate | up], dh [t, n] -> dgu [t, 2n] = [d gate | d up]."""
+    return glu_back(dev, kernels, c.input("gu"), c.input("dh"), c.output("dgu", 8 * c["t"] * c["n"]), step, c["n"],
+                    c["act"])
+
+
+def _softcap_back(dev, kernels, step, c: _Case):
+    """grad [t, n] *= 1 - tanh(x / cap)^2 in place, from saved [t, n] = the forward's x or y (saved_is)."""
+    ops = softcap_back(dev, kernels, c.input("grad"), c.input("saved"), step, c["n"], c["cap"],
+                       saved_is=c.case.get("saved_is", "x"))
+    c.read_back("grad", 4 * c["t"] * c["n"])
+    return ops
+
+
+def _embed_back(dev, kernels, step, c: _Case):
+    """table [rows, cols] (dE's earlier value), ids [t] u32, dx [t, cols] -> table[ids] += scale * dx, in place."""
+    table = WeightPart(c.input("table"), 0, c["rows"])
+    ops = embed_back(dev, kernels, [table], c["cols"], c.input("ids"), c.input("dx"), step,
+                     scale=c.case.get("scale", 1.0))
+    c.read_back("table", 4 * c["rows"] * c["cols"])
+    return ops
+
+
+def _dx_back(dev, kernels, step, c: _Case):
+    """w [rows, cols] of any type, dy [t, rows] -> dx [t, cols] = dy W (written; with "accumulate", input dx added
+    into), over chunks of chunk_rows rows (default: dx_back's own)."""
+    t, w, acc, rows = c["t"], c.weight(), bool(c.case.get("accumulate")), c.case.get("chunk_rows")
+    dx = c.input("dx") if acc else c.output("dx", 4 * t * c["cols"])
+    sums = c.scratch(4 * dx_scratch_floats(w, t, rows), "sums")
+    ops = dx_back(dev, kernels, w, c.input("dy"), dx, sums, step, max_tokens=t, accumulate=acc, chunk_rows=rows)
+    if acc:
+        c.read_back("dx", 4 * t * c["cols"])
+    return ops
+
+
+def _lora_back(dev, kernels, step, c: _Case):
+    """a [rank, n_in], b [n_out, rank], their gradients da, db, x [t, n_in], dy [t, n_out], dx [t, n_in] (earlier
+    values: all three are added into, and read back)."""
+    t, n_in, n_out, r = c["t"], c["n_in"], c["n_out"], c["rank"]
+    ops = lora_back(dev, kernels, (c.input("a"), c.input("b")), (c.input("da"), c.input("db")),
+                    (c.scratch(4 * t * r, "u"), c.scratch(4 * t * r, "du")), c.input("x"), c.input("dy"),
+                    c.input("dx"), step, n_in=n_in, n_out=n_out, rank=r, scale=c["scale"], max_tokens=t)
+    for name, floats in (("da", r * n_in), ("db", n_out * r), ("dx", t * n_in)):
+        c.read_back(name, 4 * floats)
+    return ops
+
+
+def _rope_back(dev, kernels, step, c: _Case):
+    """grad [t, n_head * head_dim] (dy of the rotated rows) turned into dx in place; "factors": the frequency
+    factors (n_rot / 2 floats) or none."""
+    ops = rope_back(dev, kernels, c.input("grad"), step, c["n_head"], c["head_dim"], c.case.get("n_rot"), c["base"],
+                    c.case.get("freq_scale", 1.0), c["mode"], freq_factors=c.case.get("factors"))
+    c.read_back("grad", 4 * c["t"] * c["n_head"] * c["head_dim"])
+    return ops
+
+
+def _attention_back(dev, kernels, step, c: _Case):
+    """q, o, do [t, n_head * hd], k, v [n_ctx, n_kv * hd] -> dq [t, n_head * hd], dk, dv [n_ctx, n_kv * hd] (rows
+    past pos + t come back 0) for queries at pos .. pos + t - 1 over keys 0 .. pos + t - 1."""
+    t, nh, nkv, hd, n_ctx = c["t"], c["n_head"], c["n_kv_head"], c["head_dim"], c["n_ctx"]
+    q, k, v, o, do = (c.input(name) for name in ("q", "k", "v", "o", "do"))
+    dq, dk, dv = c.output("dq", 4 * t * nh * hd), c.output("dk", 4 * n_ctx * nkv * hd), \
+        c.output("dv", 4 * n_ctx * nkv * hd)
+    return attention_back(dev, kernels, q, k, v, o, do, dq, dk, dv, c.scratch(stats_bytes(t, nh), "stats"), step,
+                          n_head=nh, n_kv_head=nkv, head_dim=hd, n_ctx=n_ctx, max_tokens=t,
+                          window=c.case.get("window", 0), softcap=c.case.get("softcap", 0.0))
+
+
+def _head_ce(dev, kernels, step, c: _Case):
+    """w [rows = n_vocab, cols] of any type, xn [t, cols], targets [t] u32 (>= rows: no target) -> loss (mean,
+    count, 1 / N, sum), nll [t] and dxn [t, cols]: head_loss then head_back, one slab, with the final soft-cap
+    "cap" (0: none). The HeadCE scratch is the case's (freed with it)."""
+    t = c["t"]
+    ce = head_ce(dev, c.weight(), t, cap=c.case.get("cap", 0.0))
+    xn, targets = c.input("xn"), c.input("targets")
+    ops = head_loss(dev, kernels, ce, xn, targets, step)
+    ops += head_back(dev, kernels, ce, xn, targets, c.output("dxn", 4 * t * c["cols"]), step)
+    c.outputs["loss"], c.outputs["nll"] = (ce.loss, 16), (ce.nll, 4 * t)
+    return ops
+
+
 BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows,
             "rms_norm": _rms_norm, "rope": _rope, "attention": _attention, "softmax": _softmax, "glu": _glu,
-            "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet}
+            "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet,
+            "rms_norm_back": _rms_norm_back, "glu_back": _glu_back, "softcap_back": _softcap_back,
+            "embed_back": _embed_back, "dx_back": _dx_back, "lora_back": _lora_back, "rope_back": _rope_back,
+            "attention_back": _attention_back, "head_ce": _head_ce}
 
 
 async def run(device: gpu.Device, kernels, case: dict) -> dict:

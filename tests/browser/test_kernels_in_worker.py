@@ -15,7 +15,7 @@ lavapipe too. test_reduction_path checks the kernel labels against the adapter's
 The cards' page serves the module; the cases go to the worker a few per message (`window.labKernelCheck`). Every case
 runs with --slow; by default the reduction cases only (their path per adapter), since the verification card runs all of
 them in the worker against the same float64 values (reference/kernels.json, from the same cases), held by
-tests/browser/test_verify_page.py.
+tests/browser/test_verify_page.py, and one case of each backward family (make_backward_cases: not the card's).
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ import sys
 import pytest
 
 from lab.gpu.shaders import KernelCache
-from lab.host.reference.kernel_cases import I8_CASES, make_cases
+from lab.host.reference.kernel_cases import I8_CASES, make_backward_cases, make_cases
 from lab.instruments import kernelcheck
 
 PER_MESSAGE = 6                   # cases per worker message
-CASES = {c.name: c for c in make_cases()}
+CASES = {c.name: c for c in make_cases() + make_backward_cases()}
+# The backward kernels' cases are not the verification card's (reference/kernels.json holds the forward ones), so
+# nothing else runs them in the worker by default: one case of each family does here, the rest with --slow.
+BACKWARD_DEFAULT = ["rms_norm_back_n432_group72", "glu_back_geglu", "softcap_back_from_x", "embed_back_50x200_scaled",
+                    "dx_back_Q4_K_t13", "lora_back_131x200_r5_t13", "rope_back_neox_pos300_rot32of80_factors",
+                    "attention_back_gqa3_t13_pos7_hd80_cap3", "head_ce_Q4_K_v1000_c256_t3_cap4"]
 # the reduction kernels' cases: two matvecs (the rest differ in their loops, not their reduction), RMSNorm, softmax,
 # argmax and top-k
 REDUCTIONS = ["matvec_F32", "matvec_Q4_K"] + [n for n in CASES
@@ -95,6 +100,12 @@ def native(device) -> dict:
 
 
 @pytest.fixture(scope="module")
+def backward_default(worker_page, device) -> tuple[dict, dict]:
+    """The default backward cases (one a family), in the worker and natively."""
+    return _in_worker(worker_page[0], BACKWARD_DEFAULT), _native(device, BACKWARD_DEFAULT)
+
+
+@pytest.fixture(scope="module")
 def reductions(worker_page, device) -> tuple[dict, dict]:
     """The reduction families' cases (matvec, RMSNorm, softmax, argmax and top-k), in the worker and natively."""
     return _in_worker(worker_page[0], REDUCTIONS), _native(device, REDUCTIONS)
@@ -104,6 +115,15 @@ def reductions(worker_page, device) -> tuple[dict, dict]:
 @pytest.mark.slow   # the verification card runs these same cases against the same float64 values in the worker, by
 @pytest.mark.parametrize("name", list(CASES))       # default (tests/browser/test_verify_page.py test_card_on_a_hybrid)
 def test_case(name, in_worker, native):
+    _check(name, in_worker, native)
+
+
+@pytest.mark.parametrize("name", BACKWARD_DEFAULT)
+def test_backward_case(name, backward_default):
+    _check(name, *backward_default)
+
+
+def _check(name: str, in_worker: dict, native: dict) -> None:
     case = CASES[name]
     b_err, tol = case.check(in_worker[name]["outputs"])
     n_err, _ = case.check(native[name]["outputs"])

@@ -1,7 +1,8 @@
 """The kernel cases both backends run: numpy-made inputs for one op family each (a lab/instruments/kernelcheck.py
 spec: op, parameters, input bytes) with a check of the outputs against the float64 references, for
 tests/browser/test_kernels_in_worker.py (the browser worker and the native device) and scripts/make_kernel_fixtures.py
-(the verification card's reference/kernels.json) (CPython only).
+(the verification card's reference/kernels.json: make_cases() only, the forward kernels; make_backward_cases() are the
+backward kernels', for the worker test alone) (CPython only).
 
 Inputs are random and non-constant, sizes avoid multiples of the workgroups and tiles, positions are past 0. Every
 tolerance is the native test's (tests/kernels), restated with its reason, and holds in the browser as it is. The
@@ -18,10 +19,16 @@ import numpy as np
 
 from lab.format.ggml import BY_NAME
 from lab.host.reference import attention as attn_ref
+from lab.host.reference import grads
+from lab.host.reference import grads_attention as ga
+from lab.host.reference import grads_head as gh
 from lab.host.reference import kernels as ref
 from lab.host.reference import ops as ref_ops
 from lab.host.reference import quant as qo
 from lab.host.reference.ops import argmax
+from lab.ops import Weight
+from lab.ops.backward_head import STATS_ROWS
+from lab.ops.backward_matmul import dx_chunk_rows
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -450,5 +457,265 @@ def make_cases() -> list[Case]:
     # the 5-bit types' matvecs (Q5_K's own loop; Q5_1 through the group loop), each value's fifth bit joined to its
     # nibble before the one conversion
     cases += [matvec_case(name, seed=93 + i) for i, name in enumerate(("Q5_K", "Q5_1"))]
+    assert len({c.name for c in cases}) == len(cases)
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------ backward cases
+# The backward kernels (issue #43; lab/ops/backward*.py) against the float64 oracles of grads.py, grads_attention.py
+# and grads_head.py, each with its native test's tolerance (tests/kernels/test_backward_*.py) and measure. A family
+# with several outputs, each held to its own tolerance, reports the worst of error / tolerance (tolerance 1.0).
+# They are not in make_cases() (the verification card's selection, reference/kernels.json): make_backward_cases().
+def _frac(pairs) -> float:
+    """The worst error / tolerance of (error, tolerance) pairs."""
+    return max(e / t for e, t in pairs)
+
+
+# RMSNorm backward: dx within NORM_BACK_DX_TOL = 4e-6 of each group's largest |dx| (r^3 triples the forward's sum of
+# squares error, mean(dy w x) adds its mixed-sign sum), dw within NORM_BACK_DW_TOL = 8e-6 of its largest value (a sum
+# over the step's tokens and groups, in order, added to its earlier value) (grads.py).
+def rms_norm_back_case(t: int, pos: int, n: int, group, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    g = n if group is None else group
+    x = ref.f32(rng.standard_normal((t, n)) * rng.uniform(0.5, 3.0, (t, 1)))
+    w, dy = ref.f32(rng.uniform(0.2, 2.0, g)), ref.f32(rng.standard_normal((t, n)))
+    dw0 = ref.f32(rng.standard_normal(g) * 0.1)
+    eps = 1e-5
+    dx_want, dw_want = grads.rms_norm_grad(x, w, dy, eps, g)
+    spec = {"op": "rms_norm_back", "n": n, "eps": eps, "group": group, "t": t, "pos": pos,
+            "inputs": {"x": x.tobytes(), "w": w.tobytes(), "dy": dy.tobytes(), "dw": dw0.tobytes()}}
+
+    def check(out):
+        dx, dw = floats(out["dx"]).reshape(t, -1, g), floats(out["dw"])
+        e = _frac([(ref.rel_err(dx, dx_want.reshape(t, -1, g), axis=(2,)), grads.NORM_BACK_DX_TOL),
+                   (ref.rel_err(dw, dw0 + dw_want), grads.NORM_BACK_DW_TOL)])
+        return finite(e, np.concatenate([dx.ravel(), dw])), 1.0
+    return Case(f"rms_norm_back_n{n}_group{g}", spec, check)
+
+
+# GLU backward: GLU_BACK_TOL = 5e-6 of each half's largest value: d up is the forward's act (GLU_TOL) times one
+# product, d gate = dh u act'(g) with act' = O(1) through two exps (or tanh and exp) of Vulkan's 3 + 2|g| ulp
+# (grads.py).
+def glu_back_case(act: str, t: int, pos: int, n: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    gu = ref.f32(np.concatenate([rng.standard_normal((t, n)) * 4.0, rng.standard_normal((t, n)) * 2.0], 1))
+    dh = ref.f32(rng.standard_normal((t, n)))
+    want = grads.glu_grad(gu, dh, act)
+    spec = {"op": "glu_back", "act": act, "n": n, "t": t, "pos": pos,
+            "inputs": {"gu": gu.tobytes(), "dh": dh.tobytes()}}
+
+    def check(out):
+        got = floats(out["dgu"], (t, 2 * n))
+        e = max(ref.rel_err(got[:, :n], want[:, :n]), ref.rel_err(got[:, n:], want[:, n:]))
+        return finite(e, got), grads.GLU_BACK_TOL
+    return Case(f"glu_back_{act}", spec, check)
+
+
+# Soft-cap backward: SOFTCAP_BACK_TOL of the tensor's largest |dx|: from x 1.5e-6 (x / cap, exp within ~10 ulp, the
+# quotient and products); from y 5e-6 (tanh read back as y / cap carries the forward's few ulp of cap)
+# (grads.py).
+# Here y is numpy's float32 of the exact value, within that. Arguments from linear to saturated, and +-1e30.
+def softcap_back_case(saved_is: str, t: int, pos: int, n: int, cap: float, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    x = ref.f32(rng.standard_normal((t, n)) * 8.0 / 3.0 * cap)
+    x[0, :4] = [1e30, -1e30, 0.0, 1e-3]
+    dy = ref.f32(rng.standard_normal((t, n)))
+    saved = x if saved_is == "x" else ref.f32(cap * np.tanh(x.astype(np.float64) / cap))
+    want = grads.softcap_grad(x, dy, cap)
+    spec = {"op": "softcap_back", "n": n, "cap": cap, "saved_is": saved_is, "t": t, "pos": pos,
+            "inputs": {"grad": dy.tobytes(), "saved": saved.tobytes()}}
+
+    def check(out):
+        got = floats(out["grad"], (t, n))
+        return finite(ref.rel_err(got, want), got), grads.SOFTCAP_BACK_TOL[saved_is]
+    return Case(f"softcap_back_from_{saved_is}", spec, check)
+
+
+# Embedding backward: EMBED_BACK_TOL = 3e-6 of the seen rows' largest value: per token of an id, one product and one
+# add in token order, (2k + 1)(k + 1) roundings for an id seen k times (<= 4 here) (grads.py). Rows never seen must
+# come back bit-identical.
+def embed_back_case(rows: int, cols: int, scale: float, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(rows)[:6].tolist() + [3, 3, rows - 1, 3]          # shuffled, one id four times
+    t = len(ids)
+    de0, dx = ref.f32(rng.standard_normal((rows, cols))), ref.f32(rng.standard_normal((t, cols)))
+    want = de0 + grads.embed_grad(ids, dx, rows, scale)
+    seen = np.zeros(rows, bool)
+    seen[ids] = True
+    spec = {"op": "embed_back", "rows": rows, "cols": cols, "scale": scale, "t": t, "pos": 5,
+            "inputs": {"table": de0.tobytes(), "ids": np.asarray(ids, np.uint32).tobytes(), "dx": dx.tobytes()}}
+
+    def check(out):
+        got = floats(out["table"], (rows, cols))
+        if not np.array_equal(got[~seen], de0[~seen]):
+            return math.inf, grads.EMBED_BACK_TOL
+        return finite(ref.rel_err(got[seen], want[seen]), got), grads.EMBED_BACK_TOL
+    return Case(f"embed_back_{rows}x{cols}" + ("_scaled" if scale != 1.0 else ""), spec, check)
+
+
+# dx through a weight of any type: dx_back_tol(chunk_rows, chunks) of each element's sum |dy| |W| (+ |dx0|): a
+# product, the adds within a chunk, the chunks' sum, the add into dx0, the dequantization's 2 ulp (grads.py).
+def dx_back_case(name: str, t: int, rows: int, chunk_rows: int, accumulate: bool, seed: int) -> Case:
+    cols = cols_for(name)
+    raw = qo.random_tensor(name, rows, cols, seed)
+    W = qo.dequant(raw, name).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    dy = ref.f32(rng.standard_normal((t, rows)) * rng.uniform(0.5, 2.0, (t, 1)))
+    dx0 = ref.f32(rng.standard_normal((t, cols)) * 3.0) if accumulate else np.zeros((t, cols), np.float32)
+    want = dx0 + dy.astype(np.float64) @ W
+    scale = np.abs(dx0) + np.abs(dy).astype(np.float64) @ np.abs(W)
+    tol = grads.dx_back_tol(min(chunk_rows, rows), -(-rows // chunk_rows))
+    inputs = {"w": raw.tobytes(), "dy": dy.tobytes(), **({"dx": dx0.tobytes()} if accumulate else {})}
+    spec = {"op": "dx_back", "type": name, "rows": rows, "cols": cols, "t": t, "chunk_rows": chunk_rows,
+            "accumulate": accumulate, "inputs": inputs}
+
+    def check(out):
+        got = floats(out["dx"], (t, cols))
+        return finite(grads.bound_err(got, want, scale), got), tol
+    return Case(f"dx_back_{name}_t{t}" + ("_acc" if accumulate else ""), spec, check)
+
+
+# LoRA backward (five GEMMs), each gradient per element against its terms' magnitudes (lora_grad of the absolute
+# values, plus the earlier value it is added to), tolerances the chains' roundings as
+# tests/kernels/test_backward_lora.py counts them: dx = du A after du = s dy B: gemm_tol(n_out) + gemm_tol(rank);
+# dA: du's chain then t tokens, gemm_tol(n_out) + gemm_tol(t); dB: u = x A^T then t tokens,
+# gemm_tol(n_in) + gemm_tol(t) (grads.py).
+def lora_back_case(n_in: int, n_out: int, rank: int, t: int, s: float, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    a = ref.f32(rng.standard_normal((rank, n_in)) / np.sqrt(n_in))
+    b = ref.f32(rng.standard_normal((n_out, rank)) * 0.5)
+    da0, db0 = ref.f32(rng.standard_normal((rank, n_in))), ref.f32(rng.standard_normal((n_out, rank)))
+    x, dy = ref.f32(rng.standard_normal((t, n_in))), ref.f32(rng.standard_normal((t, n_out)) * 2.0)
+    dx0 = ref.f32(rng.standard_normal((t, n_in)))
+    zero = np.zeros((n_out, n_in))
+    dx, da, db = grads.lora_grad(zero, a, b, x, dy, s)               # the adapter's part: the base W is dx_back's
+    sx, sa, sb = grads.lora_grad(zero, *(np.abs(v).astype(np.float64) for v in (a, b, x, dy)), abs(s))
+    want = {"dx": (dx0 + dx, sx + np.abs(dx0), grads.gemm_tol(n_out) + grads.gemm_tol(rank)),
+            "da": (da0 + da, sa + np.abs(da0), grads.gemm_tol(n_out) + grads.gemm_tol(t)),
+            "db": (db0 + db, sb + np.abs(db0), grads.gemm_tol(n_in) + grads.gemm_tol(t))}
+    spec = {"op": "lora_back", "n_in": n_in, "n_out": n_out, "rank": rank, "scale": s, "t": t,
+            "inputs": {"a": a.tobytes(), "b": b.tobytes(), "da": da0.tobytes(), "db": db0.tobytes(), "x": x.tobytes(),
+                       "dy": dy.tobytes(), "dx": dx0.tobytes()}}
+
+    def check(out):
+        got = {k: floats(out[k], want[k][0].shape) for k in want}
+        e = _frac([(grads.bound_err(got[k], w, sc), tol) for k, (w, sc, tol) in want.items()])
+        return finite(e, np.concatenate([g.ravel() for g in got.values()])), 1.0
+    return Case(f"lora_back_{n_out}x{n_in}_r{rank}_t{t}", spec, check)
+
+
+# RoPE backward: the rotation by -theta with the forward's own angle arithmetic, so the forward's tolerance
+# (rope_back_tol = rope_tol(max |theta|): 1e-6 + 1.5e-7 max |theta| of each head's magnitude) holds for the same
+# reasons (grads_attention.py); dims past n_rot come back bit-identical.
+def rope_back_case(mode: str, t: int, pos: int, n_head: int, head_dim: int, n_rot=None, factors=None,
+                   scale: float = 1.0, seed: int = 1) -> Case:
+    rng = np.random.default_rng(seed)
+    nr, base = head_dim if n_rot is None else n_rot, 10000.0
+    dy = ref.f32(rng.standard_normal((t, n_head * head_dim)) * rng.uniform(0.5, 4.0, (t, 1)))
+    heads = dy.reshape(t, n_head, head_dim)
+    positions = pos + np.arange(t)
+    want = ga.rope_grad(heads, positions, nr, base, mode, scale, factors)
+    tol = ga.rope_back_tol(float(np.max(np.abs(ga.rope_angles(positions, nr, base, scale, factors)))))
+    spec = {"op": "rope_back", "mode": mode, "n_head": n_head, "head_dim": head_dim, "n_rot": n_rot, "base": base,
+            "freq_scale": scale, "factors": None if factors is None else [float(f) for f in factors], "t": t,
+            "pos": pos, "inputs": {"grad": dy.tobytes()}}
+
+    def check(out):
+        got = floats(out["grad"]).reshape(t, n_head, head_dim)
+        if not np.array_equal(got[:, :, nr:], heads[:, :, nr:]):
+            return math.inf, tol
+        return finite(ref.rel_err(got, want, axis=(2,)), got), tol
+    return Case(f"rope_back_{mode}_pos{pos}_rot{nr}of{head_dim}" + ("_factors" if factors is not None else ""),
+                spec, check)
+
+
+# Attention backward: each of dq, dk, dv per element against the magnitudes of its terms, within the counts of f32
+# roundings grads_attention.attention_tols derives from the kernels' arithmetic (scores, P recomputed from the row
+# statistics, dS, the sums over keys or queries), O given as the oracle's f32 output (o_err 0), as
+# tests/kernels/test_backward_attention.py holds them; rows of keys past pos + t come back 0 (never written).
+def attention_back_case(t: int, pos: int, nh: int, nkv: int, hd: int, window: int, softcap: float, seed: int,
+                        spare: int = 3) -> Case:
+    rng = np.random.default_rng(seed)
+    n_keys, n_ctx, sc = pos + t, pos + t + spare, 1.0 / math.sqrt(hd)
+    q, k = ref.f32(rng.standard_normal((t, nh, hd)) * 1.5), ref.f32(rng.standard_normal((n_ctx, nkv, hd)) * 1.5)
+    v, do = ref.f32(rng.standard_normal((n_ctx, nkv, hd))), ref.f32(rng.standard_normal((t, nh, hd)))
+    kw = dict(n_kv_head=nkv, scale=sc, window=window, softcap=softcap)
+    o = ref.f32(ga.attention(q, k[:n_keys], v[:n_keys], pos, **kw))
+    want = dict(zip(("dq", "dk", "dv"), ga.attention_grad(q, k[:n_keys], v[:n_keys], do, pos, **kw)))
+    tols = ga.attention_tols(q, k[:n_keys], v[:n_keys], do, pos, **kw)
+    spec = {"op": "attention_back", "n_head": nh, "n_kv_head": nkv, "head_dim": hd, "n_ctx": n_ctx, "window": window,
+            "softcap": softcap, "t": t, "pos": pos,
+            "inputs": {"q": q.tobytes(), "k": k.tobytes(), "v": v.tobytes(), "o": o.tobytes(), "do": do.tobytes()}}
+
+    def check(out):
+        got = {"dq": floats(out["dq"], (t, nh, hd)), "dk": floats(out["dk"], (n_ctx, nkv, hd)),
+               "dv": floats(out["dv"], (n_ctx, nkv, hd))}
+        if np.any(got["dk"][n_keys:] != 0) or np.any(got["dv"][n_keys:] != 0):
+            return math.inf, 1.0
+        e = _frac([(grads.bound_err(got[n][:len(want[n])], want[n], tols[n][0]), tols[n][1]) for n in want])
+        return finite(e, np.concatenate([g.ravel() for g in got.values()])), 1.0
+    return Case(f"attention_back_gqa{nh // nkv}_t{t}_pos{pos}_hd{hd}" + (f"_window{window}" if window else "")
+                + (f"_cap{softcap:g}" if softcap else ""), spec, check)
+
+
+# The head fused with the cross-entropy (head_loss then head_back): the loss, each row's nll and dxn, each value within
+# its own bound of grads_head.head_bounds (counts of f32 roundings against the magnitudes of the logits, the lse, the
+# dlogits and dx_back's sums, as tests/kernels/test_backward_head.py holds them); the count and 1 / N exact. One slab
+# (the vocabulary is far below SLAB_FLOATS / t rows): ce_stats chunks of STATS_ROWS, dx_back chunks of its default.
+def head_ce_case(name: str, vocab: int, cols: int, t: int, cap: float, masked: tuple, spread: float,
+                 seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    raw = qo.random_tensor(name, vocab, cols, seed)
+    W = qo.dequant(raw, name).astype(np.float64)
+    x = rng.standard_normal((t, cols))
+    x = ref.f32(x * spread / max(np.std(x @ W.T), 1e-30))          # logits of standard deviation `spread`
+    targets = rng.integers(0, vocab, t).astype(np.uint32)
+    targets[0] = vocab - 1
+    for i, r in enumerate(masked):
+        targets[r] = gh.NO_TARGET if i % 2 == 0 else vocab + 5
+    dx_rows = min(dx_chunk_rows(Weight("head", BY_NAME[name], vocab, cols, ()), t), vocab)
+    f, g = gh.head_loss(W, x, targets, cap), gh.head_grad(W, x, targets, cap)
+    b = gh.head_bounds(W, x, targets, cap, stats_rows=STATS_ROWS, chunks=-(-vocab // STATS_ROWS), dx_rows=dx_rows,
+                       dx_chunks=-(-vocab // dx_rows) + 1)
+    spec = {"op": "head_ce", "type": name, "rows": vocab, "cols": cols, "t": t, "cap": cap,
+            "inputs": {"w": raw.tobytes(), "xn": x.tobytes(), "targets": targets.tobytes()}}
+
+    def check(out):
+        loss, nll, dx = floats(out["loss"]), floats(out["nll"]), floats(out["dxn"], (t, cols))
+        if loss[1] != f["mask"].sum() or loss[2] != np.float32(1.0 / f["n"]):
+            return math.inf, 1.0
+        e = max(_bound_frac(loss[:1], np.float64(f["loss"]), np.float64(b["loss"])),
+                _bound_frac(nll, f["nll"], b["nll"]), _bound_frac(dx, g["dxn"], b["dxn"]))
+        return finite(e, np.concatenate([loss, nll, dx.ravel()])), 1.0
+    return Case(f"head_ce_{name}_v{vocab}_c{cols}_t{t}" + (f"_cap{cap:g}" if cap else ""), spec, check)
+
+
+def _bound_frac(got, want, bound) -> float:
+    """The largest |got - want| / bound, where a bound of 0 (a row without a target) asks for an exact value."""
+    err = np.abs(np.asarray(got, np.float64) - want)
+    if np.any(err[bound == 0] != 0):
+        return math.inf
+    return float(np.max(err / np.where(bound > 0, bound, 1.0)))
+
+
+def make_backward_cases() -> list[Case]:
+    """Every backward family on shapes that fill no workgroup evenly, positions past 0."""
+    cases = [rms_norm_back_case(t=5, pos=7, n=1000, group=None, seed=100),
+             rms_norm_back_case(t=3, pos=11, n=6 * 72, group=72, seed=101),
+             glu_back_case("swiglu", t=5, pos=7, n=300, seed=102),
+             glu_back_case("geglu", t=5, pos=7, n=300, seed=103),
+             softcap_back_case("x", t=5, pos=7, n=1000, cap=3.0, seed=104),
+             softcap_back_case("y", t=5, pos=7, n=1000, cap=30.0, seed=105),
+             embed_back_case(rows=50, cols=200, scale=math.sqrt(640.0), seed=106)]
+    cases += [dx_back_case(name, t=13, rows=131, chunk_rows=16, accumulate=i % 2 == 1, seed=107 + i)
+              for i, name in enumerate(("F32", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"))]
+    cases += [lora_back_case(n_in=200, n_out=131, rank=5, t=13, s=2.0, seed=112),
+              rope_back_case("norm", t=5, pos=7, n_head=4, head_dim=64, seed=113),
+              rope_back_case("neox", t=3, pos=300, n_head=3, head_dim=80, n_rot=32, seed=114,
+                             factors=np.linspace(1.0, 8.0, 16)),                  # llama-3's long-context factors
+              attention_back_case(13, 7, 3, 1, 80, 0, 3.0, seed=115),             # GQA 3 over one KV head, the cap
+              attention_back_case(37, 11, 6, 2, 64, 16, 5.0, seed=116),           # window, cap, GQA 3, pos > 0
+              head_ce_case("Q8_0", 1000, 96, 3, 0.0, (1,), 3.0, seed=117),
+              head_ce_case("Q4_K", 1000, 256, 3, 4.0, (1,), 4.0, seed=118)]
     assert len({c.name for c in cases}) == len(cases)
     return cases
