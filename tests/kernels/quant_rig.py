@@ -15,11 +15,36 @@ from lab import gpu
 from lab.format.ggml import BY_NAME
 from lab.gpu import shaders
 from lab.gpu.shaders import KernelCache
+from lab.host.reference import quant as qo
 from lab.host.reference.quant import f32
 from lab.ops import make_step, step_bytes
 from lab.ops.embed import get_rows
 from lab.ops.matmul import matmul, matvec
 from lab.ops.weights import alloc_weight, upload_weight
+
+
+_weights: dict = {}
+
+
+def random_weight(name: str, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF bytes, float64 values) of a random rows x cols tensor of the type (quant.py's random_tensor, dequantized
+    by gguf), made once a run: the backward tests' weights."""
+    key = (name, rows, cols, seed)
+    if key not in _weights:
+        raw = qo.random_tensor(name, rows, cols, seed)
+        _weights[key] = (raw, qo.dequant(raw, name).astype(np.float64))
+    return _weights[key]
+
+
+def weight_in_parts(dev, name: str, raw: np.ndarray, cols: int, parts: int, label: str = "w"):
+    """The weight on the device, its rows cut into `parts` binding-sized parts (the last one shorter)."""
+    rows = raw.shape[0]
+    per = -(-rows // parts)
+    limit = per * raw.shape[1] + 3 if parts > 1 else None
+    w = alloc_weight(dev, label, BY_NAME[name], rows, cols, max_binding=limit)
+    upload_weight(dev, w, raw.tobytes())
+    assert len(w.parts) == parts
+    return w
 
 
 class Rig:

@@ -26,33 +26,10 @@ from lab.ops.backward_head import (LOOP_MAX, SLAB_ALIGN, SLAB_FLOATS, STATS_ROWS
                                    head_layout)
 from lab.ops.backward_head import head_loss as head_loss_ops
 from lab.ops.backward_matmul import dx_chunk_rows, dx_chunks
-from lab.ops.weights import alloc_weight, upload_weight
+from tests.kernels.quant_rig import random_weight, weight_in_parts
 
 SENTINEL = 7.0
 MEASURED: dict[str, dict] = {}     # case -> fractions of the bounds used (the report's numbers)
-_tensors: dict = {}
-
-
-def tensor(name: str, rows: int, cols: int, seed: int = 0):
-    """(GGUF bytes, float64 values) of a random rows x cols tensor of the type (quant.py's random_tensor)."""
-    key = (name, rows, cols, seed)
-    if key not in _tensors:
-        raw = qo.random_tensor(name, rows, cols, seed)
-        _tensors[key] = (raw, qo.dequant(raw, name).astype(np.float64))
-    return _tensors[key]
-
-
-def _weight(dev, name: str, raw: np.ndarray, cols: int, parts: int):
-    """The head on the device, its rows cut into `parts` binding-sized parts (the last one shorter)."""
-    rows = raw.shape[0]
-    per = -(-rows // parts)
-    limit = per * raw.shape[1] + 3 if parts > 1 else None
-    w = alloc_weight(dev, "head", BY_NAME[name], rows, cols, max_binding=limit)
-    upload_weight(dev, w, raw.tobytes())
-    assert len(w.parts) == parts
-    return w
-
-
 def _inputs(W: np.ndarray, t: int, spread: float, masked: tuple, rng) -> tuple[np.ndarray, np.ndarray]:
     """xn [t, cols] scaled so the logits' standard deviation is `spread`, and targets with the first and last rows
     of the vocabulary among them and NO_TARGET (or an id past the vocabulary) at the rows `masked`."""
@@ -93,8 +70,8 @@ def run_head(env: Env, name: str, vocab: int, cols: int, t: int, *, parts: int =
     at = (xn's offset, its extra floats a row, dxn's offset, its extra floats a row, the targets' offset): the fused
     layouts. Returns what the kernels left and what the check needs."""
     dev, rng = env.device, np.random.default_rng(seed)
-    raw, W = tensor(name, vocab, cols, seed)
-    w = _weight(dev, name, raw, cols, parts)
+    raw, W = random_weight(name, vocab, cols, seed)
+    w = weight_in_parts(dev, name, raw, cols, parts)
     x, targets = _inputs(W, t, spread, masked, rng)
     mt, xs, ds = t + spare, cols + at[1], cols + at[3]
     dx0 = f32(rng.standard_normal((t, cols)) * 1e-3) if accumulate else np.full((t, cols), SENTINEL, np.float32)
@@ -310,8 +287,8 @@ def test_layout_refusals():
 
 def test_refuses_arguments(env1):  # noqa: F811
     dev = env1.device
-    raw, _ = tensor("Q8_0", 300, 32)
-    w = _weight(dev, "Q8_0", raw, 32, 1)
+    raw, _ = random_weight("Q8_0", 300, 32)
+    w = weight_in_parts(dev, "Q8_0", raw, 32, 1)
     ce = head_ce(dev, w, 4)
     x, short = upload(dev, np.zeros(4 * 32, np.float32)), upload(dev, np.zeros(3, np.uint32))
     with pytest.raises(ValueError, match="targets"):

@@ -21,7 +21,7 @@ from lab.host.reference import quant as qo
 from lab.host.reference.grads import bound_err, dx_back_tol, linear_grad
 from lab.host.reference.kernels import f32
 from lab.ops.backward_matmul import CHUNK_MIN, dx_back, dx_chunk_rows, dx_chunks, dx_scratch_floats
-from lab.ops.weights import alloc_weight, upload_weight
+from tests.kernels.quant_rig import random_weight, weight_in_parts
 
 SENTINEL = 7.0
 MEASURED: dict[str, float] = {}     # case -> error in units of 2^-24 (the report's numbers)
@@ -32,29 +32,6 @@ def cols_for(name: str, blocks: int = 3) -> int:
     32-element types: 96; NVFP4's and Q2_0's 64: 192); the float types 264 (8 x 33: no whole 64 or 256)."""
     block = BY_NAME[name].block
     return blocks * block if block > 1 else 264
-
-
-_tensors: dict = {}
-
-
-def tensor(name: str, rows: int, cols: int, seed: int = 0):
-    """(GGUF bytes, float64 values) of a random rows x cols tensor of the type (quant.py's random_tensor)."""
-    key = (name, rows, cols, seed)
-    if key not in _tensors:
-        raw = qo.random_tensor(name, rows, cols, seed)
-        _tensors[key] = (raw, qo.dequant(raw, name).astype(np.float64))
-    return _tensors[key]
-
-
-def _weight(dev, name: str, raw: np.ndarray, cols: int, parts: int):
-    """The weight on the device, its rows cut into `parts` binding-sized parts (the last one shorter)."""
-    rows = raw.shape[0]
-    per = -(-rows // parts)
-    limit = per * raw.shape[1] + 3 if parts > 1 else None
-    w = alloc_weight(dev, "w", BY_NAME[name], rows, cols, max_binding=limit)
-    upload_weight(dev, w, raw.tobytes())
-    assert len(w.parts) == parts
-    return w
 
 
 def _rows(t: int, n: int, stride: int, offset: int, spare: int, fill: float, values: np.ndarray) -> np.ndarray:
@@ -74,8 +51,8 @@ def run_dx(env: Env, name: str, n_out: int, t: int, *, parts: int = 1, chunk_row
     the fused layouts. Returns dx's buffer as read back and what the check needs."""
     dev, rng = env.device, np.random.default_rng(seed)
     cols = cols or cols_for(name)
-    raw, W = tensor(name, n_out, cols, seed)
-    w = _weight(dev, name, raw, cols, parts)
+    raw, W = random_weight(name, n_out, cols, seed)
+    w = weight_in_parts(dev, name, raw, cols, parts)
     ys, xs = n_out + dy_at[1], cols + dx_at[1]
     dy = f32(rng.standard_normal((t, n_out)) * rng.uniform(0.5, 2.0, (t, 1)))
     dx0 = f32(rng.standard_normal((t, cols)) * 3.0) if accumulate else np.full((t, cols), SENTINEL, np.float32)
@@ -191,8 +168,8 @@ def test_bit_reproducible(env1):  # noqa: F811
 
 def test_refuses_shared_buffers(env1):  # noqa: F811
     dev = env1.device
-    raw, _ = tensor("Q8_0", 8, 32)
-    w = _weight(dev, "Q8_0", raw, 32, 1)
+    raw, _ = random_weight("Q8_0", 8, 32)
+    w = weight_in_parts(dev, "Q8_0", raw, 32, 1)
     b = upload(dev, np.zeros(4096, np.float32))
     other = upload(dev, np.zeros(4096, np.float32))
     with pytest.raises(ValueError, match="three buffers"):
