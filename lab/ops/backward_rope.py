@@ -10,7 +10,7 @@ import struct
 
 from lab import gpu
 from lab.ops import Op
-from lab.ops.rope import MODES, frequencies
+from lab.ops.rope import MODES, checked_rot, frequency_table
 
 WG = 64
 PARAMS = struct.Struct("<8I")   # n_head, head_dim, half, row_stride, col_offset, _p0, _p1, _p2
@@ -24,19 +24,13 @@ def rope_back(device: gpu.Device, kernels, grad: gpu.Buffer, step: gpu.Buffer, n
     table: freq_scale multiplies the positions, freq_factors divide theta), so one op over n_head = nh + nkv heads of a
     fused [dq | dk | dv] gradient row (row_stride (nh + 2 nkv) head_dim) turns back Q and K and leaves dV as it is.
     Dims past n_rot pass through; rows past the step are not touched."""
-    if mode not in MODES:
-        raise ValueError(f"rope_back: unknown mode {mode!r} (adjacent/norm/0 or neox/2)")
-    n_rot = head_dim if n_rot is None else int(n_rot)
-    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
-        raise ValueError(f"rope_back: n_rot={n_rot} must be even and at most head_dim={head_dim}")
+    n_rot = checked_rot("rope_back", mode, head_dim, n_rot)
     row_stride = n_head * head_dim if row_stride is None else int(row_stride)
     if col_offset + n_head * head_dim > row_stride:
         raise ValueError(f"rope_back: {n_head} heads of {head_dim} from column {col_offset} run past the row "
                          f"({row_stride} floats)")
     half = n_rot // 2
-    freqs = frequencies(n_rot, freq_base, freq_scale, freq_factors)
-    table = device.buffer(4 * half, gpu.CONSTANT, "rope_back.freqs")
-    device.write(table, struct.pack(f"<{half}f", *freqs))
+    table = frequency_table(device, "rope_back.freqs", n_rot, freq_base, freq_scale, freq_factors)
     params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, 0, 0, 0), "rope_back.params")
     entry = MODES[mode].replace("rope_", "rope_back_")
     k = kernels.get("backward_rope", entry, WG=WG)

@@ -25,6 +25,25 @@ def frequencies(n_rot: int, freq_base: float, freq_scale: float = 1.0, freq_fact
     return [freq_scale * freq_base ** (-2.0 * i / n_rot) / factors[i] for i in range(half)]
 
 
+def checked_rot(label: str, mode: str, head_dim: int, n_rot: int | None) -> int:
+    """The rotated dims (None: the whole head), refused unless even and within the head, or the mode unknown."""
+    if mode not in MODES:
+        raise ValueError(f"{label}: unknown mode {mode!r} (adjacent/norm/0 or neox/2)")
+    n_rot = head_dim if n_rot is None else int(n_rot)
+    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"{label}: n_rot={n_rot} must be even and at most head_dim={head_dim}")
+    return n_rot
+
+
+def frequency_table(device: gpu.Device, label: str, n_rot: int, freq_base: float, freq_scale: float,
+                    freq_factors) -> gpu.Buffer:
+    """The n_rot / 2 frequencies (`frequencies`) in a constant buffer: what the rotation and its backward read."""
+    half = n_rot // 2
+    table = device.buffer(4 * half, gpu.CONSTANT, label)
+    device.write(table, struct.pack(f"<{half}f", *frequencies(n_rot, freq_base, freq_scale, freq_factors)))
+    return table
+
+
 def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: int, head_dim: int,
          n_rot: int | None = None, freq_base: float = 10000.0, freq_scale: float = 1.0, mode="neox",
          row_stride: int | None = None, col_offset: int = 0, freq_factors=None,
@@ -42,16 +61,10 @@ def rope(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n_head: i
     the rest of the n_head K, and V follows them; the op also writes each token's rotated K and its V into cache
     row pos + j ([n_ctx, kvd] of element type `kv`, lab/ops/attention.py KV_TYPES). Its role is KV_WRITE, and
     `without_kv` is the same rotation without the writes (the probes replay cached positions with it)."""
-    if mode not in MODES:
-        raise ValueError(f"rope: unknown mode {mode!r} (adjacent/0 or neox/2)")
-    n_rot = head_dim if n_rot is None else int(n_rot)
-    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
-        raise ValueError(f"rope: n_rot={n_rot} must be even and at most head_dim={head_dim}")
+    n_rot = checked_rot("rope", mode, head_dim, n_rot)
     row_stride = n_head * head_dim if row_stride is None else int(row_stride)
     half = n_rot // 2
-    freqs = frequencies(n_rot, freq_base, freq_scale, freq_factors)
-    table = device.buffer(4 * half, gpu.CONSTANT, "rope.freqs")
-    device.write(table, struct.pack(f"<{half}f", *freqs))
+    table = frequency_table(device, "rope.freqs", n_rot, freq_base, freq_scale, freq_factors)
     n_q, n_ctx = (cache[2], cache[3]) if cache else (n_head, 0)
     params = device.uniform(PARAMS.pack(n_head, head_dim, half, row_stride, col_offset, n_q, n_ctx, 0), "rope.params")
     kvc = kv_consts(kv if cache else "f32")
