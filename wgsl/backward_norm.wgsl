@@ -10,7 +10,8 @@
 //   dx = r * dy * w - x * r^3 * mean(dy * w * x)     (the second term is r's own dependence on x)
 //   dw[i] += sum over tokens j < t and groups g of dy * x * r     (accumulated: training sums a weight's gradient
 //            over micro-batches; the caller clears dw at the start of a step)
-// Params { group, n_groups: u32, eps: f32, _p: u32 }
+// Params { group, n_groups: u32, eps: f32, acc: u32 }: acc = 1 adds dx into the buffer (a residual stream's gradient
+//   joins the branch's: training's block backward), 0 writes it
 //   element i of group g of token j sits at (j * n_groups + g) * group + i (floats) in x, dy and dx.
 // Grid: rms_norm_dx (t, n_groups, 1), one workgroup of {{WG}} per (token, group), the two sums through wg_sum of
 //   reduce.wgsl; rms_norm_dw (ceil(group / {{WG}}), 1, 1), one invocation per column, run after rms_norm_dx (the
@@ -24,7 +25,7 @@
 //   under that there.
 {{SG_ENABLE}}
 
-struct Params { group: u32, n_groups: u32, eps: f32, _p: u32 };
+struct Params { group: u32, n_groups: u32, eps: f32, acc: u32 };
 
 //!include common.wgsl
 //!include reduce.wgsl
@@ -62,7 +63,8 @@ fn rms_norm_dx(@builtin(local_invocation_index) li: u32,
     let r = inverseSqrt(ms + p.eps);
     let c = md * r * r * r;
     for (var i = li; i < p.group; i += WG) {
-        dx[base + i] = r * dy[base + i] * w[i] - c * x[base + i];
+        let g = r * dy[base + i] * w[i] - c * x[base + i];
+        dx[base + i] = select(g, dx[base + i] + g, p.acc != 0u);
     }
     if (li == 0u) { rs[row * p.n_groups + wid.y] = r; }
 }

@@ -2,7 +2,7 @@
 // so its auto layout is bindings 0..k-1 (variables of different entries share binding numbers on purpose:
 // WGSL only forbids two variables at one (group, binding) within the SAME entry point).
 //
-// Callers: bias_to, last_row_to, softcap_to and gate_to are the forward pass's (lab.ops.elementwise), scale_add is lab.instruments.selftest's;
+// Callers: bias_to, last_row_to, softcap_to, gate_to and copy_to are the engine's (lab.ops.elementwise), scale_add is lab.instruments.selftest's;
 // add_rows, mul_rows, add_to, mul_to, scale_to and fill_zero are built only by tests/kernels/elementwise_ops.py.
 //
 // Layout A, fixed n (lab.instruments.selftest relies on scale_add with exactly these bindings):
@@ -21,6 +21,8 @@
 //   last_row_to: x[c] = r[(n_tokens-1)*p.n + c]      c < p.n (the last token's row, for the output head)
 //   softcap_to: x[i] = p.scale * tanh(x[i] / p.scale)   i < p.n * (p._p0 == 0 ? n_tokens : p._p0)
 //               (gemma2's final logit soft-capping; tanh's argument clamped as in attention.wgsl's)
+//   copy_to:    x[p._p0 + i] = r[p._p1 + i]      i < p.n * n_tokens (training saves each layer's input rows and
+//               puts them back to recompute the layer: lab.engine.backward)
 //   gate_to:    x[j*p.n + c] *= sigmoid(r[j*p._p0 + p._p1 + c])   c < p.n, j < n_tokens
 //               (qwen35's attention output gate, read from its slice of the fused projection row)
 // Layout D, wipe:  0 words (array<u32>, read_write)   1 p (uniform Params)
@@ -111,6 +113,12 @@ fn softcap_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let i = flat(gid, nwg);
     let rows = select(pc._p0, step_c.n_tokens, pc._p0 == 0u);
     if (i < pc.n * rows) { x[i] = pc.scale * tanh(clamp(x[i] / pc.scale, -15.0, 15.0)); }
+}
+
+@compute @workgroup_size(WG)
+fn copy_to(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat(gid, nwg);
+    if (i < pc.n * step_c.n_tokens) { x[pc._p0 + i] = r[pc._p1 + i]; }
 }
 
 @compute @workgroup_size(WG)

@@ -105,17 +105,32 @@ class Engine:
         self.snaps: list[tuple[int, int] | None] = [None] * SNAPSHOTS
         self._next_snap = 0
         self.budget = self._checked(counted)
+        self.lora = None        # a LoRA adapter every plan adds (set_lora), or None
         with device.owning(self):
             try:
                 self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
                 self.scratch = Scratch.alloc(device, cfg, self.blocks, n_ctx, max_batch, logits_all, int8_prefill, kv)
-                self.prefill: Plan = Prefill(self).build()
-                self.decode: Plan = Decode(self).build()
-                self.decode_whole: Plan = with_whole_attention(self.decode, cfg.attention_layers,
-                                                               lambda il: self.attention_op(il, False, whole=True))
+                self._build_plans()
             except BaseException:
                 device.free(self)
                 raise
+
+    def _build_plans(self) -> None:
+        self.prefill: Plan = Prefill(self).build()
+        self.decode: Plan = Decode(self).build()
+        self.decode_whole: Plan = with_whole_attention(self.decode, self.cfg.attention_layers,
+                                                       lambda il: self.attention_op(il, False, whole=True))
+        self._prepared.clear()
+
+    def set_lora(self, lora) -> None:
+        """Every step from now on with this LoRA adapter's terms (lab.engine.lora.Lora, made on this engine's device
+        for steps of max_batch rows), or without any (None). The plans are built again; the KV cache the earlier
+        steps left was computed without it, so a caller starts the conversation again (the session does)."""
+        if lora is not None and lora.max_tokens < self.max_batch:
+            raise EngineError(f"the adapter was made for steps of {lora.max_tokens} rows, this engine runs "
+                              f"{self.max_batch}")
+        self.lora = lora
+        self._build_plans()
 
     def _read_host_values(self, host_values: dict[str, bytes]) -> None:
         """The values of the tensors the plans take as constants: rope_freqs' [n_rot/2] frequency factors

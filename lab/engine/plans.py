@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from lab import gpu, ops
+from lab.engine.lora import members as lora_members
 from lab.ops import elementwise, glu, matmul, norm, rope
 
 
@@ -69,6 +70,8 @@ class PlanBuilder:
         self.kernels = engine.kernels
         self.scratch = engine.scratch
         self.weights = engine.weights
+        self.lora = engine.lora         # a LoRA adapter whose terms follow the projections it names, or None
+        self.starts = {t.offset: t.name for t in engine.header.tensors}     # the file's tensors, where each starts
         self.plan = Plan()
 
     # -- recording ------------------------------------------------------------------------------------------
@@ -80,6 +83,23 @@ class PlanBuilder:
     def trace(self, name, buf, width, stride=None, offset=0, rows="tokens") -> None:
         """Record `name` as complete after the last op added so far."""
         self.plan.trace.append(Traced(name, len(self.plan.ops) - 1, buf, width, stride or width, offset, rows))
+
+    def adapted(self, name: str, x: gpu.Buffer, y: gpu.Buffer, y_offset: int = 0,
+                y_stride: int | None = None) -> list[ops.Op]:
+        """The LoRA terms of the tensors of projection `name` (one tensor, or a run of stacked ones) added to their
+        output rows, where the engine's adapter names them."""
+        if self.lora is None:
+            return []
+        stride = y_stride or self.weights.matrices[name].rows
+        return [op for member, row in lora_members(name, self.weights.tensors, self.starts)
+                if member in self.lora.targets
+                for op in self.lora.forward(self.kernels, member, x, y, self.scratch.step, y_offset=y_offset + row,
+                                            y_stride=stride)]
+
+    def lora_on(self, *names: str) -> bool:
+        """Whether the adapter names a tensor of these projections (single or stacked runs)."""
+        return self.lora is not None and any(m in self.lora.targets for n in names
+                                             for m, _ in lora_members(n, self.weights.tensors, self.starts))
 
     # -- what differs between prefill and decode ------------------------------------------------------------
     def mm(self, name: str, x: gpu.Buffer, y: gpu.Buffer, **opts) -> list[ops.Op]:
@@ -156,11 +176,13 @@ class Prefill(PlanBuilder):
     def mm(self, name, x, y, *, y_offset=0, y_stride=None, accumulate=False):
         w, s = self.weights.matrices[name], self.scratch
         if self.eng.int8_prefill and w.type.name in matmul.I8_TYPES:
-            return matmul.matmul_i8(self.dev, self.kernels, w, x, y, s.step, s.xq, s.xd,
+            base = matmul.matmul_i8(self.dev, self.kernels, w, x, y, s.step, s.xq, s.xd,
                                     max_tokens=self.eng.max_batch, accumulate=accumulate, y_offset=y_offset,
                                     y_stride=y_stride)
-        return matmul.matmul(self.dev, self.kernels, w, x, y, s.step, max_tokens=self.eng.max_batch,
-                             accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+        else:
+            base = matmul.matmul(self.dev, self.kernels, w, x, y, s.step, max_tokens=self.eng.max_batch,
+                                 accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
+        return base + self.adapted(name, x, y, y_offset, y_stride)
 
     def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
         s, cfg, vec = self.scratch, self.cfg, self.weights.vectors
@@ -192,8 +214,10 @@ class Decode(PlanBuilder):
     batched = False
 
     def mm(self, name, x, y, *, y_offset=0, accumulate=False, **fused):
+        # the LoRA term reads the projection's real input: the normed x a fused norm leaves in xn
+        lora_x = fused["xn"] if "norm" in fused else x
         return matmul.matvec(self.dev, self.kernels, self.weights.matrices[name], x, y, self.scratch.step,
-                             y_offset=y_offset, accumulate=accumulate, **fused)
+                             y_offset=y_offset, accumulate=accumulate, **fused) + self.adapted(name, lora_x, y, y_offset)
 
     def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
         s, vec = self.scratch, self.weights.vectors
@@ -211,7 +235,8 @@ class Decode(PlanBuilder):
         stacked = self.weights.stacked[f"blk.{il}.qkv"]
         limit = self.dev.info.limits["max_storage_buffers_per_shader_stage"]
         unit = cfg.head_dim if cfg.rope_neox else 2
-        if cfg.qk_norm or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
+        # a LoRA term on Q, K or V is added after the projection, so the rotation must come after it too
+        if cfg.qk_norm or self.lora_on(*(w.name for w, _ in stacked)) or cfg.n_rot // 2 > rope.MAX_FUSED_PAIRS \
                 or cfg.rope_neox and (cfg.n_rot % 4 or cfg.head_dim % 4) \
                 or any(matmul.matvec_storage(w.type.name, norm=True, bias=cfg.qkv_bias, rope=True) > limit
                        for w, _ in stacked) \
@@ -226,7 +251,8 @@ class Decode(PlanBuilder):
         # 14,336-wide FFN that made ffn_down 46 us a layer on the H200. FFNs that wide take one GLU op first;
         # narrower ones keep the fold, which saves a dispatch where dispatches bound the step.
         s = self.scratch
-        if n_ff >= GLU_APART:
+        # a LoRA term on ffn_down reads the GLU's output, so it must be in a buffer
+        if n_ff >= GLU_APART or self.lora_on(*(n for n in self.weights.matrices if n.endswith("ffn_down.weight"))):
             self.add(glu.glu(self.dev, self.kernels, s.gate_up, None, s.h, s.step, n_ff, act=act))
             return s.h, {}
         return s.gate_up, {"glu": act}

@@ -61,6 +61,22 @@ def softcap(device: gpu.Device, kernels, x: gpu.Buffer, step: gpu.Buffer, n: int
                lambda t: groups_1d(max(1, (rows or t) * n), WG, max_dim))]
 
 
+def copy_rows(device: gpu.Device, kernels, src: gpu.Buffer, dst: gpu.Buffer, step: gpu.Buffer, n: int, *,
+              src_offset: int = 0, dst_offset: int = 0) -> list[Op]:
+    """dst[dst_offset + i] = src[src_offset + i] for the step's t compact rows of n floats: a copy inside the compute
+    pass (a buffer copy would end it), which training uses to keep each layer's input and to put it back."""
+    if src is dst:
+        raise ValueError("copy_rows: source and destination must be two buffers")
+    for buf, off, what in ((src, src_offset, "source"), (dst, dst_offset, "destination")):
+        if off < 0 or buf.size < 4 * (off + n):
+            raise ValueError(f"copy_rows: the {what} {buf.label} ({buf.size} bytes) has no row of {n} floats at {off}")
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(PARAMS.pack(n, 1.0, dst_offset, src_offset), "copy.params")
+    k = kernels.get("elementwise", "copy_to", WG=WG)
+    return [Op(k, device.bind(k, [dst, params, step, src], "copy_to"),
+               lambda t: groups_1d(max(1, t * n), WG, max_dim))]
+
+
 def sigmoid_gate(device: gpu.Device, kernels, x: gpu.Buffer, gate: gpu.Buffer, step: gpu.Buffer, n: int,
                  stride: int, offset: int) -> list[Op]:
     """x[j, :n] *= sigmoid(gate[j, offset:offset+n]) for each of the step's t rows (x rows of n floats, gate rows of

@@ -27,26 +27,29 @@ def _inputs(rng, n_rows: int, n: int, g: int):
 
 
 def check_rms_norm_back(env: Env, t: int, n: int, group: int | None = None, n_rows: int | None = None,
-                        eps: float = 1e-5, seed: int = 0) -> tuple[float, float]:
+                        eps: float = 1e-5, seed: int = 0, accumulate: bool = False) -> tuple[float, float]:
     """Runs dx and dw for t tokens of n_rows (t + 1 by default: a row past the step must stay as it was); dw starts
     from random values (the kernel adds into it). Returns the (dx, dw) errors; raises AssertionError past the
-    tolerances."""
+    tolerances. accumulate: dx starts from random values the kernel must add into (a residual stream's gradient)."""
     rng = np.random.default_rng(seed)
     dev, g = env.device, n if group is None else group
     n_rows = t + 1 if n_rows is None else n_rows
     x, w, dy = _inputs(rng, n_rows, n, g)
     dx_want, dw_want = rms_norm_grad(x[:t], w, dy[:t], eps, g)
     dw0 = f32(rng.standard_normal(g) * np.max(np.abs(dw_want)))     # a sum from an earlier micro-batch
+    dx0 = f32(rng.standard_normal(x.shape) * np.max(np.abs(dx_want))) if accumulate else np.zeros_like(x)
+    dx0[t:] = SENTINEL
     xb, wb, dyb = upload(dev, x), upload(dev, w), upload(dev, dy)
-    dxb, dwb = upload(dev, np.full_like(x, SENTINEL)), upload(dev, dw0)
+    dxb, dwb = upload(dev, dx0 if accumulate else np.full_like(x, SENTINEL)), upload(dev, dw0)
     rsb = upload(dev, np.full(n_rows * (n // g), SENTINEL, np.float32))
-    run(env, rms_norm_back(dev, env.kernels, xb, wb, dyb, dxb, dwb, rsb, ops_step(env), n, eps, group=group), 3, t)
+    run(env, rms_norm_back(dev, env.kernels, xb, wb, dyb, dxb, dwb, rsb, ops_step(env), n, eps, group=group,
+                           accumulate=accumulate), 3, t)
     dx, dw = read(dev, dxb).reshape(n_rows, n), read(dev, dwb)
     rs = read(dev, rsb)
     free(dev, xb, wb, dyb, dxb, dwb, rsb)
     what = f"rms_norm_back t={t} n={n} group={g}"
     # dx per group, relative to that group's largest gradient: the tiny row's and the large row's each held alone
-    got, want = dx[:t].reshape(t, -1, g), dx_want.reshape(t, -1, g)
+    got, want = dx[:t].reshape(t, -1, g), (dx_want + dx0[:t]).reshape(t, -1, g)
     assert_close(got, want, NORM_BACK_DX_TOL, what + " dx", axis=(2,))
     assert_close(dw, dw0 + dw_want, NORM_BACK_DW_TOL, what + " dw (added to its earlier value)")
     if not (np.all(dx[t:] == SENTINEL) and np.all(rs[t * (n // g):] == SENTINEL)):
@@ -64,6 +67,17 @@ def check_rms_norm_back(env: Env, t: int, n: int, group: int | None = None, n_ro
 def test_rms_norm_back(env, t, n, group):  # noqa: F811
     e_dx, e_dw = check_rms_norm_back(env, t, n, group, seed=t * 1000 + n)
     print(f"rms_norm_back {env.name} t={t} n={n} group={group}: dx {e_dx:.2e} dw {e_dw:.2e}")
+
+
+def test_accumulate_adds_into_dx(env):  # noqa: F811
+    check_rms_norm_back(env, t=5, n=257, seed=9, accumulate=True)
+    check_rms_norm_back(env, t=3, n=6 * 72, group=72, seed=10, accumulate=True)
+
+
+def test_without_dw_one_op(env):  # noqa: F811
+    b = [upload(env.device, np.zeros(64, np.float32)) for _ in range(5)]
+    assert len(rms_norm_back(env.device, env.kernels, b[0], b[1], b[2], b[3], None, b[4], ops_step(env), 8, 1e-5)) == 1
+    free(env.device, *b)
 
 
 def test_rows_past_the_step_stay(env):  # noqa: F811
@@ -92,3 +106,8 @@ def test_buffers_must_differ(env):  # noqa: F811
 def test_broken_variants_fail(env, old, new, t, n, group):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_rms_norm_back(patched(env, "backward_norm", old, new), t, n, group, seed=t * 1000 + n)
+
+
+def test_accumulate_ignored_fails(env):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_rms_norm_back(patched(env, "backward_norm", "p.acc != 0u", "false"), 5, 257, seed=9, accumulate=True)

@@ -70,3 +70,42 @@ def test_last_row_follows_the_step(env1):  # noqa: F811
     for t in (1, 6, 9):
         run(env1, ops, pos=0, t=t)
         assert np.array_equal(read(env1.device, out), x[t - 1])
+
+
+def _check_copy(env, kernels):
+    import numpy as np
+    from checks import ops_step, read, run, upload
+
+    from lab.ops.elementwise import copy_rows
+    rng = np.random.default_rng(5)
+    n, src_off, dst_off = 67, 3 * 67, 2 * 67 + 5          # training's saved rows: layer slots at offsets
+    src = rng.standard_normal(12 * n).astype(np.float32)
+    dst = np.full(20 * n, 7.0, np.float32)
+    bs, bd = upload(env.device, src), upload(env.device, dst)
+    run(env, copy_rows(env.device, kernels, bs, bd, ops_step(env), n, src_offset=src_off, dst_offset=dst_off),
+        pos=0, t=5)
+    want = dst.copy()
+    want[dst_off:dst_off + 5 * n] = src[src_off:src_off + 5 * n]
+    return np.array_equal(read(env.device, bd), want)       # a copy: exact, and nothing past the step's rows
+
+
+def test_copy_rows_at_offsets(env1):  # noqa: F811
+    assert _check_copy(env1, env1.kernels)
+
+
+def test_copy_rows_broken_fails(env1):  # noqa: F811
+    from checks import patched
+    broken = patched(env1, "elementwise", "r[pc._p1 + i]; }", "r[i]; }")     # the source offset ignored
+    assert not _check_copy(env1, broken.kernels)
+
+
+def test_copy_rows_refuses_short_buffers(env1):  # noqa: F811
+    import numpy as np
+    from checks import ops_step, upload
+
+    from lab.ops.elementwise import copy_rows
+    a, b = upload(env1.device, np.zeros(10, np.float32)), upload(env1.device, np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="no row of 8 floats at 5"):
+        copy_rows(env1.device, env1.kernels, a, b, ops_step(env1), 8, dst_offset=5)
+    with pytest.raises(ValueError, match="two buffers"):
+        copy_rows(env1.device, env1.kernels, a, a, ops_step(env1), 8)

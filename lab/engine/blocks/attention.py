@@ -16,7 +16,7 @@ from lab import gpu, ops
 from lab.engine.blocks.base import Block
 from lab.format.config import Config
 from lab.ops import attention as attn_ops
-from lab.ops import elementwise, norm, rope
+from lab.ops import backward_attention, backward_rope, elementwise, norm, rope
 
 
 def qkv_width(cfg: Config, il: int) -> int:
@@ -123,3 +123,30 @@ class Attention(Block):
                             cache=(s.k_cache[il], s.v_cache[il], cfg.n_head, eng.n_ctx) if own else None,
                             kv=eng.kv_type),
                   f"Qcur_rope-{il}", s.qkv, Q, W, 0)
+
+    def build_backward(self, q, il):
+        """Given dx (the loss's gradient after the attention's residual add), right after `build` recomputed the
+        layer (the fused row with Q and K rotated, the cache, the attention's output): the output projection,
+        attention, RoPE, the fused projection and the norm, dx then holding the gradient at the layer's input.
+        The layers training refuses (lab.engine.backward.untrainable) are not handled here."""
+        cfg, s, ts, eng = self.cfg, q.scratch, q.ts, q.eng
+        Q, KV, W, HD = cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il)
+        nkv, b = cfg.n_head_kv_of(il), f"blk.{il}."
+        q.proj_back(b + "attn_output.weight", s.att, ts.dx, ts.datt)
+        q.add(backward_attention.attention_back(
+            q.dev, q.kernels, (s.qkv, 0, W), (s.k_cache[il], 0, KV), (s.v_cache[il], 0, KV), (s.att, 0, Q),
+            (ts.datt, 0, Q), (ts.dqkv, 0, W), (ts.dqkv, Q, W), (ts.dqkv, Q + KV, W), ts.stats, s.step,
+            n_head=cfg.n_head, n_kv_head=nkv, head_dim=HD, n_ctx=q.T, max_tokens=q.T, scale=cfg.attn_scale,
+            window=cfg.sliding_window if cfg.sliding[il] else 0, softcap=cfg.attn_softcap, label=f"{b}attention_back"))
+        if cfg.rotates(il):
+            factors = None if cfg.rope_freqs_full and cfg.sliding[il] else eng.rope_freqs
+            q.add(backward_rope.rope_back(q.dev, q.kernels, ts.dqkv, s.step, cfg.n_head + nkv, HD, cfg.n_rot_of(il),
+                                          cfg.rope_base_local if cfg.sliding[il] else cfg.rope_base, cfg.rope_scale,
+                                          mode="neox" if cfg.rope_neox else "adjacent", row_stride=W, col_offset=0,
+                                          freq_factors=factors))
+        # the normed input, which the feed-forward's norm overwrote: the saved x through the norm again
+        q.restore(il)
+        q.add(norm.rms_norm(q.dev, q.kernels, s.x, q.weights.vectors[b + "attn_norm.weight"], s.xn, s.step,
+                            cfg.n_embd, cfg.eps))
+        q.stacked_back(b + "qkv", s.xn, ts.dqkv, W, ts.dxn)
+        q.norm_back(s.x, b + "attn_norm.weight", ts.dxn)

@@ -42,6 +42,12 @@ class Block:
         """Add layer il's ops (and their traced names) to the plan builder p."""
         raise NotImplementedError
 
+    def build_backward(self, q, il: int) -> None:
+        """Add layer il's backward to the training step's builder q (lab.engine.backward.Backward): given the loss's
+        gradient after this block's residual add (q.ts.dx), right after `build` recomputed the layer, leave the
+        gradient before it in q.ts.dx and add the trained parameters' gradients into theirs."""
+        raise NotImplementedError(f"{type(self).__name__} has no backward yet")
+
     def resumes(self, held: tuple[int, int], snaps: list, pos: int) -> bool:
         """Whether a step at pos > 0 finds what this block reads of the positions before it, where the live states
         hold the positions `held` and the snapshots `snaps` (lab.engine.engine.Engine.can_resume)."""

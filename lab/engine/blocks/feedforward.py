@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from lab import gpu
 from lab.engine.blocks.base import Block
+from lab.ops.backward import glu_back
 
 
 class FeedForward(Block):
@@ -25,3 +26,14 @@ class FeedForward(Block):
         # a block with a tail goes on after this residual: llama.cpp calls it pe_in there
         p.residual(b + "ffn_down.weight", down_in, "post_ffw_norm.weight", il, f"ffn_post_norm-{il}",
                    f"{'pe_in' if cfg.block_tail and cfg.post_norms else 'l_out'}-{il}", f"ffn_out-{il}", **down_opts)
+
+    def build_backward(self, q, il):
+        """Given dx (the loss's gradient at the layer's output), right after `build` recomputed the layer (xn, the
+        [gate | up] row and the GLU output as the forward left them; the input in q.ts.mid): down, the GLU, gate|up
+        and the norm, dx then holding the gradient at the feed-forward's input."""
+        cfg, s, ts = self.cfg, q.scratch, q.ts
+        FF, b = cfg.n_ff_of(il), f"blk.{il}."
+        q.proj_back(b + "ffn_down.weight", s.h, ts.dx, ts.dh)
+        q.add(glu_back(q.dev, q.kernels, s.gate_up, ts.dh, ts.dgu, s.step, FF, act="geglu" if cfg.gelu else "swiglu"))
+        q.stacked_back(b + "gate_up", s.xn, ts.dgu, 2 * FF, ts.dxn)
+        q.norm_back(ts.mid, b + cfg.ffn_norm, ts.dxn)

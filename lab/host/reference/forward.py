@@ -164,8 +164,9 @@ class Reference:
 
     # -- the forward pass -----------------------------------------------------------------------
     def forward(self, ids, start_pos: int | None = None, trace: bool = False,
-                all_logits: bool = True) -> np.ndarray:
-        """Logits [t, n_vocab] for every position of `ids` (causal), float32.
+                all_logits: bool = True, keep_dtype: bool = False) -> np.ndarray:
+        """Logits [t, n_vocab] for every position of `ids` (causal), float32 (keep_dtype=True: in the reference's
+        dtype, for float64 oracles whose differences a float32 rounding would swamp: training's).
 
         start_pos None or 0 starts fresh; start_pos = n keeps the first n cached positions and
         appends. trace=True records the intermediate tensors in self.trace (see the module doc).
@@ -202,7 +203,7 @@ class Reference:
             self._cb("inp_scaled", x)
         if hp.arch == "gemma4":
             x = self._gemma4(ids, x, pos, start)
-            return self._finish(x, n_kv, all_logits)
+            return self._finish(x, n_kv, all_logits, keep_dtype)
 
         for il in range(hp.n_layer):
             inp = x
@@ -272,9 +273,9 @@ class Reference:
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
             x = self._feed_forward(il, ffn_inp)
 
-        return self._finish(x, n_kv, all_logits)
+        return self._finish(x, n_kv, all_logits, keep_dtype)
 
-    def _finish(self, x: np.ndarray, n_kv: int, all_logits: bool) -> np.ndarray:
+    def _finish(self, x: np.ndarray, n_kv: int, all_logits: bool, keep_dtype: bool = False) -> np.ndarray:
         """The last layer's output -> result_norm -> logits (the last row only unless all_logits)."""
         hp, dt = self.hp, self.dtype
         self.n_past = n_kv
@@ -285,7 +286,7 @@ class Reference:
         logits = self._head(x)
         self._cb("result_output", logits)
         self._trace_on = False
-        return np.asarray(logits, dtype=np.float32) if dt != np.float32 else logits
+        return np.asarray(logits, dtype=np.float32) if dt != np.float32 and not keep_dtype else logits
 
     def _per_layer_inputs(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
         """gemma4's per-layer inputs [n_layer, t, per-layer width] (build_inp_per_layer + project_per_layer_inputs):

@@ -1,0 +1,161 @@
+"""Training's step on the GPU (issue #43): one window of t tokens forward, the loss, and every gradient back to
+the trained parameters, as one list of ops in one compute pass.
+
+    TrainScratch.alloc(...)      the step's own buffers (kind CONVERSATION: they hold the user's text's activations)
+    Backward(engine, ...).ops()  the step: the engine's own forward (its blocks' `build`, through the prefill plan's
+                                 projections, LoRA terms included), each layer's input kept (`saved`); the final norm,
+                                 the head fused with the cross-entropy (lab.ops.backward_head); then per layer, last
+                                 first: the layer's forward again from its saved input (recomputation: one layer's
+                                 activations live at a time, so memory grows with layers by one row of x each), and
+                                 its blocks' `build_backward`, which take the gradient of the residual stream (`dx`)
+                                 through the layer and add the parameters' gradients into their buffers.
+
+The gradients are added in (a step of several windows sums them); the caller clears them at a step's start. What
+the blocks' backward needs of the builder: `proj_back` (a projection's input gradient through the quantized base,
+and its LoRA factors' gradients), `stacked_back` (the same over a fused row's parts) and `norm_back`.
+
+What it does not know: data, optimizers, files (lab.instruments.training strings the steps together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lab import gpu, ops
+from lab.engine.lora import Lora
+from lab.engine.lora import members as lora_members
+from lab.engine.plans import Prefill
+from lab.ops import backward_attention, backward_head, backward_matmul, elementwise, norm
+from lab.ops.backward import rms_norm_back
+
+
+class TrainError(ValueError):
+    """A training run this engine cannot do, in words a user reads."""
+
+
+def untrainable(cfg) -> str | None:
+    """Why a model's layers have no backward yet (None: they all have one)."""
+    kinds = sorted({cfg.mixer(il) for il in range(cfg.n_layer)} - {"attention"})
+    parts = [f"{k} layers" for k in kinds]
+    for flag, what in (("qk_norm", "per-head Q/K norms"), ("v_norm", "a V norm"), ("attn_gate", "gated attention"),
+                       ("post_norms", "post-norms"), ("block_tail", "per-layer inputs")):
+        if getattr(cfg, flag):
+            parts.append(what)
+    if any(not cfg.has_kv(il) for il in range(cfg.n_layer) if cfg.mixer(il) == "attention"):
+        parts.append("layers that share an earlier layer's KV cache")
+    if not parts:
+        return None
+    return (f"{cfg.arch}: training has no backward yet for its {', '.join(parts)} (the dense llama, qwen2, phi3 "
+            f"and smollm3 paths have one)")
+
+
+@dataclass(frozen=True)
+class TrainScratch:
+    """A step's buffers for windows of up to T tokens."""
+    T: int
+    saved: gpu.Buffer       # [n_layer, T, n_embd] each layer's input
+    mid: gpu.Buffer         # [T, n_embd] the layer's x after its mixer: the feed-forward's input
+    dx: gpu.Buffer          # [T, n_embd] the loss's gradient with respect to the residual stream
+    dxn: gpu.Buffer         # [T, n_embd] ... to a normed x
+    dqkv: gpu.Buffer        # [T, qkv_width] ... to the fused [q | k | v] row
+    datt: gpu.Buffer        # [T, q] ... to the attention's output
+    dgu: gpu.Buffer         # [T, 2 n_ff] ... to the [gate | up] row
+    dh: gpu.Buffer          # [T, n_ff] ... to the GLU's output
+    rs: gpu.Buffer          # [T] the norm backward's 1 / rms
+    sums: gpu.Buffer        # the input gradients' partial sums (lab.ops.backward_matmul.dx_back)
+    stats: gpu.Buffer       # the attention backward's per-row statistics
+    du: tuple               # (u, du) [T, max rank] each: the LoRA backward's
+    targets: gpu.Buffer     # [T] u32 the next token of each position (n_vocab: none)
+    grads: gpu.Buffer       # the LoRA parameters' gradients, laid out as Lora.params
+
+    @classmethod
+    def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora, T: int, qkv_width: int) -> TrainScratch:
+        conv, E = gpu.CONVERSATION, cfg.n_embd
+        sums = max(backward_matmul.dx_scratch_floats(w, T) for w in weights.matrices.values())
+        rows = lambda n, what: dev.buffer(4 * T * n, conv, f"train {what} [T, {n}]")   # noqa: E731
+        return cls(T=T, saved=dev.buffer(4 * cfg.n_layer * T * E, conv, f"train layer inputs [n_layer, T, {E}]"),
+                   mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
+                   datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
+                   rs=rows(1, "1/rms"), sums=dev.buffer(4 * sums, conv, "train dx partial sums"),
+                   stats=dev.buffer(backward_attention.stats_bytes(T, cfg.n_head), conv, "train attention stats"),
+                   du=(rows(lora.max_rank, "lora u"), rows(lora.max_rank, "lora du")),
+                   targets=dev.buffer(4 * T, conv, "train targets [T] u32"),
+                   grads=dev.buffer(4 * lora.n_params, conv, f"lora gradients [{lora.n_params}]"))
+
+
+class Backward(Prefill):
+    """The training step's ops for an engine (prefill plans of at least T rows, an f32 KV cache, the LoRA adapter
+    set on it), the scratch `ts` and the fused head `ce` (lab.ops.backward_head.head_ce for T rows).
+    rows_total: the positions with a target in the whole step (all its windows), the loss's divisor."""
+
+    def __init__(self, engine, ts: TrainScratch, ce: backward_head.HeadCE, rows_total: int) -> None:
+        super().__init__(engine)
+        self.ts, self.ce, self.rows_total = ts, ce, rows_total
+        self.T = ts.T
+
+    def ops(self) -> list[ops.Op]:
+        cfg, s, ts, E, T = self.cfg, self.scratch, self.ts, self.cfg.n_embd, self.T
+        blocks = self.eng.blocks
+        blocks.embedding.build(self)
+        for il in range(cfg.n_layer):
+            self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved, s.step, E, dst_offset=il * T * E))
+            blocks.mixers[il].build(self, il)
+            blocks.ffn.build(self, il)
+        self._head()
+        for il in reversed(range(cfg.n_layer)):
+            self.restore(il)
+            blocks.mixers[il].build(self, il)
+            self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.mid, s.step, E))
+            blocks.ffn.build(self, il)
+            blocks.ffn.build_backward(self, il)
+            blocks.mixers[il].build_backward(self, il)
+        return self.plan.ops
+
+    def _head(self) -> None:
+        """The final norm, the loss and its gradient into dx (the residual stream's, written)."""
+        cfg, s, ts = self.cfg, self.scratch, self.ts
+        w = self.weights.vectors[cfg.output_norm]
+        self.add(norm.rms_norm(self.dev, self.kernels, s.x, w, s.xn, s.step, cfg.n_embd, cfg.eps))
+        self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, ts.targets, s.step,
+                                         rows_total=self.rows_total))
+        self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step))
+        self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, None, ts.rs, s.step, cfg.n_embd,
+                               cfg.eps))
+
+    # -- what the blocks' backward uses -------------------------------------------------------------------------
+    def restore(self, il: int) -> None:
+        """x = layer il's saved input."""
+        E = self.cfg.n_embd
+        self.add(elementwise.copy_rows(self.dev, self.kernels, self.ts.saved, self.scratch.x, self.scratch.step, E,
+                                       src_offset=il * self.T * E))
+
+    def proj_back(self, name: str, x: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer, *, dy_offset: int = 0,
+                  dy_stride: int | None = None, accumulate: bool = False) -> None:
+        """Projection `name` (input rows x, compact) given its output's gradient dy: dx (+)= W^T dy through the base
+        as stored, and, where the adapter names it, its factors' gradients and their share of dx."""
+        w, ts = self.weights.matrices[name], self.ts
+        self.add(backward_matmul.dx_back(self.dev, self.kernels, w, dy, dx, ts.sums, self.scratch.step,
+                                         max_tokens=self.T, accumulate=accumulate, dy_offset=dy_offset,
+                                         dy_stride=dy_stride))
+        if self.lora is None:
+            return
+        ys = dy_stride or w.rows
+        for member, row in lora_members(name, self.weights.tensors, self.starts):
+            if member not in self.lora.targets:
+                continue
+            t, p, g = self.lora.targets[member], self.lora.params, ts.grads
+            self.add(backward_matmul.lora_back(self.dev, self.kernels, ((p, t.a), (p, t.b)), ((g, t.a), (g, t.b)),
+                                               ts.du, x, dy, dx, self.scratch.step, n_in=t.n_in, n_out=t.n_out,
+                                               rank=t.rank, scale=self.lora.scale(member), max_tokens=self.T,
+                                               dy_offset=dy_offset + row, dy_stride=ys))
+
+    def stacked_back(self, key: str, x: gpu.Buffer, dy: gpu.Buffer, width: int, dx: gpu.Buffer) -> None:
+        """The fused projections `key` (rows of `width` floats of dy, each part from its column): dx written."""
+        for i, (w, col) in enumerate(self.weights.stacked[key]):
+            self.proj_back(w.name, x, dy, dx, dy_offset=col, dy_stride=width, accumulate=i > 0)
+
+    def norm_back(self, x: gpu.Buffer, weight: str, dxn: gpu.Buffer) -> None:
+        """dx += the gradient through RMSNorm of x (compact rows of n_embd) by `weight`, given dxn."""
+        cfg, ts = self.cfg, self.ts
+        self.add(rms_norm_back(self.dev, self.kernels, x, self.weights.vectors[weight], dxn, ts.dx, None, ts.rs,
+                               self.scratch.step, cfg.n_embd, cfg.eps, accumulate=True))

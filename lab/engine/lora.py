@@ -1,0 +1,138 @@
+"""A LoRA adapter on the GPU: y = W x + (alpha / r) B (A x) on some of a model's projections (issue #43).
+
+`Lora` holds every adapted matrix's A [r, n_in] and B [n_out, r] (row-major, as llama.cpp's adapter files store
+`<name>.lora_a` and `.lora_b`) in one f32 buffer, A then B per target, so the optimizer steps all of them in one
+dispatch; `forward` adds a target's term to a projection's output rows with two GEMMs (lab.ops.backward_matmul.gemm),
+u = x A^T into a scratch of [tokens, r], then y += scale u B^T. The plans call it after each projection a target
+names (lab.engine.plans), prefill and decode alike, so every card computes with the adapter once the engine has one.
+Every buffer is kind CONVERSATION: an adapter trained on the user's text is the user's, and Forget wipes it.
+
+What it does not know: files (lab.format.adapter reads and writes them), training (lab.engine.backward).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from dataclasses import dataclass
+
+from lab import gpu
+from lab.ops import Op, Weight
+from lab.ops.backward_matmul import TOK_M, gemm
+
+# The projections a LoRA adapts unless told otherwise: every attention and feed-forward matrix (phi3's fused
+# attn_qkv and gate|up rows included), the targets the issue names and PEFT's usual "all linear" choice.
+DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+MAX_RANK = 1024
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be made for this model, in words a user reads."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One adapted matrix: its base weight's name and shape, the rank, and where A and B start (floats)."""
+    name: str
+    n_in: int
+    n_out: int
+    rank: int
+    a: int
+    b: int
+
+    @property
+    def floats(self) -> int:
+        return self.rank * (self.n_in + self.n_out)
+
+
+def choose(tensors: dict, n_layer: int, kinds=DEFAULT_TARGETS, rank: int = 8) -> list[tuple]:
+    """(name, n_in, n_out, rank) of each layer's matrices of these kinds that the model has, in layer order
+    (`tensors`: the file's tensor table, name -> TensorInfo, ggml shape [n_in, n_out]). Refuses a kind no layer has,
+    and a rank no matrix can take (LoraError naming the numbers)."""
+    if not 1 <= rank <= MAX_RANK:
+        raise LoraError(f"LoRA rank {rank}: from 1 to {MAX_RANK}")
+    found, out = set(), []
+    for il in range(n_layer):
+        for kind in kinds:
+            name = f"blk.{il}.{kind}.weight"
+            t = tensors.get(name)
+            if t is None or len(t.shape) != 2:
+                continue
+            found.add(kind)
+            n_in, n_out = int(t.shape[0]), int(t.shape[1])
+            if rank > min(n_in, n_out):
+                raise LoraError(f"LoRA rank {rank} is larger than {name} ({n_out} x {n_in}) allows "
+                                f"(at most {min(n_in, n_out)})")
+            out.append((name, n_in, n_out, rank))
+    missing = [k for k in kinds if k not in found and k not in DEFAULT_TARGETS]
+    if missing or not out:
+        have = sorted({n.split(".")[2] for n, t in tensors.items() if n.startswith("blk.") and len(t.shape) == 2})
+        raise LoraError(f"LoRA targets {', '.join(missing or kinds)}: this model's layers have none of them "
+                        f"(its projections: {', '.join(have)})")
+    return out
+
+
+def members(run: str, views: dict, starts: dict) -> list[tuple[str, int]]:
+    """(file tensor, first output row) of each file tensor that starts inside a projection the engine runs as one
+    weight. `run` is the engine's name for it (views joined with "+": lab.ops.weights.ModelWeights._stack), `views`
+    the engine's tensor table (lab.format.model.tensor_views: phi3's fused attn_qkv seen as attn_q, attn_k, attn_v),
+    `starts` the file's tensors by byte offset. An adapter names the file's tensors, as llama.cpp's do: a target on
+    phi3's attn_qkv covers the rows of all three views, from the first."""
+    out, row = [], 0
+    for name in run.split("+"):
+        view = views[name]
+        source = starts.get(view.offset)
+        if source is not None:
+            out.append((source, row))
+        row += int(view.shape[1])
+    return out
+
+
+class Lora:
+    """The adapter's parameters on `device` for steps of up to max_tokens rows (made inside the caller's
+    `device.owning`)."""
+
+    def __init__(self, device: gpu.Device, shapes: list[tuple], alpha: float, max_tokens: int) -> None:
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise LoraError(f"LoRA alpha {alpha}: a positive number")
+        self.device = device
+        self.alpha = float(alpha)
+        self.max_tokens = max_tokens
+        self.targets: dict[str, Target] = {}
+        at = 0
+        for name, n_in, n_out, rank in shapes:
+            self.targets[name] = Target(name, n_in, n_out, rank, at, at + rank * n_in)
+            at += rank * (n_in + n_out)
+        self.n_params = at
+        self.max_rank = max(t.rank for t in self.targets.values())
+        conv = gpu.CONVERSATION
+        self.params = device.buffer(4 * at, conv, f"lora A|B [{at}]")
+        self.u = device.buffer(4 * max_tokens * self.max_rank, conv, "lora u = x A^T [tokens, r]")
+
+    def scale(self, name: str) -> float:
+        return self.alpha / self.targets[name].rank
+
+    def initial(self, seed: int) -> bytes:
+        """Training's start, as PEFT starts it: A uniform in +-1/sqrt(n_in) (kaiming-uniform with a = sqrt 5), B zero,
+        so the adapted model starts as the base model. Seeded: one seed, one start."""
+        rng = random.Random(seed)
+        out = array("f")
+        for t in self.targets.values():
+            bound = 1.0 / math.sqrt(t.n_in)
+            out.extend(rng.uniform(-bound, bound) for _ in range(t.rank * t.n_in))
+            out.frombytes(bytes(4 * t.rank * t.n_out))
+        return out.tobytes()
+
+    def forward(self, kernels, name: str, x: gpu.Buffer, y: gpu.Buffer, step: gpu.Buffer, *, x_offset: int = 0,
+                x_stride: int | None = None, y_offset: int = 0, y_stride: int | None = None) -> list[Op]:
+        """y[t, y_offset + o] += scale * sum_k B[o, k] sum_c A[k, c] x[t, c] for the step's tokens: the target's term
+        added to its projection's output rows (strides default to n_out and n_in)."""
+        t = self.targets[name]
+        xs = t.n_in if x_stride is None else x_stride
+        ys = t.n_out if y_stride is None else y_stride
+        T, r, dev = self.max_tokens, t.rank, self.device
+        return [gemm(dev, kernels, (x, x_offset, xs, 1), (self.params, t.a, 1, t.n_in), (self.u, 0, r, 1), step,
+                     T, r, t.n_in, tok=TOK_M, label=f"{name}.lora_u"),
+                gemm(dev, kernels, (self.u, 0, r, 1), (self.params, t.b, 1, r), (y, y_offset, ys, 1), step,
+                     T, t.n_out, r, tok=TOK_M, scale=self.scale(name), accumulate=True, label=f"{name}.lora_y")]

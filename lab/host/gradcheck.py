@@ -1,0 +1,95 @@
+"""The gradient checker (issue #43): a whole model's LoRA gradients from the GPU's training step against central
+differences of the same loss in float64 (lab/host/reference/training.py), at sampled entries of every adapter tensor,
+the worst relative error reported per tensor. `lab gradcheck MODEL` runs it; tests/engine/test_training.py holds it.
+
+The adapter is set to random A and B (B nonzero: at training's start B = 0, where every gradient of A is 0 and a
+check of A would hold nothing), the windows are random token ids. Per tensor the entries checked are the one with
+the largest GPU gradient and `samples - 1` random ones; the tensor's error is max |gpu - fd| over them divided by the
+largest |fd| among them (an entry whose gradient is tiny next to its tensor's is held to the tensor's scale, not its
+own: f32 gradients carry an error of the tensor's scale times ~1e-5, not of each entry's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import struct
+
+import numpy as np
+
+H = 1e-4    # the central difference's step: the float64 loss's rounding (~1e-15) / H stays ~1e-11, the h^2 term ~1e-8
+TOL = 1e-3  # worst relative error per tensor: f32 sums over ~1e3 terms a gradient and ~1e5 a loss (measured: see
+            # docs/training.md), with an order of magnitude of margin; a wrong op (rope_back left out, a
+            # transposed factor) gives errors of order 1
+
+
+def adapter_arrays(lora, raw: bytes) -> dict:
+    """{name: (A [r, n_in], B [n_out, r])} of a Lora's params (or gradients) buffer's bytes."""
+    v = np.frombuffer(raw, np.float32)
+    return {n: (v[t.a:t.a + t.rank * t.n_in].reshape(t.rank, t.n_in),
+                v[t.b:t.b + t.n_out * t.rank].reshape(t.n_out, t.rank)) for n, t in lora.targets.items()}
+
+
+def random_params(lora, seed: int, b_std: float = 0.05) -> bytes:
+    """A as training starts it (lab.engine.lora.Lora.initial), B normal with std b_std."""
+    a_start = np.frombuffer(lora.initial(seed), np.float32).copy()
+    rng = np.random.default_rng(seed)
+    for t in lora.targets.values():
+        a_start[t.b:t.b + t.n_out * t.rank] = rng.normal(0.0, b_std, t.n_out * t.rank)
+    return a_start.tobytes()
+
+
+def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.0, samples: int = 2, seed: int = 0,
+          targets=None, disable=(), engine=None) -> dict:
+    """The report: the GPU's and the oracle's losses, each tensor's worst relative error and the worst of all."""
+    from lab.engine.lora import DEFAULT_TARGETS
+    from lab.host.reference.training import LoraLoss
+    from lab.instruments.training import Trainer
+    if engine is None:
+        engine = open_engine(path, T, disable)
+    tr = Trainer(engine, T=T, batch=batch, rank=rank, alpha=alpha, targets=targets or DEFAULT_TARGETS, seed=seed)
+    try:
+        rng = random.Random(seed)
+        wins = [[rng.randrange(engine.cfg.n_vocab) for _ in range(T)] for _ in range(batch)]
+        engine.device.write(tr.lora.params, random_params(tr.lora, seed))
+        loss = asyncio.run(tr.gradients(wins))
+        params = adapter_arrays(tr.lora, engine.device.read_sync(tr.lora.params))
+        grads = adapter_arrays(tr.lora, engine.device.read_sync(tr.grads))
+    finally:
+        tr.close()
+    oracle = LoraLoss(path, params, alpha)
+    loss64 = oracle.loss(wins)
+    pick = np.random.default_rng(seed)
+    rows = []
+    for name in params:
+        for k, which in enumerate("AB"):
+            g = grads[name][k]
+            entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
+            entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
+            fd = np.array([oracle.central(wins, name, which, e, H) for e in entries])
+            got = np.array([g[e] for e in entries], np.float64)
+            scale = float(np.max(np.abs(fd)))
+            err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
+            rows.append({"tensor": f"{name}.lora_{which.lower()}", "worst_rel_err": err, "largest_grad": scale,
+                         "entries": len(entries)})
+    worst = max(r["worst_rel_err"] for r in rows)
+    return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "loss_gpu": loss,
+            "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows,
+            "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
+
+
+def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=None):
+    """A native engine for training windows of T tokens: steps of T rows, an f32 KV cache of T positions (on
+    `device`, or a native device of its own)."""
+    from lab.engine.engine import Engine, read_host_values
+    from lab.engine.load import validate
+    from lab.format import gguf
+    from lab.host.native import open_native
+    header = gguf.read_file(path)
+    cfg, _ = validate(header)
+    device = device or open_native(disable=tuple(disable))
+    engine = Engine(device, header, cfg, n_ctx=T, max_batch=max_batch or T,
+                    host_values=read_host_values(path, header, cfg))
+    engine.weights.upload_file(path)
+    return engine

@@ -1,0 +1,156 @@
+"""Training's step on the GPU (lab.engine.backward, lab.instruments.training), natively on synthetic files:
+
+1. the whole model's LoRA gradients against central differences of the same loss in float64 (lab.host.gradcheck:
+   the numpy reference with W + (alpha / r) B A), at the entry of each adapter tensor with the largest gradient and a
+   random one, every tensor of every layer; the loss itself against the float64 loss;
+2. broken variants of the step (RoPE's backward left out, the residual's gradient dropped at a norm, the LoRA
+   scale squared) that the same check must catch;
+3. the engine's forward with an adapter set (prefill and decode plans) against the reference with the merged weights;
+4. the refusals: models whose layers have no backward yet, an f16 KV cache, windows past the engine's steps.
+
+Files: llama 3 (rope_freqs, tied head) in F32 and a Q4_K_M-like mix (the base's dx through quantized blocks),
+phi3 (the fused attn_qkv and gate|up tensors as targets) and smollm3 (NoPE layers) by default; mistral with --slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from lab.engine import backward
+from lab.engine.backward import TrainError
+from lab.engine.engine import Engine, read_host_values
+from lab.engine.load import validate
+from lab.engine.lora import Lora, LoraError, choose
+from lab.format import gguf
+from lab.host import gradcheck
+from lab.host.models import cache_dir
+from lab.host.reference.training import LoraLoss
+from lab.host.synthetic import arch as synthetic_arch
+from lab.instruments.training import Trainer, batch_of, windows
+
+FORWARD_TOL = 1e-4      # engine with an adapter vs float64 reference, relative to max |logit|: f32 sums (~1e-6 measured)
+
+
+def synthetic(spec: str, mix: str = "f32"):
+    return synthetic_arch.build(spec, mix, cache_dir() / "synthetic")
+
+
+def check(device, spec, mix="f32", T=12, **kw) -> dict:
+    path = synthetic(spec, mix)
+    engine = gradcheck.open_engine(path, T, device=device)
+    try:
+        return gradcheck.check(path, T=T, engine=engine, **kw)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("spec,mix,batch", [("llama3", "f32", 2), ("llama3", "q4_k_m", 1), ("phi3", "f32", 1),
+                                            ("smollm3", "f32", 1),
+                                            pytest.param("mistral", "f32", 1, marks=pytest.mark.slow)])
+def test_gradients_match_central_differences(device, spec, mix, batch):
+    r = check(device, spec, mix, batch=batch)
+    worst = sorted(r["tensors"], key=lambda row: -row["worst_rel_err"])[:3]
+    print(f"{spec} {mix}: loss {r['loss_gpu']:.6f} vs {r['loss_float64']:.6f}, {len(r['tensors'])} tensors, "
+          f"worst {worst}")
+    assert r["loss_rel_err"] < 1e-5, r["loss_rel_err"]         # f32 sums of ~1e5 terms: ~1e-7 measured
+    assert r["ok"], worst
+    kinds = {row["tensor"].split(".")[2] for row in r["tensors"]}
+    want = {"llama3": 7, "phi3": 4, "smollm3": 7, "mistral": 7}[spec]
+    assert len(kinds) == want and len(r["tensors"]) == 2 * want * validate(gguf.read_file(r["model"]))[0].n_layer
+
+
+@pytest.mark.parametrize("name,patch", [
+    ("rope_back left out", ("lab.engine.blocks.attention.backward_rope.rope_back", lambda *a, **k: [])),
+    ("the norm's gradient written over the residual's", ("lab.engine.backward.rms_norm_back", None)),
+    ("the LoRA scale squared", ("lab.engine.lora.Lora.scale", lambda self, n: (self.alpha / self.targets[n].rank) ** 2)),
+])
+def test_broken_steps_fail(device, monkeypatch, name, patch):
+    target, fn = patch
+    if fn is None:      # rms_norm_back with accumulate forced off: the residual stream's gradient is lost at each norm
+        real = backward.rms_norm_back
+        fn = lambda *a, **k: real(*a, **{**k, "accumulate": False})     # noqa: E731
+    monkeypatch.setattr(target, fn)
+    r = check(device, "llama3", samples=1)
+    assert not r["ok"], f"{name}: the check passed ({r['worst_rel_err']:.2e})"
+
+
+def test_forward_with_an_adapter_matches_the_merged_reference(device):
+    path = synthetic("llama3")
+    header = gguf.read_file(path)
+    cfg, _ = validate(header)
+    eng = Engine(device, header, cfg, n_ctx=32, max_batch=8, logits_all=True,
+                 host_values=read_host_values(path, header, cfg))
+    try:
+        eng.weights.upload_file(path)
+        with device.owning(eng):
+            lora = Lora(device, choose({t.name: t for t in header.tensors}, cfg.n_layer, rank=4), 8.0,
+                        eng.max_batch)
+        device.write(lora.params, gradcheck.random_params(lora, 3))
+        eng.set_lora(lora)
+        ids = [int(i) for i in np.random.default_rng(1).integers(0, cfg.n_vocab, 11)]
+        eng.step(ids[:8], 0)
+        got = [np.frombuffer(device.read_sync(eng.scratch.logits, 0, 4 * 8 * cfg.n_vocab), np.float32)
+               .reshape(8, cfg.n_vocab)]
+        for j in range(8, 11):      # decode steps: the fused norm, GLU and RoPE paths with the adapter's terms
+            eng.step([ids[j]], j)
+            got.append(np.frombuffer(device.read_sync(eng.scratch.logits, 0, 4 * cfg.n_vocab), np.float32)[None])
+        params = gradcheck.adapter_arrays(lora, device.read_sync(lora.params))
+    finally:
+        eng.close()
+    want = LoraLoss(path, params, 8.0).ref.forward(ids, keep_dtype=True)
+    base = LoraLoss(path, {}, 8.0).ref.forward(ids, keep_dtype=True)
+    got = np.concatenate(got)
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    moved = np.max(np.abs(want - base)) / np.max(np.abs(want))
+    print(f"adapter forward: err {err:.2e}, the adapter moves logits by {moved:.2e}")
+    assert err < FORWARD_TOL and moved > 100 * FORWARD_TOL
+
+
+@pytest.mark.parametrize("spec,words", [("lfm2", "shortconv layers"), ("gemma3", "per-head Q/K norms"),
+                                        ("qwen35", "deltanet layers")])
+def test_models_without_a_backward_are_refused(spec, words):
+    cfg, _ = validate(gguf.read_file(synthetic(spec)))
+    assert words in backward.untrainable(cfg)
+
+
+def test_refusals(device):
+    path = synthetic("llama3")
+    header = gguf.read_file(path)
+    cfg, _ = validate(header)
+    eng = Engine(device, header, cfg, n_ctx=16, max_batch=8, kv="f16",
+                 host_values=read_host_values(path, header, cfg))
+    try:
+        with pytest.raises(TrainError, match="KV cache is f16"):
+            Trainer(eng, T=8)
+    finally:
+        eng.close()
+    eng = gradcheck.open_engine(path, 8, device=device)
+    try:
+        with pytest.raises(TrainError, match="from 2 to 8"):
+            Trainer(eng, T=9)
+        with pytest.raises(LoraError, match="rank 300 is larger than blk.0.attn_q.weight"):
+            Trainer(eng, T=8, rank=300)
+        with pytest.raises(LoraError, match="ffn_nothing"):
+            Trainer(eng, T=8, targets=("ffn_nothing",))
+        tr = Trainer(eng, T=8)
+        with pytest.raises(TrainError, match="1 windows of 8 tokens"):
+            asyncio.run(tr.gradients([[1] * 7]))
+        with pytest.raises(TrainError, match="outside the vocabulary"):
+            asyncio.run(tr.gradients([[cfg.n_vocab] * 8]))
+        tr.close()
+        assert eng.lora is None
+    finally:
+        eng.close()
+
+
+def test_windows_and_batches():
+    toks = list(range(10))
+    assert windows(toks, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert batch_of(windows(toks, 4), 1, 3) == [[4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(TrainError, match="3 tokens, fewer than one window of 4"):
+        windows([1, 2, 3], 4)
+    with pytest.raises(TrainError, match="at least 2"):
+        windows(toks, 1)
