@@ -110,6 +110,24 @@ class Lora:
         self.params = device.buffer(4 * at, conv, f"lora A|B [{at}]")
         self.u = device.buffer(4 * max_tokens * self.max_rank, conv, "lora u = x A^T [tokens, r]")
 
+    @classmethod
+    def shapes_of(cls, adapter) -> list[tuple]:
+        """(name, n_in, n_out, rank) of an adapter file's pairs (lab.format.adapter.Adapter), in its order."""
+        return [(p.base, p.n_in, p.n_out, p.rank) for p in adapter.pairs]
+
+    def packed(self, values: dict) -> bytes:
+        """The params buffer's bytes from {name: (A as f32 bytes [r, n_in], B as f32 bytes [n_out, r])}, every
+        target's."""
+        out = bytearray(4 * self.n_params)
+        for name, t in self.targets.items():
+            a, b = values[name]
+            if len(a) != 4 * t.rank * t.n_in or len(b) != 4 * t.n_out * t.rank:
+                raise LoraError(f"{name}: A of {len(a)} bytes and B of {len(b)}, not {4 * t.rank * t.n_in} and "
+                                f"{4 * t.n_out * t.rank}")
+            out[4 * t.a:4 * t.b] = a
+            out[4 * t.b:4 * (t.b + t.rank * t.n_out)] = b
+        return bytes(out)
+
     def scale(self, name: str) -> float:
         return self.alpha / self.targets[name].rank
 

@@ -79,7 +79,7 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
             "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
 
 
-def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=None):
+def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=None, logits_all: bool = False):
     """A native engine for training windows of T tokens: steps of T rows, an f32 KV cache of T positions (on
     `device`, or a native device of its own)."""
     from lab.engine.engine import Engine, read_host_values
@@ -89,7 +89,7 @@ def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=N
     header = gguf.read_file(path)
     cfg, _ = validate(header)
     device = device or open_native(disable=tuple(disable))
-    engine = Engine(device, header, cfg, n_ctx=T, max_batch=max_batch or T,
+    engine = Engine(device, header, cfg, n_ctx=T, max_batch=max_batch or T, logits_all=logits_all,
                     host_values=read_host_values(path, header, cfg))
     engine.weights.upload_file(path)
     return engine

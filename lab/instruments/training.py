@@ -6,6 +6,7 @@ the optimizer, the losses.
     Trainer(engine, ...)               an adapter on the engine (engine.set_lora) and the step's plan
       await .gradients(batch)          the loss at the adapter as it is, its gradients left in `grads`
       await .step(batch)               gradients, then the optimizer: returns the loss the gradients were taken at
+      await .adapter_bytes()           the adapter as a llama.cpp adapter GGUF (lab.format.adapter.write_adapter)
 
 The loss of a step: the mean over its windows and positions t = 0 .. T-2 of -log p(w[t+1] | w[..t]). Each window
 runs as one compute pass (lab.engine.backward.Backward: forward, loss, backward), the gradients adding up across the
@@ -16,12 +17,46 @@ state): Forget wipes them.
 from __future__ import annotations
 
 import struct
+from array import array
+from dataclasses import dataclass
 
 from lab import gpu, ops
 from lab.engine.backward import Backward, TrainError, TrainScratch, untrainable
 from lab.engine.blocks import qkv_width
 from lab.engine.lora import DEFAULT_TARGETS, Lora, choose
-from lab.ops import backward_head
+from lab.format.adapter import write_adapter
+from lab.ops import backward_head, optimizer
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class Optim:
+    """How the parameters move: AdamW (torch.optim.AdamW's rule, decoupled decay) after clipping the gradients' global
+    norm to `clip` (0: none), or plain SGD (W <- W - lr grad: no momentum, decay or clipping); the learning rate of
+    step s is lab.ops.optimizer.schedule's (a linear warm-up over `warmup` steps, then a cosine to lr * min_ratio at
+    step `steps`)."""
+    kind: str = "adamw"
+    lr: float = 1e-3
+    steps: int = 100
+    warmup: int = 0
+    min_ratio: float = 0.1
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTIMIZERS:
+            raise TrainError(f"optimizer {self.kind!r}: one of {', '.join(OPTIMIZERS)}")
+        if not (self.lr > 0 and self.steps >= 1 and 0 <= self.warmup <= self.steps and self.weight_decay >= 0
+                and self.clip >= 0):
+            raise TrainError(f"lr {self.lr} (> 0), steps {self.steps} (>= 1), warm-up {self.warmup} (0 to steps), "
+                             f"weight decay {self.weight_decay} and clip {self.clip} (>= 0)")
+
+    def lr_at(self, step: int) -> float:
+        return optimizer.schedule(step, lr=self.lr, warmup=self.warmup, total=self.steps, min_ratio=self.min_ratio)
 
 
 def windows(tokens: list[int], T: int) -> list[list[int]]:
@@ -43,7 +78,7 @@ class Trainer:
     windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows."""
 
     def __init__(self, engine, *, T: int, batch: int = 1, rank: int = 8, alpha: float = 16.0,
-                 targets=DEFAULT_TARGETS, seed: int = 0) -> None:
+                 targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None) -> None:
         cfg, dev = engine.cfg, engine.device
         reason = untrainable(cfg)
         if reason:
@@ -56,6 +91,8 @@ class Trainer:
             raise TrainError(f"a batch of {batch} windows: at least 1")
         self.engine, self.device, self.T, self.batch = engine, dev, T, batch
         self.rows_total = batch * (T - 1)
+        self.optim = optim or Optim()
+        self.steps_done = 0
         with dev.owning(self):
             try:
                 self.lora = Lora(dev, choose({t.name: t for t in engine.header.tensors}, cfg.n_layer, targets, rank), alpha,
@@ -67,10 +104,41 @@ class Trainer:
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)
                 self.window = dev.prepare(ops.dispatches(Backward(engine, self.ts, self.ce, self.rows_total).ops(), T))
+                self.update = dev.prepare(ops.dispatches(self._update_ops(), 1))
             except BaseException:
                 engine.set_lora(None)
                 dev.free(self)
                 raise
+
+    def _update_ops(self) -> list[ops.Op]:
+        """The optimizer's pass over the adapter's parameters (state: lr and t written each step)."""
+        dev, k, o, n = self.device, self.engine.kernels, self.optim, self.lora.n_params
+        conv = gpu.CONVERSATION
+        self.state = optimizer.make_state(dev, "train optimizer state [lr, t, sumsq, clip]")
+        if o.kind == "sgd":
+            return optimizer.sgd(dev, k, self.lora.params, self.ts.grads, self.state, n)
+        self.m = dev.buffer(4 * n, conv, f"adamw m [{n}]")
+        self.v = dev.buffer(4 * n, conv, f"adamw v [{n}]")
+        scratch = dev.buffer(4 * optimizer.grad_norm_scratch_floats(n), conv, "train grad norm partials")
+        return (optimizer.grad_norm(dev, k, self.ts.grads, n, self.state, scratch, max_norm=o.clip)
+                + optimizer.adamw(dev, k, self.lora.params, self.ts.grads, self.m, self.v, self.state, n,
+                                  beta1=o.beta1, beta2=o.beta2, eps=o.eps, weight_decay=o.weight_decay))
+
+    async def step(self, batch: list[list[int]]) -> float:
+        """One optimizer step on these windows: the loss the gradients were taken at."""
+        loss = await self.gradients(batch)
+        self.steps_done += 1
+        t = self.steps_done
+        self.device.run(self.update, [(self.state, 0, optimizer.state_bytes(self.optim.lr_at(t), t))])
+        return loss
+
+    async def adapter_bytes(self, name: str = "llm-lab LoRA") -> bytes:
+        """The adapter as it is now, as a llama.cpp adapter GGUF (F32 A and B under their base tensors' names)."""
+        v = array("f")
+        v.frombytes(await self.device.read(self.lora.params, 0, 4 * self.lora.n_params))
+        pairs = [(t.name, t.n_in, t.n_out, t.rank, v[t.a:t.b].tobytes(), v[t.b:t.b + t.rank * t.n_out].tobytes())
+                 for t in self.lora.targets.values()]
+        return write_adapter(self.engine.cfg.arch, self.lora.alpha, pairs, name=name)
 
     def close(self) -> None:
         """The adapter off the engine and every buffer of training freed (zeroed first: CONVERSATION)."""

@@ -18,13 +18,14 @@ LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops",
 # the ones at its place or before it. lab.format.arches.base holds what the architectures' modules share, the package
 # (lab.format.arches) the registry of them.
 FORMAT = ["lab.format.ggml", "lab.format.iq_grids", "lab.format.gguf", "lab.format.rules", "lab.format.config",
-          "lab.format.arches.base", "lab.format.arches", "lab.format.checks", "lab.format.model"]
+          "lab.format.arches.base", "lab.format.arches", "lab.format.checks", "lab.format.model", "lab.format.adapter"]
 # The order inside lab.engine, as its package docstring states it (the blocks' base and kinds inside blocks, the
 # package the registry of them, lab.engine.blocks' docstring).
-ENGINE = ["lab.engine.scratch", "lab.engine.blocks.base", "lab.engine.blocks.attention", "lab.engine.blocks.shortconv",
-          "lab.engine.blocks.deltanet", "lab.engine.blocks.feedforward", "lab.engine.blocks.perlayer",
-          "lab.engine.blocks.ends", "lab.engine.blocks", "lab.engine.plans", "lab.engine.budget", "lab.engine.engine",
-          "lab.engine.load", "lab.engine.sampler", "lab.engine.session"]
+ENGINE = ["lab.engine.scratch", "lab.engine.lora", "lab.engine.blocks.base", "lab.engine.blocks.attention",
+          "lab.engine.blocks.shortconv", "lab.engine.blocks.deltanet", "lab.engine.blocks.feedforward",
+          "lab.engine.blocks.perlayer", "lab.engine.blocks.ends", "lab.engine.blocks", "lab.engine.plans",
+          "lab.engine.backward", "lab.engine.budget", "lab.engine.engine", "lab.engine.load", "lab.engine.sampler",
+          "lab.engine.session"]
 ORDERED = {"lab.format": FORMAT, "lab.engine": ENGINE}     # the groups whose inside order the tests hold
 # What the asset server may import of the lab: the version and the page's defaults (`lab serve` passes the model path).
 SERVER_MAY_IMPORT = {"lab", "lab.settings"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.host.cli import bench, experiments, parsers, retrieval, run
+from lab.host.cli import bench, experiments, parsers, retrieval, run, training
 
 # Each subcommand in `lab --help`'s order: the function that adds its parser (lab/host/cli/parsers.py) and the
 # handler that takes the parsed flags and returns the exit status. The modules import what a handler needs inside
@@ -17,6 +17,8 @@ COMMANDS = {
     "generate": (parsers.generate, run.generate),
     "tokenize": (parsers.tokenize, run.tokenize),
     "perplexity": (parsers.perplexity, run.perplexity),
+    "train": (parsers.train, training.train),
+    "gradcheck": (parsers.gradcheck, training.gradcheck),
     "index": (parsers.index, retrieval.index),
     "ask": (parsers.ask, retrieval.ask),
     "retrieval-eval": (parsers.retrieval_eval, retrieval.retrieval_eval),

@@ -41,6 +41,11 @@ def engine_flags(s, ctx_help: str = "KV cache length in tokens", json_help: str 
     gpu_flags(s)
 
 
+def lora_flag(s) -> None:
+    """--lora: every command that runs the model can run it with a LoRA adapter (llama.cpp's adapter GGUF)."""
+    s.add_argument("--lora", default=None, metavar="FILE", help="a LoRA adapter GGUF (llama.cpp's format) to run with")
+
+
 def sampling_flags(s) -> None:
     """The sampler's flags and -n, with Settings' defaults (read back by `settings`)."""
     defaults = Settings()
@@ -109,6 +114,7 @@ def generate(sub, name):
     s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
     s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
     sampling_flags(s)
+    lora_flag(s)
     engine_flags(s)
     return s
 
@@ -127,6 +133,45 @@ def perplexity(sub, name):
     s.add_argument("text", help="a UTF-8 text file (at least 2 x --ctx tokens)")
     ctx_flag(s, PERPLEXITY_CTX, "window length in tokens (llama-perplexity's -c)")
     s.add_argument("--chunks", type=int, default=None, help="score at most this many windows (llama's --chunks)")
+    lora_flag(s)
+    json_flag(s)
+    gpu_flags(s)
+    return s
+
+
+def train(sub, name):
+    from lab.engine.lora import DEFAULT_TARGETS
+    s = sub.add_parser(name, help="train a LoRA adapter on a text file natively; writes llama.cpp's adapter GGUF")
+    model_arg(s)
+    s.add_argument("--data", required=True, help="a UTF-8 text file, tokenized as `lab tokenize` does")
+    s.add_argument("--full", action="store_true", help="full fine-tuning (F32 master weights)")
+    s.add_argument("--lora-rank", type=int, default=8)
+    s.add_argument("--lora-alpha", type=float, default=None, help="default: twice the rank")
+    s.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS),
+                   help="the projections to adapt, by their tensor names' kind (those a model lacks are skipped)")
+    s.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--steps", type=int, default=20)
+    s.add_argument("--warmup", type=int, default=0, help="steps of linear warm-up before the cosine decay")
+    s.add_argument("--weight-decay", type=float, default=0.0, help="AdamW's decoupled decay")
+    s.add_argument("--clip", type=float, default=1.0, help="AdamW: the gradients' global norm clipped to this (0: off)")
+    s.add_argument("--ctx", type=int, default=128, help="tokens a training window holds")
+    s.add_argument("--batch", type=int, default=1, help="windows a step")
+    s.add_argument("--seed", type=int, default=0, help="the adapter's start (A random, B zero)")
+    s.add_argument("--out", default=None, help="the adapter file (default: MODEL's name + .lora.gguf, here)")
+    json_flag(s, "print {losses, tokens_per_s, out, ...} as JSON")
+    gpu_flags(s)
+    return s
+
+
+def gradcheck(sub, name):
+    s = sub.add_parser(name, help="the whole model's LoRA gradients on the GPU against float64 central differences")
+    model_arg(s)
+    s.add_argument("--ctx", type=int, default=16, help="tokens a window holds")
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--rank", type=int, default=4)
+    s.add_argument("--samples", type=int, default=2, help="entries checked a tensor (the largest gradient first)")
+    s.add_argument("--seed", type=int, default=0)
     json_flag(s)
     gpu_flags(s)
     return s

@@ -41,8 +41,28 @@ def read_model(model_path: str):
     return header, cfg, tok
 
 
-def load(model_path: str, n_ctx: int, disable=(), model=None):
-    """Header, tokenizer and a native engine with the weights uploaded (timed); `model`: read_model's, if read."""
+def attach_lora(engine, path: str) -> None:
+    """The LoRA adapter of file `path` checked against the engine's model, read, and set on the engine."""
+    from lab.engine.lora import Lora
+    from lab.format.adapter import decode_f32, read_adapter_file
+    table = {t.name: tuple(t.shape) for t in engine.header.tensors}
+    adapter = read_adapter_file(path, engine.cfg, table)
+    values = {}
+    with open(path, "rb") as f:
+        def half(offset: int, nbytes: int, type_name: str) -> bytes:
+            f.seek(offset)
+            return decode_f32(f.read(nbytes), type_name).tobytes()
+        for p in adapter.pairs:
+            values[p.base] = (half(p.a_offset, p.a_nbytes, p.a_type), half(p.b_offset, p.b_nbytes, p.b_type))
+    with engine.device.owning(engine):
+        lora = Lora(engine.device, Lora.shapes_of(adapter), adapter.alpha, engine.max_batch)
+    engine.device.write(lora.params, lora.packed(values))
+    engine.set_lora(lora)
+
+
+def load(model_path: str, n_ctx: int, disable=(), model=None, lora: str | None = None):
+    """Header, tokenizer and a native engine with the weights uploaded (timed); `model`: read_model's, if read;
+    `lora`: an adapter file to run with."""
     import time
 
     from lab.engine.engine import Engine, read_host_values
@@ -52,6 +72,8 @@ def load(model_path: str, n_ctx: int, disable=(), model=None):
     t0 = time.perf_counter()
     engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(model_path, header, cfg))
     nbytes = engine.weights.upload_file(model_path)
+    if lora:
+        attach_lora(engine, lora)
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 
 
@@ -69,7 +91,7 @@ def tokenize(args) -> int:
 def generate(args) -> int:
     from lab.engine.session import Session
     from lab.text import chat
-    header, tok, engine, timing = load(args.model, args.ctx, args.disable)
+    header, tok, engine, timing = load(args.model, args.ctx, args.disable, lora=args.lora)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         messages.append({"role": "user", "content": args.prompt})
@@ -95,7 +117,7 @@ def perplexity(args) -> int:
     from lab.instruments.perplexity import Perplexity, tokens_of
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
-    _header, tok, engine, timing = load(args.model, args.ctx, args.disable)
+    _header, tok, engine, timing = load(args.model, args.ctx, args.disable, lora=args.lora)
     ppl = Perplexity(engine)
     ids = tokens_of(tok, text)
 

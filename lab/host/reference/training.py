@@ -1,6 +1,7 @@
 """The float64 oracle of training's loss (issue #43): the loss of windows under a LoRA adapter, computed by the numpy
-reference forward (lab/host/reference/forward.py) in float64 with each adapted matrix replaced by W + (alpha / r) B A,
-and its central differences, which the gradient checker (lab/host/gradcheck.py) holds the GPU's gradients to.
+reference forward (lab/host/reference/forward.py) in float64 with the adapter applied as llama.cpp applies it
+(lab/host/reference/lora.py: W + (alpha / r) B A), and its central differences, which the gradient checker
+(lab/host/gradcheck.py) holds the GPU's gradients to.
 
     oracle = LoraLoss(path, {name: (A [r, n_in], B [n_out, r])}, alpha)
     oracle.loss(windows)                    mean over windows and positions t < T-1 of -log p(w[t+1] | w[..t])
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lab.host.reference import lora
 from lab.host.reference.forward import Reference
 
 
@@ -18,19 +20,13 @@ class LoraLoss:
     def __init__(self, path, adapter: dict, alpha: float) -> None:
         self.ref = Reference(path, dtype=np.float64)
         self.alpha = float(alpha)
-        self.adapter = {n: (np.array(a, np.float64), np.array(b, np.float64)) for n, (a, b) in adapter.items()}
-        self.base = {n: np.array(self.ref.w.get(n), np.float64) for n in self.adapter}
-        for n in self.adapter:
-            self._apply(n)
-
-    def _apply(self, name: str) -> None:
-        """The reference reads `name` from its cache of dequantized weights: put the adapted matrix there."""
-        a, b = self.adapter[name]
-        self.ref.w._cache[name] = self.base[name] + (self.alpha / a.shape[0]) * (b @ a)
+        self.pairs = {n: (np.array(a, np.float64), np.array(b, np.float64)) for n, (a, b) in adapter.items()}
+        lora.apply(self.ref, self.pairs, self.alpha)
 
     def loss(self, windows) -> float:
         total, count = 0.0, 0
         for w in windows:
+            # float64 logits: a float32 rounding of logits ~10 (1e-6) over 2h = 2e-4 would be 1e-2 of a gradient
             logits = self.ref.forward(w, keep_dtype=True)[:-1]
             m = logits.max(axis=1, keepdims=True)
             lse = (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
@@ -38,15 +34,21 @@ class LoraLoss:
             count += len(w) - 1
         return total / count
 
+    def _update(self, name: str) -> None:
+        """The adapted matrix `name` made again from its (changed) factors."""
+        w = self.ref.w
+        w.deltas[name] = lora.deltas(w.base, {name: self.pairs[name]}, self.alpha)[name]
+        w._merged.pop(name, None)
+
     def central(self, windows, name: str, which: str, index: tuple, h: float) -> float:
         """d loss / d (A or B)[index] by central differences with step h."""
-        m = self.adapter[name][0 if which == "A" else 1]
+        m = self.pairs[name][0 if which == "A" else 1]
         old = m[index]
         values = []
         for v in (old + h, old - h):
             m[index] = v
-            self._apply(name)
+            self._update(name)
             values.append(self.loss(windows))
         m[index] = old
-        self._apply(name)
+        self._update(name)
         return (values[0] - values[1]) / (2 * h)

@@ -1,0 +1,64 @@
+"""`lab train` and `lab gradcheck`: a LoRA adapter trained natively on a text file (lab.instruments.training), and the
+whole model's gradients held to float64 central differences (lab.host.gradcheck)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def train(args) -> int:
+    from lab.engine.backward import TrainError
+    from lab.host import gradcheck as gc
+    from lab.host.cli.run import read_model
+    from lab.instruments.training import Optim, Trainer, batch_of, windows
+    if args.full:
+        raise TrainError("full fine-tuning is not built yet: train a LoRA adapter (--lora-rank)")
+    header, cfg, tok = read_model(args.model)
+    with open(args.data, encoding="utf-8") as f:
+        ids = tok.encode(f.read())          # as `lab tokenize`: no BOS, no special tokens
+    wins = windows(ids, args.ctx)
+    optim = Optim(args.optimizer, lr=args.lr, steps=args.steps, warmup=args.warmup,
+                  weight_decay=args.weight_decay, clip=args.clip if args.optimizer == "adamw" else 0.0)
+    engine = gc.open_engine(args.model, args.ctx, args.disable)
+    alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
+    tr = Trainer(engine, T=args.ctx, batch=args.batch, rank=args.lora_rank, alpha=alpha,
+                 targets=tuple(t for t in args.lora_targets.split(",") if t), seed=args.seed, optim=optim)
+    out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + ".lora.gguf")
+    losses = []
+    t0 = time.perf_counter()
+    for s in range(args.steps):
+        losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))
+        if not args.json:
+            print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - t0
+    out.write_bytes(asyncio.run(tr.adapter_bytes()))
+    report = {"losses": losses, "tokens_per_s": args.steps * args.batch * args.ctx / seconds, "out": str(out),
+              "seconds": seconds, "windows": len(wins), "params": tr.lora.n_params, "steps": args.steps,
+              "adapter": engine.device.info.name}
+    tr.close()
+    engine.close()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+              f"{report['tokens_per_s']:.1f} tokens/s; {tr.lora.n_params:,} parameters in {out}")
+    return 0
+
+
+def gradcheck(args) -> int:
+    from lab.host import gradcheck as gc
+    r = gc.check(args.model, T=args.ctx, batch=args.batch, rank=args.rank, samples=args.samples, seed=args.seed,
+                 disable=args.disable)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        for row in r["tensors"]:
+            print(f"{row['tensor']:48s} {row['worst_rel_err']:.2e}  (largest gradient {row['largest_grad']:.3e})")
+        print(f"loss {r['loss_gpu']:.6f} (float64 {r['loss_float64']:.6f}); worst relative error "
+              f"{r['worst_rel_err']:.2e} over {len(r['tensors'])} tensors, tolerance {r['tolerance']:.0e}: "
+              f"{'ok' if r['ok'] else 'FAILED'}")
+    return 0 if r["ok"] else 1

@@ -1,0 +1,122 @@
+"""A LoRA adapter on the GPU engine, against llama.cpp and against the optimizer's oracle:
+
+1. the committed adapter (tests/fixtures/lora, made by llama.cpp's own loader: tests/unit/test_lora_reference.py says
+   how) attached with `lab.host.cli.run.attach_lora`, the engine's logits against llama.cpp's with and without it,
+   prefill and decode;
+2. an adapter trained here, written as a GGUF (Trainer.adapter_bytes), read back by lab.format.adapter and by gguf-py
+   with the same values, and attached again to give the trained logits;
+3. the optimizer wired into the step: after one step the parameters are the float64 oracle's AdamW (or SGD) step from
+   the gradients the step left (lab/host/reference/optim.py), and a step's lr follows the schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from lab.host import gradcheck
+from lab.host.cli.run import attach_lora
+from lab.host.models import cache_dir
+from lab.host.reference import lora as ref_lora
+from lab.host.reference import optim as ref_optim
+from lab.host.synthetic import arch as synthetic_arch
+from lab.instruments.training import Optim, Trainer
+from tests.conftest import FIXTURES
+
+FIX = FIXTURES / "lora"
+LLAMA_TOL = 2e-3    # engine vs llama.cpp on the F32 file with an F32 KV cache: both f32, summed in other orders
+                    # (tests/engine/test_architectures.py measured ~1e-5 relative; logits here reach ~20)
+
+
+def _llama3(device, n_ctx=16, max_batch=12, logits_all=True):
+    meta = json.loads((FIX / "meta.json").read_text())
+    path = synthetic_arch.build(meta["spec"], meta["mix"], cache_dir() / "synthetic")
+    return gradcheck.open_engine(path, n_ctx, device=device, max_batch=max_batch, logits_all=logits_all), path
+
+
+def _logits(engine, ids) -> np.ndarray:
+    """Logits of every position: a prefill of all but the last three, then three decode steps (rows of each)."""
+    V, dev, n = engine.cfg.n_vocab, engine.device, len(ids) - 3
+    engine.step(ids[:n], 0)
+    rows = [np.frombuffer(dev.read_sync(engine.scratch.logits, 0, 4 * n * V), np.float32).reshape(n, V)]
+    for j in range(n, len(ids)):
+        engine.step([ids[j]], j)
+        rows.append(np.frombuffer(dev.read_sync(engine.scratch.logits, 0, 4 * V), np.float32)[None])
+    return np.concatenate(rows)
+
+
+def test_the_committed_adapter_gives_llama_cpp_logits(device):
+    with np.load(FIX / "logits.npz") as z:
+        golden = {k: z[k] for k in z.files}
+    ids = [int(i) for i in golden["ids"]]
+    engine, _ = _llama3(device)
+    try:
+        without = _logits(engine, ids)[:, golden["cols"]]
+        attach_lora(engine, str(FIX / "adapter.gguf"))
+        with_adapter = _logits(engine, ids)[:, golden["cols"]]
+    finally:
+        engine.close()
+    e0 = np.abs(without - golden["without"]).max()
+    e1 = np.abs(with_adapter - golden["with_adapter"]).max()
+    print(f"vs llama.cpp: without {e0:.2e}, with the adapter {e1:.2e}")
+    assert e0 < LLAMA_TOL and e1 < LLAMA_TOL
+    assert np.abs(golden["with_adapter"] - golden["without"]).max() > 1000 * LLAMA_TOL
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_one_step_is_the_optimizers(device, kind):
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    o = Optim(kind, lr=3e-3, steps=10, warmup=2, weight_decay=0.1 if kind == "adamw" else 0.0, clip=0.5)
+    tr = Trainer(engine, T=8, rank=4, optim=o, seed=5)
+    try:
+        dev = engine.device
+        dev.write(tr.lora.params, gradcheck.random_params(tr.lora, 5))
+        win = [[int(i) for i in np.random.default_rng(2).integers(0, engine.cfg.n_vocab, 8)]]
+        for step in (1, 2):
+            p0 = np.frombuffer(dev.read_sync(tr.lora.params), np.float32).astype(np.float64)
+            m0 = np.frombuffer(dev.read_sync(tr.m), np.float32).astype(np.float64) if kind == "adamw" else None
+            v0 = np.frombuffer(dev.read_sync(tr.v), np.float32).astype(np.float64) if kind == "adamw" else None
+            asyncio.run(tr.step(win))
+            g = np.frombuffer(dev.read_sync(tr.grads), np.float32).astype(np.float64)
+            got = np.frombuffer(dev.read_sync(tr.lora.params), np.float32)
+            lr = ref_optim.schedule([step], lr=3e-3, warmup=2, total=10, min_ratio=o.min_ratio)[0]
+            if kind == "sgd":
+                want = ref_optim.sgd_step(p0, g, lr=lr)
+            else:
+                clip = ref_optim.clip_scale(ref_optim.grad_sumsq(g), 0.5)
+                want = ref_optim.adamw_step(p0, g, m0, v0, lr=lr, t=step, clip=clip, weight_decay=0.1)[0]
+            err = np.abs(got - want).max() / np.abs(want - p0).max()
+            assert err < 1e-3, (kind, step, err)    # of the step's own size: f32 parameters, one step's roundings
+    finally:
+        tr.close()
+        engine.close()
+
+
+def test_a_trained_adapter_file_round_trips(device, tmp_path):
+    engine, path = _llama3(device, 8, 8)
+    tr = Trainer(engine, T=8, rank=4, alpha=6.0, optim=Optim("adamw", lr=1e-2, steps=3), seed=1)
+    win = [[int(i) for i in np.random.default_rng(3).integers(0, engine.cfg.n_vocab, 8)]]
+    try:
+        for _ in range(3):
+            asyncio.run(tr.step(win))
+        trained = _logits(engine, win[0])
+        out = tmp_path / "trained.lora.gguf"
+        out.write_bytes(asyncio.run(tr.adapter_bytes()))
+        params = gradcheck.adapter_arrays(tr.lora, engine.device.read_sync(tr.lora.params))
+    finally:
+        tr.close()
+    try:
+        base = _logits(engine, win[0])
+        attach_lora(engine, str(out))
+        again = _logits(engine, win[0])
+    finally:
+        engine.close()
+    alpha, pairs = ref_lora.load(out)        # gguf-py's reading of our file
+    assert alpha == 6.0 and set(pairs) == set(params)
+    for name, (a, b) in pairs.items():
+        assert np.array_equal(a, params[name][0]) and np.array_equal(b, params[name][1])
+    assert np.array_equal(again, trained)    # the same adapter, the same plans: the same bits
+    assert np.abs(trained - base).max() > 1e-3      # three steps of lr 1e-2 moved B off zero
