@@ -93,6 +93,20 @@ class Backward(Prefill):
         self.ts, self.ce, self.rows_total = ts, ce, rows_total
         self.T = ts.T
 
+    def loss_ops(self) -> list[ops.Op]:
+        """The forward and the loss alone (held-out windows: nothing is kept, no gradient taken)."""
+        cfg, s = self.cfg, self.scratch
+        blocks = self.eng.blocks
+        blocks.embedding.build(self)
+        for il in range(cfg.n_layer):
+            blocks.mixers[il].build(self, il)
+            blocks.ffn.build(self, il)
+        self.add(norm.rms_norm(self.dev, self.kernels, s.x, self.weights.vectors[cfg.output_norm], s.xn, s.step,
+                               cfg.n_embd, cfg.eps))
+        self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, self.ts.targets, s.step,
+                                         rows_total=self.rows_total))
+        return self.plan.ops
+
     def ops(self) -> list[ops.Op]:
         cfg, s, ts, E, T = self.cfg, self.scratch, self.ts, self.cfg.n_embd, self.T
         blocks = self.eng.blocks

@@ -6,6 +6,7 @@ the optimizer, the losses.
     Trainer(engine, ...)               an adapter on the engine (engine.set_lora) and the step's plan
       await .gradients(batch)          the loss at the adapter as it is, its gradients left in `grads`
       await .step(batch)               gradients, then the optimizer: returns the loss the gradients were taken at
+      await .loss(batch)               the loss alone (held-out windows), nothing changed
       await .adapter_bytes()           the adapter as a llama.cpp adapter GGUF (lab.format.adapter.write_adapter)
 
 The loss of a step: the mean over its windows and positions t = 0 .. T-2 of -log p(w[t+1] | w[..t]). Each window
@@ -105,6 +106,8 @@ class Trainer:
                 engine.set_lora(self.lora)
                 self.window = dev.prepare(ops.dispatches(Backward(engine, self.ts, self.ce, self.rows_total).ops(), T))
                 self.update = dev.prepare(ops.dispatches(self._update_ops(), 1))
+                self.scoring = dev.prepare(ops.dispatches(
+                    Backward(engine, self.ts, self.ce, self.rows_total).loss_ops(), T))
             except BaseException:
                 engine.set_lora(None)
                 dev.free(self)
@@ -158,13 +161,21 @@ class Trainer:
     async def gradients(self, batch: list[list[int]]) -> float:
         """The step's loss at the adapter as it is, its gradients left in `grads` (cleared first)."""
         self._check(batch)
+        self.device.clear(self.ts.grads)
+        return await self._run(self.window, batch)
+
+    async def loss(self, batch: list[list[int]]) -> float:
+        """The loss of these windows at the adapter as it is (held-out windows): no gradient, nothing changed."""
+        self._check(batch)
+        return await self._run(self.scoring, batch)
+
+    async def _run(self, prepared, batch: list[list[int]]) -> float:
         dev, s, T = self.device, self.engine.scratch, self.T
-        dev.clear(self.ts.grads)
         for j, w in enumerate(batch):
             targets = w[1:] + [self.engine.cfg.n_vocab]        # the last position predicts nothing in the window
             writes = [(s.step, 0, ops.step_bytes(0, T, self.engine.n_ctx)),
                       (s.ids, 0, struct.pack(f"<{T}I", *w)), (self.ts.targets, 0, struct.pack(f"<{T}I", *targets))]
             # the window's summed -log p (ce.loss: mean, count, 1 / N, sum) kept before the next window overwrites it
-            dev.run(self.window, writes, [(self.ce.loss, 12, self.losses, 4 * j, 4)])
+            dev.run(prepared, writes, [(self.ce.loss, 12, self.losses, 4 * j, 4)])
         raw = await dev.read(self.losses, 0, 4 * self.batch)
         return sum(struct.unpack(f"<{self.batch}f", raw)) / self.rows_total

@@ -120,3 +120,20 @@ def test_a_trained_adapter_file_round_trips(device, tmp_path):
         assert np.array_equal(a, params[name][0]) and np.array_equal(b, params[name][1])
     assert np.array_equal(again, trained)    # the same adapter, the same plans: the same bits
     assert np.abs(trained - base).max() > 1e-3      # three steps of lr 1e-2 moved B off zero
+
+
+def test_the_held_out_loss_is_the_steps(device):
+    """Trainer.loss (forward and loss alone) gives the loss the step's gradients are taken at, and changes nothing."""
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    tr = Trainer(engine, T=8, batch=2, rank=4, seed=2)
+    try:
+        engine.device.write(tr.lora.params, gradcheck.random_params(tr.lora, 2))
+        rng = np.random.default_rng(4)
+        wins = [[int(i) for i in rng.integers(0, engine.cfg.n_vocab, 8)] for _ in range(2)]
+        held = asyncio.run(tr.loss(wins))
+        before = engine.device.read_sync(tr.lora.params)
+        assert asyncio.run(tr.loss(wins)) == held and engine.device.read_sync(tr.lora.params) == before
+        assert asyncio.run(tr.gradients(wins)) == held      # the same ops up to the loss: the same bits
+    finally:
+        tr.close()
+        engine.close()
