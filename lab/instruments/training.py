@@ -148,6 +148,17 @@ class Trainer:
         self.engine.set_lora(None)
         self.device.free(self)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of the training's buffers by what they hold (the Training card shows them): the adapter, its
+        gradients, the optimizer's state, the activations (the layers' saved inputs and the step's scratch), the
+        window's tokens."""
+        kinds = {"adapter": [self.lora.params], "gradients": [self.ts.grads],
+                 "optimizer": [b for b in (getattr(self, "m", None), getattr(self, "v", None), self.state) if b],
+                 "tokens": [self.ts.targets]}
+        named = {id(b) for bufs in kinds.values() for b in bufs}
+        kinds["activations"] = [b for b in self.device.owned_by(self) if id(b) not in named]
+        return {k: sum(b.size for b in bufs) for k, bufs in kinds.items()}
+
     @property
     def grads(self) -> gpu.Buffer:
         return self.ts.grads

@@ -137,3 +137,16 @@ def test_the_held_out_loss_is_the_steps(device):
     finally:
         tr.close()
         engine.close()
+
+
+def test_memory_by_kind_counts_every_buffer(device):
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    tr = Trainer(engine, T=8, rank=4, seed=2)
+    try:
+        mem = tr.memory()
+        n = tr.lora.n_params
+        assert mem["adapter"] == mem["gradients"] == 4 * n and mem["optimizer"] >= 8 * n
+        assert sum(mem.values()) == sum(b.size for b in device.owned_by(tr)) and mem["activations"] > 0
+    finally:
+        tr.close()
+        engine.close()
