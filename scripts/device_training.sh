@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU: training natively (wgpu on the NVIDIA Vulkan driver). The model file travels in pieces made by
+# scripts/device_training_prepare.sh, one per call, the calls chained back to back.
+#
+#   bash scripts/device_training.sh piece     # calls 1..N-1: keep this call's piece in /tmp/devt
+#   bash scripts/device_training.sh run       # call N (with .gl and .whl): assemble, install, check, measure
+#
+# WHAT (default tests,gradcheck,train,torch): the training's kernel and engine tests, `lab gradcheck` on the
+# synthetic Llama 3 and on SmolLM2, `lab train` on SmolLM2 over tests/fixtures/constitution.txt at each CTXS x BATCH,
+# and PyTorch eager on the same (scripts/torch_train_bench.py, where present). Results in $OUT.
+set -uo pipefail
+D=/tmp/devt
+mkdir -p "$D"
+cp -n .devtrain/*/bundle.* .devtrain/*/pieces.sha256 "$D/" 2>/dev/null
+if [ "${1:-run}" = piece ]; then ls -la "$D"; exit 0; fi
+(cd "$D" && sha256sum -c --quiet pieces.sha256) || { echo "pieces missing or damaged: chain the calls"; exit 3; }
+mkdir -p "$D/models" && cat "$D"/bundle.* | tar -x -C "$D/models" || exit 3
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+what=${WHAT:-tests,gradcheck,train,torch}
+SMOL=$D/models/SmolLM2-135M-Instruct.Q4_1.gguf
+DATA=tests/fixtures/constitution.txt
+if [[ $what == *tests* ]]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --slow tests/kernels/test_optimizer.py \
+    tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py tests/engine/test_training.py \
+    tests/engine/test_lora_engine.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+fi
+if [[ $what == *gradcheck* ]]; then
+  timeout 120 python3 -m lab.host.cli gradcheck "$D/synthetic/synthetic-llama3-f32.gguf" --json > "$OUT/gradcheck_llama3.json"
+  timeout 300 python3 -m lab.host.cli gradcheck "$SMOL" --samples 1 --json > "$OUT/gradcheck_smollm2.json"
+  python3 -c "import json,sys; [print(f, json.load(open(f))['worst_rel_err']) for f in sys.argv[1:]]" "$OUT"/gradcheck_*.json
+fi
+for ctx in ${CTXS:-128 512}; do
+  if [[ $what == *train* ]]; then
+    timeout 200 python3 -m lab.host.cli train "$SMOL" --data "$DATA" --ctx "$ctx" --batch "${BATCH:-4}" \
+      --steps "${STEPS:-12}" --out "$D/smol.lora.gguf" --json | tee "$OUT/train_smollm2_ctx$ctx.json" | cut -c1-300
+  fi
+  if [[ $what == *torch* && -f scripts/torch_train_bench.py ]]; then
+    timeout 200 python3 scripts/torch_train_bench.py "$SMOL" --data "$DATA" --ctx "$ctx" --batch "${BATCH:-4}" \
+      --rank 8 --alpha 16 --steps "${STEPS:-12}" --warmup-steps 2 | tee "$OUT/torch_smollm2_ctx$ctx.json" | cut -c1-300
+  fi
+done
