@@ -7,7 +7,7 @@
 #   scripts/device_training_prepare.sh           # then make the device calls it prints, back to back
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CHUNK=${CHUNK:-50000000}
+CHUNK=${CHUNK:-38000000}     # the working tree is ~24 MB of the 64 MiB a call carries
 MODELS=${LLM_LAB_CACHE:-$HOME/.cache/llm-lab}/models
 FILES="SmolLM2-135M-Instruct.Q4_1.gguf"
 bash scripts/device_bench_prepare.sh

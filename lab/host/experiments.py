@@ -46,8 +46,9 @@ class Lab:
         self.exp = Experiments(engine)
 
     @classmethod
-    def load(cls, path, n_ctx: int = DEFAULT_CTX, disable=(), device=None) -> Lab:
-        """Read, check and upload a GGUF (`disable`: adapter features to leave off, e.g. ("subgroups",))."""
+    def load(cls, path, n_ctx: int = DEFAULT_CTX, disable=(), device=None, lora: str | None = None) -> Lab:
+        """Read, check and upload a GGUF (`disable`: adapter features to leave off, e.g. ("subgroups",)); `lora`: a
+        LoRA adapter file every experiment runs with."""
         from lab.host.native import open_native
         header = gguf.read_file(path)
         cfg, tok = validate(header)
@@ -55,6 +56,9 @@ class Lab:
         engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(path, header, cfg))
         try:
             engine.weights.upload_file(path)
+            if lora:
+                from lab.host.lora_file import attach_lora
+                attach_lora(engine, lora)
         except BaseException:
             engine.close()
             raise

@@ -11,7 +11,7 @@ from lab.host.cli.parsers import settings
 
 def _lab(args):
     from lab.host.experiments import Lab
-    return Lab.load(args.model, args.ctx, args.disable)
+    return Lab.load(args.model, args.ctx, args.disable, lora=args.lora)
 
 
 def _ints(text: str | None):
@@ -28,6 +28,8 @@ def _progress(args):
 def _experiment_in_page(args, msg: dict) -> int:
     """`--backend browser`: the same experiment through the page's Experiments card (lab/host/bench/browser.py)."""
     from lab.host.bench import browser as bench_browser
+    if args.lora:
+        raise ValueError("--lora runs natively: the page takes an adapter in its Training card")
     chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
     try:
         out = bench_browser.experiment_page(args.model, msg, chromium=chromium, args=flags)

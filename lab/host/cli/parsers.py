@@ -35,7 +35,9 @@ def ctx_flag(s, default: int = DEFAULT_CTX, help: str = "KV cache length in toke
 
 def engine_flags(s, ctx_help: str = "KV cache length in tokens", json_help: str | None = None,
                  ctx: int = DEFAULT_CTX) -> None:
-    """--ctx, --json and --disable, in that order: the last flags of every command that loads a model natively."""
+    """--lora, --ctx, --json and --disable, in that order: the last flags of every command that loads a model
+    natively."""
+    lora_flag(s)
     ctx_flag(s, ctx, ctx_help)
     json_flag(s, json_help)
     gpu_flags(s)
@@ -114,7 +116,6 @@ def generate(sub, name):
     s.add_argument("--chat", action="store_true", help="render the prompt as one user message with the chat template")
     s.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
     sampling_flags(s)
-    lora_flag(s)
     engine_flags(s)
     return s
 

@@ -56,7 +56,7 @@ def index(args) -> int:
     model = read_model(args.model)
     info = index_file.model_info(args.model, model[0], model[1])
     files, digests, unreadable = _read_files(args.files, "lab index")
-    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model)
+    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model, lora=args.lora)
     index = Index(engine, tok, window=args.window, stride=args.stride)
 
     async def run():
@@ -93,7 +93,7 @@ def ask(args) -> int:
     # the index is validated for this model before a GPU opens: a damaged or foreign index costs no weight upload
     model = read_model(args.model)
     saved = index_file.load(args.index, index_file.model_info(args.model, model[0], model[1]))
-    header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model)
+    header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model, lora=args.lora)
 
     async def run():
         hits = []
@@ -138,9 +138,11 @@ def retrieval_eval(args) -> int:
     check_shape(args.window, args.stride, args.ctx)
     check_queries(args.queries)
     if args.backend == "browser":
+        if args.lora:
+            raise ValueError("--lora runs natively: the page takes an adapter in its Training card")
         return _retrieval_eval_in_page(args)
     files, _digests, _unreadable = _read_files(args.files, "lab retrieval-eval")
-    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable)
+    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable, lora=args.lora)
     index = Index(engine, tok, window=args.window, stride=args.stride)
 
     def progress(done: int, total: int, seconds: float) -> None:

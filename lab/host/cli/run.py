@@ -41,25 +41,6 @@ def read_model(model_path: str):
     return header, cfg, tok
 
 
-def attach_lora(engine, path: str) -> None:
-    """The LoRA adapter of file `path` checked against the engine's model, read, and set on the engine."""
-    from lab.engine.lora import Lora
-    from lab.format.adapter import decode_f32, read_adapter_file
-    table = {t.name: tuple(t.shape) for t in engine.header.tensors}
-    adapter = read_adapter_file(path, engine.cfg, table)
-    values = {}
-    with open(path, "rb") as f:
-        def half(offset: int, nbytes: int, type_name: str) -> bytes:
-            f.seek(offset)
-            return decode_f32(f.read(nbytes), type_name).tobytes()
-        for p in adapter.pairs:
-            values[p.base] = (half(p.a_offset, p.a_nbytes, p.a_type), half(p.b_offset, p.b_nbytes, p.b_type))
-    with engine.device.owning(engine):
-        lora = Lora(engine.device, Lora.shapes_of(adapter), adapter.alpha, engine.max_batch)
-    engine.device.write(lora.params, lora.packed(values))
-    engine.set_lora(lora)
-
-
 def load(model_path: str, n_ctx: int, disable=(), model=None, lora: str | None = None):
     """Header, tokenizer and a native engine with the weights uploaded (timed); `model`: read_model's, if read;
     `lora`: an adapter file to run with."""
@@ -73,6 +54,7 @@ def load(model_path: str, n_ctx: int, disable=(), model=None, lora: str | None =
     engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(model_path, header, cfg))
     nbytes = engine.weights.upload_file(model_path)
     if lora:
+        from lab.host.lora_file import attach_lora
         attach_lora(engine, lora)
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
 
