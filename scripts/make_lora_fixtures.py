@@ -168,7 +168,8 @@ def main() -> None:
         "llama_cpp_python": llama_cpp.__version__,
         "llama_cpp_args": f"n_ctx={N_CTX}, n_batch={N_CTX}, type_k=F32, type_v=F32, flash_attn=False, "
                           f"logits_all=True, lora_path=adapter.gguf, lora_scale=1.0",
-        "effect_max_abs": round(effect, 4), "effect_max_abs_whole_vocabulary": round(effect_all, 4), "argmax_with": am_w, "argmax_without": am_o,
+        "effect_max_abs": round(effect, 4), "effect_max_abs_whole_vocabulary": round(effect_all, 4),
+        "argmax_with": am_w, "argmax_without": am_o,
         "changed_argmax": sum(a != b for a, b in zip(am_w, am_o)),
         "llama_cpp_loader": loader_verdicts(path),
     }

@@ -1,14 +1,15 @@
 """Training's step on the GPU (issue #43): one window of t tokens forward, the loss, and every gradient back to
 the trained parameters, as one list of ops in one compute pass.
 
-    TrainScratch.alloc(...)      the step's own buffers (kind CONVERSATION: they hold the user's text's activations)
-    Backward(engine, ...).ops()  the step: the engine's own forward (its blocks' `build`, through the prefill plan's
-                                 projections, LoRA terms included), each layer's input kept (`saved`); the final norm,
-                                 the head fused with the cross-entropy (lab.ops.backward_head); then per layer, last
-                                 first: the layer's forward again from its saved input (recomputation: one layer's
-                                 activations live at a time, so memory grows with layers by one row of x each), and
-                                 its blocks' `build_backward`, which take the gradient of the residual stream (`dx`)
-                                 through the layer and add the parameters' gradients into their buffers.
+    TrainScratch.alloc(...)   the step's own buffers (kind CONVERSATION: they hold the user's text's activations)
+    Backward(engine, ...)     .step_ops(): the engine's own forward (its blocks' `build`, through the prefill plan's
+                              projections, LoRA terms included), each layer's input kept (`saved`); the final norm, the
+                              head fused with the cross-entropy (lab.ops.backward_head); then per layer, last first:
+                              the layer's forward again from its saved input (recomputation: one layer's activations
+                              live at a time, so memory grows with layers by one row of x each), and its blocks'
+                              `build_backward`, which take the gradient of the residual stream (`dx`) through the
+                              layer and add the parameters' gradients into their buffers.
+                              .loss_ops(): the forward and the loss alone (held-out windows).
 
 The gradients are added in (a step of several windows sums them); the caller clears them at a step's start. What
 the blocks' backward needs of the builder: `proj_back` (a projection's input gradient through the quantized base,
@@ -107,7 +108,7 @@ class Backward(Prefill):
                                          rows_total=self.rows_total))
         return self.plan.ops
 
-    def ops(self) -> list[ops.Op]:
+    def step_ops(self) -> list[ops.Op]:
         cfg, s, ts, E, T = self.cfg, self.scratch, self.ts, self.cfg.n_embd, self.T
         blocks = self.eng.blocks
         blocks.embedding.build(self)

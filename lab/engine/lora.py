@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass
 
 from lab import gpu
-from lab.ops import Op, Weight
+from lab.ops import Op
 from lab.ops.backward_matmul import TOK_M, gemm
 
 # The projections a LoRA adapts unless told otherwise: every attention and feed-forward matrix (phi3's fused

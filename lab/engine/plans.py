@@ -216,8 +216,9 @@ class Decode(PlanBuilder):
     def mm(self, name, x, y, *, y_offset=0, accumulate=False, **fused):
         # the LoRA term reads the projection's real input: the normed x a fused norm leaves in xn
         lora_x = fused["xn"] if "norm" in fused else x
-        return matmul.matvec(self.dev, self.kernels, self.weights.matrices[name], x, y, self.scratch.step,
-                             y_offset=y_offset, accumulate=accumulate, **fused) + self.adapted(name, lora_x, y, y_offset)
+        base = matmul.matvec(self.dev, self.kernels, self.weights.matrices[name], x, y, self.scratch.step,
+                             y_offset=y_offset, accumulate=accumulate, **fused)
+        return base + self.adapted(name, lora_x, y, y_offset)
 
     def normed_proj(self, key, norm_w, y, width, bias, rotary=None):
         s, vec = self.scratch, self.weights.vectors

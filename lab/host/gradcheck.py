@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import struct
 
 import numpy as np
 

@@ -96,18 +96,18 @@ class Trainer:
         self.steps_done = 0
         with dev.owning(self):
             try:
-                self.lora = Lora(dev, choose({t.name: t for t in engine.header.tensors}, cfg.n_layer, targets, rank), alpha,
-                                 engine.max_batch)
+                table = {t.name: t for t in engine.header.tensors}
+                self.lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), alpha, engine.max_batch)
                 dev.write(self.lora.params, self.lora.initial(seed))
                 width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
                 self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width)
                 self.ce = backward_head.head_ce(dev, engine.weights.head, T, cap=cfg.final_softcap)
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)
-                self.window = dev.prepare(ops.dispatches(Backward(engine, self.ts, self.ce, self.rows_total).ops(), T))
+                plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total)     # noqa: E731
+                self.window = dev.prepare(ops.dispatches(plans().step_ops(), T))
+                self.scoring = dev.prepare(ops.dispatches(plans().loss_ops(), T))
                 self.update = dev.prepare(ops.dispatches(self._update_ops(), 1))
-                self.scoring = dev.prepare(ops.dispatches(
-                    Backward(engine, self.ts, self.ce, self.rows_total).loss_ops(), T))
             except BaseException:
                 engine.set_lora(None)
                 dev.free(self)
