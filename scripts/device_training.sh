@@ -40,6 +40,6 @@ for ctx in ${CTXS:-128 512}; do
   fi
   if [[ $what == *torch* && -f scripts/torch_train_bench.py ]]; then
     timeout 200 python3 scripts/torch_train_bench.py "$SMOL" --data "$DATA" --ctx "$ctx" --batch "${BATCH:-4}" \
-      --rank 8 --alpha 16 --steps "${STEPS:-12}" --warmup-steps 2 | tee "$OUT/torch_smollm2_ctx$ctx.json" | cut -c1-300
+      --rank 8 --alpha 16 --steps "${STEPS:-12}" --warmup-steps 1 | tee "$OUT/torch_smollm2_ctx$ctx.json" | cut -c1-300
   fi
 done
