@@ -10,9 +10,12 @@
 //   dx = r * dy * w - x * r^3 * mean(dy * w * x)     (the second term is r's own dependence on x)
 //   dw[i] += sum over tokens j < t and groups g of dy * x * r     (accumulated: training sums a weight's gradient
 //            over micro-batches; the caller clears dw at the start of a step)
-// Params { group, n_groups: u32, eps: f32, acc: u32 }: acc = 1 adds dx into the buffer (a residual stream's gradient
-//   joins the branch's: training's block backward), 0 writes it
-//   element i of group g of token j sits at (j * n_groups + g) * group + i (floats) in x, dy and dx.
+// Params { group, n_groups: u32, eps: f32, acc: u32, stride, offset: u32, _p0, _p1 }: acc = 1 adds dx into the buffer
+//   (a residual stream's gradient joins the branch's: training's block backward), 0 writes it; token j's row starts at
+//   j * stride + offset in x, dy and dx alike (stride n_groups * group and offset 0: compact rows; the Q or K heads of
+//   a fused [q | k | v] row: its width and their first column, for the per-head Q/K norms)
+//   element i of group g of token j sits at j * stride + offset + g * group + i (floats) in x, dy and dx; its r at
+//   j * n_groups + g in rs.
 // Grid: rms_norm_dx (t, n_groups, 1), one workgroup of {{WG}} per (token, group), the two sums through wg_sum of
 //   reduce.wgsl; rms_norm_dw (ceil(group / {{WG}}), 1, 1), one invocation per column, run after rms_norm_dx (the
 //   next dispatch of the pass sees rs). Rows >= step.n_tokens are neither read nor written.
@@ -25,7 +28,7 @@
 //   under that there.
 {{SG_ENABLE}}
 
-struct Params { group: u32, n_groups: u32, eps: f32, acc: u32 };
+struct Params { group: u32, n_groups: u32, eps: f32, acc: u32, stride: u32, offset: u32, _p0: u32, _p1: u32 };
 
 //!include common.wgsl
 //!include reduce.wgsl
@@ -50,7 +53,7 @@ fn rms_norm_dx(@builtin(local_invocation_index) li: u32,
 {{SG}}    sg_lane = sgi; sg_size = sgs;
     let row = wid.x;
     if (row >= step.n_tokens) { return; }
-    let base = (row * p.n_groups + wid.y) * p.group;
+    let base = row * p.stride + p.offset + wid.y * p.group;
     var ss = 0.0;
     var dot = 0.0;
     for (var i = li; i < p.group; i += WG) {
@@ -77,7 +80,7 @@ fn rms_norm_dw(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var j = 0u; j < step.n_tokens; j++) {
         for (var g = 0u; g < p.n_groups; g++) {
             let k = j * p.n_groups + g;
-            let at = k * p.group + col;
+            let at = j * p.stride + p.offset + g * p.group + col;
             s += dy[at] * x[at] * rs_in[k];
         }
     }

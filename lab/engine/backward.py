@@ -38,16 +38,15 @@ def untrainable(cfg) -> str | None:
     """Why a model's layers have no backward yet (None: they all have one)."""
     kinds = sorted({cfg.mixer(il) for il in range(cfg.n_layer)} - {"attention"})
     parts = [f"{k} layers" for k in kinds]
-    for flag, what in (("qk_norm", "per-head Q/K norms"), ("v_norm", "a V norm"), ("attn_gate", "gated attention"),
-                       ("post_norms", "post-norms"), ("block_tail", "per-layer inputs")):
+    for flag, what in (("v_norm", "a V norm"), ("attn_gate", "gated attention"), ("block_tail", "per-layer inputs")):
         if getattr(cfg, flag):
             parts.append(what)
     if any(not cfg.has_kv(il) for il in range(cfg.n_layer) if cfg.mixer(il) == "attention"):
         parts.append("layers that share an earlier layer's KV cache")
     if not parts:
         return None
-    return (f"{cfg.arch}: training has no backward yet for its {', '.join(parts)} (the dense llama, qwen2, phi3 "
-            f"and smollm3 paths have one)")
+    return (f"{cfg.arch}: training has no backward yet for its {', '.join(parts)} (llama, qwen2, qwen3, phi3, "
+            f"smollm3, gemma2 and gemma3 have one)")
 
 
 @dataclass(frozen=True)
@@ -62,22 +61,31 @@ class TrainScratch:
     datt: gpu.Buffer        # [T, q] ... to the attention's output
     dgu: gpu.Buffer         # [T, 2 n_ff] ... to the [gate | up] row
     dh: gpu.Buffer          # [T, n_ff] ... to the GLU's output
-    rs: gpu.Buffer          # [T] the norm backward's 1 / rms
+    rs: gpu.Buffer          # [T, n_head] the norm backward's 1 / rms (a row's, or each head's)
     sums: gpu.Buffer        # the input gradients' partial sums (lab.ops.backward_matmul.dx_back)
     stats: gpu.Buffer       # the attention backward's per-row statistics
     du: tuple               # (u, du) [T, max rank] each: the LoRA backward's
     targets: gpu.Buffer     # [T] u32 the next token of each position (n_vocab: none)
     grads: gpu.Buffer       # the LoRA parameters' gradients, laid out as Lora.params
+    qkv_pre: gpu.Buffer | None = None   # [T, qkv_width] the fused row before the per-head Q/K norms (qk_norm)
+    dqkv_pre: gpu.Buffer | None = None  # [T, qkv_width] ... its gradient
+    branch: gpu.Buffer | None = None    # [T, n_embd] a branch's output before its post-norm (post_norms)
+    dbranch: gpu.Buffer | None = None   # [T, n_embd] ... its gradient
 
     @classmethod
     def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora, T: int, qkv_width: int) -> TrainScratch:
         conv, E = gpu.CONVERSATION, cfg.n_embd
         sums = max(backward_matmul.dx_scratch_floats(w, T) for w in weights.matrices.values())
         rows = lambda n, what: dev.buffer(4 * T * n, conv, f"train {what} [T, {n}]")   # noqa: E731
+        qk = {"qkv_pre": rows(qkv_width, "qkv before q/k norms"),
+              "dqkv_pre": rows(qkv_width, "dqkv before q/k norms")} if cfg.qk_norm else {}
+        post = {"branch": rows(E, "branch before post-norm"),
+                "dbranch": rows(E, "dbranch before post-norm")} if cfg.post_norms else {}
         return cls(T=T, saved=dev.buffer(4 * cfg.n_layer * T * E, conv, f"train layer inputs [n_layer, T, {E}]"),
                    mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
                    datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
-                   rs=rows(1, "1/rms"), sums=dev.buffer(4 * sums, conv, "train dx partial sums"),
+                   rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
+                   sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post,
                    stats=dev.buffer(backward_attention.stats_bytes(T, cfg.n_head), conv, "train attention stats"),
                    du=(rows(lora.max_rank, "lora u"), rows(lora.max_rank, "lora du")),
                    targets=dev.buffer(4 * T, conv, "train targets [T] u32"),
@@ -168,6 +176,17 @@ class Backward(Prefill):
         """The fused projections `key` (rows of `width` floats of dy, each part from its column): dx written."""
         for i, (w, col) in enumerate(self.weights.stacked[key]):
             self.proj_back(w.name, x, dy, dx, dy_offset=col, dy_stride=width, accumulate=i > 0)
+
+    def branch_back(self, name: str, x: gpu.Buffer, post_norm: str) -> gpu.Buffer:
+        """The gradient at the output of a branch's projection `name` (input rows x): dx itself, or, where the config
+        has post-norms, through the post-norm `post_norm` of the projection's output, computed again (ts.branch)."""
+        cfg, ts = self.cfg, self.ts
+        if not cfg.post_norms:
+            return ts.dx
+        self.add(self.mm(name, x, ts.branch))
+        self.add(rms_norm_back(self.dev, self.kernels, ts.branch, self.weights.vectors[post_norm], ts.dx, ts.dbranch,
+                               None, ts.rs, self.scratch.step, cfg.n_embd, cfg.eps))
+        return ts.dbranch
 
     def norm_back(self, x: gpu.Buffer, weight: str, dxn: gpu.Buffer) -> None:
         """dx += the gradient through RMSNorm of x (compact rows of n_embd) by `weight`, given dxn."""

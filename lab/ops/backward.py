@@ -24,7 +24,7 @@ from lab.ops import Op, WeightPart, groups_1d
 
 WG = 64           # the glu's and the embedding's (one invocation per column) workgroup
 EW_WG = 256       # the soft-cap's, as the forward's elementwise kernels
-NORM_PARAMS = struct.Struct("<IIfI")     # group, n_groups, eps, acc
+NORM_PARAMS = struct.Struct("<IIfI4I")   # group, n_groups, eps, acc, stride, offset, _p0, _p1
 GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
 SOFTCAP_PARAMS = struct.Struct("<IfII")  # n, cap, rows, _p
 EMBED_PARAMS = struct.Struct("<4If3I")   # first_row, n_rows, cols, x_off, scale, _p0, _p1, _p2
@@ -41,13 +41,15 @@ def _norm_wg(device: gpu.Device, group: int) -> int:
 
 def rms_norm_back(device: gpu.Device, kernels, x: gpu.Buffer, w: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer,
                   dw: gpu.Buffer | None, rs: gpu.Buffer, step: gpu.Buffer, n: int, eps: float,
-                  group: int | None = None, accumulate: bool = False) -> list[Op]:
+                  group: int | None = None, accumulate: bool = False, stride: int | None = None,
+                  offset: int = 0) -> list[Op]:
     """Gradients of y = x / sqrt(mean(x^2) + eps) * w (lab.ops.norm.rms_norm) over each `group` floats (None: the
     whole row of n) of the step's t compact rows x [t, n], given dy [t, n]: dx [t, n] is written and dw (`group`
     floats) gets the sum over the t rows and their groups added. `rs` (t * n / group floats) is scratch: the dx
     pass leaves each group's 1 / rms there for the dw pass. Two ops, dx then dw, run in that order; with dw=None
     (a norm whose weight is not trained: LoRA) only the first. accumulate=True adds dx into the buffer (the
-    residual stream's gradient, which the branch's joins). Compact rows only."""
+    residual stream's gradient, which the branch's joins). Token j's n floats start at j * stride + offset in x, dy
+    and dx alike (default: compact rows; the Q heads of a fused [q | k | v] row: its width, offset 0)."""
     group = n if group is None else int(group)
     if group <= 0 or n % group:
         raise ValueError(f"rms_norm_back: n={n} is not a whole number of groups of {group}")
@@ -55,8 +57,12 @@ def rms_norm_back(device: gpu.Device, kernels, x: gpu.Buffer, w: gpu.Buffer, dy:
         raise ValueError("rms_norm_back: dx must be a buffer other than x and dy (WebGPU refuses a buffer bound "
                          "read-only and writable at once, and the dw pass reads both after dx is written)")
     n_groups = n // group
+    stride = n if stride is None else int(stride)
+    if offset < 0 or offset + n > stride:
+        raise ValueError(f"rms_norm_back: {n} floats from {offset} do not fit rows of {stride}")
     wg = _norm_wg(device, group)
-    params = device.uniform(NORM_PARAMS.pack(group, n_groups, float(eps), int(accumulate)), "rms_norm_back.params")
+    params = device.uniform(NORM_PARAMS.pack(group, n_groups, float(eps), int(accumulate), stride, int(offset), 0, 0),
+                            "rms_norm_back.params")
     consts = dict(WG=wg, **subgroup_consts(device))
     k_dx = kernels.get("backward_norm", "rms_norm_dx", **consts)
     k_dw = kernels.get("backward_norm", "rms_norm_dw", **consts)

@@ -111,3 +111,40 @@ def test_broken_variants_fail(env, old, new, t, n, group):  # noqa: F811
 def test_accumulate_ignored_fails(env):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_rms_norm_back(patched(env, "backward_norm", "p.acc != 0u", "false"), 5, 257, seed=9, accumulate=True)
+
+
+def check_strided(env: Env, t: int, n: int, group: int, stride: int, offset: int, seed: int = 0) -> None:
+    """The per-head Q/K norms' backward on a fused row: x, dy and dx rows of `stride` floats, the normed n from
+    `offset`; every other float of dx must stay as it was."""
+    rng = np.random.default_rng(seed)
+    dev = env.device
+    x, w, dy = _inputs(rng, t, n, group)
+    dx_want, dw_want = rms_norm_grad(x, w, dy, 1e-6, group)
+    wide = lambda a, fill: np.concatenate([np.full((t + 1, offset), fill, np.float32),        # noqa: E731
+                                           np.vstack([a, np.full((1, n), fill, np.float32)]),
+                                           np.full((t + 1, stride - offset - n), fill, np.float32)], axis=1)
+    xb, dyb, wb = upload(dev, wide(x, 3.0)), upload(dev, wide(dy, -2.0)), upload(dev, w)
+    dxb, dwb = upload(dev, np.full((t + 1, stride), SENTINEL, np.float32)), upload(dev, np.zeros(group, np.float32))
+    rsb = upload(dev, np.zeros(t * (n // group), np.float32))
+    run(env, rms_norm_back(dev, env.kernels, xb, wb, dyb, dxb, dwb, rsb, ops_step(env), n, 1e-6, group=group,
+                           stride=stride, offset=offset), 0, t)
+    dx = read(dev, dxb).reshape(t + 1, stride)
+    dw = read(dev, dwb)
+    free(dev, xb, dyb, wb, dxb, dwb, rsb)
+    got = dx[:t, offset:offset + n].reshape(t, -1, group)
+    assert_close(got, dx_want.reshape(t, -1, group), NORM_BACK_DX_TOL, "strided dx", axis=(2,))
+    assert_close(dw, dw_want, NORM_BACK_DW_TOL, "strided dw")
+    rest = dx.copy()
+    rest[:t, offset:offset + n] = SENTINEL
+    if not np.all(rest == SENTINEL):
+        raise AssertionError("strided rms_norm_back wrote outside its heads")
+
+
+def test_strided_heads_of_a_fused_row(env):  # noqa: F811
+    check_strided(env, t=5, n=3 * 72, group=72, stride=7 * 72, offset=2 * 72, seed=3)   # K heads inside [q | k | v]
+
+
+def test_strided_offset_ignored_fails(env):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite|outside"):
+        check_strided(patched(env, "backward_norm", "row * p.stride + p.offset", "row * p.stride"), t=5, n=3 * 72,
+                      group=72, stride=7 * 72, offset=2 * 72, seed=3)

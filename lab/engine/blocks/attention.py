@@ -16,7 +16,7 @@ from lab import gpu, ops
 from lab.engine.blocks.base import Block
 from lab.format.config import Config
 from lab.ops import attention as attn_ops
-from lab.ops import backward_attention, backward_rope, elementwise, norm, rope
+from lab.ops import backward, backward_attention, backward_rope, elementwise, norm, rope
 
 
 def qkv_width(cfg: Config, il: int) -> int:
@@ -132,7 +132,8 @@ class Attention(Block):
         cfg, s, ts, eng = self.cfg, q.scratch, q.ts, q.eng
         Q, KV, W, HD = cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il)
         nkv, b = cfg.n_head_kv_of(il), f"blk.{il}."
-        q.proj_back(b + "attn_output.weight", s.att, ts.dx, ts.datt)
+        dy = q.branch_back(b + "attn_output.weight", s.att, b + "post_attention_norm.weight")
+        q.proj_back(b + "attn_output.weight", s.att, dy, ts.datt)
         q.add(backward_attention.attention_back(
             q.dev, q.kernels, (s.qkv, 0, W), (s.k_cache[il], 0, KV), (s.v_cache[il], 0, KV), (s.att, 0, Q),
             (ts.datt, 0, Q), (ts.dqkv, 0, W), (ts.dqkv, Q, W), (ts.dqkv, Q + KV, W), ts.stats, s.step,
@@ -148,5 +149,23 @@ class Attention(Block):
         q.restore(il)
         q.add(norm.rms_norm(q.dev, q.kernels, s.x, q.weights.vectors[b + "attn_norm.weight"], s.xn, s.step,
                             cfg.n_embd, cfg.eps))
-        q.stacked_back(b + "qkv", s.xn, ts.dqkv, W, ts.dxn)
+        grad = self._qk_norm_back(q, il) if cfg.qk_norm else ts.dqkv
+        q.stacked_back(b + "qkv", s.xn, grad, W, ts.dxn)
         q.norm_back(s.x, b + "attn_norm.weight", ts.dxn)
+
+    def _qk_norm_back(self, q, il: int):
+        """Through the per-head Q and K norms: the fused row before them computed again from xn (ts.qkv_pre), the
+        gradient row copied (V's part passes as it is) and its Q and K heads replaced by their gradients before the
+        norms. Returns the gradient row at the projection's output."""
+        cfg, s, ts, vec = self.cfg, q.scratch, q.ts, q.weights.vectors
+        Q, KV, W, HD, b = cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il), f"blk.{il}."
+        for w, col in q.weights.stacked[b + "qkv"]:
+            q.add(q.mm(w.name, s.xn, ts.qkv_pre, y_offset=col, y_stride=W))
+        if cfg.qkv_bias:
+            q.add(elementwise.add_bias(q.dev, q.kernels, ts.qkv_pre, vec[b + "attn_qkv.bias"], s.step, W, stride=W,
+                                       offset=0))
+        q.add(elementwise.copy_rows(q.dev, q.kernels, ts.dqkv, ts.dqkv_pre, s.step, W))
+        for weight, n, at in (("attn_q_norm.weight", Q, 0), ("attn_k_norm.weight", KV, Q)):
+            q.add(backward.rms_norm_back(q.dev, q.kernels, ts.qkv_pre, vec[b + weight], ts.dqkv, ts.dqkv_pre, None,
+                                         ts.rs, s.step, n, cfg.eps, group=HD, stride=W, offset=at))
+        return ts.dqkv_pre

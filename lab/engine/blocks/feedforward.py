@@ -33,7 +33,8 @@ class FeedForward(Block):
         and the norm, dx then holding the gradient at the feed-forward's input."""
         cfg, s, ts = self.cfg, q.scratch, q.ts
         FF, b = cfg.n_ff_of(il), f"blk.{il}."
-        q.proj_back(b + "ffn_down.weight", s.h, ts.dx, ts.dh)
+        dy = q.branch_back(b + "ffn_down.weight", s.h, b + "post_ffw_norm.weight")
+        q.proj_back(b + "ffn_down.weight", s.h, dy, ts.dh)
         q.add(glu_back(q.dev, q.kernels, s.gate_up, ts.dh, ts.dgu, s.step, FF, act="geglu" if cfg.gelu else "swiglu"))
         q.stacked_back(b + "gate_up", s.xn, ts.dgu, 2 * FF, ts.dxn)
         q.norm_back(ts.mid, b + cfg.ffn_norm, ts.dxn)
