@@ -130,7 +130,8 @@ class Engine:
             raise EngineError(f"the adapter was made for steps of {lora.max_tokens} rows, this engine runs "
                               f"{self.max_batch}")
         self.lora = lora
-        self._build_plans()
+        with self.device.owning(self):      # the plans' uniforms are the engine's, whoever asks for the adapter
+            self._build_plans()
 
     def _read_host_values(self, host_values: dict[str, bytes]) -> None:
         """The values of the tensors the plans take as constants: rope_freqs' [n_rot/2] frequency factors

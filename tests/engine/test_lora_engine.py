@@ -150,3 +150,28 @@ def test_memory_by_kind_counts_every_buffer(device):
     finally:
         tr.close()
         engine.close()
+
+
+def test_forget_wipes_every_training_buffer(device):
+    """After a training step, each of the Trainer's buffers (the adapter, its gradients, AdamW's moments, the saved
+    activations, the tokens) holds something; Forget's wipe finds them by kind and every one reads back as zeros."""
+    from lab.instruments import forget
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    tr = Trainer(engine, T=8, rank=4, seed=2)
+    try:
+        engine.device.write(tr.lora.params, gradcheck.random_params(tr.lora, 2))
+        asyncio.run(tr.step([[int(i) for i in np.random.default_rng(5).integers(0, engine.cfg.n_vocab, 8)]]))
+        mine = device.owned_by(tr)
+        held = {b.label for b in mine if forget.nonzero_words(device.read_sync(b))}
+        for must in ("lora A|B", "lora gradients", "adamw m", "adamw v", "train layer inputs", "train targets"):
+            assert any(label.startswith(must) for label in held), (must, sorted(held))
+        # every buffer of the training is the conversation's, but the constants (shapes, offsets, RoPE's tables)
+        assert {b.kind for b in mine} == {"conversation", "constant"}
+        assert all(forget.nonzero_words(device.read_sync(b)) == 0 or b.kind == "conversation" for b in mine
+                   if b.label in held)
+        report = asyncio.run(forget.wipe(device))
+        assert report.wiped
+        assert all(forget.nonzero_words(device.read_sync(b)) == 0 for b in mine)
+    finally:
+        tr.close()
+        engine.close()
