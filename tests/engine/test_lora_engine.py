@@ -167,8 +167,6 @@ def test_forget_wipes_every_training_buffer(device):
             assert any(label.startswith(must) for label in held), (must, sorted(held))
         # every buffer of the training is the conversation's, but the constants (shapes, offsets, RoPE's tables)
         assert {b.kind for b in mine} == {"conversation", "constant"}
-        assert all(forget.nonzero_words(device.read_sync(b)) == 0 or b.kind == "conversation" for b in mine
-                   if b.label in held)
         report = asyncio.run(forget.wipe(device))
         assert report.wiped
         assert all(forget.nonzero_words(device.read_sync(b)) == 0 for b in mine)
