@@ -1,6 +1,6 @@
 """What a user chooses, and the defaults and bounds of each: the context, a turn's length, the sampler, the
-perplexity window. One home for each of these numbers: the engine, the worker, the CLI and the page (through the
-server's template) read them here.
+perplexity window, the Training card's run. One home for each of these numbers: the engine, the worker, the CLI and
+the page (through the server's template) read them here.
 
 What it does not know: the model or the GPU (a model's own context bounds the context: `context_for`). Standard
 library only: the asset server imports it for the page's defaults without importing the engine.
@@ -63,3 +63,25 @@ class Settings:
     @property
     def candidates(self) -> int:
         return min(self.top_k or MAX_CANDIDATES, MAX_CANDIDATES)
+
+
+@dataclass(frozen=True)
+class Training:
+    """The Training card's defaults and bounds (a LoRA adapter trained in the tab: lab/worker/training.py checks them,
+    the page's inputs start at them through the template). The context is bounded by the engine's step too (its
+    max_batch rows: 64 on SwiftShader), which only the loaded model knows."""
+    rank: int = 8
+    steps: int = 30
+    lr: float = 1e-3
+    ctx: int = 32           # tokens a window (T)
+    batch: int = 1          # windows a step
+    optimizer: str = "adamw"
+    held_out: float = 0.1   # the share of the text's windows (its last ones, at least one) held out of training
+    max_new: int = 32       # tokens of the with / without replies
+    max_rank: int = 64
+    max_steps: int = 10_000
+    max_batch: int = 16
+    max_ctx: int = 4096
+
+
+TRAINING = Training()

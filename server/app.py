@@ -33,6 +33,7 @@ from lab.settings import (
     PERPLEXITY_CTX,
     PERPLEXITY_MAX_CTX,
     PERPLEXITY_MIN_CTX,
+    TRAINING,
     Settings,
 )
 
@@ -136,7 +137,8 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
             sampler=Settings(), max_candidates=MAX_CANDIDATES,    # the sampling inputs' defaults and top-k bound
             max_new=MAX_NEW, default_ctx=DEFAULT_CTX, min_ctx=MIN_CTX,    # the context input's default and minimum
             # the perplexity window's default and bounds
-            perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX)
+            perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX,
+            training=TRAINING)          # the Training card's defaults and bounds
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:

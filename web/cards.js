@@ -24,8 +24,9 @@ import { card as rope } from "/web/rope.js";
 import { card as perplexity } from "/web/perplexity.js";
 import { card as retrieval } from "/web/retrieval.js";
 import { card as experiments } from "/web/experiments.js";
+import { card as training } from "/web/training.js";
 
-export const CARDS = [verify, rope, perplexity, retrieval, experiments];
+export const CARDS = [verify, rope, perplexity, retrieval, experiments, training];
 
 // Every card's `hook`, in CARDS order, with these arguments.
 export function each(hook, ...args) {

@@ -1,6 +1,6 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
 // The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js,
-// perplexity.js, retrieval.js, experiments.js) keep it here, under their key: each module makes its key, changes only
+// perplexity.js, retrieval.js, experiments.js, training.js) keep it here, under their key: each module makes its key, changes only
 // that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
 // moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
@@ -21,6 +21,9 @@ import {
 import {
   experimentFailed, experimentPlan, experimentProgress, experimentResult, experimentToken, experimentTokens,
 } from "/web/experiments.js";
+import {
+  trainAdapter, trainCompared, trainDone, trainFailed, trainPlan, trainProgress, trainSwitched, trainToken,
+} from "/web/training.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
 } from "/web/context.js";
@@ -74,6 +77,8 @@ function freshMemory(mem, pick) {
 const dropMemory = () => { store.memory = freshMemory(store.loaded && store.loaded.memory, store.memory.pick); };
 // A card's run overwrote the KV cache from position 0 (perplexity, retrieval): the chat's KV and memory pictures go.
 const dropKvPicture = () => { store.kv = freshKv(); dropMemory(); };
+// The model computes otherwise (an adapter went on or off): the panels' readings of the conversation are read again.
+const redoPanels = () => { store.probe = freshProbe(); requestInspect(); };
 
 function freshProbe() {
   return { attention: null, lens: null, residual: new Map() };  // residual: position -> Float32Array [n_layer + 1]
@@ -506,6 +511,15 @@ const onWorker = {
   "experiment-progress": (m) => experimentProgress(store.experiments, m),
   "experiment-token": (m) => experimentToken(store.experiments, m),
   "experiment-result": (m) => experimentResult(store.experiments, m),
+  // training overwrites the KV cache and puts the adapter on: the chat's KV picture and the panels' readings go (they
+  // are read again with the adapter); so do the with / without replies and the switch
+  "train-plan": (m) => { if (trainPlan(store.training, m)) dropKvPicture(); },
+  "train-progress": (m) => trainProgress(store.training, m),
+  "train-done": (m) => { if (trainDone(store.training, m)) redoPanels(); },
+  "train-token": (m) => { if (trainToken(store.training, m)) dropKvPicture(); },
+  "train-compare": (m) => trainCompared(store.training, m),
+  "train-switch": (m) => { trainSwitched(store.training, m); dropKvPicture(); redoPanels(); },
+  "train-adapter": (m) => trainAdapter(store.training, m, store.model?.file_name),
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -555,6 +569,10 @@ const onError = {
   "retrieval-recall": (m) => retrievalFailed(store.retrieval, m),
   "retrieval-drop": (m) => retrievalFailed(store.retrieval, m),
   experiment: (m) => experimentFailed(store.experiments, m),
+  train: (m) => trainFailed(store.training, m),
+  "train-compare": (m) => trainFailed(store.training, m),
+  "train-adapter": (m) => trainFailed(store.training, m),
+  "train-switch": (m) => trainFailed(store.training, m),
   "experiment-tokens": () => {},     // the prompts' tokens are a courtesy: the run says what is wrong with them
 };
 

@@ -10,6 +10,7 @@
 //   attn_stats: 0 q  1 k  2 o     3 dout  4 stats_out (rw)  5 P (uniform Params)  6 step (uniform Step)
 //   attn_dq:    0 q  1 k  2 v     3 dout  4 stats           5 P                    6 step  7 dq (rw)
 //   attn_dkv:   0 q  1 k  2 v     3 dout  4 stats           5 P                    6 step  7 dk (rw)  8 dv (rw)
+//   attn_dkv_fused: as attn_dkv, dk and dv one buffer bound once at 7 (rw)
 // Math (lab/host/reference/grads_attention.py attention_grad is the float64 oracle), for query row i = (j, h) at
 //   qpos = pos + j, KV head g = h / group, key k visible iff key_begin(qpos) <= k < key_end(qpos) (the forward's mask):
 //   raw = scale q.k,  s = c tanh(raw / c) (c = softcap > 0; else s = raw),  P = exp(s - m) / l  (m the row's max,
@@ -178,16 +179,10 @@ fn attn_dq(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-@compute @workgroup_size(WG)
-fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;                            // key row key * n_kv_head + g
-    if (r >= (step.pos + step.n_tokens) * P.n_kv_head) { return; }
-    let key = r / P.n_kv_head;
-    let g = r % P.n_kv_head;
+// dK (unscaled) and dV of key `key` and KV head g, summed over the queries that see it and the group's heads in order.
+fn dkv_sums(key: u32, g: u32, gk: ptr<function, array<vec4<f32>, HD4>>, gv: ptr<function, array<vec4<f32>, HD4>>) {
     let ki = k_at(key, g);
     let vi = v_at(key, g);
-    var gk: array<vec4<f32>, HD4>;
-    var gv: array<vec4<f32>, HD4>;
     for (var j = query_first(key); j < query_end(key); j++) {
         for (var hg = 0u; hg < P.group; hg++) {
             let h = q_head(g, hg);
@@ -198,11 +193,22 @@ fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
             let p = prob(sd.x, st);
             let ds = p * (dov(di, vi) - st.z) * sd.y;
             for (var c = 0u; c < HD4; c++) {
-                gv[c] += p * load_do(di + 4u * c);
-                gk[c] += ds * load_q(qi + 4u * c);
+                (*gv)[c] += p * load_do(di + 4u * c);
+                (*gk)[c] += ds * load_q(qi + 4u * c);
             }
         }
     }
+}
+
+@compute @workgroup_size(WG)
+fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;                            // key row key * n_kv_head + g
+    if (r >= (step.pos + step.n_tokens) * P.n_kv_head) { return; }
+    let key = r / P.n_kv_head;
+    let g = r % P.n_kv_head;
+    var gk: array<vec4<f32>, HD4>;
+    var gv: array<vec4<f32>, HD4>;
+    dkv_sums(key, g, &gk, &gv);
     let ko = P.dk_off + key * P.dk_stride + g * HD;
     let vo = P.dv_off + key * P.dv_stride + g * HD;
     for (var c = 0u; c < HD4; c++) {
@@ -216,5 +222,33 @@ fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
         dv[vo + 4u * c + 1u] = b.y;
         dv[vo + 4u * c + 2u] = b.z;
         dv[vo + 4u * c + 3u] = b.w;
+    }
+}
+
+// attn_dkv where dK and dV are one buffer (a fused [dq | dk | dv] gradient row): both written through binding 7, for
+// WebGPU refuses two writable bindings of one buffer whose ranges overlap (Dawn at the dispatch), and the rows of a
+// fused buffer interleave. The same sums, the same bits.
+@compute @workgroup_size(WG)
+fn attn_dkv_fused(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if (r >= (step.pos + step.n_tokens) * P.n_kv_head) { return; }
+    let key = r / P.n_kv_head;
+    let g = r % P.n_kv_head;
+    var gk: array<vec4<f32>, HD4>;
+    var gv: array<vec4<f32>, HD4>;
+    dkv_sums(key, g, &gk, &gv);
+    let ko = P.dk_off + key * P.dk_stride + g * HD;
+    let vo = P.dv_off + key * P.dv_stride + g * HD;
+    for (var c = 0u; c < HD4; c++) {
+        let a = gk[c] * P.scale;
+        let b = gv[c];
+        dk[ko + 4u * c] = a.x;
+        dk[ko + 4u * c + 1u] = a.y;
+        dk[ko + 4u * c + 2u] = a.z;
+        dk[ko + 4u * c + 3u] = a.w;
+        dk[vo + 4u * c] = b.x;
+        dk[vo + 4u * c + 1u] = b.y;
+        dk[vo + 4u * c + 2u] = b.z;
+        dk[vo + 4u * c + 3u] = b.w;
     }
 }

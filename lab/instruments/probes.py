@@ -318,6 +318,19 @@ class Probes:
         self._states = [(buf, dev.buffer(buf.size, conv, f"probe.kept {buf.label}"))
                         for buf in list(eng.state_buffers.values()) + list(recurrent_buffers(eng).values())]
         self._sites = {batched: self._find_sites(batched) for batched in (True, False)}
+        self._plans = (eng.prefill, eng.decode)     # the plans the sites were found in
+
+    def _follow_plans(self) -> None:
+        """The engine builds its plans again when an adapter goes on or off (Engine.set_lora): the sites found in the
+        old ones, and the variants cut from them, are found and cut again from the new ones."""
+        eng = self.engine
+        if self._plans[0] is eng.prefill and self._plans[1] is eng.decode:
+            return
+        with self.device.owning(self):
+            self._sites = {batched: self._find_sites(batched) for batched in (True, False)}
+        self._plans = (eng.prefill, eng.decode)
+        self._variants.clear()
+        self._rope_cuts.clear()
 
     def _find_sites(self, batched: bool) -> Sites:
         """Where the probe ops go in the engine's plan, found by the trace names the plans record and the ops'
@@ -412,6 +425,7 @@ class Probes:
         if self._pass is None:
             self._build_pass()
             await dev.flush_errors()
+        self._follow_plans()
         W, Q, KV, H = eng.scratch.qkv_width, cfg.q_dim, cfg.kv_dim, cfg.n_head
         end, cached = pos + 1, max(0, min(cached, pos + 1))
         t0 = time.perf_counter()
@@ -475,6 +489,7 @@ class Probes:
         if self._pass is None:
             self._build_pass()
             await dev.flush_errors()
+        self._follow_plans()
         L, H, w = cfg.n_layer, cfg.n_head, end - start
         cached = max(0, min(cached, end))
         l0 = end - lens

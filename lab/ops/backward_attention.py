@@ -72,12 +72,15 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     params = device.uniform(_PARAMS.pack(*packed, n_head, n_kv_head, n_head // n_kv_head, window, scale,
                                          float(softcap), 0, 0), f"{label}.params")
     b = {name: r[0] for name, r in rows.items()}
+    # dk and dv in one buffer (a fused gradient row) are bound once: WebGPU refuses two writable bindings of one
+    # buffer with overlapping ranges in a dispatch (Dawn does; wgpu-native let it pass), and fused rows interleave
+    dkv = ("attn_dkv_fused", [b["dk"]]) if b["dk"] is b["dv"] else ("attn_dkv", [b["dk"], b["dv"]])
     layouts = {"attn_stats": [b["q"], b["k"], b["o"], b["do"], stats, params, step],
                "attn_dq": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dq"]],
-               "attn_dkv": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dk"], b["dv"]]}
+               dkv[0]: [b["q"], b["k"], b["v"], b["do"], stats, params, step, *dkv[1]]}
     g_rows = lambda t: (-(-max(1, t) * n_head // WG), 1, 1)        # noqa: E731  (one invocation per query row)
     g_keys = -(-n_ctx * n_kv_head // WG)                           # one per key row: every step's pos + t fits
-    grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: (g_keys, 1, 1)}
+    grids = {"attn_stats": g_rows, "attn_dq": g_rows, dkv[0]: lambda t: (g_keys, 1, 1)}
     ops = []
     for entry, res in layouts.items():
         kern = kernels.get("backward_attention", entry, HEAD_DIM=head_dim, WG=WG)

@@ -64,6 +64,7 @@ KV_VIEW: Card[KvView] = Card("kv_view")               # the KV card's norms pass
 MEMORY: Card[MemoryView] = Card("memory")             # a hybrid's state reads for the memory card, likewise
 INDEX: Card[Index] = Card("index", close_with="drop", lost_with="drop", forget=Forget.WIPE)   # the user's files
 EXPERIMENTS: Card[Experiments] = Card("experiments", lost_with="close", forget=Forget.WIPE)  # its runs' buffers
+TRAINING: Card = Card("training", lost_with="lost", forget=Forget.WIPE)   # lab.worker.training.Run: the adapter
 
 # Every card's state a loaded model may hold, in the order an unload, a lost device and Forget go through them.
-CARDS: tuple[Card, ...] = (INDEX, EXPERIMENTS, PROBES, KV_VIEW, MEMORY)
+CARDS: tuple[Card, ...] = (INDEX, EXPERIMENTS, TRAINING, PROBES, KV_VIEW, MEMORY)

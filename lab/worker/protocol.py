@@ -49,6 +49,12 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                   "loaded model, the chat's KV cache set aside and put back; a sweep over ASK_S waits for confirm; its "
                   "cancel is stop -> experiment-plan, then experiment-progress..., experiment-token... (steer), "
                   "experiment-result",
+    "train": "{text, rank, steps, lr, ctx, batch, optimizer, seq}: the Training card's run, a new LoRA adapter on the "
+             "text (lab/worker/training.py); its cancel is stop -> train-plan, train-progress..., train-done",
+    "train-compare": "{prompt, max_new, seq}: greedy replies without and with the adapter -> train-token..., "
+                     "train-compare",
+    "train-adapter": "{seq}: the adapter as a llama.cpp adapter GGUF -> train-adapter",
+    "train-switch": "{on, seq}: the adapter on or off for the chat, the panels and the cards -> train-switch",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
     "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
@@ -109,6 +115,17 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "experiment-token": "{seq, which (steered | plain), piece}: one generated token of a steering reply",
     "experiment-result": "{seq, kind, result (lab/instruments/experiments.py's dict, with the prompts' pieces), "
                          "pieces {id: piece}}",
+    "train-plan": "{seq, tokens, windows, train, held, ctx, batch, steps, rank, lr, optimizer, params, targets, "
+                  "memory {adapter, gradients, optimizer, tokens, activations: bytes}, labels (its buffers')}: the "
+                  "run's windows and adapter, before the first step",
+    "train-progress": "{seq, step (0: before training), steps, loss | null, held | null, lr, seconds, tokens_per_s, "
+                      "eta_s}",
+    "train-done": "{seq, steps_done, steps, stopped, diverged, held_before, held_after, ppl_before, ppl_after, "
+                  "seconds, tokens_per_s, memory}",
+    "train-token": "{seq, which (without | with), piece}: one generated token of a reply",
+    "train-compare": "{seq, prompt_tokens, without, with: {text, tokens, stop}}",
+    "train-adapter": "{seq, size, bytes (the GGUF's size bytes, padded to whole words)}",
+    "train-switch": "{seq, on}: the adapter is on (or off) for what runs next",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
     "kv-rows": "{id, kvd, n_layer, layers, rows}",
@@ -124,8 +141,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
 
 # web/worker.js takes these itself, since Python is busy (a load, a turn) when they matter.
 BY_WORKER_JS: dict[str, str] = {
-    "stop": "in: end the turn, the perplexity run or the retrieval card's build, recall or answer at its next step "
-            "(labStopRequested)",
+    "stop": "in: end the turn, the perplexity run, the retrieval card's build, recall or answer, or the training at "
+            "its next step (labStopRequested)",
     "cancel-load": "in: stop every load asked for so far at its next chunk",
     "memory": "in and out: the wasm heap's size and the call counts",
     "count-calls": "in: start counting WebGPU and lab* calls (lab bench --backend browser)",

@@ -2,7 +2,7 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py) and the tests' and benchmarks'
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py, training.py) and the tests' and benchmarks'
 (lab/worker/hooks.py).
 Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
 to JS.
@@ -32,7 +32,7 @@ from lab.instruments import forget, kvview, memory, probes, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import experiments, hooks, perplexity, retrieval, rope, verify
+from lab.worker import experiments, hooks, perplexity, retrieval, rope, training, verify
 from lab.worker.cards import KV_VIEW, MEMORY
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
@@ -207,6 +207,7 @@ async def _load(msg: dict, w: Worker) -> None:
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
                  "arch": cfg.arch, "no_rope": [il for il in range(cfg.n_layer) if not cfg.rotates(il)]},
         "retrieval": retrieval.defaults(engine.n_ctx),
+        "training": training.defaults(engine),
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
 
 
@@ -394,6 +395,10 @@ ROUTES: dict[str, Handler] = {
     IN.RETRIEVAL_DROP: retrieval.drop,
     IN.EXPERIMENT_TOKENS: experiments.tokens,
     IN.EXPERIMENT: experiments.run,
+    IN.TRAIN: training.run,
+    IN.TRAIN_COMPARE: training.compare,
+    IN.TRAIN_ADAPTER: training.adapter,
+    IN.TRAIN_SWITCH: training.switch,
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,
     IN.LAST_LOGITS: hooks.last_logits,

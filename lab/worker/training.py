@@ -1,0 +1,299 @@
+"""The worker's side of the Training card (web/training.js): a LoRA adapter trained in the tab on a text the page sends
+(a text file the user picked, or the chat's text so far), then put to use. lab/worker/router.py routes the four
+messages here; the training itself is lab/instruments/training.py.
+
+    train {text, rank, steps, lr, ctx, batch, optimizer, seq}
+        -> "train-plan" {seq, tokens, windows, train, held, params, memory, labels, ...} once the text is tokenized
+           and the adapter made, "train-progress" {seq, step, steps, loss, held, lr, seconds, tokens_per_s, eta_s}
+           (step 0: the held-out loss before training, then after each step; `held` every few steps and after the
+           last, else null), "train-done" {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before,
+           ppl_after, seconds, tokens_per_s, memory}
+    train-compare {prompt, max_new, seq}
+        -> "train-token" {seq, which: "without" | "with", piece}..., "train-compare" {seq, without, with,
+           prompt_tokens}: greedy replies to the same prompt without and with the adapter
+    train-adapter {seq} -> "train-adapter" {seq, size, bytes}: the adapter as a llama.cpp adapter GGUF (size bytes;
+        `bytes` crosses as the worker's one raw-bytes way out, Worker.f32, padded to whole words)
+    train-switch {on, seq} -> "train-switch" {seq, on}: the adapter on or off for the chat, the panels and the cards
+
+The text is tokenized as `lab tokenize` and `lab train` do (tok.encode, no BOS), cut into windows of `ctx` tokens
+(lab.instruments.training.windows); the last tenth of the windows (lab.settings.TRAINING.held_out, at least one) is
+held out: the steps train on the others, in order, wrapping; the held-out loss is the mean over the held-out windows
+(in batches of the step's windows: where their number is not a multiple of the batch, the first ones count again).
+Stop is the page's "stop", which web/worker.js records while Python is busy: polled after each step, so the step in
+flight finishes and the adapter keeps it.
+
+Switching the adapter (a run's start, the compare, the switch, Forget) rebuilds the engine's plans, and the KV cache
+the chat left was computed without it (or with it): the chat's session is reset each time, so its next turn prefills
+its whole prompt. The training steps overwrite the KV cache too.
+
+The state over the loaded model is a `Run` (lab/worker/cards.py TRAINING): the Trainer, whose every buffer is kind
+CONVERSATION (the adapter, its gradients and optimizer state, the text's activations), and the text's windows. A new
+chat keeps it (the adapter stays on); Forget wipes its buffers with the rest, then closes it (the adapter off the
+engine, the buffers freed, the windows emptied); an unload closes it; a lost device empties the windows. No adapter
+bytes are kept: each download reads the adapter from the GPU again.
+
+What it does not know: the page (it posts dicts), how a step runs (lab/instruments/training.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from lab.engine.backward import TrainError, untrainable
+from lab.engine.session import Session
+from lab.instruments.training import OPTIMIZERS, Optim, Trainer, batch_of, windows
+from lab.settings import TRAINING, Settings
+from lab.worker.cards import TRAINING as CARD
+from lab.worker.state import Loaded, Worker
+
+EVALS = 10                  # held-out evaluations over a run (and one after its last step)
+MAX_TEXT = 2_000_000        # characters of training text: tokenizing runs in Python, a few seconds a megabyte
+
+
+# -- what the loaded engine allows ------------------------------------------------------------------------------
+def max_ctx(engine) -> int:
+    """The longest window a step can take: the engine's rows a step, its context, the page's bound."""
+    return min(engine.max_batch, engine.n_ctx, TRAINING.max_ctx)
+
+
+def refusal(engine) -> str | None:
+    """Why this engine cannot train, in words a user reads (None: it can)."""
+    reason = untrainable(engine.cfg)
+    if reason:
+        return reason
+    if engine.kv_type != "f32":
+        return ("training reads the keys and values in f32, and this model was loaded with its KV cache in "
+                f"{engine.kv_type}: untick \"KV cache in f16\" (the model loads again) to train")
+    return None
+
+
+def defaults(engine) -> dict:
+    """What the card needs to know of the loaded engine (the "loaded" message's stats.training)."""
+    return {"refusal": refusal(engine), "max_ctx": max_ctx(engine)}
+
+
+# -- what the user asked --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ask:
+    rank: int
+    steps: int
+    lr: float
+    ctx: int
+    batch: int
+    optimizer: str
+
+    @classmethod
+    def of(cls, msg: dict, engine) -> Ask:
+        d = TRAINING
+        top = max_ctx(engine)
+        ctx = _number(msg, "ctx", int, d.ctx, 2, None, "the context")
+        if ctx > top:
+            raise TrainError(f"a context of {ctx} tokens: at most {top} on this engine (a step runs at most "
+                             f"{engine.max_batch} tokens here, and the context holds {engine.n_ctx})")
+        optimizer = str(msg.get("optimizer") or d.optimizer)
+        if optimizer not in OPTIMIZERS:
+            raise TrainError(f"optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}")
+        return cls(rank=_number(msg, "rank", int, d.rank, 1, d.max_rank, "the rank"),
+                   steps=_number(msg, "steps", int, d.steps, 1, d.max_steps, "the steps"),
+                   lr=_number(msg, "lr", float, d.lr, 1e-8, 1.0, "the learning rate"), ctx=ctx,
+                   batch=_number(msg, "batch", int, d.batch, 1, d.max_batch, "the batch"), optimizer=optimizer)
+
+
+def _number(msg: dict, key: str, kind: type, default, lo, hi, what: str):
+    raw = msg.get(key)
+    try:
+        v = kind(default if raw is None or raw == "" else raw)
+    except (TypeError, ValueError):
+        raise TrainError(f"{what}: {raw!r} is not a number") from None
+    if not math.isfinite(v) or v < lo or (hi is not None and v > hi):
+        raise TrainError(f"{what}: {v} is out of bounds ({lo} to {hi})" if hi is not None
+                         else f"{what}: {v} is below {lo}")
+    return v
+
+
+def split(ids: list[int], T: int, share: float = TRAINING.held_out) -> tuple[list[list[int]], list[list[int]]]:
+    """(the windows trained on, the windows held out): the text's windows of T tokens, the last `share` of them (at
+    least one) held out."""
+    if len(ids) < 2 * T:
+        raise TrainError(f"the text is {len(ids)} tokens: a context of {T} needs at least {2 * T}, one window to "
+                         f"train on and one held out; choose a longer text or a smaller context")
+    wins = windows(ids, T)
+    held = max(1, round(len(wins) * share))
+    return wins[:-held], wins[-held:]
+
+
+# -- the card's state -------------------------------------------------------------------------------------------
+class Run:
+    """The trained adapter over the loaded model: the Trainer (its adapter on the engine while `on`), the text's
+    windows it trains on and those held out, and the held-out loss before training."""
+
+    def __init__(self, trainer: Trainer, train: list[list[int]], held: list[list[int]]) -> None:
+        self.trainer, self.train, self.held = trainer, train, held
+        self.on = True
+        self.before: float | None = None
+
+    def close(self) -> None:
+        """Forget, an unload, a new run: the adapter off the engine, its buffers freed (zeroed), the windows emptied."""
+        self.trainer.close()
+        self.lost()
+
+    def lost(self) -> None:
+        """The device went with every buffer: the text's windows are emptied here (they may be shared)."""
+        _empty(self.train, self.held)
+
+
+def _empty(*lists: list[list[int]]) -> None:
+    for wins in lists:
+        for w in wins:
+            w.clear()
+        wins.clear()
+
+
+def _use(lo: Loaded, lora) -> None:
+    """Every step from now on with this adapter (None: without); the chat's cache is stale either way."""
+    if lo.engine.lora is not lora:
+        lo.engine.set_lora(lora)
+    lo.session.reset()
+
+
+def _trained(w: Worker) -> tuple[Loaded, Run]:
+    lo = w.loaded()
+    state = lo.held(CARD)
+    if state is None:
+        raise TrainError("train an adapter first")
+    return lo, state
+
+
+async def held_loss(tr: Trainer, held: list[list[int]]) -> float:
+    """The mean loss over the held-out windows, in batches of the step's windows; nothing changes."""
+    n = -(-len(held) // tr.batch)
+    return sum([await tr.loss(batch_of(held, i, tr.batch)) for i in range(n)]) / n
+
+
+# -- the handlers ---------------------------------------------------------------------------------------------
+async def run(msg: dict, w: Worker) -> None:
+    """Train a new adapter (the one before, if any, goes first) on the message's text."""
+    lo = w.loaded()
+    reason = refusal(lo.engine)
+    if reason:
+        raise TrainError(reason)
+    ask = Ask.of(msg, lo.engine)
+    text = str(msg.get("text") or "")
+    if not text.strip():
+        raise TrainError("no text to train on: choose a text file, or chat first and train on this conversation")
+    if len(text) > MAX_TEXT:
+        raise TrainError(f"the text is {len(text):,} characters: at most {MAX_TEXT:,} (tokenizing runs in Python, "
+                         f"in this tab); cut it")
+    ids = lo.tokenizer.encode(text)          # as `lab tokenize`: no BOS, special tokens as plain text
+    del text
+    train, held = split(ids, ask.ctx)
+    ids.clear()
+    lo.drop(CARD)                            # the adapter trained before: off the engine, its buffers freed
+    lo.session.reset()
+    try:
+        trainer = Trainer(lo.engine, T=ask.ctx, batch=ask.batch, rank=ask.rank, alpha=2.0 * ask.rank,
+                          optim=Optim(ask.optimizer, lr=ask.lr, steps=ask.steps,
+                                      clip=1.0 if ask.optimizer == "adamw" else 0.0))
+    except BaseException:
+        _empty(train, held)                  # the windows emptied all the same
+        raise
+    state = lo.hold(CARD, Run(trainer, train, held))
+    await lo.engine.device.flush_errors()    # a kernel or binding the device refuses, named, before any step
+    w.stop_clear()
+    try:
+        await _train(state, ask, w, msg.get("seq"))
+    finally:
+        lo.session.reset()                   # the steps overwrote the KV cache
+
+
+def _plan(state: Run, ask: Ask, seq) -> dict:
+    tr = state.trainer
+    n_train, n_held = len(state.train), len(state.held)
+    return {"type": "train-plan", "seq": seq, "tokens": (n_train + n_held) * ask.ctx, "windows": n_train + n_held,
+            "train": n_train, "held": n_held, "ctx": ask.ctx, "batch": ask.batch, "steps": ask.steps,
+            "rank": ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.lora.n_params,
+            "targets": len(tr.lora.targets), "memory": tr.memory(),
+            "labels": sorted({b.label for b in tr.device.owned_by(tr)})}
+
+
+async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
+    """The held-out loss before, the steps with their progress, the held-out loss after."""
+    tr, steps = state.trainer, ask.steps
+    every = max(1, steps // EVALS)
+    w.post(_plan(state, ask, seq))
+    state.before = held = await held_loss(tr, state.held)
+    w.post({"type": "train-progress", "seq": seq, "step": 0, "steps": steps, "loss": None, "held": held,
+            "lr": tr.optim.lr_at(1), "seconds": 0.0, "tokens_per_s": None, "eta_s": None})
+    t0, stepping, done, stopped, diverged = time.perf_counter(), 0.0, 0, False, False
+    while done < steps and not (stopped or diverged):
+        t1 = time.perf_counter()
+        loss = await tr.step(batch_of(state.train, done, ask.batch))
+        stepping += time.perf_counter() - t1
+        done += 1
+        if done == 1:
+            await tr.device.flush_errors()   # what the device refused at the first step's submit, named
+        stopped, diverged = bool(w.stop_requested()), not math.isfinite(loss)
+        last = done == steps or stopped or diverged
+        held = await held_loss(tr, state.held) if done % every == 0 or last else None
+        seconds = time.perf_counter() - t0
+        w.post({"type": "train-progress", "seq": seq, "step": done, "steps": steps, "loss": loss, "held": held,
+                "lr": tr.optim.lr_at(done), "seconds": seconds, "tokens_per_s": done * ask.batch * ask.ctx / stepping,
+                "eta_s": seconds / done * (steps - done)})
+    seconds = time.perf_counter() - t0
+    w.post({"type": "train-done", "seq": seq, "steps_done": done, "steps": steps, "stopped": stopped and done < steps,
+            "diverged": diverged, "held_before": state.before, "held_after": held, "ppl_before": _ppl(state.before),
+            "ppl_after": _ppl(held), "seconds": seconds, "tokens_per_s": done * ask.batch * ask.ctx / stepping,
+            "memory": tr.memory()})
+
+
+def _ppl(loss: float | None) -> float | None:
+    """Perplexity, exp of the mean loss; None where it is not a number (or too large to be one)."""
+    if loss is None or not math.isfinite(loss) or loss > 700:
+        return None
+    return math.exp(loss)
+
+
+async def compare(msg: dict, w: Worker) -> None:
+    """Greedy replies to one prompt without and with the adapter, each from an empty cache of a session of their
+    own; the adapter is left as the switch says, and the chat's session reset."""
+    lo, state = _trained(w)
+    seq, tok = msg.get("seq"), lo.tokenizer
+    text = str(msg.get("prompt") or "")
+    if not text.strip():
+        raise TrainError("type a prompt for the two replies")
+    ids = tok.encode(text, add_bos=tok.add_bos)      # text to continue, as the adapter was trained
+    max_new = _number(msg, "max_new", int, TRAINING.max_new, 1, lo.engine.n_ctx - len(ids), "the reply's tokens")
+    session, replies = Session(lo.engine, tok), {}
+    w.stop_clear()
+    try:
+        for which, lora in (("without", None), ("with", state.trainer.lora)):
+            def on_token(tid: int, piece: str, which=which) -> None:
+                w.post({"type": "train-token", "seq": seq, "which": which, "piece": piece})
+            _use(lo, lora)
+            session.reset()
+            res = await session.generate(ids, Settings(greedy=True), max_new, on_token=on_token,
+                                         should_stop=w.stop_requested)
+            replies[which] = {"text": res.text, "tokens": len(res.ids), "stop": res.stop}
+    finally:
+        session.reset()
+        _use(lo, state.trainer.lora if state.on else None)
+    w.post({"type": "train-compare", "seq": seq, "prompt_tokens": len(ids), "without": replies.get("without"),
+            "with": replies.get("with")})
+
+
+async def adapter(msg: dict, w: Worker) -> None:
+    """The adapter as it is now, as a llama.cpp adapter GGUF, read from the GPU; nothing of it is kept here."""
+    _, state = _trained(w)
+    raw = await state.trainer.adapter_bytes(name=f"llm-lab LoRA r{state.trainer.lora.max_rank}")
+    size = len(raw)
+    w.post({"type": "train-adapter", "seq": msg.get("seq"), "size": size, "bytes": w.f32(raw + bytes(-size % 4))})
+
+
+async def switch(msg: dict, w: Worker) -> None:
+    """The adapter on or off for everything the page runs next (the chat, the panels, the cards)."""
+    lo, state = _trained(w)
+    state.on = bool(msg.get("on"))
+    _use(lo, state.trainer.lora if state.on else None)
+    w.post({"type": "train-switch", "seq": msg.get("seq"), "on": state.on})

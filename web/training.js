@@ -1,0 +1,395 @@
+// The Training card: a LoRA adapter trained in the tab on a text file the user picks (read here, sent to the worker) or
+// on the chat's text so far, with a live loss curve, then put to use: replies with and without it, an on/off switch for
+// the rest of the page, and its file as a download. The worker does all of it (lab/worker/training.py); this card sends
+// the text and the settings and draws what comes back.
+// Stop posts "stop", which web/worker.js records itself while Python is busy; the run checks it after each step, so the
+// step in flight finishes and the adapter keeps it.
+// The picked text is the user's data: it is kept here only until Forget (or another model) drops it; the adapter's
+// bytes go straight into a download (a Blob behind an object URL, revoked soon after) and are not kept.
+// Its state is store.training (freshTraining): main.js hands the worker's messages to the update functions below; its
+// `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderTraining.
+import { fmtBytes } from "/web/panels.js";
+
+const $ = (id) => document.getElementById(id);
+const SVG = "http://www.w3.org/2000/svg";
+const KEEP_URL_MS = 10_000;       // as web/export.js: long enough for the download to take the Blob
+
+// ---- the card's state: store.training -----------------------------------------------------------------------------
+export function freshTraining() {
+  return {
+    limits: null,       // the loaded model's {refusal, max_ctx} ("loaded" stats.training); null: no model
+    file: null,         // the picked text file: {name, text}
+    seq: 0,             // the newest request; messages of older ones are dropped
+    running: false,
+    plan: null,         // "train-plan"
+    curve: [],          // [{step, loss, held}] from "train-progress"
+    last: null,         // the last "train-progress"
+    result: null,       // "train-done"
+    error: null,        // one line: a refusal or a failure
+    trained: false,     // the worker holds an adapter for this model
+    on: true,           // ... and it is on
+    compare: null,      // {running, without, with, prompt_tokens}
+    downloading: false,
+    switching: false,  // a switch asked for, its answer not back yet
+    want: true,        // ... the state it asked for
+    opening: "",        // the first words of the text trained on: the with / without prompt unless one is typed
+    labels: [],         // the training's buffers' labels, to find them in Forget's report
+    wiped: null,        // those buffers in the last Forget report: {buffers, before, after}
+  };
+}
+
+const noRun = () => ({ running: false, plan: null, curve: [], last: null, result: null, error: null, trained: false,
+                       on: true, compare: null, switching: false, downloading: false });
+
+export function trainPlan(s, m) {
+  if (m.seq !== s.seq) return false;
+  s.plan = m;
+  s.labels = m.labels;
+  if (!$("train-prompt").value.trim()) $("train-prompt").value = s.opening;
+  s.trained = true;
+  s.on = true;
+  return true;
+}
+
+export function trainProgress(s, m) {
+  if (m.seq !== s.seq) return;
+  s.last = m;
+  s.curve.push({ step: m.step, loss: m.loss, held: m.held });
+}
+
+export function trainDone(s, m) {
+  if (m.seq !== s.seq) return false;
+  s.running = false;
+  s.result = m;
+  return true;
+}
+
+// The first token of a comparison: the engine's KV cache is being overwritten (main.js drops the chat's picture).
+export function trainToken(s, m) {
+  if (m.seq !== s.seq || !s.compare) return false;
+  const first = !s.compare.without && !s.compare.with;
+  s.compare[m.which] += m.piece;
+  return first;
+}
+
+export function trainCompared(s, m) {
+  if (m.seq !== s.seq || !s.compare) return;
+  s.compare = { running: false, without: m.without?.text ?? "", with: m.with?.text ?? "",
+                prompt_tokens: m.prompt_tokens };
+}
+
+export function trainSwitched(s, m) {
+  s.switching = false;
+  s.on = m.on;
+}
+
+// The adapter's bytes: straight into a download, nothing kept.
+export function trainAdapter(s, m, modelName) {
+  s.downloading = false;
+  const bytes = new Uint8Array(m.bytes.buffer, m.bytes.byteOffset, m.size);
+  const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = `${(modelName || "model").replace(/\.gguf$/i, "")}.lora.gguf`;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(url), KEEP_URL_MS);
+}
+
+export function trainFailed(s, m) {
+  if (m.seq != null && m.seq !== s.seq) return;
+  if (m.where === "train") s.running = false;
+  if (m.where === "train-compare" && s.compare) s.compare.running = false;
+  if (m.where === "train-switch") s.switching = false;
+  if (m.where === "train-adapter") s.downloading = false;
+  s.error = m.message;
+}
+
+// Forget's report: the training's own buffers, as read back before and after the wipe.
+function trainingForgotten(s, report) {
+  const ours = new Set(s.labels);
+  const items = report.items.filter((i) => ours.has(i.label));
+  const sum = (key) => items.reduce((a, i) => a + i[key], 0);
+  s.wiped = items.length ? { buffers: items.length, before: sum("before"), after: sum("after") } : null;
+  s.labels = [];
+}
+
+// Forget, another model, a lost GPU: a run in flight is stopped and its remaining messages dropped; the adapter is
+// gone on the worker's side (Forget closes it, an unload too), and with it everything this card shows of it. The
+// picked file's text and the prompt go too.
+function dropTraining(s, worker) {
+  if (s.running || s.compare?.running) worker.postMessage({ type: "stop" });
+  s.seq++;
+  Object.assign(s, noRun(), { file: null, wiped: null, opening: "" });
+  $("train-file").value = "";
+  $("train-prompt").value = "";
+}
+
+// ---- events -------------------------------------------------------------------------------------------------------
+const busy = (store) => store.training.running || !!store.training.compare?.running || store.training.switching;
+const refusal = (store) => (!store.loaded ? "load a model first" : store.training.limits?.refusal ?? null);
+const canStart = (store) => !refusal(store) && !store.generating && !busy(store);
+const source = () => (document.querySelector("input[name=train-source]:checked")?.value ?? "file");
+
+// The chat's text so far: what was said, each message on its own, in order.
+const conversationText = (store) => store.messages.map((m) => m.content).filter((t) => t.trim()).join("\n\n");
+
+function start(store, worker, rerender) {
+  if (!canStart(store)) return;
+  const s = store.training;
+  const text = source() === "file" ? s.file?.text ?? "" : conversationText(store);
+  if (!text.trim()) {
+    s.error = source() === "file" ? "choose a text file first" : "the conversation is empty: chat first";
+    rerender();
+    return;
+  }
+  const num = (id) => Number($(id).value);
+  // the text's first words: the with / without prompt once the run starts, unless one was typed
+  Object.assign(s, noRun(), { running: true, wiped: null, opening: text.trim().split(/\s+/).slice(0, 6).join(" ") });
+  worker.postMessage({ type: "train", text, rank: num("train-rank"), steps: num("train-steps"), lr: num("train-lr"),
+                       ctx: num("train-ctx"), batch: num("train-batch"), optimizer: $("train-optimizer").value,
+                       seq: ++s.seq });
+  rerender();
+}
+
+function compare(store, worker, rerender) {
+  const s = store.training;
+  if (!s.trained || busy(store) || store.generating) return;
+  s.error = null;
+  s.compare = { running: true, without: "", with: "", prompt_tokens: null };
+  worker.postMessage({ type: "train-compare", prompt: $("train-prompt").value, max_new: Number($("train-new").value),
+                       seq: ++s.seq });
+  rerender();
+}
+
+async function pickFile(store, file, rerender) {
+  const s = store.training;
+  s.file = file ? { name: file.name, text: await file.text() } : null;
+  s.error = null;
+  $("train-source-file").checked = true;
+  rerender();
+}
+
+export function wireTraining(store, worker, rerender) {
+  const s = store.training;
+  $("train-start").addEventListener("click", () => start(store, worker, rerender));
+  $("train-stop").addEventListener("click", () => { if (s.running) worker.postMessage({ type: "stop" }); });
+  $("train-file").addEventListener("change", (e) => pickFile(store, e.target.files[0], rerender));
+  for (const r of document.querySelectorAll("input[name=train-source]")) r.addEventListener("change", () => rerender());
+  $("train-compare").addEventListener("click", () => compare(store, worker, rerender));
+  $("train-prompt").addEventListener("keydown", (e) => { if (e.key === "Enter") compare(store, worker, rerender); });
+  $("train-on").addEventListener("change", (e) => {
+    if (!s.trained || busy(store)) { e.target.checked = s.on; return; }
+    s.switching = true;
+    s.want = e.target.checked;
+    worker.postMessage({ type: "train-switch", on: e.target.checked, seq: s.seq });
+    rerender();
+  });
+  $("train-download").addEventListener("click", () => {
+    if (!s.trained || s.downloading) return;
+    s.downloading = true;
+    worker.postMessage({ type: "train-adapter", seq: s.seq });
+    rerender();
+  });
+}
+
+// ---- rendering ----------------------------------------------------------------------------------------------------
+const fmtLoss = (x) => (x == null ? "—" : x.toFixed(4));
+const fmtPpl = (x) => (x == null ? "—" : x >= 1e4 ? x.toExponential(2) : x.toFixed(x < 100 ? 2 : 1));
+const fmtRate = (x) => (x == null ? "—" : x.toFixed(x < 10 ? 2 : 0));
+function fmtTime(s) {
+  if (s == null) return "—";
+  if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)} s`;
+  return `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+}
+
+function status(store) {
+  const s = store.training, p = s.last, r = s.result;
+  if (s.running) {
+    if (!s.plan) return { state: "running", text: "tokenizing the text and making the adapter…" };
+    if (!p) return { state: "running", text: "scoring the held-out windows before training…" };
+    return { state: "running", text: p.step ? `step ${p.step} of ${p.steps}` : "training…" };
+  }
+  if (r) {
+    if (r.diverged) {
+      return { state: "error",
+               text: `stopped at step ${r.steps_done}: the loss is not a number (the learning rate is too high)` };
+    }
+    if (r.stopped) {
+      return { state: "stopped", text: `stopped after step ${r.steps_done} of ${r.steps}: the adapter keeps it` };
+    }
+    return { state: "done", text: `done: ${r.steps_done} steps in ${fmtTime(r.seconds)}` };
+  }
+  return { state: "idle", text: "" };
+}
+
+function renderStatus(store) {
+  const s = store.training, p = s.last;
+  const { state, text } = status(store);
+  const el = $("train-status");
+  el.dataset.state = state;
+  el.dataset.step = p ? p.step : "";
+  el.textContent = text;
+  $("train-progress-row").hidden = !s.running;
+  $("train-bar").value = p ? p.step / p.steps : 0;
+  $("train-progress-text").textContent = !p || !p.step ? ""
+    : `loss ${fmtLoss(p.loss)} · ${fmtRate(p.tokens_per_s)} tokens/s · about ${fmtTime(p.eta_s)} left`;
+}
+
+// The loss curve: the training loss of each step (a line), the held-out loss where it was measured (dots, step 0
+// before training), on one scale.
+function renderCurve(s) {
+  const box = $("train-curve");
+  const points = s.curve;
+  box.hidden = !points.length;
+  if (!points.length) { box.replaceChildren(); return; }
+  const key = `${points.length}:${s.seq}:${!!s.result}`;
+  if (box.dataset.key === key) return;
+  box.dataset.key = key;
+  const W = 560, H = 190, L = 52, R = 12, T = 24, B = 24;
+  // the steps asked for while it runs (the line grows across), the steps it ran once it is over
+  const steps = s.result ? Math.max(1, s.result.steps_done) : s.plan ? s.plan.steps : Math.max(1, ...points.map((p) => p.step));
+  const values = points.flatMap((p) => [p.loss, p.held]).filter((v) => v != null && Number.isFinite(v));
+  let lo = Math.min(...values), hi = Math.max(...values);
+  if (!(hi > lo)) { lo -= 0.5; hi += 0.5; }
+  const pad = (hi - lo) * 0.08;
+  lo -= pad; hi += pad;
+  const x = (step) => L + ((W - L - R) * step) / steps;
+  const y = (v) => T + ((H - T - B) * (hi - v)) / (hi - lo);
+  const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "loss per step" });
+  svg.append(svgEl("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "train-plot" }));
+  for (const v of [lo + pad, (lo + hi) / 2, hi - pad]) {
+    svg.append(svgEl("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "train-grid" }),
+               svgText(v.toFixed(2), L - 4, y(v) + 4, "end"));
+  }
+  svg.append(svgText("0", x(0), H - B + 14, "middle"), svgText(String(steps), x(steps), H - B + 14, "end"),
+             svgText("step", (L + W - R) / 2, H - B + 14, "middle"), svgText("loss", L - 4, T - 8, "end"));
+  const train = points.filter((p) => p.loss != null && Number.isFinite(p.loss));
+  svg.append(svgEl("polyline", { class: "train-loss", points: train.map((p) => `${x(p.step)},${y(p.loss)}`).join(" ") }));
+  const held = points.filter((p) => p.held != null && Number.isFinite(p.held));
+  svg.append(svgEl("polyline", { class: "train-held-line", points: held.map((p) => `${x(p.step)},${y(p.held)}`).join(" ") }));
+  for (const p of held) svg.append(svgEl("circle", { cx: x(p.step), cy: y(p.held), r: 3.5, class: "train-held" }));
+  const legend = svgEl("g", {});
+  legend.append(svgEl("line", { x1: L + 4, x2: L + 22, y1: T - 11, y2: T - 11, class: "train-loss" }),
+                svgText("training loss (the step's windows)", L + 26, T - 7, "start"),
+                svgEl("circle", { cx: L + 236, cy: T - 11, r: 3.5, class: "train-held" }),
+                svgText("held-out loss (windows never trained on)", L + 244, T - 7, "start"));
+  svg.append(legend);
+  svg.dataset.points = String(train.length);
+  svg.dataset.held = String(held.length);
+  svg.setAttribute("data-testid", "train-svg");
+  box.replaceChildren(svg);
+}
+
+function svgEl(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function svgText(text, x, y, anchor) {
+  const t = svgEl("text", { x, y, "text-anchor": anchor, class: "train-axis" });
+  t.textContent = text;
+  return t;
+}
+
+// Perplexity, exp of the held-out loss: before training, then as last measured (or after the last step).
+function heldLine(s) {
+  const before = s.curve.length ? s.curve[0].held : null;
+  const now = [...s.curve].reverse().find((c) => c.held != null && c.step > 0);
+  if (before == null) return "scoring the held-out windows…";
+  const head = `${fmtPpl(Math.exp(before))} before training`;
+  if (!now) return `${head} (loss ${fmtLoss(before)}); measured again every few steps`;
+  const when = s.result ? "after training" : `at step ${now.step}`;
+  return `${head} → ${fmtPpl(Math.exp(now.held))} ${when} (loss ${fmtLoss(before)} → ${fmtLoss(now.held)})`;
+}
+
+function renderFacts(s) {
+  const dl = $("train-facts"), p = s.plan, r = s.result, last = s.last;
+  dl.hidden = !p;
+  if (!p) { dl.replaceChildren(); return; }
+  const mem = r ? r.memory : p.memory;
+  const rows = [
+    ["text", `${p.tokens.toLocaleString("en")} tokens in ${p.windows} windows of ${p.ctx}: ${p.train} trained on, `
+      + `${p.held} held out`, "train-text", p.tokens],
+    ["adapter", `${p.params.toLocaleString("en")} parameters: rank ${p.rank} on ${p.targets} matrices, `
+      + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params],
+    ["held-out perplexity", heldLine(s), "train-ppl", r && r.ppl_after != null ? r.ppl_after : ""],
+    ["speed", last && last.tokens_per_s != null
+      ? `${fmtRate(r ? r.tokens_per_s : last.tokens_per_s)} tokens/s · ${fmtTime(r ? r.seconds : last.seconds)}`
+        + (r ? " in all" : " so far") : "—",
+     "train-speed", r ? r.tokens_per_s : ""],
+    ["memory", Object.entries(mem).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(" · ")
+      + ` (${fmtBytes(Object.values(mem).reduce((a, b) => a + b, 0))} in all)`, "train-memory", ""],
+  ];
+  dl.replaceChildren(...rows.flatMap(([k, v, testid, value]) => {
+    const dt = document.createElement("dt"); dt.textContent = k;
+    const dd = document.createElement("dd"); dd.textContent = v;
+    dd.setAttribute("data-testid", testid);
+    dd.dataset.value = value;
+    return [dt, dd];
+  }));
+}
+
+function renderAfter(store) {
+  const s = store.training, c = s.compare;
+  $("train-after").hidden = !s.trained || s.running;
+  $("train-without").textContent = c ? c.without : "";
+  $("train-with").textContent = c ? c.with : "";
+  $("train-without").dataset.state = $("train-with").dataset.state = !c ? "" : c.running ? "running" : "done";
+  $("train-compare").disabled = !s.trained || busy(store) || store.generating;
+  $("train-on").checked = s.switching ? s.want : s.on;
+  $("train-on").disabled = !s.trained || busy(store);
+  $("train-download").disabled = !s.trained || busy(store) || s.downloading;
+}
+
+function renderSource(store) {
+  const s = store.training;
+  $("train-file-note").textContent = s.file ? `${s.file.text.length.toLocaleString("en")} characters` : "";
+  const n = store.messages.filter((m) => m.content.trim()).length;
+  $("train-chat-note").textContent = `(${n} message${n === 1 ? "" : "s"} so far)`;
+}
+
+function renderWiped(s) {
+  const w = s.wiped, line = $("train-wiped");
+  line.hidden = !w;
+  line.dataset.before = w ? w.before : "";
+  line.dataset.after = w ? w.after : "";
+  line.dataset.state = !w ? "" : w.after ? "failed" : "wiped";
+  line.textContent = !w ? "" : w.after
+    ? `Forget did NOT wipe the training's buffers: ${w.after} non-zero words remain`
+    : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the text's `
+      + `activations): ${w.before.toLocaleString("en")} non-zero words read back as zero.`;
+}
+
+export function renderTraining(store) {
+  const s = store.training;
+  const line = $("train-refusal"), why = s.error || refusal(store);
+  line.hidden = !why;
+  line.textContent = why || "";
+  line.dataset.kind = s.error ? "error" : why ? "refusal" : "";
+  if (s.limits) $("train-ctx").max = String(s.limits.max_ctx);
+  $("train-start").disabled = !canStart(store);
+  $("train-stop").disabled = !s.running;
+  for (const id of ["train-rank", "train-steps", "train-lr", "train-ctx", "train-batch", "train-optimizer", "train-file"]) {
+    $(id).disabled = s.running;
+  }
+  renderSource(store);
+  renderStatus(store);
+  renderCurve(s);
+  renderFacts(s);
+  renderAfter(store);
+  renderWiped(s);
+}
+
+// ---- its place in the page (web/cards.js): a new chat keeps the adapter (it goes on for the new chat too); Forget,
+// another model and a lost GPU drop it with everything the card shows of it.
+export const card = {
+  key: "training",
+  fresh: freshTraining,
+  render: renderTraining,
+  wire: (store, worker, page) => wireTraining(store, worker, page.render),
+  loaded: (store, stats) => { store.training.limits = stats.training; },
+  forgetting: (store, worker) => dropTraining(store.training, worker),
+  forgotten: (store, report) => trainingForgotten(store.training, report),
+  dropped: (store, worker) => { dropTraining(store.training, worker); store.training.limits = null; },
+};
