@@ -28,6 +28,8 @@ LEAST = {
     "generate": ["m.gguf", "--prompt", "p"],
     "tokenize": ["m.gguf", "t.txt"],
     "perplexity": ["m.gguf", "t.txt"],
+    "train": ["m.gguf", "--data", "t.txt"],
+    "gradcheck": ["m.gguf"],
     "index": ["m.gguf", "a.txt", "--out", "i.idx"],
     "ask": ["m.gguf", "--index", "i.idx", "--question", "q"],
     "retrieval-eval": ["m.gguf", "a.txt"],
@@ -39,14 +41,16 @@ LEAST = {
 }
 # Which subcommands open the GPU (--disable), print JSON (--json), make a KV cache (--ctx, with its default),
 # sample (the sampler's flags and -n), and run in the page too (--backend and the browser's options).
-GPU = {"selftest", "generate", "perplexity", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
        "attribute", "bench"}
-JSON = {"generate", "tokenize", "perplexity", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+JSON = {"generate", "tokenize", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
         "attribute", "bench"}
-CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
+CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gradcheck": 16, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
        "retrieval-eval": DEFAULT_CTX, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,
        "attribute": DEFAULT_CTX}
 SAMPLING = {"generate", "ask", "steer"}
+# The subcommands that run a model natively with a LoRA adapter file (--lora)
+LORA = {"generate", "perplexity", "index", "ask", "retrieval-eval", "ablate", "patch", "steer", "attribute"}
 IN_THE_PAGE = {"retrieval-eval", "ablate", "patch", "bench"}
 
 
@@ -73,6 +77,9 @@ def test_each_subcommand_keeps_its_shared_flags(name):
     if name in JSON:
         assert parse(*least, "--json").json is True
     assert getattr(args, "ctx", None) == CTX.get(name)
+    assert hasattr(args, "lora") == (name in LORA) and getattr(args, "lora", None) is None
+    if name in LORA:
+        assert parse(*least, "--lora", "a.gguf").lora == "a.gguf"
     if name in CTX:
         assert parse(*least, "--ctx", "64").ctx == 64
     defaults = Settings()
