@@ -189,3 +189,25 @@ def test_forget_wipes_the_index(smol):
     assert {b.label.split(" ")[0] for b in ours} >= {"retrieval.index", "retrieval.queries", "retrieval.scores"}
     assert all(b.after == 0 for b in ours) and any(b.before > 0 for b in ours if b.label.startswith("retrieval.index"))
     assert not np.any(_table(eng, ix))
+
+
+def test_an_index_refuses_questions_after_the_adapter_changed(device, tiny_path):
+    """An index embeds with the model as it was (an adapter on or off): after Engine.set_lora its windows are the
+    other model's, so a question is refused with the reason (and the index is not left pointing at freed plans)."""
+    from lab.engine.lora import Lora, choose
+    eng = _engine(device, tiny_path)
+    tok = from_metadata(gguf.read_file(tiny_path).metadata)
+    ix = Index(eng, tok, window=WINDOW, stride=STRIDE)
+    try:
+        ix.prepare([("a.txt", TEXT)])
+        asyncio.run(ix.build())
+        assert asyncio.run(ix.search_ids([tok.encode("the laws")], 2))
+        with device.owning(eng):
+            lora = Lora(device, choose({t.name: t for t in eng.header.tensors}, eng.cfg.n_layer, rank=2), 4.0,
+                        eng.max_batch)
+        eng.set_lora(lora)
+        with pytest.raises(RetrievalError, match="index the files again"):
+            asyncio.run(ix.search_ids([tok.encode("the laws")], 2))
+    finally:
+        ix.close()
+        eng.close()
