@@ -380,6 +380,8 @@ function forgetAll(skip) {
 //   the engine's steps (no template, no end-of-generation stop), to hold the page to llama.cpp's fixture; with
 //   session, as a turn of the worker's Session (reusing what the last turn left: a hybrid's states), with `reused`;
 //   labLastLogits(ids): the logits after prefilling those ids (f32, base64), for the same test.
+//   labTrainGrads(m): a training step's LoRA gradients at the adapter m.params (f32, base64), for the page's gradient
+//     check (tests/browser/test_gradcheck_page.py).
 // - labProfile(t, pos, families, reps, warm_ms): GPU time of a step by timestamp queries, after warm_ms of GPU work
 //   (lab/instruments/profile.py; `lab bench --backend browser --profile` asks the worker directly). Drops the
 //   conversation.
@@ -410,6 +412,7 @@ window.labKvRows = (positions) => ask("kv-rows", { positions });
 window.labStateBytes = () => ask("state-bytes", {});
 window.labGreedyIds = (ids, n, session = false) => ask("greedy-ids", { ids, n, session });
 window.labLastLogits = (ids) => ask("last-logits", { ids });
+window.labTrainGrads = (m) => ask("train-grads", m);
 window.labProfile = (t, pos, families, reps, warm_ms) => ask("profile", { t, pos, families, reps, warm_ms });
 window.labWeightBytes = (name, offset, size) => ask("weight-bytes", { name, offset, size }).then((m) => m.bytes);
 window.labForgetSkipping = (label) => forgetAll(label);

@@ -89,6 +89,27 @@ def members(run: str, views: dict, starts: dict) -> list[tuple[str, int]]:
     return out
 
 
+def layout(shapes: list[tuple]) -> tuple[dict[str, Target], int]:
+    """Where each target's A and B lie in the one buffer (A then B, target after target), and the floats in all."""
+    targets, at = {}, 0
+    for name, n_in, n_out, rank in shapes:
+        targets[name] = Target(name, n_in, n_out, rank, at, at + rank * n_in)
+        at += rank * (n_in + n_out)
+    return targets, at
+
+
+def initial(targets: dict[str, Target], seed: int) -> bytes:
+    """Training's start, as PEFT starts it: A uniform in +-1/sqrt(n_in) (kaiming-uniform with a = sqrt 5), B zero, so
+    the adapted model starts as the base model. Seeded: one seed, one start (the bytes of the params buffer)."""
+    rng = random.Random(seed)
+    out = array("f")
+    for t in targets.values():
+        bound = 1.0 / math.sqrt(t.n_in)
+        out.extend(rng.uniform(-bound, bound) for _ in range(t.rank * t.n_in))
+        out.frombytes(bytes(4 * t.rank * t.n_out))
+    return out.tobytes()
+
+
 class Lora:
     """The adapter's parameters on `device` for steps of up to max_tokens rows (made inside the caller's
     `device.owning`)."""
@@ -99,12 +120,8 @@ class Lora:
         self.device = device
         self.alpha = float(alpha)
         self.max_tokens = max_tokens
-        self.targets: dict[str, Target] = {}
-        at = 0
-        for name, n_in, n_out, rank in shapes:
-            self.targets[name] = Target(name, n_in, n_out, rank, at, at + rank * n_in)
-            at += rank * (n_in + n_out)
-        self.n_params = at
+        self.targets, self.n_params = layout(shapes)
+        at = self.n_params
         self.max_rank = max(t.rank for t in self.targets.values())
         conv = gpu.CONVERSATION
         self.params = device.buffer(4 * at, conv, f"lora A|B [{at}]")
@@ -132,15 +149,7 @@ class Lora:
         return self.alpha / self.targets[name].rank
 
     def initial(self, seed: int) -> bytes:
-        """Training's start, as PEFT starts it: A uniform in +-1/sqrt(n_in) (kaiming-uniform with a = sqrt 5), B zero,
-        so the adapted model starts as the base model. Seeded: one seed, one start."""
-        rng = random.Random(seed)
-        out = array("f")
-        for t in self.targets.values():
-            bound = 1.0 / math.sqrt(t.n_in)
-            out.extend(rng.uniform(-bound, bound) for _ in range(t.rank * t.n_in))
-            out.frombytes(bytes(4 * t.rank * t.n_out))
-        return out.tobytes()
+        return initial(self.targets, seed)
 
     def forward(self, kernels, name: str, x: gpu.Buffer, y: gpu.Buffer, step: gpu.Buffer, *, x_offset: int = 0,
                 x_stride: int | None = None, y_offset: int = 0, y_stride: int | None = None) -> list[Op]:

@@ -31,8 +31,10 @@ def adapter_arrays(lora, raw: bytes) -> dict:
 
 
 def random_params(lora, seed: int, b_std: float = 0.05) -> bytes:
-    """A as training starts it (lab.engine.lora.Lora.initial), B normal with std b_std."""
-    a_start = np.frombuffer(lora.initial(seed), np.float32).copy()
+    """A as training starts it (lab.engine.lora.initial), B normal with std b_std (`lora`: a Lora, or anything with
+    its `targets`)."""
+    from lab.engine.lora import initial
+    a_start = np.frombuffer(initial(lora.targets, seed), np.float32).copy()
     rng = np.random.default_rng(seed)
     for t in lora.targets.values():
         a_start[t.b:t.b + t.n_out * t.rank] = rng.normal(0.0, b_std, t.n_out * t.rank)

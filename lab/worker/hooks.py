@@ -16,11 +16,13 @@ import js
 from pyodide.ffi import to_js
 
 from lab.instruments import kernelcheck, weightread
+from lab.instruments.training import Trainer
 from lab.instruments import profile as gpu_profile
 from lab.instruments.kvview import cache_values
 from lab.instruments.memory import recurrent_buffers
 from lab.settings import Settings
 from lab.worker.protocol import answered
+from lab.worker import cards
 from lab.worker.state import Loaded, Worker, clear_staging
 
 
@@ -72,6 +74,26 @@ async def last_logits(msg: dict, w: Worker) -> dict:
     engine.step([int(i) for i in msg["ids"]], 0)
     raw = await engine.device.read(engine.scratch.logits, 0, 4 * engine.cfg.n_vocab)
     return {"logits": base64.b64encode(raw).decode()}
+
+
+@answered
+async def train_grads(msg: dict, w: Worker) -> dict:
+    """The training step's LoRA gradients in the page, for the whole-model gradient check
+    (tests/browser/test_gradcheck_page.py): an adapter of `rank` (alpha) set to `params` (f32, base64, laid out as
+    lab.engine.lora.Lora.params), the step's gradients on `windows` of T tokens and its loss. The Training card's run
+    and the chat's cache are dropped first; the adapter is taken off after."""
+    lo = _fresh(w)
+    lo.drop(cards.TRAINING)
+    windows = [[int(i) for i in win] for win in msg["windows"]]
+    tr = Trainer(lo.engine, T=int(msg["T"]), batch=len(windows), rank=int(msg["rank"]), alpha=float(msg["alpha"]),
+                 seed=int(msg.get("seed", 0)))
+    try:
+        lo.engine.device.write(tr.lora.params, base64.b64decode(msg["params"]))
+        loss = await tr.gradients(windows)
+        raw = await lo.engine.device.read(tr.grads, 0, 4 * tr.lora.n_params)
+    finally:
+        tr.close()
+    return {"loss": loss, "grads": base64.b64encode(raw).decode()}
 
 
 @answered

@@ -60,6 +60,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
                    "memory card's code (answered)",
     "last-logits": "{id, ids}: the logits after prefilling raw ids, base64 (answered)",
+    "train-grads": "{id, T, rank, alpha, params, windows}: a training step's LoRA gradients and loss with the adapter "
+                   "set to params (base64); drops the conversation and the Training card's run (answered)",
     "greedy-ids": "{id, ids, n, session?}: n greedy ids after raw ids, no template, no stop; session: as a turn of the "
                   "worker's Session, reusing what the last turn left (answered)",
     "kernel-check": "{id, cases}: kernel cases through lab/instruments/kernelcheck.py, base64 both ways (answered)",
@@ -131,6 +133,7 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "kv-rows": "{id, kvd, n_layer, layers, rows}",
     "state-bytes": "{id, conv {layer: base64}, delta {layer: base64}, snapshots [base64], held}",
     "last-logits": "{id, logits}",
+    "train-grads": "{id, loss, grads}",
     "greedy-ids": "{id, ids, reused?, stop?}",
     "kernel-check": "{id, results, adapter, buffers {before, after}}",
     "weight-bytes": "{id, bytes}",

@@ -402,6 +402,7 @@ ROUTES: dict[str, Handler] = {
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,
     IN.LAST_LOGITS: hooks.last_logits,
+    IN.TRAIN_GRADS: hooks.train_grads,
     IN.GREEDY_IDS: hooks.greedy_ids,
     IN.KERNEL_CHECK: hooks.kernel_check,
     IN.WEIGHT_BYTES: hooks.weight_bytes,
