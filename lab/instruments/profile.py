@@ -61,9 +61,12 @@ async def whole_step(engine: Engine, t: int, pos: int, reps: int = REPS) -> floa
 async def by_family(engine: Engine, t: int, pos: int, reps: int = REPS) -> list[dict]:
     """[{family, dispatches, gpu_us, us_per_dispatch}], the whole step first. The step runs on the ids that lie in
     the engine's ids buffer (the caller fills it) and writes K/V at pos..pos+t-1."""
-    dev = engine.device
-    writes = engine.step_writes(None, pos, t)
-    plan = ops.dispatches(engine.ops_for(t, pos=pos), t)
+    return await ops_by_family(engine.device, engine.ops_for(t, pos=pos), t, engine.step_writes(None, pos, t), reps)
+
+
+async def ops_by_family(dev, op_list: list[ops.Op], t: int, writes=(), reps: int = REPS) -> list[dict]:
+    """by_family of any op list run for t tokens (training's step: lab.instruments.training.Trainer.window_ops)."""
+    plan = ops.dispatches(op_list, t)
     out = [{"family": "whole step", "dispatches": len(plan),
             "gpu_us": round(await median_pass(dev, plan, writes, reps) * 1e6, 1)}]
     for fam in dict.fromkeys(family(d.kernel.label) for d in plan):

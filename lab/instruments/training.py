@@ -105,7 +105,8 @@ class Trainer:
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)
                 plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total)     # noqa: E731
-                self.window = dev.prepare(ops.dispatches(plans().step_ops(), T))
+                self.window_ops = plans().step_ops()       # kept for profiles (lab train --profile)
+                self.window = dev.prepare(ops.dispatches(self.window_ops, T))
                 self.scoring = dev.prepare(ops.dispatches(plans().loss_ops(), T))
                 self.update = dev.prepare(ops.dispatches(self._update_ops(), 1))
             except BaseException:
@@ -180,13 +181,17 @@ class Trainer:
         self._check(batch)
         return await self._run(self.scoring, batch)
 
+    def writes(self, w: list[int]) -> list[tuple]:
+        """The host's writes of a window's pass: the step, its ids and their targets."""
+        s, T = self.engine.scratch, self.T
+        targets = w[1:] + [self.engine.cfg.n_vocab]            # the last position predicts nothing in the window
+        return [(s.step, 0, ops.step_bytes(0, T, self.engine.n_ctx)), (s.ids, 0, struct.pack(f"<{T}I", *w)),
+                (self.ts.targets, 0, struct.pack(f"<{T}I", *targets))]
+
     async def _run(self, prepared, batch: list[list[int]]) -> float:
-        dev, s, T = self.device, self.engine.scratch, self.T
+        dev = self.device
         for j, w in enumerate(batch):
-            targets = w[1:] + [self.engine.cfg.n_vocab]        # the last position predicts nothing in the window
-            writes = [(s.step, 0, ops.step_bytes(0, T, self.engine.n_ctx)),
-                      (s.ids, 0, struct.pack(f"<{T}I", *w)), (self.ts.targets, 0, struct.pack(f"<{T}I", *targets))]
             # the window's summed -log p (ce.loss: mean, count, 1 / N, sum) kept before the next window overwrites it
-            dev.run(prepared, writes, [(self.ce.loss, 12, self.losses, 4 * j, 4)])
+            dev.run(prepared, self.writes(w), [(self.ce.loss, 12, self.losses, 4 * j, 4)])
         raw = await dev.read(self.losses, 0, 4 * self.batch)
         return sum(struct.unpack(f"<{self.batch}f", raw)) / self.rows_total

@@ -160,6 +160,7 @@ def train(sub, name):
     s.add_argument("--batch", type=int, default=1, help="windows a step")
     s.add_argument("--seed", type=int, default=0, help="the adapter's start (A random, B zero)")
     s.add_argument("--out", default=None, help="the adapter file (default: MODEL's name + .lora.gguf, here)")
+    s.add_argument("--profile", action="store_true", help="also one window's GPU time by kernel family")
     json_flag(s, "print {losses, tokens_per_s, out, ...} as JSON")
     gpu_flags(s)
     return s

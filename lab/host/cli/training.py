@@ -35,12 +35,16 @@ def train(args) -> int:
         if not args.json:
             print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
     out.write_bytes(asyncio.run(tr.adapter_bytes()))
+    profile = None
+    if args.profile:        # one window's pass by kernel family (timestamp queries), after the run
+        from lab.instruments.profile import ops_by_family
+        profile = asyncio.run(ops_by_family(engine.device, tr.window_ops, args.ctx, tr.writes(wins[0])))
     # tokens/s over the steps after the first (the first one pays for the pipelines' first dispatches)
     timed = marks[-1] - marks[1] if args.steps > 1 else marks[-1] - marks[0]
     per_step = args.batch * args.ctx
     report = {"losses": losses, "tokens_per_s": per_step * max(1, args.steps - 1) / timed, "out": str(out),
               "seconds": marks[-1] - marks[0], "first_step_s": marks[1] - marks[0], "windows": len(wins),
-              "params": tr.lora.n_params, "steps": args.steps, "memory": tr.memory(),
+              "params": tr.lora.n_params, "steps": args.steps, "memory": tr.memory(), "profile": profile,
               "adapter": engine.device.info.name}
     tr.close()
     engine.close()
