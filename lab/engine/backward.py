@@ -53,7 +53,7 @@ def untrainable(cfg) -> str | None:
 class TrainScratch:
     """A step's buffers for windows of up to T tokens."""
     T: int
-    saved: gpu.Buffer       # [n_layer, T, n_embd] each layer's input
+    saved: tuple            # per layer [T, n_embd] its input (a buffer each: no binding grows with the layers)
     mid: gpu.Buffer         # [T, n_embd] the layer's x after its mixer: the feed-forward's input
     dx: gpu.Buffer          # [T, n_embd] the loss's gradient with respect to the residual stream
     dxn: gpu.Buffer         # [T, n_embd] ... to a normed x
@@ -81,7 +81,8 @@ class TrainScratch:
               "dqkv_pre": rows(qkv_width, "dqkv before q/k norms")} if cfg.qk_norm else {}
         post = {"branch": rows(E, "branch before post-norm"),
                 "dbranch": rows(E, "dbranch before post-norm")} if cfg.post_norms else {}
-        return cls(T=T, saved=dev.buffer(4 * cfg.n_layer * T * E, conv, f"train layer inputs [n_layer, T, {E}]"),
+        saved = tuple(dev.buffer(4 * T * E, conv, f"train layer input {il} [T, {E}]") for il in range(cfg.n_layer))
+        return cls(T=T, saved=saved,
                    mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
                    datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
                    rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
@@ -121,7 +122,7 @@ class Backward(Prefill):
         blocks = self.eng.blocks
         blocks.embedding.build(self)
         for il in range(cfg.n_layer):
-            self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved, s.step, E, dst_offset=il * T * E))
+            self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved[il], s.step, E))
             blocks.mixers[il].build(self, il)
             blocks.ffn.build(self, il)
         self._head()
@@ -149,8 +150,7 @@ class Backward(Prefill):
     def restore(self, il: int) -> None:
         """x = layer il's saved input."""
         E = self.cfg.n_embd
-        self.add(elementwise.copy_rows(self.dev, self.kernels, self.ts.saved, self.scratch.x, self.scratch.step, E,
-                                       src_offset=il * self.T * E))
+        self.add(elementwise.copy_rows(self.dev, self.kernels, self.ts.saved[il], self.scratch.x, self.scratch.step, E))
 
     def proj_back(self, name: str, x: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer, *, dy_offset: int = 0,
                   dy_stride: int | None = None, accumulate: bool = False) -> None:

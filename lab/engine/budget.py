@@ -64,6 +64,16 @@ class _Counting(gpu.Device):
         pass
 
 
+def counting(limits: dict[str, int]) -> gpu.Device:
+    """A device that only records the sizes of the buffers made on it (training counts its own with it)."""
+    return _Counting(limits)
+
+
+def problems(limits: dict[str, int], sizes: list[tuple[str, int]]) -> list[str]:
+    """Each (label, bytes) over the adapter's buffer or binding limit, in words."""
+    return _problems(limits, [Need(label, size, gpu.CONVERSATION) for label, size in sizes])
+
+
 @dataclass
 class Budget:
     """Every buffer a model needs at one context, and what of it does not fit the adapter."""

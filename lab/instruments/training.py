@@ -22,6 +22,7 @@ from array import array
 from dataclasses import dataclass
 
 from lab import gpu, ops
+from lab.engine import budget
 from lab.engine.backward import Backward, TrainError, TrainScratch, untrainable
 from lab.engine.blocks import qkv_width
 from lab.engine.lora import DEFAULT_TARGETS, Lora, choose
@@ -74,6 +75,40 @@ def batch_of(wins: list[list[int]], s: int, B: int) -> list[list[int]]:
     return [wins[(s * B + j) % len(wins)] for j in range(B)]
 
 
+def needs(engine, T: int, rank: int, targets, batch: int = 1) -> list[tuple[str, int]]:
+    """(label, bytes) of every buffer a Trainer of these arguments makes, counted by making them on a device that
+    only records sizes (lab.engine.budget.counting): the same allocation code, nothing allocated."""
+    cfg, dev = engine.cfg, budget.counting(engine.device.info.limits)
+    table = {t.name: t for t in engine.header.tensors}
+    lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), 1.0, engine.max_batch)
+    width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
+    TrainScratch.alloc(dev, cfg, engine.weights, lora, T, width)
+    n = lora.n_params
+    for label in ("adamw m", "adamw v", "train window losses"):
+        dev.buffer(4 * (n if label.startswith("adamw") else batch), gpu.CONVERSATION, label)
+    head = backward_head.head_layout(engine.weights.head, T)
+    return [(b.label, b.size) for b in dev.buffers] + [(f"head {k}", 4 * v) for k, v in head.floats.items()]
+
+
+def check_fits(engine, T: int, rank: int, targets, batch: int = 1) -> None:
+    """Refuse (TrainError) a run with a buffer past this GPU's limits, before anything is made, saying the largest
+    rank and context that fit."""
+    limits = engine.device.info.limits
+    wrong = budget.problems(limits, needs(engine, T, rank, targets, batch))
+    if not wrong:
+        return
+    fits = lambda r, t: not budget.problems(limits, needs(engine, t, r, targets, batch))     # noqa: E731
+    r = rank
+    while r > 1 and not fits(r, T):
+        r //= 2
+    t = T
+    while t > 2 and not fits(rank, t):
+        t //= 2
+    hint = [f"rank {r} at context {T}" if fits(r, T) else "", f"context {t} at rank {rank}" if fits(rank, t) else ""]
+    raise TrainError(f"training at rank {rank} and context {T} does not fit this GPU: {wrong[0]}"
+                     + (f"; {' or '.join(h for h in hint if h)} would" if any(hint) else ""))
+
+
 class Trainer:
     """A LoRA adapter of `rank` (alpha, targets: the kinds of projection, lab.engine.lora) trained on `engine` with
     windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows."""
@@ -90,6 +125,7 @@ class Trainer:
             raise TrainError(f"a context of {T} tokens: from 2 to {min(engine.max_batch, engine.n_ctx)} on this engine")
         if batch < 1:
             raise TrainError(f"a batch of {batch} windows: at least 1")
+        check_fits(engine, T, rank, targets, batch)
         self.engine, self.device, self.T, self.batch = engine, dev, T, batch
         self.rows_total = batch * (T - 1)
         self.optim = optim or Optim()

@@ -23,6 +23,7 @@ from lab.host.models import cache_dir
 from lab.host.reference import lora as ref_lora
 from lab.host.reference import optim as ref_optim
 from lab.host.synthetic import arch as synthetic_arch
+from lab.engine.lora import DEFAULT_TARGETS
 from lab.instruments.training import Optim, Trainer
 from tests.conftest import FIXTURES
 
@@ -163,7 +164,7 @@ def test_forget_wipes_every_training_buffer(device):
         asyncio.run(tr.step([[int(i) for i in np.random.default_rng(5).integers(0, engine.cfg.n_vocab, 8)]]))
         mine = device.owned_by(tr)
         held = {b.label for b in mine if forget.nonzero_words(device.read_sync(b))}
-        for must in ("lora A|B", "lora gradients", "adamw m", "adamw v", "train layer inputs", "train targets"):
+        for must in ("lora A|B", "lora gradients", "adamw m", "adamw v", "train layer input", "train targets"):
             assert any(label.startswith(must) for label in held), (must, sorted(held))
         # every buffer of the training is the conversation's, but the constants (shapes, offsets, RoPE's tables)
         assert {b.kind for b in mine} == {"conversation", "constant"}
@@ -172,4 +173,25 @@ def test_forget_wipes_every_training_buffer(device):
         assert all(forget.nonzero_words(device.read_sync(b)) == 0 for b in mine if b.kind == "conversation")
     finally:
         tr.close()
+        engine.close()
+
+
+def test_a_run_past_the_gpus_limits_is_refused_before_anything_is_made(device, monkeypatch):
+    """The training's buffers are counted before any is made (lab.instruments.training.check_fits): a binding limit
+    just under the rank-64 adapter's parameters (4 MiB here, its largest buffer) refuses the run, naming the buffer and
+    the rank that fits; nothing is left allocated and the engine keeps no adapter."""
+    from lab.engine.backward import TrainError
+    from lab.instruments.training import needs
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    try:
+        sizes = needs(engine, 8, 64, DEFAULT_TARGETS)
+        params = next(v for k, v in sizes if k.startswith("lora A|B"))
+        assert params == max(v for _, v in sizes)
+        before = len(device.buffers)
+        monkeypatch.setitem(device.info.limits, "max_storage_buffer_binding_size", params - 4)
+        with pytest.raises(TrainError, match=r"rank 64 and context 8 does not fit .*lora A\|B.*rank 32 at context 8"):
+            Trainer(engine, T=8, rank=64)
+        assert len(device.buffers) == before and engine.lora is None
+    finally:
+        monkeypatch.undo()
         engine.close()
