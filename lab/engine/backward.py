@@ -118,7 +118,7 @@ class Backward(Prefill):
         return self.plan.ops
 
     def step_ops(self) -> list[ops.Op]:
-        cfg, s, ts, E, T = self.cfg, self.scratch, self.ts, self.cfg.n_embd, self.T
+        cfg, s, ts, E = self.cfg, self.scratch, self.ts, self.cfg.n_embd
         blocks = self.eng.blocks
         blocks.embedding.build(self)
         for il in range(cfg.n_layer):
