@@ -9,11 +9,9 @@
 # Results in $OUT: gpu.txt, retrieval_<model>.json, log.txt.
 set -uo pipefail
 D=/tmp/devr
-mkdir -p "$D"
-cp -n .devretrieval/*/bundle.* .devretrieval/*/pieces.sha256 "$D/" 2>/dev/null
-if [ "${1:-run}" = piece ]; then ls -la "$D"; exit 0; fi
-(cd "$D" && sha256sum -c --quiet pieces.sha256) || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-mkdir -p "$D/models" && cat "$D"/bundle.* | tar -x -C "$D/models" || exit 3
+source scripts/device_pieces.sh
+if [ "${1:-run}" = piece ]; then take_pieces .devretrieval "$D"; ls -la "$D"; exit 0; fi
+take_pieces .devretrieval "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

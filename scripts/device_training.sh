@@ -10,11 +10,9 @@
 # and PyTorch eager on the same (scripts/torch_train_bench.py, where present). Results in $OUT.
 set -uo pipefail
 D=/tmp/devt
-mkdir -p "$D"
-cp -n .devtrain/*/bundle.* .devtrain/*/pieces.sha256 "$D/" 2>/dev/null
-if [ "${1:-run}" = piece ]; then ls -la "$D"; exit 0; fi
-(cd "$D" && sha256sum -c --quiet pieces.sha256) || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-mkdir -p "$D/models" && cat "$D"/bundle.* | tar -x -C "$D/models" || exit 3
+source scripts/device_pieces.sh
+if [ "${1:-run}" = piece ]; then take_pieces .devtrain "$D"; ls -la "$D"; exit 0; fi
+take_pieces .devtrain "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8

@@ -127,6 +127,19 @@ def free(device: gpu.Device, *bufs) -> None:
             device.destroy(b)
 
 
+def within(what: str, got, want, scale, tol: float, scale_is: str = "its scale") -> float:
+    """Raises AssertionError unless got is finite and within tol of want per element against scale (the bound's unit:
+    `scale_is` names it in the message); the error in units of 2^-24."""
+    from lab.host.reference.grads import U32, bound_err
+    got = np.asarray(got)
+    if not np.all(np.isfinite(got)):
+        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    e = bound_err(got, want, scale)
+    if not e <= tol:
+        raise AssertionError(f"{what}: error {e:.3g} of {scale_is} exceeds {tol:.3g}")
+    return e / U32
+
+
 def assert_close(got, want, tol: float, what: str, axis=None) -> None:
     got = np.asarray(got)
     if not np.all(np.isfinite(got)):

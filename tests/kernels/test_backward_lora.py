@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from checks import Env, env1, free, ops_step, patched, read, run, upload  # noqa: F401  (env1: fixture)
+from checks import Env, env1, free, ops_step, patched, read, run, upload, within  # noqa: F401  (env1: fixture)
 
 from lab.format.ggml import BY_NAME
 from lab.host.reference import quant as qo
-from lab.host.reference.grads import U32, bound_err, dx_back_tol, gemm_tol, linear_grad, lora_grad
+from lab.host.reference.grads import U32, dx_back_tol, gemm_tol, linear_grad, lora_grad
 from lab.host.reference.kernels import f32
 from lab.ops.backward_matmul import dw_back, dx_back, dx_chunks, dx_scratch_floats, lora_back
 from lab.ops.weights import alloc_weight, upload_weight
@@ -26,22 +26,15 @@ from lab.ops.weights import alloc_weight, upload_weight
 SENTINEL = 7.0
 
 
+def within_terms(what, got, want, scale, tol):
+    """`within`, the scale the sum of the terms' magnitudes."""
+    return within(what, got, want, scale, tol, "its terms' magnitudes")
+
+
 def _tokens(rng, t: int, n: int, spare: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(values [t, n], the buffer's t + spare rows: NaN past the step, which no kernel may read)."""
     v = f32(rng.standard_normal((t, n)) * scale)
     return v, np.concatenate([v, np.full((spare, n), np.nan, np.float32)])
-
-
-def _within(what: str, got, want, scale, tol: float) -> float:
-    """Raises AssertionError unless got is finite and within tol of want per element against scale; the error in
-    units of 2^-24."""
-    got = np.asarray(got)
-    if not np.all(np.isfinite(got)):
-        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
-    e = bound_err(got, want, scale)
-    if not e <= tol:
-        raise AssertionError(f"{what}: error {e:.3g} of its terms' magnitudes exceeds {tol:.3g}")
-    return e / U32
 
 
 # -- dW of an F32 weight -------------------------------------------------------------------------------------------
@@ -63,7 +56,7 @@ def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0)
     free(dev, xb, dyb, *(p.buffer for p in dw.parts))
     _, want = linear_grad(np.zeros((n_out, n_in)), x, dy)
     scale = np.abs(dw0) + np.abs(dy).T.astype(np.float64) @ np.abs(x)
-    return _within(f"dw_back {n_out}x{n_in} t={t} parts={parts}", got, dw0 + want, scale, gemm_tol(t))
+    return within_terms(f"dw_back {n_out}x{n_in} t={t} parts={parts}", got, dw0 + want, scale, gemm_tol(t))
 
 
 @pytest.mark.parametrize("n_out,n_in,t,parts", [(67, 264, 13, 1), (131, 96, 3, 3), (67, 264, 1, 2)])
@@ -124,9 +117,11 @@ def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int,
     longest = min(16, n_out)
     tol_dx = max(dx_back_tol(longest, sum(c["chunks"])), gemm_tol(n_out) + gemm_tol(rank))
     what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s}"
-    out = {"dx": _within(what + " dx", c["dx"][:t], dx, sx, tol_dx),
-           "dA": _within(what + " dA", c["dA"], c["dA0"] + da, sa + np.abs(c["dA0"]), gemm_tol(n_out) + gemm_tol(t)),
-           "dB": _within(what + " dB", c["dB"], c["dB0"] + db, sb + np.abs(c["dB0"]), gemm_tol(n_in) + gemm_tol(t))}
+    out = {"dx": within_terms(what + " dx", c["dx"][:t], dx, sx, tol_dx),
+           "dA": within_terms(what + " dA", c["dA"], c["dA0"] + da, sa + np.abs(c["dA0"]),
+                              gemm_tol(n_out) + gemm_tol(t)),
+           "dB": within_terms(what + " dB", c["dB"], c["dB0"] + db, sb + np.abs(c["dB0"]),
+                              gemm_tol(n_in) + gemm_tol(t))}
     if not np.all(c["dx"][t:] == SENTINEL):
         raise AssertionError(f"{what}: wrote dx rows past the step's tokens")
     return out

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 import pytest
-from checks import Env, env1, free, patched, read, upload  # noqa: F401  (env1: fixture)
+from checks import Env, env1, free, patched, read, upload, within  # noqa: F401  (env1: fixture)
 
 from lab.host.reference import optim as oracle
 from lab.host.reference.kernels import f32
-from lab.host.reference.optim import U32, bound_err
+from lab.host.reference.optim import U32
 from lab.ops import groups_1d
 from lab.ops import optimizer as opt
 
@@ -35,18 +35,6 @@ def _step(env: Env, ops, state, lr: float, t: int) -> None:
     env.device.run([op.at(1) for op in ops], writes=[(state, 0, opt.state_bytes(lr, t))])
 
 
-def _within(what: str, got, want, scale, tol: float) -> float:
-    """Raises AssertionError unless got is finite and within tol of want per element against scale; the error in
-    units of 2^-24."""
-    got = np.asarray(got)
-    if not np.all(np.isfinite(got)):
-        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
-    e = bound_err(got, want, scale)
-    if not e <= tol:
-        raise AssertionError(f"{what}: error {e:.3g} of its scale exceeds {tol:.3g}")
-    return e / U32
-
-
 def _grads(rng, n: int, amp: float) -> np.ndarray:
     g = rng.standard_normal(n) * amp
     g[rng.random(n) < 0.05] *= 1e-7           # gradients below eps's reach (sqrt(vhat) ~ eps): where eps sits matters
@@ -59,9 +47,9 @@ def check_norm_state(what: str, state: np.ndarray, grads: np.ndarray, max_norm: 
     """state's sumsq and clip against the oracle's for these gradients; returns the clip's relative error bound."""
     depth = opt.reduction_depth(len(grads))
     sumsq = oracle.grad_sumsq(grads)
-    _within(what + " sumsq", state[2], sumsq, sumsq, oracle.sumsq_tol(depth))
+    within(what + " sumsq", state[2], sumsq, sumsq, oracle.sumsq_tol(depth))
     clip = oracle.clip_scale(sumsq, max_norm)
-    _within(what + " clip", state[3], clip, clip, oracle.clip_tol(depth) if max_norm > 0 else 0.0)
+    within(what + " clip", state[3], clip, clip, oracle.clip_tol(depth) if max_norm > 0 else 0.0)
     return oracle.clip_tol(depth) if max_norm > 0 else 0.0
 
 
@@ -113,9 +101,9 @@ def test_grad_norm_many(env1):  # noqa: F811
     grads = np.concatenate(pieces)
     depth = opt.reduction_depth(*(len(g) for g in pieces))
     sumsq = oracle.grad_sumsq(grads)
-    _within("grad_norm_many sumsq", got[2], sumsq, sumsq, oracle.sumsq_tol(depth))
+    within("grad_norm_many sumsq", got[2], sumsq, sumsq, oracle.sumsq_tol(depth))
     clip = oracle.clip_scale(sumsq, 3.0)
-    _within("grad_norm_many clip", got[3], clip, clip, oracle.clip_tol(depth))
+    within("grad_norm_many clip", got[3], clip, clip, oracle.clip_tol(depth))
 
 
 # -- AdamW ---------------------------------------------------------------------------------------------------------
@@ -162,9 +150,9 @@ def check_adamw(env: Env, n: int, lrs: list[float], t0: int = 1, max_norm: float
         if not np.all(got[k][n:] == fill):
             raise AssertionError(f"{what}: wrote {k} past n")
     tol = oracle.adamw_tols(len(lrs), clip_err)
-    return {"m": _within(what + " m", got["m"][:n], m, big_m, tol["m"]),
-            "v": _within(what + " v", got["v"][:n], v, v, tol["v"]),
-            "p": _within(what + " p", got["p"][:n], p, p_scale, tol["p"])}
+    return {"m": within(what + " m", got["m"][:n], m, big_m, tol["m"]),
+            "v": within(what + " v", got["v"][:n], v, v, tol["v"]),
+            "p": within(what + " p", got["p"][:n], p, p_scale, tol["p"])}
 
 
 LRS = [1e-2, 3e-3, 2e-2, 5e-3]
@@ -244,7 +232,7 @@ def check_direction(env: Env, t: int, n: int = 4096) -> float:
     free(dev, *bufs, state)
     _, _, _, u = oracle.adamw_step(np.zeros(n), g, m0, v0, lr=1.0, t=t, **BETAS)
     _, _, _, big_u = oracle.adamw_step(np.zeros(n), np.abs(g), np.abs(m0), v0, lr=1.0, t=t, **BETAS)
-    return _within(f"adamw direction t={t}", -p, u, big_u, oracle.adamw_tols(1, 0.0)["p"])
+    return within(f"adamw direction t={t}", -p, u, big_u, oracle.adamw_tols(1, 0.0)["p"])
 
 
 DIRECTION_TS = (1, 2, 6, 700, 5000, 100_000)      # both corrections by the series, b1's by 1 - exp, both, ..., both 1
@@ -304,7 +292,7 @@ def check_sgd(env: Env, n: int, lrs: list[float], seed: int = 0) -> float:
     free(dev, pb, gb, state)
     if not np.all(got[n:] == SENTINEL):
         raise AssertionError(f"sgd n={n}: wrote past n")
-    return _within(f"sgd n={n}", got[:n], p, scale, oracle.sgd_tol(len(lrs)))
+    return within(f"sgd n={n}", got[:n], p, scale, oracle.sgd_tol(len(lrs)))
 
 
 @pytest.mark.parametrize("n", [1, 255, 1000])

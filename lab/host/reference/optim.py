@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-U32 = 2.0 ** -24
+from lab.host.reference.grads import U32
 
 
 def _f64(a) -> np.ndarray:
@@ -116,9 +116,3 @@ def sgd_tol(steps: int) -> float:
     """SGD after `steps` steps, per element against the sum over the steps of |p| + lr |g|: lr g (1 rounding), the
     subtraction (1), or one rounding where the compiler fuses them; an earlier error carries over unchanged."""
     return 2 * steps * U32
-
-
-def bound_err(got, want, scale) -> float:
-    """Largest |got - want| / scale, element by element."""
-    got, want, scale = _f64(got), _f64(want), _f64(scale)
-    return float(np.max(np.abs(got - want) / np.maximum(scale, 1e-30)))
