@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from lab import gpu
 from lab.format.ggml import BY_NAME
-from lab.ops import WeightPart, make_step, step_bytes
+from lab.ops import WeightPart, make_step, optimizer, step_bytes
 from lab.ops.attention import attention, kv_write
 from lab.ops.backward import embed_back, glu_back, rms_norm_back, softcap_back
 from lab.ops.backward_attention import attention_back, stats_bytes
@@ -280,12 +280,30 @@ def _head_ce(dev, kernels, step, c: _Case):
     return ops
 
 
+def _optimizer(dev, kernels, step, c: _Case):
+    """p, g, m, v [n], state (lr, t, sumsq, clip) -> one step of "kind": AdamW after the gradients' norm and clip
+    (max_norm), or SGD; p, m, v and the state are read back."""
+    n, p, g, state = c["n"], c.input("p"), c.input("g"), c.input("state")
+    if c["kind"] == "sgd":
+        ops = optimizer.sgd(dev, kernels, p, g, state, n)
+    else:
+        scratch = c.scratch(4 * optimizer.grad_norm_scratch_floats(n), "norm partials")
+        ops = optimizer.grad_norm(dev, kernels, g, n, state, scratch, max_norm=c["max_norm"])
+        ops += optimizer.adamw(dev, kernels, p, g, c.input("m"), c.input("v"), state, n,
+                               weight_decay=c["weight_decay"])
+        for name in ("m", "v"):
+            c.read_back(name, 4 * n)
+        c.read_back("state", 16)
+    c.read_back("p", 4 * n)
+    return ops
+
+
 BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_rows": _get_rows,
             "rms_norm": _rms_norm, "rope": _rope, "attention": _attention, "softmax": _softmax, "glu": _glu,
             "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet,
             "rms_norm_back": _rms_norm_back, "glu_back": _glu_back, "softcap_back": _softcap_back,
             "embed_back": _embed_back, "dx_back": _dx_back, "lora_back": _lora_back, "rope_back": _rope_back,
-            "attention_back": _attention_back, "head_ce": _head_ce}
+            "attention_back": _attention_back, "head_ce": _head_ce, "optimizer": _optimizer}
 
 
 async def run(device: gpu.Device, kernels, case: dict) -> dict:

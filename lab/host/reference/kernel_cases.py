@@ -23,12 +23,14 @@ from lab.host.reference import grads
 from lab.host.reference import grads_attention as ga
 from lab.host.reference import grads_head as gh
 from lab.host.reference import kernels as ref
+from lab.host.reference import optim
 from lab.host.reference import ops as ref_ops
 from lab.host.reference import quant as qo
 from lab.host.reference.ops import argmax
 from lab.ops import Weight
 from lab.ops.backward_head import STATS_ROWS
 from lab.ops.backward_matmul import dx_chunk_rows
+from lab.ops.optimizer import reduction_depth, state_bytes
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -698,6 +700,40 @@ def _bound_frac(got, want, bound) -> float:
     return float(np.max(err / np.where(bound > 0, bound, 1.0)))
 
 
+# The optimizer's step (lab/ops/optimizer.py), one step from a random start at a step number past the bias
+# corrections' series, against the float64 oracle (optim.py) with its tolerances: the clip scale (clip_tol), AdamW's
+# m, v and p (adamw_tols: scales the same recurrence on |g|, v itself, |p| + lr U), SGD's p (sgd_tol). The clip is
+# active (max_norm under the gradients' norm).
+def optimizer_case(kind: str, n: int, t: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    p, g = ref.f32(rng.standard_normal(n)), ref.f32(rng.standard_normal(n) * 0.3)
+    m, v = ref.f32(rng.standard_normal(n) * 0.01), ref.f32(rng.uniform(0.0, 1e-3, n))
+    lr, wd, max_norm = float(np.float32(3e-3)), 0.01, 1.0
+    spec = {"op": "optimizer", "kind": kind, "n": n, "max_norm": max_norm, "weight_decay": wd,
+            "inputs": {"p": p.tobytes(), "g": g.tobytes(), "m": m.tobytes(), "v": v.tobytes(),
+                       "state": state_bytes(lr, t)}}
+
+    def check(out):
+        got = floats(out["p"])
+        if kind == "sgd":
+            want = optim.sgd_step(p, g, lr=lr)
+            e = grads.bound_err(got, want, np.abs(p) + lr * np.abs(g)) / optim.sgd_tol(1)
+            return finite(e, got), 1.0
+        clip = optim.clip_scale(optim.grad_sumsq(g), max_norm)
+        state = floats(out["state"])
+        clip_err = abs(float(state[3]) - clip) / clip
+        kw = dict(lr=lr, t=t, clip=clip, weight_decay=wd)
+        want_p, want_m, want_v, _ = optim.adamw_step(p, g, m, v, **kw)
+        _, big_m, _, big_u = optim.adamw_step(np.abs(p), np.abs(g), np.abs(m), v, **kw)
+        tol = optim.adamw_tols(1, optim.clip_tol(reduction_depth(n)))
+        e = _frac([(clip_err, optim.clip_tol(reduction_depth(n))),
+                   (grads.bound_err(floats(out["m"]), want_m, big_m), tol["m"]),
+                   (grads.bound_err(floats(out["v"]), want_v, want_v), tol["v"]),
+                   (grads.bound_err(got, want_p, np.abs(p) + lr * big_u), tol["p"])])
+        return finite(e, np.concatenate([got, floats(out["m"]), floats(out["v"])])), 1.0
+    return Case(f"optimizer_{kind}_n{n}_t{t}", spec, check)
+
+
 def make_backward_cases() -> list[Case]:
     """Every backward family on shapes that fill no workgroup evenly, positions past 0."""
     cases = [rms_norm_back_case(t=5, pos=7, n=1000, group=None, seed=100),
@@ -716,6 +752,8 @@ def make_backward_cases() -> list[Case]:
               attention_back_case(13, 7, 3, 1, 80, 0, 3.0, seed=115),             # GQA 3 over one KV head, the cap
               attention_back_case(37, 11, 6, 2, 64, 16, 5.0, seed=116),           # window, cap, GQA 3, pos > 0
               head_ce_case("Q8_0", 1000, 96, 3, 0.0, (1,), 3.0, seed=117),
-              head_ce_case("Q4_K", 1000, 256, 3, 4.0, (1,), 4.0, seed=118)]
+              head_ce_case("Q4_K", 1000, 256, 3, 4.0, (1,), 4.0, seed=118),
+              optimizer_case("adamw", n=10_007, t=700, seed=119),
+              optimizer_case("sgd", n=10_007, t=3, seed=120)]
     assert len({c.name for c in cases}) == len(cases)
     return cases
