@@ -22,7 +22,8 @@ import {
   experimentFailed, experimentPlan, experimentProgress, experimentResult, experimentToken, experimentTokens,
 } from "/web/experiments.js";
 import {
-  trainAdapter, trainCompared, trainDone, trainFailed, trainPlan, trainProgress, trainSwitched, trainToken,
+  trainAdapter, trainAdapterFile, trainCompared, trainDone, trainFailed, trainPlan, trainProgress, trainSwitched,
+  trainToken,
 } from "/web/training.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
@@ -523,6 +524,7 @@ const onWorker = {
   "train-compare": (m) => trainCompared(store.training, m),
   "train-switch": (m) => { trainSwitched(store.training, m); dropKvPicture(); redoPanels(); },
   "train-adapter": (m) => trainAdapter(store.training, m, store.model?.file_name),
+  "train-adapter-file": (m) => { if (trainAdapterFile(store.training, m)) { dropKvPicture(); redoPanels(); } },
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -576,6 +578,7 @@ const onError = {
   "train-compare": (m) => trainFailed(store.training, m),
   "train-adapter": (m) => trainFailed(store.training, m),
   "train-switch": (m) => trainFailed(store.training, m),
+  "train-adapter-file": (m) => trainFailed(store.training, m),
   "experiment-tokens": () => {},     // the prompts' tokens are a courtesy: the run says what is wrong with them
 };
 

@@ -4,6 +4,9 @@
 // the text and the settings and draws what comes back.
 // Stop posts "stop", which web/worker.js records itself while Python is busy; the run checks it after each step, so the
 // step in flight finishes and the adapter keeps it.
+// Or the adapter is a llama.cpp LoRA adapter file the user picks ("Adapter file"): the File goes to the worker, which
+// checks it against the model, reads it in slices and puts it on the engine as the card's adapter; the switch, the
+// replies and the download then work on it as on a trained one. A file refused is one line; the adapter before stays.
 // The picked text is the user's data: it is kept here only until Forget (or another model) drops it; the adapter's
 // bytes go straight into a download (a Blob behind an object URL, revoked soon after) and are not kept.
 // Its state is store.training (freshTraining): main.js hands the worker's messages to the update functions below; its
@@ -26,25 +29,29 @@ export function freshTraining() {
     last: null,         // the last "train-progress"
     result: null,       // "train-done"
     error: null,        // one line: a refusal or a failure
-    trained: false,     // the worker holds an adapter for this model
+    trained: false,     // the worker holds an adapter for this model (trained here, or read from a file)
+    fromFile: null,     // ... read from a file: its "train-adapter-file" message
+    reading: "",        // the adapter file being read (its name), its answer not back yet
     on: true,           // ... and it is on
     compare: null,      // {running, without, with, prompt_tokens}
     downloading: false,
     switching: false,  // a switch asked for, its answer not back yet
     want: true,        // ... the state it asked for
     opening: "",        // the first words of the text trained on: the with / without prompt unless one is typed
-    labels: [],         // the training's buffers' labels, to find them in Forget's report
+    labels: [],         // the adapter's buffers' labels, to find them in Forget's report
+    labelsOf: "",       // ... whose: "training" (a run's) or "file" (an adapter file's)
     wiped: null,        // those buffers in the last Forget report: {buffers, before, after}
   };
 }
 
 const noRun = () => ({ running: false, plan: null, curve: [], last: null, result: null, error: null, trained: false,
-                       on: true, compare: null, switching: false, downloading: false });
+                       on: true, compare: null, switching: false, downloading: false, fromFile: null, reading: "" });
 
 export function trainPlan(s, m) {
   if (m.seq !== s.seq) return false;
   s.plan = m;
   s.labels = m.labels;
+  s.labelsOf = "training";
   if (!$("train-prompt").value.trim()) $("train-prompt").value = s.opening;
   s.trained = true;
   s.on = true;
@@ -78,6 +85,13 @@ export function trainCompared(s, m) {
                 prompt_tokens: m.prompt_tokens };
 }
 
+// An adapter file is on the engine: the card's adapter now (whatever the card held before is gone on the worker's side).
+export function trainAdapterFile(s, m) {
+  if (m.seq !== s.seq) return false;
+  Object.assign(s, noRun(), { trained: true, on: true, fromFile: m, labels: m.labels, labelsOf: "file", wiped: null });
+  return true;
+}
+
 export function trainSwitched(s, m) {
   s.switching = false;
   s.on = m.on;
@@ -101,6 +115,7 @@ export function trainFailed(s, m) {
   if (m.where === "train-compare" && s.compare) s.compare.running = false;
   if (m.where === "train-switch") s.switching = false;
   if (m.where === "train-adapter") s.downloading = false;
+  if (m.where === "train-adapter-file") s.reading = "";
   s.error = m.message;
 }
 
@@ -109,7 +124,7 @@ function trainingForgotten(s, report) {
   const ours = new Set(s.labels);
   const items = report.items.filter((i) => ours.has(i.label));
   const sum = (key) => items.reduce((a, i) => a + i[key], 0);
-  s.wiped = items.length ? { buffers: items.length, before: sum("before"), after: sum("after") } : null;
+  s.wiped = items.length ? { buffers: items.length, before: sum("before"), after: sum("after"), of: s.labelsOf } : null;
   s.labels = [];
 }
 
@@ -121,11 +136,13 @@ function dropTraining(s, worker) {
   s.seq++;
   Object.assign(s, noRun(), { file: null, wiped: null, opening: "" });
   $("train-file").value = "";
+  $("train-adapter-file").value = "";
   $("train-prompt").value = "";
 }
 
 // ---- events -------------------------------------------------------------------------------------------------------
-const busy = (store) => store.training.running || !!store.training.compare?.running || store.training.switching;
+const busy = (store) => store.training.running || !!store.training.compare?.running || store.training.switching
+  || !!store.training.reading;
 const refusal = (store) => (!store.loaded ? "load a model first" : store.training.limits?.refusal ?? null);
 const canStart = (store) => !refusal(store) && !store.generating && !busy(store);
 const source = () => (document.querySelector("input[name=train-source]:checked")?.value ?? "file");
@@ -169,11 +186,23 @@ async function pickFile(store, file, rerender) {
   rerender();
 }
 
+// An adapter file picked: the File itself goes to the worker (it reads the header and the A and B ranges in slices).
+function openAdapter(store, worker, input, rerender) {
+  const s = store.training, file = input.files[0];
+  input.value = "";                   // the File is posted: the same file may be picked again
+  if (!file || !store.loaded || busy(store) || store.generating) return;
+  s.error = null;
+  s.reading = file.name;
+  worker.postMessage({ type: "train-adapter-file", file, seq: ++s.seq });
+  rerender();
+}
+
 export function wireTraining(store, worker, rerender) {
   const s = store.training;
   $("train-start").addEventListener("click", () => start(store, worker, rerender));
   $("train-stop").addEventListener("click", () => { if (s.running) worker.postMessage({ type: "stop" }); });
   $("train-file").addEventListener("change", (e) => pickFile(store, e.target.files[0], rerender));
+  $("train-adapter-file").addEventListener("change", (e) => openAdapter(store, worker, e.target, rerender));
   for (const r of document.querySelectorAll("input[name=train-source]")) r.addEventListener("change", () => rerender());
   $("train-compare").addEventListener("click", () => compare(store, worker, rerender));
   $("train-prompt").addEventListener("keydown", (e) => { if (e.key === "Enter") compare(store, worker, rerender); });
@@ -349,6 +378,20 @@ function renderSource(store) {
   $("train-chat-note").textContent = `(${n} message${n === 1 ? "" : "s"} so far)`;
 }
 
+// The adapter file on the engine: what it holds, or the one being read.
+function renderAdapterFile(store) {
+  const s = store.training, f = s.fromFile, line = $("train-adapter-info");
+  $("train-adapter-file").disabled = !store.loaded || busy(store) || store.generating;
+  line.dataset.state = s.reading ? "reading" : f ? "on" : "";
+  if (s.reading) { line.textContent = `reading ${s.reading}…`; return; }
+  if (!f) { line.textContent = ""; return; }
+  const ranks = f.ranks.length > 1 ? `ranks ${f.ranks[0]} to ${f.ranks.at(-1)}` : `rank ${f.ranks[0]}`;
+  const mem = Object.values(f.memory).reduce((a, b) => a + b, 0);
+  line.textContent = `${f.file}${f.name ? ` (${f.name})` : ""}: ${f.pairs} matrices at ${ranks}, α ${f.alpha}, `
+    + `${f.params.toLocaleString("en")} parameters (${f.types.join(", ")}), ${fmtBytes(mem)} on the GPU`
+    + (f.ignored ? `; ${f.ignored} norm tensor${f.ignored === 1 ? "" : "s"} skipped, as llama.cpp skips them` : "");
+}
+
 function renderWiped(s) {
   const w = s.wiped, line = $("train-wiped");
   line.hidden = !w;
@@ -356,9 +399,11 @@ function renderWiped(s) {
   line.dataset.after = w ? w.after : "";
   line.dataset.state = !w ? "" : w.after ? "failed" : "wiped";
   line.textContent = !w ? "" : w.after
-    ? `Forget did NOT wipe the training's buffers: ${w.after} non-zero words remain`
-    : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the text's `
-      + `activations): ${w.before.toLocaleString("en")} non-zero words read back as zero.`;
+    ? `Forget did NOT wipe the ${w.of === "file" ? "adapter's" : "training's"} buffers: ${w.after} non-zero words remain`
+    : (w.of === "file"
+      ? `Forget wiped the adapter file's ${w.buffers} buffers (its A and B, and its step scratch): `
+      : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the text's `
+        + "activations): ") + `${w.before.toLocaleString("en")} non-zero words read back as zero.`;
 }
 
 export function renderTraining(store) {
@@ -378,6 +423,7 @@ export function renderTraining(store) {
   renderCurve(s);
   renderFacts(s);
   renderAfter(store);
+  renderAdapterFile(store);
   renderWiped(s);
 }
 

@@ -31,6 +31,7 @@ from collections.abc import Awaitable
 
 from lab import gpu, ops
 from lab.engine import blocks, budget
+from lab.engine.lora import members as lora_members
 from lab.engine.plans import Decode, Plan, Prefill, with_whole_attention
 from lab.engine.scratch import AHEAD, DEFAULT_BATCH, SNAPSHOTS, Scratch, conv_ring
 from lab.format.gguf import Header
@@ -122,6 +123,14 @@ class Engine:
                                                        lambda il: self.attention_op(il, False, whole=True))
         self._prepared.clear()
 
+    def _adaptable(self) -> set[str]:
+        """The file's tensors whose LoRA terms the plans add: every member of a projection they run through `mm`
+        (the head and the embedding are read by their own ops)."""
+        starts = {t.offset: t.name for t in self.header.tensors}
+        skip = {self.weights.head.name, "token_embd.weight"}
+        return {m for run in self.weights.matrices if run not in skip
+                for m, _ in lora_members(run, self.weights.tensors, starts)}
+
     def set_lora(self, lora) -> None:
         """Every step from now on with this LoRA adapter's terms (lab.engine.lora.Lora, made on this engine's device
         for steps of max_batch rows), or without any (None). The plans are built again; the KV cache the earlier
@@ -129,6 +138,12 @@ class Engine:
         if lora is not None and lora.max_tokens < self.max_batch:
             raise EngineError(f"the adapter was made for steps of {lora.max_tokens} rows, this engine runs "
                               f"{self.max_batch}")
+        if lora is not None:
+            missing = [n for n in lora.targets if n not in self._adaptable()]
+            if missing:
+                raise EngineError(f"the adapter adapts {missing[0]}" + (f" and {len(missing) - 1} more tensors"
+                                  if len(missing) > 1 else "") + ": the lab adapts the layers' projections only (not "
+                                  "the output head or the embedding yet)")
         self.lora = lora
         with self.device.owning(self):      # the plans' uniforms are the engine's, whoever asks for the adapter
             self._build_plans()

@@ -8,6 +8,7 @@ the optimizer, the losses.
       await .step(batch)               gradients, then the optimizer: returns the loss the gradients were taken at
       await .loss(batch)               the loss alone (held-out windows), nothing changed
       await .adapter_bytes()           the adapter as a llama.cpp adapter GGUF (lab.format.adapter.write_adapter)
+    await adapter_bytes(engine, lora)  the same for any adapter on the engine (one read from a file)
 
 The loss of a step: the mean over its windows and positions t = 0 .. T-2 of -log p(w[t+1] | w[..t]). Each window
 runs as one compute pass (lab.engine.backward.Backward: forward, loss, backward), the gradients adding up across the
@@ -109,6 +110,16 @@ def check_fits(engine, T: int, rank: int, targets, batch: int = 1) -> None:
                      + (f"; {' or '.join(h for h in hint if h)} would" if any(hint) else ""))
 
 
+async def adapter_bytes(engine, lora: Lora, name: str = "llm-lab LoRA") -> bytes:
+    """The adapter `lora` on the engine's device as it is now, read from the GPU, as a llama.cpp adapter GGUF (F32 A and
+    B under their base tensors' names): a trained one, or one read from a file (the Training card's download)."""
+    v = array("f")
+    v.frombytes(await engine.device.read(lora.params, 0, 4 * lora.n_params))
+    pairs = [(t.name, t.n_in, t.n_out, t.rank, v[t.a:t.b].tobytes(), v[t.b:t.b + t.rank * t.n_out].tobytes())
+             for t in lora.targets.values()]
+    return write_adapter(engine.cfg.arch, lora.alpha, pairs, name=name)
+
+
 class Trainer:
     """A LoRA adapter of `rank` (alpha, targets: the kinds of projection, lab.engine.lora) trained on `engine` with
     windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows."""
@@ -173,12 +184,8 @@ class Trainer:
         return loss
 
     async def adapter_bytes(self, name: str = "llm-lab LoRA") -> bytes:
-        """The adapter as it is now, as a llama.cpp adapter GGUF (F32 A and B under their base tensors' names)."""
-        v = array("f")
-        v.frombytes(await self.device.read(self.lora.params, 0, 4 * self.lora.n_params))
-        pairs = [(t.name, t.n_in, t.n_out, t.rank, v[t.a:t.b].tobytes(), v[t.b:t.b + t.rank * t.n_out].tobytes())
-                 for t in self.lora.targets.values()]
-        return write_adapter(self.engine.cfg.arch, self.lora.alpha, pairs, name=name)
+        """The adapter as it is now, as a llama.cpp adapter GGUF (`adapter_bytes` below)."""
+        return await adapter_bytes(self.engine, self.lora, name)
 
     def close(self) -> None:
         """The adapter off the engine and every buffer of training freed (zeroed first: CONVERSATION)."""

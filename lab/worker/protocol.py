@@ -55,6 +55,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                      "train-compare",
     "train-adapter": "{seq}: the adapter as a llama.cpp adapter GGUF -> train-adapter",
     "train-switch": "{on, seq}: the adapter on or off for the chat, the panels and the cards -> train-switch",
+    "train-adapter-file": "{file, seq}: a llama.cpp LoRA adapter file (a File) checked against the model and put on "
+                          "it as the Training card's adapter, in place of the one before -> train-adapter-file",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
     "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
@@ -128,6 +130,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "train-compare": "{seq, prompt_tokens, without, with: {text, tokens, stop}}",
     "train-adapter": "{seq, size, bytes (the GGUF's size bytes, padded to whole words)}",
     "train-switch": "{seq, on}: the adapter is on (or off) for what runs next",
+    "train-adapter-file": "{seq, file, name, size, pairs, ranks, alpha, params, types, ignored, memory {adapter, "
+                          "activations: bytes}, labels (its buffers')}: the file's adapter is on",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
     "kv-rows": "{id, kvd, n_layer, layers, rows}",

@@ -399,6 +399,7 @@ ROUTES: dict[str, Handler] = {
     IN.TRAIN_COMPARE: training.compare,
     IN.TRAIN_ADAPTER: training.adapter,
     IN.TRAIN_SWITCH: training.switch,
+    IN.TRAIN_ADAPTER_FILE: training.open_file,
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,
     IN.LAST_LOGITS: hooks.last_logits,

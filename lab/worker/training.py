@@ -14,6 +14,11 @@ messages here; the training itself is lab/instruments/training.py.
     train-adapter {seq} -> "train-adapter" {seq, size, bytes}: the adapter as a llama.cpp adapter GGUF (size bytes;
         `bytes` crosses as the worker's one raw-bytes way out, Worker.f32, padded to whole words)
     train-switch {on, seq} -> "train-switch" {seq, on}: the adapter on or off for the chat, the panels and the cards
+    train-adapter-file {file, seq} -> "train-adapter-file" {seq, file, name, size, pairs, ranks, alpha, params, types,
+        ignored, memory, labels}: a llama.cpp adapter GGUF the user picked, checked against the loaded model
+        (lab.format.adapter.read_adapter on a growing prefix of the File), its A and B read by File.slice, made into a
+        Lora and put on the engine as the card's adapter (the switch, the replies and the download then take it as
+        they take a trained one); a file refused is one line, and the adapter before stays as it was
 
 The text is tokenized as `lab tokenize` and `lab train` do (tok.encode, no BOS), cut into windows of `ctx` tokens
 (lab.instruments.training.windows); the last tenth of the windows (lab.settings.TRAINING.held_out, at least one) is
@@ -27,7 +32,8 @@ the chat left was computed without it (or with it): the chat's session is reset 
 its whole prompt. The training steps overwrite the KV cache too.
 
 The state over the loaded model is a `Run` (lab/worker/cards.py TRAINING): the Trainer, whose every buffer is kind
-CONVERSATION (the adapter, its gradients and optimizer state, the text's activations), and the text's windows. A new
+CONVERSATION (the adapter, its gradients and optimizer state, the text's activations), and the text's windows; or,
+for an adapter read from a file, the Lora alone (its two buffers CONVERSATION too, owned by the Run). A new
 chat keeps it (the adapter stays on); Forget wipes its buffers with the rest, then closes it (the adapter off the
 engine, the buffers freed, the windows emptied); an unload closes it; a lost device empties the windows. No adapter
 bytes are kept: each download reads the adapter from the GPU again.
@@ -42,14 +48,19 @@ import time
 from dataclasses import dataclass
 
 from lab.engine.backward import TrainError, untrainable
+from lab.engine.lora import Lora, LoraError
 from lab.engine.session import Session
-from lab.instruments.training import OPTIMIZERS, Optim, Trainer, batch_of, windows
+from lab.format import gguf
+from lab.format.adapter import Adapter, decode_f32, read_adapter
+from lab.format.rules import ModelError
+from lab.instruments.training import OPTIMIZERS, Optim, Trainer, adapter_bytes, batch_of, windows
 from lab.settings import TRAINING, Settings
 from lab.worker.cards import TRAINING as CARD
 from lab.worker.state import Loaded, Worker
 
 EVALS = 10                  # held-out evaluations over a run (and one after its last step)
 MAX_TEXT = 2_000_000        # characters of training text: tokenizing runs in Python, a few seconds a megabyte
+ADAPTER_PREFIX = 1 << 16    # first read of an adapter file's header (a few KB: its keys and tensor table); grown
 
 
 # -- what the loaded engine allows ------------------------------------------------------------------------------
@@ -126,17 +137,44 @@ def split(ids: list[int], T: int, share: float = TRAINING.held_out) -> tuple[lis
 
 # -- the card's state -------------------------------------------------------------------------------------------
 class Run:
-    """The trained adapter over the loaded model: the Trainer (its adapter on the engine while `on`), the text's
-    windows it trains on and those held out, and the held-out loss before training."""
+    """The card's adapter over the loaded model, on the engine while `on`: one trained here (the Trainer, which owns
+    it and every buffer of its training, the text's windows it trains on and those held out, and the held-out loss
+    before training), or one read from a file (`trainer` None, no windows: the Lora alone, its buffers this Run's,
+    `file` the file's name, `name` its general.name). The switch, the with / without replies, the download and Forget
+    take either the same way."""
 
-    def __init__(self, trainer: Trainer, train: list[list[int]], held: list[list[int]]) -> None:
+    def __init__(self, trainer: Trainer | None, train: list[list[int]], held: list[list[int]], *, engine=None,
+                 file: str | None = None, name: str | None = None) -> None:
         self.trainer, self.train, self.held = trainer, train, held
+        self.engine = trainer.engine if trainer is not None else engine
+        self.lora: Lora | None = trainer.lora if trainer is not None else None    # a file's: set once it is made
+        self.file, self.name = file, name
         self.on = True
         self.before: float | None = None
 
+    @property
+    def owner(self) -> object:
+        """What the adapter's buffers are owned by (lab.gpu Device.owning): the Trainer, or this Run."""
+        return self.trainer if self.trainer is not None else self
+
+    def labels(self) -> list[str]:
+        """The labels of its buffers, for the page to find them in Forget's report."""
+        return sorted({b.label for b in self.engine.device.owned_by(self.owner)})
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of its buffers by what they hold (Trainer.memory; a file's: the adapter and its step scratch)."""
+        if self.trainer is not None:
+            return self.trainer.memory()
+        return {"adapter": self.lora.params.size, "activations": self.lora.u.size}
+
     def close(self) -> None:
-        """Forget, an unload, a new run: the adapter off the engine, its buffers freed (zeroed), the windows emptied."""
-        self.trainer.close()
+        """Forget, an unload, a new run or file: the adapter off the engine, its buffers freed (zeroed), the windows
+        emptied."""
+        if self.trainer is not None:
+            self.trainer.close()
+        else:
+            self.engine.set_lora(None)
+            self.engine.device.free(self)
         self.lost()
 
     def lost(self) -> None:
@@ -162,7 +200,7 @@ def _trained(w: Worker) -> tuple[Loaded, Run]:
     lo = w.loaded()
     state = lo.held(CARD)
     if state is None:
-        raise TrainError("train an adapter first")
+        raise TrainError("train an adapter first, or open an adapter file")
     return lo, state
 
 
@@ -214,8 +252,7 @@ def _plan(state: Run, ask: Ask, seq) -> dict:
     return {"type": "train-plan", "seq": seq, "tokens": (n_train + n_held) * ask.ctx, "windows": n_train + n_held,
             "train": n_train, "held": n_held, "ctx": ask.ctx, "batch": ask.batch, "steps": ask.steps,
             "rank": ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.lora.n_params,
-            "targets": len(tr.lora.targets), "memory": tr.memory(),
-            "labels": sorted({b.label for b in tr.device.owned_by(tr)})}
+            "targets": len(tr.lora.targets), "memory": state.memory(), "labels": state.labels()}
 
 
 async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
@@ -268,7 +305,7 @@ async def compare(msg: dict, w: Worker) -> None:
     session, replies = Session(lo.engine, tok), {}
     w.stop_clear()
     try:
-        for which, lora in (("without", None), ("with", state.trainer.lora)):
+        for which, lora in (("without", None), ("with", state.lora)):
             def on_token(tid: int, piece: str, which=which) -> None:
                 w.post({"type": "train-token", "seq": seq, "which": which, "piece": piece})
             _use(lo, lora)
@@ -278,15 +315,15 @@ async def compare(msg: dict, w: Worker) -> None:
             replies[which] = {"text": res.text, "tokens": len(res.ids), "stop": res.stop}
     finally:
         session.reset()
-        _use(lo, state.trainer.lora if state.on else None)
+        _use(lo, state.lora if state.on else None)
     w.post({"type": "train-compare", "seq": seq, "prompt_tokens": len(ids), "without": replies.get("without"),
             "with": replies.get("with")})
 
 
 async def adapter(msg: dict, w: Worker) -> None:
     """The adapter as it is now, as a llama.cpp adapter GGUF, read from the GPU; nothing of it is kept here."""
-    _, state = _trained(w)
-    raw = await state.trainer.adapter_bytes(name=f"llm-lab LoRA r{state.trainer.lora.max_rank}")
+    lo, state = _trained(w)
+    raw = await adapter_bytes(lo.engine, state.lora, name=state.name or f"llm-lab LoRA r{state.lora.max_rank}")
     size = len(raw)
     w.post({"type": "train-adapter", "seq": msg.get("seq"), "size": size, "bytes": w.f32(raw + bytes(-size % 4))})
 
@@ -295,5 +332,77 @@ async def switch(msg: dict, w: Worker) -> None:
     """The adapter on or off for everything the page runs next (the chat, the panels, the cards)."""
     lo, state = _trained(w)
     state.on = bool(msg.get("on"))
-    _use(lo, state.trainer.lora if state.on else None)
+    _use(lo, state.lora if state.on else None)
     w.post({"type": "train-switch", "seq": msg.get("seq"), "on": state.on})
+
+
+# -- an adapter file ------------------------------------------------------------------------------------------
+async def _bytes(file, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a picked File (one File.slice: the file never passes whole through wasm memory)."""
+    return (await file.slice(start, end).arrayBuffer()).to_bytes()
+
+
+async def _header(file, engine) -> Adapter:
+    """The adapter in the file's header, checked against the loaded model's tensor table (lab.format.adapter
+    read_adapter), the prefix read growing until the header fits."""
+    size = int(file.size)
+    table = {t.name: tuple(t.shape) for t in engine.header.tensors}
+    want = min(ADAPTER_PREFIX, size)
+    while True:
+        try:
+            return read_adapter(await _bytes(file, 0, want), size, engine.cfg, table)
+        except gguf.NeedMoreBytes as more:
+            if want >= size:
+                raise ModelError(f"the file ends inside its header ({size:,} bytes): it is truncated") from None
+            want = min(size, max(more.needed, 2 * want))
+
+
+async def _values(file, tensor: str, offset: int, nbytes: int, type_name: str) -> bytes:
+    """One A or B of the file as f32 bytes (decode_f32), refused where a value is not a number (a damaged file: the
+    adapter would turn every logit into NaN)."""
+    raw = await _bytes(file, offset, offset + nbytes)
+    if len(raw) != nbytes:
+        raise ModelError(f"adapter tensor {tensor}: the file ended at byte {offset + len(raw):,} inside it (it changed "
+                         f"while being read?)")
+    values = decode_f32(raw, type_name)
+    if not math.isfinite(sum(values)):      # a sum of f32 values overflows no double: NaN or infinity only from one
+        raise ModelError(f"adapter tensor {tensor} holds values that are not finite numbers (NaN or infinity): the "
+                         f"file is damaged")
+    return values.tobytes()
+
+
+async def open_file(msg: dict, w: Worker) -> None:
+    """An adapter file the user picked (llama.cpp's LoRA GGUF): checked against the loaded model, its A and B read in
+    slices of the File, made into a Lora on the GPU and put on the engine as the card's adapter, in place of the one
+    before (trained or read). A file refused, or a failure before the new adapter is whole, leaves the card's adapter
+    and the engine as they were."""
+    lo = w.loaded()
+    file, engine = msg["file"], lo.engine
+    dev, label = engine.device, str(getattr(file, "name", "") or "the adapter file")
+    try:
+        adapter = await _header(file, engine)
+        values = {p.base: (await _values(file, p.base + ".lora_a", p.a_offset, p.a_nbytes, p.a_type),
+                           await _values(file, p.base + ".lora_b", p.b_offset, p.b_nbytes, p.b_type))
+                  for p in adapter.pairs}
+    except (ModelError, LoraError) as e:
+        raise TrainError(f"{label} is refused: {e}") from None
+    state = Run(None, [], [], engine=engine, file=label, name=adapter.name)
+    try:
+        with dev.owning(state):             # its buffers are the Run's: freed (zeroed) when it closes, wiped by Forget
+            lora = Lora(dev, Lora.shapes_of(adapter), adapter.alpha, engine.max_batch)
+        dev.write(lora.params, lora.packed(values))
+        await dev.flush_errors()
+    except BaseException:
+        dev.free(state)
+        raise
+    finally:
+        values.clear()
+    state.lora = lora
+    lo.drop(CARD)                           # the adapter before: off the engine, its buffers freed
+    lo.hold(CARD, state)
+    _use(lo, lora)
+    ranks = sorted({t.rank for t in lora.targets.values()})
+    w.post({"type": "train-adapter-file", "seq": msg.get("seq"), "file": label, "name": adapter.name,
+            "size": int(file.size), "pairs": len(adapter.pairs), "ranks": ranks, "alpha": adapter.alpha,
+            "params": lora.n_params, "types": sorted({t for p in adapter.pairs for t in (p.a_type, p.b_type)}),
+            "ignored": len(adapter.ignored), "memory": state.memory(), "labels": state.labels()})
