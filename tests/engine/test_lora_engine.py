@@ -195,3 +195,21 @@ def test_a_run_past_the_gpus_limits_is_refused_before_anything_is_made(device, m
     finally:
         monkeypatch.undo()
         engine.close()
+
+
+def test_an_adapter_on_a_tensor_the_lab_does_not_adapt_is_refused(device):
+    """A pair on the head (here the tied token_embd.weight; an untied output.weight alike) would be loaded and never
+    applied: Engine.set_lora refuses it, naming the tensor, and the engine keeps running without an adapter."""
+    from lab.engine.engine import EngineError
+    from lab.engine.lora import Lora
+    engine, _ = _llama3(device, 8, 8, logits_all=False)
+    try:
+        E = engine.cfg.n_embd
+        with device.owning(engine):
+            lora = Lora(device, [("blk.0.attn_q.weight", E, E, 2), ("token_embd.weight", E, engine.cfg.n_vocab, 2)],
+                        4.0, engine.max_batch)
+        with pytest.raises(EngineError, match="adapts token_embd.weight: the lab adapts the layers' projections"):
+            engine.set_lora(lora)
+        assert engine.lora is None
+    finally:
+        engine.close()
