@@ -24,6 +24,7 @@ from lab.format.model import from_gguf
 from lab.host.models import cache_dir
 from lab.host.synthetic import arch as synthetic_arch
 from tests.browser.conftest import take
+from tests.browser.test_training_page import forget_wipes_the_card
 from tests.conftest import FIXTURES
 
 RUN_MS = 600_000
@@ -127,15 +128,8 @@ def test_an_adapter_file_in_the_page(lab, golden, model_path, tmp_path):
 
 def test_forget_wipes_the_adapter_file(lab):
     page = lab.page
-    assert page.locator('[data-testid="train-after"]').is_visible()        # the adapter of the test before
-    page.click('[data-testid="forget"]')
-    page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=RUN_MS)
-    wiped = page.locator('[data-testid="train-wiped"]')
-    assert wiped.get_attribute("data-state") == "wiped", wiped.inner_text()
-    assert int(wiped.get_attribute("data-before")) > 0 and wiped.get_attribute("data-after") == "0"
+    wiped = forget_wipes_the_card(page)
     assert "adapter file's 2 buffers" in wiped.inner_text()
-    assert page.inner_text('[data-testid="forget-after"]') == "0"
-    assert page.locator('[data-testid="train-after"]').is_hidden()
     assert page.inner_text('[data-testid="train-adapter-info"]') == ""
     assert page.locator('[data-testid="train-refusal"]').is_hidden()
     _shot(lab, "forgotten")

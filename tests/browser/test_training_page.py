@@ -126,8 +126,9 @@ def test_refusals_a_run_stopped_and_its_adapter(lab, texts, tiny_path, tmp_path)
     assert not lab.foreign_requests() and not lab.errors()
 
 
-def test_forget_wipes_the_training(lab):
-    page = lab.page
+def forget_wipes_the_card(page):
+    """Press Forget with the card's adapter on: the card's buffers were non-zero and read back as zeros, every buffer
+    of the page reads back zero, the card's results are gone. Returns the card's wipe line."""
     assert page.locator('[data-testid="train-after"]').is_visible()        # the adapter of the test before
     page.click('[data-testid="forget"]')
     page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=RUN_MS)
@@ -136,6 +137,12 @@ def test_forget_wipes_the_training(lab):
     assert int(wiped.get_attribute("data-before")) > 0 and wiped.get_attribute("data-after") == "0"
     assert page.inner_text('[data-testid="forget-after"]') == "0"
     assert page.locator('[data-testid="train-after"]').is_hidden()
+    return wiped
+
+
+def test_forget_wipes_the_training(lab):
+    page = lab.page
+    forget_wipes_the_card(page)
     assert page.locator('[data-testid="train-curve"]').is_hidden()
     assert page.locator('[data-testid="train-facts"]').is_hidden()
     assert page.input_value('[data-testid="train-prompt"]') == ""
