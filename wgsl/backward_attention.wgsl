@@ -10,7 +10,9 @@
 //   attn_stats: 0 q  1 k  2 o     3 dout  4 stats_out (rw)  5 P (uniform Params)  6 step (uniform Step)
 //   attn_dq:    0 q  1 k  2 v     3 dout  4 stats           5 P                    6 step  7 dq (rw)
 //   attn_dkv:   0 q  1 k  2 v     3 dout  4 stats           5 P                    6 step  7 dk (rw)  8 dv (rw)
-//   attn_dkv_fused: as attn_dkv, dk and dv one buffer bound once at 7 (rw)
+//   attn_dkv with DV=dk: dk and dv one buffer bound once at 7 (rw), for WebGPU refuses two writable bindings of one
+//   buffer whose ranges overlap (Dawn at the dispatch), and the rows of a fused [dq | dk | dv] gradient row
+//   interleave; {{DV}} names the buffer dV is written to (dv, or dk itself): the same sums, the same bits
 // Math (lab/host/reference/grads_attention.py attention_grad is the float64 oracle), for query row i = (j, h) at
 //   qpos = pos + j, KV head g = h / group, key k visible iff key_begin(qpos) <= k < key_end(qpos) (the forward's mask):
 //   raw = scale q.k,  s = c tanh(raw / c) (c = softcap > 0; else s = raw),  P = exp(s - m) / l  (m the row's max,
@@ -218,37 +220,9 @@ fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
         dk[ko + 4u * c + 1u] = a.y;
         dk[ko + 4u * c + 2u] = a.z;
         dk[ko + 4u * c + 3u] = a.w;
-        dv[vo + 4u * c] = b.x;
-        dv[vo + 4u * c + 1u] = b.y;
-        dv[vo + 4u * c + 2u] = b.z;
-        dv[vo + 4u * c + 3u] = b.w;
-    }
-}
-
-// attn_dkv where dK and dV are one buffer (a fused [dq | dk | dv] gradient row): both written through binding 7, for
-// WebGPU refuses two writable bindings of one buffer whose ranges overlap (Dawn at the dispatch), and the rows of a
-// fused buffer interleave. The same sums, the same bits.
-@compute @workgroup_size(WG)
-fn attn_dkv_fused(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
-    if (r >= (step.pos + step.n_tokens) * P.n_kv_head) { return; }
-    let key = r / P.n_kv_head;
-    let g = r % P.n_kv_head;
-    var gk: array<vec4<f32>, HD4>;
-    var gv: array<vec4<f32>, HD4>;
-    dkv_sums(key, g, &gk, &gv);
-    let ko = P.dk_off + key * P.dk_stride + g * HD;
-    let vo = P.dv_off + key * P.dv_stride + g * HD;
-    for (var c = 0u; c < HD4; c++) {
-        let a = gk[c] * P.scale;
-        let b = gv[c];
-        dk[ko + 4u * c] = a.x;
-        dk[ko + 4u * c + 1u] = a.y;
-        dk[ko + 4u * c + 2u] = a.z;
-        dk[ko + 4u * c + 3u] = a.w;
-        dk[vo + 4u * c] = b.x;
-        dk[vo + 4u * c + 1u] = b.y;
-        dk[vo + 4u * c + 2u] = b.z;
-        dk[vo + 4u * c + 3u] = b.w;
+        {{DV}}[vo + 4u * c] = b.x;
+        {{DV}}[vo + 4u * c + 1u] = b.y;
+        {{DV}}[vo + 4u * c + 2u] = b.z;
+        {{DV}}[vo + 4u * c + 3u] = b.w;
     }
 }

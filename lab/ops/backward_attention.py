@@ -74,16 +74,19 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     b = {name: r[0] for name, r in rows.items()}
     # dk and dv in one buffer (a fused gradient row) are bound once: WebGPU refuses two writable bindings of one
     # buffer with overlapping ranges in a dispatch (Dawn does; wgpu-native let it pass), and fused rows interleave
-    dkv = ("attn_dkv_fused", [b["dk"]]) if b["dk"] is b["dv"] else ("attn_dkv", [b["dk"], b["dv"]])
+    fused = b["dk"] is b["dv"]
     layouts = {"attn_stats": [b["q"], b["k"], b["o"], b["do"], stats, params, step],
                "attn_dq": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dq"]],
-               dkv[0]: [b["q"], b["k"], b["v"], b["do"], stats, params, step, *dkv[1]]}
+               "attn_dkv": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dk"]] + ([] if fused else
+                                                                                           [b["dv"]])}
     g_rows = lambda t: (-(-max(1, t) * n_head // WG), 1, 1)        # noqa: E731  (one invocation per query row)
     g_keys = -(-n_ctx * n_kv_head // WG)                           # one per key row: every step's pos + t fits
-    grids = {"attn_stats": g_rows, "attn_dq": g_rows, dkv[0]: lambda t: (g_keys, 1, 1)}
+    grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: (g_keys, 1, 1)}
     ops = []
     for entry, res in layouts.items():
-        kern = kernels.get("backward_attention", entry, HEAD_DIM=head_dim, WG=WG)
+        # DV: the buffer attn_dkv writes dV to (the others never read it: "dv" keeps them one pipeline each)
+        kern = kernels.get("backward_attention", entry, HEAD_DIM=head_dim, WG=WG,
+                           DV="dk" if fused and entry == "attn_dkv" else "dv")
         ops.append(Op(kern, device.bind(kern, res, f"{label}.{entry}"), grids[entry]))
     return ops
 

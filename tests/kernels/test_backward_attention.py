@@ -264,3 +264,10 @@ def test_broken_variants_fail(env1, what, old, new, case):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite") as info:
         check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11)
     print(f"broken attention_back, {what}: {str(info.value).splitlines()[0]}")
+
+
+def test_broken_fused_dv_fails(env1):  # noqa: F811
+    """The fused gradient row's dV (written through dK's binding, DV=dk) put at dK's offset: the check catches it."""
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_attention_back(patched(env1, "backward_attention", "let vo = P.dv_off", "let vo = P.dk_off"),
+                             13, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5)
