@@ -19,7 +19,7 @@ A [r, n_in] and B [n_out, r] as torch parameters (float32), y = x W^T (+ b) + (a
 +-1/sqrt(n_in) and B zero, drawn exactly as lab.engine.lora.Lora.initial(seed) draws them (random.Random(seed), layer
 by layer, in that order), so that both start from the same adapter.
 
-The training (lab.instruments.training's): the text tokenized as `lab train` does (lab.host.cli.run.read_model's
+The training (lab.instruments.training's): the text tokenized as `lab train` does (lab.host.loading.read_model's
 tokenizer, no BOS), windows of T at stride T (training.windows), step s taking B windows from s * B, wrapping
 (training.batch_of), all B in one batched forward; loss = mean over windows and positions t < T-1 of -log p(w[t+1]);
 torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8, weight decay 0) after clip_grad_norm_(1.0), the learning rate of step
@@ -405,7 +405,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     args = ap.parse_args(argv)
 
-    from lab.host.cli.run import read_model
+    from lab.host.loading import read_model
     from lab.instruments.training import windows
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32

@@ -27,10 +27,8 @@ import asyncio
 
 import numpy as np
 
-from lab.engine.engine import Engine, read_host_values
-from lab.engine.load import validate
+from lab.engine.engine import Engine
 from lab.engine.session import Result, Session
-from lab.format import gguf
 from lab.instruments.experiments import Experiments
 from lab.instruments.interventions import Intervention
 from lab.settings import DEFAULT_CTX, Settings
@@ -49,19 +47,8 @@ class Lab:
     def load(cls, path, n_ctx: int = DEFAULT_CTX, disable=(), device=None, lora: str | None = None) -> Lab:
         """Read, check and upload a GGUF (`disable`: adapter features to leave off, e.g. ("subgroups",)); `lora`: a
         LoRA adapter file every experiment runs with."""
-        from lab.host.native import open_native
-        header = gguf.read_file(path)
-        cfg, tok = validate(header)
-        device = device or open_native(disable=tuple(disable))
-        engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(path, header, cfg))
-        try:
-            engine.weights.upload_file(path)
-            if lora:
-                from lab.host.lora_file import attach_lora
-                attach_lora(engine, lora)
-        except BaseException:
-            engine.close()
-            raise
+        from lab.host.loading import open_engine
+        _, tok, engine, _ = open_engine(path, n_ctx, disable=disable, device=device, lora=lora)
         return cls(engine, tok)
 
     def close(self) -> None:

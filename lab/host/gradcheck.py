@@ -81,16 +81,7 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
 
 
 def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=None, logits_all: bool = False):
-    """A native engine for training windows of T tokens: steps of T rows, an f32 KV cache of T positions (on
-    `device`, or a native device of its own)."""
-    from lab.engine.engine import Engine, read_host_values
-    from lab.engine.load import validate
-    from lab.format import gguf
-    from lab.host.native import open_native
-    header = gguf.read_file(path)
-    cfg, _ = validate(header)
-    device = device or open_native(disable=tuple(disable))
-    engine = Engine(device, header, cfg, n_ctx=T, max_batch=max_batch or T, logits_all=logits_all,
-                    host_values=read_host_values(path, header, cfg))
-    engine.weights.upload_file(path)
-    return engine
+    """A native engine for training windows of T tokens: steps of T rows (or max_batch), an f32 KV cache of T
+    positions (on `device`, or a native device of its own)."""
+    from lab.host.loading import open_engine as opened
+    return opened(path, T, disable=disable, device=device, max_batch=max_batch or T, logits_all=logits_all)[2]

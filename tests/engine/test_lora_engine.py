@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from lab.host import gradcheck
-from lab.host.lora_file import attach_lora
+from lab.host.loading import attach_lora
 from lab.host.models import cache_dir
 from lab.host.reference import lora as ref_lora
 from lab.host.reference import optim as ref_optim

@@ -137,7 +137,7 @@ def test_rope_is_the_oracles(llama3):
 def test_adapter_starts_as_the_labs(llama3):
     """add_lora's A (and zero B) are the values lab.engine.lora.Lora.initial(seed) writes for the same targets."""
     from lab.engine.lora import DEFAULT_TARGETS, Lora, choose
-    from lab.host.cli.run import read_model
+    from lab.host.loading import read_model
 
     class NoDevice:
         def buffer(self, *args):
@@ -227,7 +227,7 @@ def test_main_trains_and_reports(llama3, tmp_path, capsys):
                                         [(256, 256), (256, 128), (256, 128), (256, 256), (256, 512), (256, 512),
                                          (512, 256)])
     # step 1's loss is the base model's (B starts at zero) on windows 0 and 1, as the oracle gives it
-    from lab.host.cli.run import read_model
+    from lab.host.loading import read_model
     from lab.instruments.training import batch_of, windows
     _, _, tok = read_model(str(llama3))
     wins = windows(tok.encode(text.read_text(encoding="utf-8")), 16)

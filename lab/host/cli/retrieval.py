@@ -9,7 +9,7 @@ import json
 import sys
 
 from lab.host.cli.parsers import settings
-from lab.host.cli.run import load, read_model
+from lab.host.loading import open_engine, read_model
 
 
 def _read_files(paths: list[str], prog: str) -> tuple[list[tuple[str, bytes]], dict[str, str], list[dict]]:
@@ -56,7 +56,7 @@ def index(args) -> int:
     model = read_model(args.model)
     info = index_file.model_info(args.model, model[0], model[1])
     files, digests, unreadable = _read_files(args.files, "lab index")
-    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model, lora=args.lora)
+    _header, tok, engine, _timing = open_engine(args.model, args.ctx, disable=args.disable, model=model, lora=args.lora)
     index = Index(engine, tok, window=args.window, stride=args.stride)
 
     async def run():
@@ -93,7 +93,7 @@ def ask(args) -> int:
     # the index is validated for this model before a GPU opens: a damaged or foreign index costs no weight upload
     model = read_model(args.model)
     saved = index_file.load(args.index, index_file.model_info(args.model, model[0], model[1]))
-    header, tok, engine, _timing = load(args.model, args.ctx, args.disable, model, lora=args.lora)
+    header, tok, engine, _timing = open_engine(args.model, args.ctx, disable=args.disable, model=model, lora=args.lora)
 
     async def run():
         hits = []
@@ -142,7 +142,7 @@ def retrieval_eval(args) -> int:
             raise ValueError("--lora runs natively: the page takes an adapter in its Training card")
         return _retrieval_eval_in_page(args)
     files, _digests, _unreadable = _read_files(args.files, "lab retrieval-eval")
-    _header, tok, engine, _timing = load(args.model, args.ctx, args.disable, lora=args.lora)
+    _header, tok, engine, _timing = open_engine(args.model, args.ctx, disable=args.disable, lora=args.lora)
     index = Index(engine, tok, window=args.window, stride=args.stride)
 
     def progress(done: int, total: int, seconds: float) -> None:

@@ -8,6 +8,7 @@ import json
 import sys
 
 from lab.host.cli.parsers import settings
+from lab.host.loading import open_engine
 
 
 def serve(args) -> int:
@@ -32,33 +33,6 @@ def selftest(args) -> int:
     return 0
 
 
-def read_model(model_path: str):
-    """Header, config and tokenizer of a GGUF, validated: everything that can be refused before a GPU opens."""
-    from lab.engine.load import validate
-    from lab.format import gguf
-    header = gguf.read_file(model_path)
-    cfg, tok = validate(header)
-    return header, cfg, tok
-
-
-def load(model_path: str, n_ctx: int, disable=(), model=None, lora: str | None = None):
-    """Header, tokenizer and a native engine with the weights uploaded (timed); `model`: read_model's, if read;
-    `lora`: an adapter file to run with."""
-    import time
-
-    from lab.engine.engine import Engine, read_host_values
-    from lab.host.native import open_native
-    header, cfg, tok = model or read_model(model_path)
-    device = open_native(disable=tuple(disable))
-    t0 = time.perf_counter()
-    engine = Engine(device, header, cfg, n_ctx=n_ctx, host_values=read_host_values(model_path, header, cfg))
-    nbytes = engine.weights.upload_file(model_path)
-    if lora:
-        from lab.host.lora_file import attach_lora
-        attach_lora(engine, lora)
-    return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
-
-
 def tokenize(args) -> int:
     from lab.format import gguf
     from lab.text.tokenizer import from_metadata
@@ -73,7 +47,7 @@ def tokenize(args) -> int:
 def generate(args) -> int:
     from lab.engine.session import Session
     from lab.text import chat
-    header, tok, engine, timing = load(args.model, args.ctx, args.disable, lora=args.lora)
+    header, tok, engine, timing = open_engine(args.model, args.ctx, disable=args.disable, lora=args.lora)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         messages.append({"role": "user", "content": args.prompt})
@@ -99,7 +73,7 @@ def perplexity(args) -> int:
     from lab.instruments.perplexity import Perplexity, tokens_of
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
-    _header, tok, engine, timing = load(args.model, args.ctx, args.disable, lora=args.lora)
+    _header, tok, engine, timing = open_engine(args.model, args.ctx, disable=args.disable, lora=args.lora)
     ppl = Perplexity(engine)
     ids = tokens_of(tok, text)
 

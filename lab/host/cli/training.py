@@ -13,7 +13,7 @@ from pathlib import Path
 def train(args) -> int:
     from lab.engine.backward import TrainError
     from lab.host import gradcheck as gc
-    from lab.host.cli.run import read_model
+    from lab.host.loading import read_model
     from lab.instruments.training import Optim, Trainer, batch_of, windows
     if args.full:
         raise TrainError("full fine-tuning is not built yet: train a LoRA adapter (--lora-rank)")
