@@ -5,11 +5,8 @@
 # BASE=.base: also bench each model with the lab of .base/, made here by
 #   rm -rf .base && mkdir .base && git archive REV lab wgsl | tar -x -C .base   (git-ignored; carry .gl .whl .base)
 set -uo pipefail
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+source scripts/device_native.sh
+native_env || exit 4
 python3 -m lab.host.cli selftest | tee "$OUT/selftest.json"
 what=${1:-tests,kernels,models}
 if [[ $what == *tests* ]]; then

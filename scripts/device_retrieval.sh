@@ -12,11 +12,8 @@ D=/tmp/devr
 source scripts/device_pieces.sh
 if [ "${1:-run}" = piece ]; then take_pieces .devretrieval "$D"; ls -la "$D"; exit 0; fi
 take_pieces .devretrieval "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+source scripts/device_native.sh
+native_env || exit 4
 # the kernels against numpy, and the index against the numpy reference forward, on the NVIDIA adapter
 export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pool.py tests/engine/test_retrieval.py \

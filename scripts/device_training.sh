@@ -13,11 +13,9 @@ D=/tmp/devt
 source scripts/device_pieces.sh
 if [ "${1:-run}" = piece ]; then take_pieces .devtrain "$D"; ls -la "$D"; exit 0; fi
 take_pieces .devtrain "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 4
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+source scripts/device_native.sh
+native_env || exit 4
+export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
 what=${WHAT:-tests,gradcheck,train,torch}
 SMOL=$D/models/SmolLM2-135M-Instruct.Q4_1.gguf
 DATA=tests/fixtures/constitution.txt
