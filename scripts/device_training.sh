@@ -7,7 +7,8 @@
 #
 # WHAT (default tests,gradcheck,train,torch): the training's kernel and engine tests, `lab gradcheck` on the
 # synthetic Llama 3 and on SmolLM2, `lab train` on SmolLM2 over tests/fixtures/constitution.txt at each CTXS x BATCH,
-# and PyTorch eager on the same (scripts/torch_train_bench.py, where present). Results in $OUT.
+# and PyTorch eager on the same (scripts/torch_train_bench.py, where present). Results in $OUT (gpu.txt, tests.txt,
+# gradcheck.json, train_*.json, torch_*.json: at most 8 files come back from a call).
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
@@ -16,6 +17,7 @@ take_pieces .devtrain "$D" || { echo "pieces missing or damaged: chain the calls
 source scripts/device_native.sh
 native_env || exit 4
 export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 what=${WHAT:-tests,gradcheck,train,torch}
 SMOL=$D/models/SmolLM2-135M-Instruct.Q4_1.gguf
 DATA=tests/fixtures/constitution.txt
@@ -23,14 +25,18 @@ if [[ $what == *tests* ]]; then
   # --slow for the kernels; the engine's default set (its slow files take qwen2.5's and gemma3's tokenizers, which
   # do not travel)
   timeout 300 python3 -m pytest -q -p no:cacheprovider --slow tests/kernels/test_optimizer.py \
-    tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+    tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py tests/kernels/test_backward_attention.py \
+    tests/kernels/test_backward_lora.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_training.py tests/engine/test_lora_engine.py \
     tests/engine/test_train_cli.py 2>&1 | tail -8 | tee -a "$OUT/tests.txt"
 fi
 if [[ $what == *gradcheck* ]]; then
-  timeout 120 python3 -m lab.host.cli gradcheck "$D/synthetic/synthetic-llama3-f32.gguf" --json > "$OUT/gradcheck_llama3.json"
-  timeout 300 python3 -m lab.host.cli gradcheck "$SMOL" --samples 1 --json > "$OUT/gradcheck_smollm2.json"
-  python3 -c "import json,sys; [print(f, json.load(open(f))['worst_rel_err']) for f in sys.argv[1:]]" "$OUT"/gradcheck_*.json
+  # both reports in one file: at most 8 files come back from a call
+  timeout 120 python3 -m lab.host.cli gradcheck "$D/synthetic/synthetic-llama3-f32.gguf" --json > "$D/gc_llama3.json"
+  timeout 300 python3 -m lab.host.cli gradcheck "$SMOL" --samples 1 --json > "$D/gc_smollm2.json"
+  python3 -c "import json,sys; r = {k: json.load(open(f)) for k, f in zip(('llama3', 'smollm2'), sys.argv[2:])}
+json.dump(r, open(sys.argv[1], 'w'), indent=1); [print(k, v['worst_rel_err']) for k, v in r.items()]" \
+    "$OUT/gradcheck.json" "$D/gc_llama3.json" "$D/gc_smollm2.json"
 fi
 for ctx in ${CTXS:-128 512}; do
   if [[ $what == *train* ]]; then

@@ -19,20 +19,26 @@
 //   l = sum exp(s - m)),  D = dO_i . O_i  (= sum_k P dP, what the softmax's backward subtracts),
 //   dS = P (dO_i . v_k - D) (1 - tanh^2(raw / c)),  dQ_i = scale sum_k dS k_k,
 //   dK_k = scale sum over (j, h in g) dS q_i,  dV_k = sum over (j, h in g) P dO_i.
-// Entries and grids (1-D, {{WG}} invocations a workgroup, one invocation per row, no workgroup memory):
-//   attn_stats  one per (j, h), ceil(t n_head / WG) groups: walks the row's visible keys once (online max and sum),
-//               then D; writes stats. It recomputes what the forward knew (attention.wgsl keeps no statistics), one
-//               more pass of q.k, cheaper than a t x keys probability matrix.
-//   attn_dq     one per (j, h), the same grid: the row's keys in order, P and dS recomputed, dQ in HD private floats.
-//   attn_dkv    one per (key, KV head), ceil(n_ctx n_kv / WG) groups (keys past pos + t exit): the queries that see
-//               the key in order j = first .. last, the group's heads h = g group .. in order within each, dK and dV
-//               in 2 HD private floats. Each sum over queries and heads runs in that fixed order in one invocation:
-//               no float atomics (WGSL has none), no race, the same bits every run.
+// Entries and grids (rows of ROWS x LANES invocations a workgroup, 1-D, folded into y past 65535 workgroups):
+//   attn_stats  a row per (j, h), ceil(t n_head / ROWS) groups: walks the row's visible keys once (online max and
+//               sum, the lanes' pairs merged), then D; writes stats. It recomputes what the forward knew
+//               (attention.wgsl keeps no statistics), one more pass of q.k, cheaper than a t x keys probability matrix.
+//   attn_dq     a row per (j, h), the same grid: the row's keys, P and dS recomputed, dQ in HD private floats a lane.
+//   attn_dkv    a row per (key, KV head), ceil(n_ctx n_kv / ROWS) groups (keys past pos + t compute nothing): the
+//               (query, head) terms that see the key, queries j = first .. last in order and the group's heads in
+//               order within each, dK and dV in 2 HD private floats a lane.
+//   Every sum runs in an order fixed by the shapes and LANES: no float atomics (WGSL has none), no race, the same
+//   bits every run on one adapter.
+// Why lanes (lab.ops.backward_attention `lanes`): one invocation a row walks up to t keys (or t x group terms) alone,
+//   a few thousand invocations in all at t = 512, each waiting on its loads one after another, too few warps to
+//   hide them; LANES lanes a row cut the walk LANES-fold and fill the GPU. A CPU adapter takes 64 rows of one lane
+//   (no barrier costs it: SwiftShader pays for each per thread, and its lanes are already busy with rows).
 // The three passes recompute each score q.k with the same code (qk, score), so P is the same in each.
-// Loops: an invocation of attn_stats or attn_dq runs ~(3 HD/4 + 1) iterations a visible key, attn_dkv ~(3 HD/4 + 1)
-//   a (query, head) term: lavapipe stops an invocation's loops silently past 32,768 iterations (65,535 over nested
-//   loops, tests/kernels/test_loop_budget.py), so the builder (lab.ops.backward_attention) refuses shapes past
-//   32,767 on such an adapter (e.g. at HD 64: ~650 keys, ~650 / group query rows seeing one key).
+// Loops: an invocation of attn_stats or attn_dq runs ~(3 HD/4 + 1) iterations a visible key of its lane, attn_dkv
+//   ~(3 HD/4 + 1) a (query, head) term of its lane: lavapipe stops an invocation's loops silently past 32,768
+//   iterations (65,535 over nested loops, tests/kernels/test_loop_budget.py), so the builder
+//   (lab.ops.backward_attention) refuses shapes past 32,767 on such an adapter (e.g. at HD 64 and one lane: ~650
+//   keys, ~650 / group query rows seeing one key).
 
 //!include common.wgsl
 
@@ -47,7 +53,8 @@ struct Params {
 
 const HD: u32 = {{HEAD_DIM}}u;
 const HD4: u32 = HD / 4u;
-const WG: u32 = {{WG}}u;
+const ROWS: u32 = {{ROWS}}u;              // rows a workgroup (a CPU adapter: 64, one lane each)
+const LANES: u32 = {{LANES}}u;            // lanes a row, a power of two (a GPU: 64 / (HD / 64), 1 row)
 const NEG: f32 = -3.0e38;                 // "no score yet": exp(NEG - s) is 0, never inf
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
@@ -64,6 +71,10 @@ const NEG: f32 = -3.0e38;                 // "no score yet": exp(NEG - s) is 0, 
 // attn_dkv's own
 @group(0) @binding(7) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dv: array<f32>;
+// the lanes' meeting place: HD floats a lane (attn_dq, attn_dkv), or (max, sum) a lane (attn_stats); one element
+// where a row has one lane (RED = ROWS * LANES * HD4 or 1, RED_ML = ROWS * LANES or 1)
+var<workgroup> red: array<vec4<f32>, {{RED}}>;
+var<workgroup> red_ml: array<vec2<f32>, {{RED_ML}}>;
 
 // Four floats from float index i (rows may sit at any float offset: a fused row's heads, a cache's).
 fn load_q(i: u32) -> vec4<f32> { return vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]); }
@@ -127,25 +138,72 @@ fn score(d: f32) -> vec2<f32> {
 // The probability of a score from its row's statistics st = (m, 1 / l, D, 0).
 fn prob(s: f32, st: vec4<f32>) -> f32 { return exp(s - st.x) * st.y; }
 
-@compute @workgroup_size(WG)
-fn attn_stats(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;                            // query row j * n_head + h
-    if (r >= step.n_tokens * P.n_head) { return; }
+// ---- the lanes: a row's walk (its keys, or a key's query terms) is cut across LANES lanes, lane s taking the items
+// s, s + LANES, ... in order; the lanes' partial results then meet as a tree in workgroup memory (strides LANES / 2,
+// .., 1), lane 0 holding the row's. Fixed by LANES alone: the same bits every run on one adapter.
+// Each workgroup is ROWS rows x LANES lanes, row r = (its index) * ROWS + li / LANES; rows past the step compute
+// nothing but reach every barrier (uniform control flow).
+
+// The row and lane of an invocation (workgroups folded into y past 65535: index = wid.x + wid.y * nwg.x).
+fn row_of(wid: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 { return (wid.x + wid.y * nwg.x) * ROWS + li / LANES; }
+
+// The sum over a row's lanes of their HD-float vectors, left in *acc of every lane of the row (lane 0 stores it).
+fn reduce_lanes(li: u32, acc: ptr<function, array<vec4<f32>, HD4>>) {
+    let lane = li % LANES;
+    let mine = li * HD4;
+    for (var c = 0u; c < HD4; c++) { red[mine + c] = (*acc)[c]; }
+    workgroupBarrier();
+    for (var h = LANES / 2u; h > 0u; h = h / 2u) {
+        if (lane < h) {
+            for (var c = 0u; c < HD4; c++) { red[mine + c] += red[mine + h * HD4 + c]; }
+        }
+        workgroupBarrier();
+    }
+    let first = (li - lane) * HD4;
+    for (var c = 0u; c < HD4; c++) { (*acc)[c] = red[first + c]; }
+    workgroupBarrier();                       // every lane has read before `red` is written again
+}
+
+@compute @workgroup_size(ROWS * LANES)
+fn attn_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg, li);             // query row j * n_head + h
+    let lane = li % LANES;
+    let inside = r < step.n_tokens * P.n_head;
     let j = r / P.n_head;
     let h = r % P.n_head;
     let qpos = step.pos + j;
-    let qi = q_at(j, h);
     var m = NEG;
     var l = 0.0;
-    for (var key = key_begin(qpos); key < key_end(qpos); key++) {
-        let s = score(qk(qi, k_at(key, kv_head(h)))).x;
-        if (s > m) {                          // a new max: rescale the sum so far
-            l = l * exp(m - s) + 1.0;
-            m = s;
-        } else {
-            l += exp(s - m);
+    if (inside) {
+        let qi = q_at(j, h);
+        for (var key = key_begin(qpos) + lane; key < key_end(qpos); key += LANES) {
+            let s = score(qk(qi, k_at(key, kv_head(h)))).x;
+            if (s > m) {                      // a new max: rescale the sum so far
+                l = l * exp(m - s) + 1.0;
+                m = s;
+            } else {
+                l += exp(s - m);
+            }
         }
     }
+    if (LANES > 1u) {                         // the lanes' (max, sum) pairs merged, each sum rescaled to the larger max
+        red_ml[li] = vec2<f32>(m, l);
+        workgroupBarrier();
+        for (var hh = LANES / 2u; hh > 0u; hh = hh / 2u) {
+            if (lane < hh) {
+                let a = red_ml[li];
+                let b = red_ml[li + hh];
+                let mm = max(a.x, b.x);
+                red_ml[li] = vec2<f32>(mm, a.y * exp(a.x - mm) + b.y * exp(b.x - mm));
+            }
+            workgroupBarrier();
+        }
+        let t = red_ml[li - lane];
+        m = t.x;
+        l = t.y;
+    }
+    if (!inside || lane != 0u) { return; }
     let oi = P.o_off + j * P.o_stride + h * HD;
     let di = do_at(j, h);
     var dd = 0.0;
@@ -153,24 +211,30 @@ fn attn_stats(@builtin(global_invocation_id) gid: vec3<u32>) {
     stats_out[r] = vec4<f32>(m, 1.0 / l, dd, 0.0);
 }
 
-@compute @workgroup_size(WG)
-fn attn_dq(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
-    if (r >= step.n_tokens * P.n_head) { return; }
+@compute @workgroup_size(ROWS * LANES)
+fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg, li);
+    let lane = li % LANES;
+    let inside = r < step.n_tokens * P.n_head;
     let j = r / P.n_head;
     let h = r % P.n_head;
-    let qpos = step.pos + j;
-    let st = stats[r];
-    let qi = q_at(j, h);
-    let di = do_at(j, h);
     var acc: array<vec4<f32>, HD4>;           // zero-initialised
-    for (var key = key_begin(qpos); key < key_end(qpos); key++) {
-        let ki = k_at(key, kv_head(h));
-        let sd = score(qk(qi, ki));
-        let p = prob(sd.x, st);
-        let ds = p * (dov(di, v_at(key, kv_head(h))) - st.z) * sd.y;
-        for (var c = 0u; c < HD4; c++) { acc[c] += ds * load_k(ki + 4u * c); }
+    if (inside) {
+        let qpos = step.pos + j;
+        let st = stats[r];
+        let qi = q_at(j, h);
+        let di = do_at(j, h);
+        for (var key = key_begin(qpos) + lane; key < key_end(qpos); key += LANES) {
+            let ki = k_at(key, kv_head(h));
+            let sd = score(qk(qi, ki));
+            let p = prob(sd.x, st);
+            let ds = p * (dov(di, v_at(key, kv_head(h))) - st.z) * sd.y;
+            for (var c = 0u; c < HD4; c++) { acc[c] += ds * load_k(ki + 4u * c); }
+        }
     }
+    if (LANES > 1u) { reduce_lanes(li, &acc); }
+    if (!inside || lane != 0u) { return; }
     let out = P.dq_off + j * P.dq_stride + h * HD;
     for (var c = 0u; c < HD4; c++) {
         let g = acc[c] * P.scale;
@@ -181,36 +245,46 @@ fn attn_dq(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// dK (unscaled) and dV of key `key` and KV head g, summed over the queries that see it and the group's heads in order.
-fn dkv_sums(key: u32, g: u32, gk: ptr<function, array<vec4<f32>, HD4>>, gv: ptr<function, array<vec4<f32>, HD4>>) {
+// dK (unscaled) and dV of key `key` and KV head g: this lane's share of the terms (query j, head h of the group) that
+// see the key, term n = (j - first) * group + (h - g * group) in order n = lane, lane + LANES, ...
+fn dkv_sums(key: u32, g: u32, lane: u32, gk: ptr<function, array<vec4<f32>, HD4>>,
+            gv: ptr<function, array<vec4<f32>, HD4>>) {
     let ki = k_at(key, g);
     let vi = v_at(key, g);
-    for (var j = query_first(key); j < query_end(key); j++) {
-        for (var hg = 0u; hg < P.group; hg++) {
-            let h = q_head(g, hg);
-            let st = stats[j * P.n_head + h];
-            let qi = q_at(j, h);
-            let di = do_at(j, h);
-            let sd = score(qk(qi, ki));
-            let p = prob(sd.x, st);
-            let ds = p * (dov(di, vi) - st.z) * sd.y;
-            for (var c = 0u; c < HD4; c++) {
-                (*gv)[c] += p * load_do(di + 4u * c);
-                (*gk)[c] += ds * load_q(qi + 4u * c);
-            }
+    let first = query_first(key);
+    let terms = (max(query_end(key), first) - first) * P.group;
+    for (var n = lane; n < terms; n += LANES) {
+        let j = first + n / P.group;
+        let h = q_head(g, n % P.group);
+        let st = stats[j * P.n_head + h];
+        let qi = q_at(j, h);
+        let di = do_at(j, h);
+        let sd = score(qk(qi, ki));
+        let p = prob(sd.x, st);
+        let ds = p * (dov(di, vi) - st.z) * sd.y;
+        for (var c = 0u; c < HD4; c++) {
+            (*gv)[c] += p * load_do(di + 4u * c);
+            (*gk)[c] += ds * load_q(qi + 4u * c);
         }
     }
 }
 
-@compute @workgroup_size(WG)
-fn attn_dkv(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;                            // key row key * n_kv_head + g
-    if (r >= (step.pos + step.n_tokens) * P.n_kv_head) { return; }
+@compute @workgroup_size(ROWS * LANES)
+fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg, li);             // key row key * n_kv_head + g
+    let lane = li % LANES;
+    let inside = r < (step.pos + step.n_tokens) * P.n_kv_head;
     let key = r / P.n_kv_head;
     let g = r % P.n_kv_head;
     var gk: array<vec4<f32>, HD4>;
     var gv: array<vec4<f32>, HD4>;
-    dkv_sums(key, g, &gk, &gv);
+    if (inside) { dkv_sums(key, g, lane, &gk, &gv); }
+    if (LANES > 1u) {
+        reduce_lanes(li, &gk);
+        reduce_lanes(li, &gv);
+    }
+    if (!inside || lane != 0u) { return; }
     let ko = P.dk_off + key * P.dk_stride + g * HD;
     let vo = P.dv_off + key * P.dv_stride + g * HD;
     for (var c = 0u; c < HD4; c++) {

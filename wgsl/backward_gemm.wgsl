@@ -1,9 +1,10 @@
-// The backward pass's plain f32 products (lab/ops/backward_matmul.py): one generic strided GEMM and the sum of the
-// projection dx's partial chunks (backward_matmul.wgsl). Two entries, each with its own layout from binding 0 up
+// The backward pass's plain f32 products (lab/ops/backward_matmul.py): one generic strided GEMM in two shapes of
+// workgroup and the sum of the projection dx's partial chunks (backward_matmul.wgsl). Entries, each with its own
+// layout from binding 0 up
 // (variables of the two share binding numbers on purpose, as backward_norm.wgsl's, here even of other types and
 // access: WGSL forbids two variables at one binding only within the SAME entry point; a bind group holds bindings
 // 0, 1, ... with no gap, lab.gpu.Device.bind):
-//   gemm:      0 A (read)  1 B (read)  2 C (read_write)  3 p (uniform Gemm)  4 step (uniform Step)
+//   gemm, gemm_split: 0 A (read)  1 B (read)  2 C (read_write)  3 p (uniform Gemm)  4 step (uniform Step)
 //   chunk_sum: 0 sums (read: dx_rows' partial sums)  1 dx (read_write)  2 q (uniform Sum)  3 step_s (uniform Step)
 //
 // gemm: C[i, j] = (acc ? C[i, j] : 0) + scale * sum_{k < K} A[i, k] B[k, j], for i < M, j < N, where
@@ -22,6 +23,18 @@
 //   On lavapipe one invocation's loop stops silently past 32,768 iterations (tests/kernels/test_loop_budget.py): K
 //   stays under that there.
 //   Grid: (ceil(N / 8), ceil(M / 8), 1), workgroups of 8 x 8.
+//
+// gemm_split: the same C, for a long K and few outputs, on a GPU. The LoRA products are mostly that: u = x A^T and
+//   du = s dy B have t x rank outputs and K = a projection's width (576 to 1536 at SmolLM2), dA and dB rank x width
+//   outputs and K = the step's tokens. One invocation an output walks K alone: a few thousand invocations in all,
+//   each waiting on its loads one after the other, with too few warps to hide them. Here a workgroup takes a tile of TI x TJ = 4 x 4 outputs and splits each one's K
+//   over KS = 16 lanes: lane s sums k = s, s + KS, s + 2 KS, ... in order (consecutive lanes read consecutive k,
+//   one contiguous run where an operand's k stride is 1), then the tile's 16 partial sums an output are added as a
+//   tree in workgroup memory (strides 8, 4, 2, 1) and lane 0 scales, adds C's value and stores. The order is fixed
+//   by K alone: deterministic, and no element written twice. K / 16 + 4 roundings against gemm's K.
+//   Not on a CPU adapter (lab.ops.backward_matmul `gemm`, split=None): SwiftShader pays for every barrier per
+//   thread, and a CPU gains nothing from the extra lanes.
+//   Grid: (ceil(N / TJ), ceil(M / TI), 1), workgroups of 256 = TI x TJ x KS.
 // Gemm { m, n, k, tok, a_off, a_si, a_sk, b_off, b_sk, b_sj, c_off, c_si, c_sj, acc: u32, scale: f32, _p: u32 }
 //
 // chunk_sum: dx[dx_off + t * dx_stride + c] = (acc ? that value : 0) + sum over chunks k = 0, 1, ... in order of
@@ -65,6 +78,39 @@ fn gemm(@builtin(global_invocation_id) gid: vec3<u32>) {
     var v = p.scale * s;
     if (p.acc != 0u) { v += C[o]; }
     C[o] = v;
+}
+
+const TI: u32 = 4u;
+const TJ: u32 = 4u;
+const KS: u32 = 16u;
+var<workgroup> red: array<f32, 256>;      // TI x TJ x KS partial sums: output o's lanes at o * KS ..
+
+@compute @workgroup_size(256)
+fn gemm_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let s = li % KS;
+    let o = li / KS;
+    let i = wid.y * TI + o / TJ;
+    let j = wid.x * TJ + o % TJ;
+    let inside = i < dim(p.m, 1u) && j < dim(p.n, 2u);
+    var acc = 0.0;
+    if (inside) {
+        let kn = dim(p.k, 4u);
+        for (var k = s; k < kn; k += KS) {
+            acc += A[p.a_off + i * p.a_si + k * p.a_sk] * B[p.b_off + k * p.b_sk + j * p.b_sj];
+        }
+    }
+    red[li] = acc;
+    workgroupBarrier();
+    for (var h = KS / 2u; h > 0u; h = h / 2u) {     // every lane reaches each barrier: uniform control flow
+        if (s < h) { red[li] += red[li + h]; }
+        workgroupBarrier();
+    }
+    if (s == 0u && inside) {
+        let c = p.c_off + i * p.c_si + j * p.c_sj;
+        var v = p.scale * red[li];
+        if (p.acc != 0u) { v += C[c]; }
+        C[c] = v;
+    }
 }
 
 @compute @workgroup_size(64)

@@ -21,9 +21,10 @@ import math
 import struct
 
 from lab import gpu
-from lab.ops import Op
+from lab.ops import Op, groups_1d
 
-WG = 64
+WG = 64                  # a CPU adapter's workgroup: 64 rows of one lane
+LANES_MAX = 64           # a GPU's lanes a row (fewer where HD floats a lane pass the workgroup memory: `default_lanes`)
 STATS = struct.Struct("<4f")       # per (query row, head): m, 1 / l, D, unused
 _PARAMS = struct.Struct("<20I2f2I")  # 8 (off, stride) pairs: q o do dq k v dk dv; n_head n_kv group window scale cap
 # lavapipe stops an invocation's loops silently past 32,768 iterations (65,535 over nested loops together:
@@ -44,29 +45,49 @@ def _rows(arg, width: int) -> tuple[gpu.Buffer, int, int]:
     return arg, 0, width
 
 
-def loop_iterations(head_dim: int, n_keys: int, n_terms: int) -> int:
+def loop_iterations(head_dim: int, n_keys: int, n_terms: int, lanes: int = 1) -> int:
     """The most loop iterations one invocation runs: attn_stats and attn_dq walk up to n_keys keys, each a q.k, a
     dO.v and an accumulation of head_dim / 4 vec4s (stats: q.k only, then D), attn_dkv up to n_terms (query, head)
-    terms of the same work."""
+    terms of the same work; `lanes` a row share them (and add the tree's adds)."""
     per = 3 * (head_dim // 4) + 1
-    return max(n_keys, n_terms) * per + 2 * (head_dim // 4) + n_terms
+    walk = -(-max(n_keys, n_terms) // lanes)
+    tree = 0 if lanes == 1 else (lanes.bit_length() + 1) * 2 * (head_dim // 4)
+    return walk * per + 2 * (head_dim // 4) + -(-n_terms // lanes) + tree
+
+
+def default_lanes(device: gpu.Device, head_dim: int) -> int:
+    """Lanes a row: 1 on a CPU adapter (wgsl/backward_attention.wgsl says why), else the most, up to LANES_MAX and a
+    power of two, whose head_dim floats a lane fit the workgroup memory."""
+    if device.info.software:
+        return 1
+    room = device.info.limits["max_compute_workgroup_storage_size"] // (4 * head_dim)
+    lanes = 1
+    while lanes * 2 <= min(LANES_MAX, room):
+        lanes *= 2
+    return lanes
 
 
 def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stats: gpu.Buffer, step: gpu.Buffer, *,
                    n_head: int, n_kv_head: int, head_dim: int, n_ctx: int, max_tokens: int,
                    scale: float | None = None, window: int = 0, softcap: float = 0.0,
-                   label: str = "attention_back") -> list[Op]:
+                   label: str = "attention_back", lanes: int | None = None) -> list[Op]:
     """dq (the step's t rows), dk and dv (rows 0 .. pos + t - 1; keys no query sees get 0) of the attention of
     lab.ops.attention with these `scale` (default 1 / sqrt(head_dim)), `window` (W > 0: keys with qpos - k < W) and
     `softcap` (c > 0: scores c tanh(s / c)), for steps of t <= max_tokens tokens with pos + t <= n_ctx. `stats` is
     scratch of stats_bytes(max_tokens, n_head). Rows as the module's docstring says. Three ops in this order:
     attn_stats, attn_dq, attn_dkv (one compute pass: each dispatch sees the one before). dq, dk and dv are written,
-    each a buffer other than the inputs (dk and dv may share one, dq too: a fused gradient row)."""
+    each a buffer other than the inputs (dk and dv may share one, dq too: a fused gradient row). `lanes` (a power of
+    two) splits each row's walk (default_lanes: 1 on a CPU adapter, up to 64 on a GPU; tests force it)."""
     qd, kvd = n_head * head_dim, n_kv_head * head_dim
     rows = dict(q=_rows(q, qd), o=_rows(o, qd), do=_rows(do, qd), dq=_rows(dq, qd),
                 k=_rows(k, kvd), v=_rows(v, kvd), dk=_rows(dk, kvd), dv=_rows(dv, kvd))
+    lanes = default_lanes(device, head_dim) if lanes is None else int(lanes)
+    if lanes < 1 or lanes & (lanes - 1) or lanes * 4 * head_dim > device.info.limits[
+            "max_compute_workgroup_storage_size"]:
+        raise ValueError(f"{label}: {lanes} lanes a row: a power of two whose {head_dim} floats each fit the "
+                         f"workgroup memory")
     _check(device, label, rows, stats, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, n_ctx=n_ctx,
-           max_tokens=max_tokens, window=window, softcap=softcap)
+           max_tokens=max_tokens, window=window, softcap=softcap, lanes=lanes)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     packed = [x for name in ("q", "o", "do", "dq", "k", "v", "dk", "dv") for x in rows[name][1:]]
     params = device.uniform(_PARAMS.pack(*packed, n_head, n_kv_head, n_head // n_kv_head, window, scale,
@@ -79,14 +100,17 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
                "attn_dq": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dq"]],
                "attn_dkv": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dk"]] + ([] if fused else
                                                                                            [b["dv"]])}
-    g_rows = lambda t: (-(-max(1, t) * n_head // WG), 1, 1)        # noqa: E731  (one invocation per query row)
-    g_keys = -(-n_ctx * n_kv_head // WG)                           # one per key row: every step's pos + t fits
-    grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: (g_keys, 1, 1)}
+    per = WG if lanes == 1 else 1                                  # rows a workgroup
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    g_rows = lambda t: groups_1d(max(1, t) * n_head, per, max_dim)  # noqa: E731  (a row per query row and head)
+    g_keys = groups_1d(n_ctx * n_kv_head, per, max_dim)             # a row per key and KV head: every pos + t fits
+    grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: g_keys}
+    consts = dict(HEAD_DIM=head_dim, ROWS=per, LANES=lanes, RED=1 if lanes == 1 else lanes * head_dim // 4,
+                  RED_ML=lanes)
     ops = []
     for entry, res in layouts.items():
         # DV: the buffer attn_dkv writes dV to (the others never read it: "dv" keeps them one pipeline each)
-        kern = kernels.get("backward_attention", entry, HEAD_DIM=head_dim, WG=WG,
-                           DV="dk" if fused and entry == "attn_dkv" else "dv")
+        kern = kernels.get("backward_attention", entry, **consts, DV="dk" if fused and entry == "attn_dkv" else "dv")
         ops.append(Op(kern, device.bind(kern, res, f"{label}.{entry}"), grids[entry]))
     return ops
 
@@ -97,7 +121,7 @@ def _need(buf: gpu.Buffer, floats: int, what: str) -> None:
 
 
 def _check(device: gpu.Device, label: str, rows: dict, stats: gpu.Buffer, *, n_head: int, n_kv_head: int,
-           head_dim: int, n_ctx: int, max_tokens: int, window: int, softcap: float) -> None:
+           head_dim: int, n_ctx: int, max_tokens: int, window: int, softcap: float, lanes: int) -> None:
     """attention_back's checks: the shapes, the grid and, on an adapter with a loop budget, each invocation's
     iterations; then distinct buffers for what is written and every buffer long enough."""
     if n_kv_head <= 0 or n_head % n_kv_head:
@@ -106,11 +130,12 @@ def _check(device: gpu.Device, label: str, rows: dict, stats: gpu.Buffer, *, n_h
         raise ValueError(f"{label}: head_dim {head_dim} is not a multiple of 4")
     if not 0 < max_tokens <= n_ctx or window < 0 or softcap < 0:
         raise ValueError(f"{label}: max_tokens {max_tokens} of n_ctx {n_ctx}, window {window}, softcap {softcap}")
-    if -(-n_ctx * n_kv_head // WG) > device.info.limits["max_compute_workgroups_per_dimension"]:
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    if max(n_ctx * n_kv_head, max_tokens * n_head) > max_dim * max_dim:
         raise gpu.GpuError(f"{label}: {n_ctx} keys x {n_kv_head} KV heads exceed the grid")
     keys = min(n_ctx, window) if window else n_ctx
     terms = min(max_tokens, keys) * (n_head // n_kv_head)
-    if device.info.loop_budget and loop_iterations(head_dim, keys, terms) > LOOP_LIMIT:
+    if device.info.loop_budget and loop_iterations(head_dim, keys, terms, lanes) > LOOP_LIMIT:
         raise gpu.GpuError(f"{label}: {keys} keys or {terms} query terms at head_dim {head_dim} run past "
                            f"{LOOP_LIMIT:,} loop iterations an invocation, where {device.info.name} stops loops")
     inputs = {rows[n][0] for n in ("q", "k", "v", "o", "do")}

@@ -92,8 +92,9 @@ def _read_grads(env: Env, b: dict, t: int, n_ctx: int, nh: int, nkv: int, hd: in
 
 def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int, window: int = 0,
                          softcap: float = 0.0, fused: bool = False, forward_o: bool = False, spare: int = 3,
-                         size: float = 1.5, seed: int = 0) -> dict:
-    """attention_back for a step of t queries at pos over pos + t keys (`spare` more rows of keys past them). Returns
+                         size: float = 1.5, seed: int = 0, lanes: int | None = None) -> dict:
+    """attention_back for a step of t queries at pos over pos + t keys (`spare` more rows of keys past them), with
+    `lanes` lanes a row (None: the adapter's default, one on a CPU adapter). Returns
     each gradient's (error, tolerance) in units of u; raises AssertionError past a tolerance or when a row past the
     step changed. Also returns the raw gradients (reproducibility)."""
     rng = np.random.default_rng(seed)
@@ -105,10 +106,11 @@ def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int,
     b = _buffers(env, x, o, t, n_ctx, fused)
     run(env, attention_back(env.device, env.kernels, b["q"], b["k"], b["v"], b["o"], b["do"], b["dq"], b["dk"],
                             b["dv"], b["stats"], ops_step(env), n_head=nh, n_kv_head=nkv, head_dim=hd, n_ctx=n_ctx,
-                            max_tokens=t, scale=sc, window=window, softcap=softcap), pos, t, n_ctx)
+                            max_tokens=t, scale=sc, window=window, softcap=softcap, lanes=lanes), pos, t, n_ctx)
     got = _read_grads(env, b, t, n_ctx, nh, nkv, hd, fused)
     free(env.device, *(v if not isinstance(v, tuple) else v[0] for v in b.values()))
-    what = f"attention_back t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap} fused={fused}"
+    what = (f"attention_back t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap} fused={fused} "
+            f"lanes={lanes}")
     want = dict(zip(("dq", "dk", "dv"), ga.attention_grad(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos,
                                                             **kw)))
     tols = ga.attention_tols(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos, o_err=o_err, **kw)
@@ -248,7 +250,8 @@ BROKEN = [
     ("the window ignored (dQ, stats)", "P.window > 0u && qpos + 1u > P.window", "false", WINDOW),
     ("the window ignored (dK/dV)", "if (P.window > 0u) { e = min(e, key + P.window); }", "", WINDOW),
     ("D_i omitted", "- st.z)", ")", GQA_CAP),
-    ("one query head of each group left out of dK/dV", "hg < P.group", "hg + 1u < P.group", GQA_CAP),
+    ("the last (query, head) term left out of dK/dV", "(max(query_end(key), first) - first) * P.group",
+     "(max(query_end(key), first) - first) * P.group - 1u", GQA_CAP),
     ("the wrong KV head", "return h / P.group;", "return h % P.n_kv_head;", GQA_CAP),
     ("the cap's derivative missing", "select(0.0, 4.0 * e / ((1.0 + e) * (1.0 + e)), abs(w) < 15.0)", "1.0",
      GQA_CAP),
@@ -261,8 +264,10 @@ BROKEN = [
 
 @pytest.mark.parametrize("what,old,new,case", BROKEN, ids=[b[0] for b in BROKEN])
 def test_broken_variants_fail(env1, what, old, new, case):  # noqa: F811
+    """At one lane a row on every adapter (a GPU's default of 64 lanes holds one key a lane here, where a walk's own
+    rescale never runs: LANE_BROKEN traps the lanes)."""
     with pytest.raises(AssertionError, match="exceeds|non-finite") as info:
-        check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11)
+        check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11, lanes=1)
     print(f"broken attention_back, {what}: {str(info.value).splitlines()[0]}")
 
 
@@ -271,3 +276,44 @@ def test_broken_fused_dv_fails(env1):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_attention_back(patched(env1, "backward_attention", "let vo = P.dv_off", "let vo = P.dk_off"),
                              13, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5)
+
+
+# -- lanes: a row's walk cut across lanes (a GPU's default), forced here on any adapter --------------------------------
+
+LANE_CASES = [  # (t, pos, nh, nkv, hd, window, softcap), lanes
+    ((37, 11, 6, 2, 64, 16, 5.0), 4),    # window, cap, GQA 3: rows of 1 .. 16 keys over 4 lanes
+    ((37, 0, 2, 2, 96, 0, 0.0), 32),     # the longest row 37 keys: most lanes hold one or two
+    ((3, 5, 6, 2, 96, 0, 0.0), 16),      # rows of 6 .. 8 keys: most lanes hold none (m = -inf merged)
+    ((13, 7, 3, 1, 80, 0, 3.0), 64),     # 64 lanes at heads of 80: 20 KB of lanes, refused where 16 KB is the limit
+]
+
+
+@pytest.mark.parametrize("case,lanes", LANE_CASES, ids=[f"lanes{c[1]}" for c in LANE_CASES])
+def test_lanes(env1, case, lanes):  # noqa: F811
+    if lanes * 4 * case[4] > env1.device.info.limits["max_compute_workgroup_storage_size"]:
+        with pytest.raises(ValueError, match="workgroup memory"):
+            check_attention_back(env1, *case, seed=7, lanes=lanes)
+        return
+    _report(f"attention_back {case} lanes={lanes}", check_attention_back(env1, *case, seed=7, lanes=lanes))
+
+
+def test_lanes_fused_and_reproducible(env1):  # noqa: F811
+    a = check_attention_back(env1, 13, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5, lanes=8)
+    b = check_attention_back(env1, 13, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5, lanes=8)
+    assert all(a["raw"][n].tobytes() == b["raw"][n].tobytes() for n in ("dq", "dk", "dv"))
+
+
+LANE_BROKEN = [
+    ("the tree's first level dropped", "for (var h = LANES / 2u;", "for (var h = LANES / 4u;"),
+    ("the lanes' sums not rescaled to the larger max", "a.y * exp(a.x - mm) + b.y * exp(b.x - mm)", "a.y + b.y"),
+    ("a lane's keys skipped", "key += LANES)", "key += LANES + 1u)"),
+    ("a lane's terms skipped", "n += LANES)", "n += LANES + 1u)"),
+    ("lane 0 reads its own sum, not the row's", "let first = (li - lane) * HD4;", "let first = li * HD4 + HD4;"),
+    ("a lane's online sum not rescaled at a new max", "l = l * exp(m - s) + 1.0;", "l = l + 1.0;"),
+]
+
+
+@pytest.mark.parametrize("what,old,new", LANE_BROKEN, ids=[b[0] for b in LANE_BROKEN])
+def test_broken_lanes_fail(env1, what, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_attention_back(patched(env1, "backward_attention", old, new), *GQA_CAP, seed=11, lanes=4)

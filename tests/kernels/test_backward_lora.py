@@ -4,8 +4,9 @@ adapter's dA, dB and input gradient (lora_back) on top of a quantized base's dx 
 y = W x + s B (A x) against the float64 oracle (lab/host/reference/grads.py lora_grad, linear_grad); then broken
 variants the same checks must catch.
 
-Shapes fill no 8 x 8 GEMM tile evenly: rank 5, 67 or 131 output rows, 96 or 768 inputs, 13 tokens (3 for the part
-split). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
+Both kernels of the GEMM run each check (`split`: gemm, one invocation an output; gemm_split, K over 16 lanes and a
+tree, the one a GPU takes for long K, which a CPU adapter would otherwise never run). Shapes fill no 8 x 8 or 4 x 4
+tile evenly: rank 5, 67 or 131 output rows, 96 or 768 inputs, 13 tokens (3 for the part split). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
 the inputs' absolute values), tolerances the chain's count of roundings (grads.gemm_tol, dx_back_tol); -s prints
 them in units of 2^-24.
 """
@@ -39,7 +40,7 @@ def _tokens(rng, t: int, n: int, spare: int, scale: float = 1.0) -> tuple[np.nda
 
 # -- dW of an F32 weight -------------------------------------------------------------------------------------------
 
-def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0) -> float:
+def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0, split: bool = False) -> float:
     """dw_back for t tokens (two more rows of NaN past the step) into a gradient already holding an earlier
     micro-batch's sum, cut into `parts` as alloc_weight cuts an F32 weight of the shape."""
     dev, rng = env.device, np.random.default_rng(seed)
@@ -51,18 +52,21 @@ def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0)
     assert len(dw.parts) == parts
     upload_weight(dev, dw, dw0.tobytes())
     xb, dyb = upload(dev, xb_host), upload(dev, dyb_host)
-    run(env, dw_back(dev, env.kernels, dw.parts, n_in, xb, dyb, ops_step(env), max_tokens=t + 2), 0, t)
+    run(env, dw_back(dev, env.kernels, dw.parts, n_in, xb, dyb, ops_step(env), max_tokens=t + 2, split=split), 0, t)
     got = np.concatenate([read(dev, p.buffer).reshape(p.n_rows, n_in) for p in dw.parts])
     free(dev, xb, dyb, *(p.buffer for p in dw.parts))
     _, want = linear_grad(np.zeros((n_out, n_in)), x, dy)
     scale = np.abs(dw0) + np.abs(dy).T.astype(np.float64) @ np.abs(x)
-    return within_terms(f"dw_back {n_out}x{n_in} t={t} parts={parts}", got, dw0 + want, scale, gemm_tol(t))
+    return within_terms(f"dw_back {n_out}x{n_in} t={t} parts={parts} split={split}", got, dw0 + want, scale,
+                        gemm_tol(t))
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("n_out,n_in,t,parts", [(67, 264, 13, 1), (131, 96, 3, 3), (67, 264, 1, 2)])
-def test_dw_back(env1, n_out, n_in, t, parts):  # noqa: F811
-    e = check_dw(env1, n_out, n_in, t, parts, seed=n_out + t)
-    print(f"dw_back {n_out}x{n_in} t={t} parts={parts}: {e:.2f} u (tolerance {gemm_tol(t) / U32:.0f} u)")
+def test_dw_back(env1, n_out, n_in, t, parts, split):  # noqa: F811
+    e = check_dw(env1, n_out, n_in, t, parts, seed=n_out + t, split=split)
+    print(f"dw_back {n_out}x{n_in} t={t} parts={parts} split={split}: {e:.2f} u "
+          f"(tolerance {gemm_tol(t) / U32:.0f} u)")
 
 
 # -- LoRA on a quantized base --------------------------------------------------------------------------------------
@@ -75,7 +79,7 @@ def _lora_inputs(rng, n_out: int, n_in: int, rank: int) -> dict:
 
 
 def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
-                        seed: int = 0) -> dict:
+                        seed: int = 0, split: bool = False) -> dict:
     """dx_back through the quantized base (dx written), then lora_back (dA, dB added into, dx added into): the
     whole backward of y = W x + s B (A x) for t tokens. Returns the results read back and the inputs."""
     dev, rng = env.device, np.random.default_rng(seed)
@@ -96,7 +100,7 @@ def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t
                   chunk_rows=16)
     ops += lora_back(dev, env.kernels, (bufs["A"], bufs["B"]), (bufs["dA"], bufs["dB"]), (bufs["u"], bufs["du"]),
                      bufs["x"], bufs["dy"], bufs["dx"], ops_step(env), n_in=n_in, n_out=n_out, rank=rank, scale=s,
-                     max_tokens=mt)
+                     max_tokens=mt, split=split)
     run(env, ops, 0, t)
     c.update(dx=read(dev, bufs["dx"]).reshape(mt, n_in), dA=read(dev, bufs["dA"]).reshape(rank, n_in),
              dB=read(dev, bufs["dB"]).reshape(n_out, rank), chunks=dx_chunks(w, 16))
@@ -105,10 +109,10 @@ def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t
 
 
 def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
-                          seed: int = 0) -> dict[str, float]:
+                          seed: int = 0, split: bool = False) -> dict[str, float]:
     """run_projection_back against lora_grad: dx (base and adapter), dA0 + dA, dB0 + dB, each per element within its
     chain's roundings (below); dx's rows past the step untouched. Returns the errors in units of 2^-24."""
-    c = run_projection_back(env, name, n_out, n_in, rank, t, s, seed)
+    c = run_projection_back(env, name, n_out, n_in, rank, t, s, seed, split)
     dx, da, db = lora_grad(c["W"], c["A"], c["B"], c["x"], c["dy"], s)
     absolute = [np.abs(c[k]).astype(np.float64) for k in ("W", "A", "B", "x", "dy")]
     sx, sa, sb = lora_grad(*absolute, abs(s))
@@ -116,7 +120,7 @@ def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int,
     # is longer; dA: du's chain then the sum over t tokens; dB: u = x A^T (n_in products) then t tokens.
     longest = min(16, n_out)
     tol_dx = max(dx_back_tol(longest, sum(c["chunks"])), gemm_tol(n_out) + gemm_tol(rank))
-    what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s}"
+    what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s} split={split}"
     out = {"dx": within_terms(what + " dx", c["dx"][:t], dx, sx, tol_dx),
            "dA": within_terms(what + " dA", c["dA"], c["dA0"] + da, sa + np.abs(c["dA0"]),
                               gemm_tol(n_out) + gemm_tol(t)),
@@ -132,14 +136,17 @@ def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int,
     ("Q8_0", 67, 96, 5, 3, 0.75),
     ("F16", 67, 264, 8, 1, 0.5),          # one token: the M = t GEMMs one row of tiles
 ])
-def test_projection_back(env1, name, n_out, n_in, rank, t, s):  # noqa: F811
-    e = check_projection_back(env1, name, n_out, n_in, rank, t, s, seed=rank + t)
-    print(f"projection_back {name} rank={rank} t={t}: " + ", ".join(f"{k} {v:.2f} u" for k, v in e.items()))
+@pytest.mark.parametrize("split", [False, True])
+def test_projection_back(env1, name, n_out, n_in, rank, t, s, split):  # noqa: F811
+    e = check_projection_back(env1, name, n_out, n_in, rank, t, s, seed=rank + t, split=split)
+    print(f"projection_back {name} rank={rank} t={t} split={split}: "
+          + ", ".join(f"{k} {v:.2f} u" for k, v in e.items()))
 
 
-def test_lora_bit_reproducible(env1):  # noqa: F811
-    a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3)
-    b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3)
+@pytest.mark.parametrize("split", [False, True])
+def test_lora_bit_reproducible(env1, split):  # noqa: F811
+    a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, split=split)
+    b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, split=split)
     assert all(a[k].tobytes() == b[k].tobytes() for k in ("dx", "dA", "dB"))
 
 
@@ -163,3 +170,20 @@ def test_broken_lora_fails(env1, old, new):  # noqa: F811
 def test_broken_dw_fails(env1, old, new):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_dw(patched(env1, "backward_gemm", old, new), 131, 96, 3, 3, seed=5)
+
+
+# Broken variants of gemm_split: each must fail the same checks on the split kernel.
+SPLIT_BREAKS = [
+    ("var v = p.scale * red[li];", "var v = red[li];"),                          # the LoRA scale s missing
+    ("if (p.acc != 0u) { v += C[c]; }", ""),                                    # overwritten, not added into
+    ("var h = KS / 2u", "var h = KS / 4u"),                                     # the tree's first level dropped
+    ("k += KS", "k += KS + 1u"),                                                # a lane's terms skipped
+    ("i * p.a_si + k * p.a_sk", "i * p.a_sk + k * p.a_si"),                     # A's index transposed
+]
+
+
+@pytest.mark.parametrize("old,new", SPLIT_BREAKS)
+def test_broken_split_fails(env1, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite|past the step"):
+        check_projection_back(patched(env1, "backward_gemm", old, new), "Q4_K", 131, 768, 5, 13, 2.0, seed=5,
+                              split=True)

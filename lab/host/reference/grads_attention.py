@@ -135,7 +135,9 @@ def attention_grad(q, k, v, do, pos: int, *, n_kv_head: int, scale: float, windo
 #          2 sigma, whichever pass recomputes s. Vulkan allows exp 3 + 2|x| ulp (ulp <= 2u relative): with the
 #          subtraction's rounding (6 + 5|x|) u a term, x = s - m within the row's range X; the online rescales (at most
 #          one a key, 7 + 5|x| u each, their arguments summing to at most X), the n_k adds, and the final exp,
-#          reciprocal and product: eps_P = (2 sigma + 15 X + 8 n_k + 15) u relative.
+#          reciprocal and product; a GPU's lanes (up to 64 a row) merge their (max, sum) pairs in 6 levels, two exps
+#          of arguments within X, two products and an add a level, 6 (15 + 8 X) u more:
+#          eps_P = (2 sigma + 63 X + 8 n_k + 105) u relative.
 #   dS     = P (dO.v - D), D = dO.O: two d-term dots (and O's own f32 rounding), the subtraction and product, against
 #          B_ik = P (|dO_i|.|v_k| + |dO_i|.|O_i|) >= |dS|: (eps_P + d + 3) u B. With a cap, times its derivative
 #          1 - tanh^2(raw / c) = 4e / (1 + e)^2, e = exp(-2|raw / c|): the argument's error (d + 2) u a / c doubles in
@@ -184,7 +186,7 @@ def attention_tols(q, k, v, do, pos: int, *, n_kv_head: int, scale: float, windo
     n_k = int(mask.sum(axis=1).max())
     n_q = int(mask.sum(axis=0).max()) * group
     sigma = (d + 3) * f["A"] + (softcap * (24 + 16 * f["W"]) if softcap > 0 else 0.0)
-    eps_p = 2 * sigma + 15 * f["X"] + 8 * n_k + 15
+    eps_p = 2 * sigma + 63 * f["X"] + 8 * n_k + 105
     eps_c = (2 * (d + 2) * f["A"] / softcap + 10 + 8 * f["W"]) if softcap > 0 else 0.0
     count_ds = eps_p + d + 3 + eps_c + 1
     err_d = np.sum(np.abs(do) * np.broadcast_to(_f64(o_err), o.shape), axis=-1) / (count_ds * U32)  # [t, n_head]
