@@ -56,10 +56,20 @@ def nav(card_page, tiny_path):
     lab = take(card_page, tiny_path, viewport=WIDE)
     lab.page.evaluate(RECORD)
     yield lab
-    for card in ORDER:                              # the next module's page starts with every card open
+    open_all(lab)                                   # the next module's page starts with every card open
+    lab.page.set_viewport_size(WIDE)
+
+
+@pytest.fixture(autouse=True)
+def every_card_open(nav):
+    """Each test starts with every card open, whatever the one before left (a failure half-way included)."""
+    open_all(nav)
+
+
+def open_all(lab: Lab) -> None:
+    for card in ORDER:
         if folded(lab, card):
             lab.page.click(f"#{card} [data-testid=fold]")
-    lab.page.set_viewport_size(WIDE)
 
 
 def sent(lab: Lab) -> list[dict]:
