@@ -23,7 +23,6 @@ export function freshNav() {
   return {
     folded: new Set(),     // ids of the folded cards; a new reply, New chat, Forget and another model keep them
     onScreen: {},          // id -> true while SHOWN of the card is in view
-    current: null,         // the card last gone to (the navigator, J / K, a fold)
   };
 }
 
@@ -67,7 +66,6 @@ function watch(store, changed) {
 
 // ---- going to a card, folding one --------------------------------------------------------------------------------
 function go(store, card, render) {
-  store.nav.current = card.id;
   card.scrollIntoView({ block: "start" });          // below the pinned parts: html's scroll-padding-top
   card.focus({ preventScroll: true });              // J, K and F go on from here
   render();
@@ -77,20 +75,20 @@ function fold(store, card, page) {
   const folded = store.nav.folded;
   const open = folded.has(card.id);
   if (open) folded.delete(card.id); else folded.add(card.id);
-  store.nav.current = card.id;
   page.render();
   // a card folded while its top was above the screen would leave the reader far below it
   if (card.getBoundingClientRect().top < seenCovered) card.scrollIntoView({ block: "start" });
   if (open) page.opened(card.id);
 }
 
+// The card holding the focus (gone to, or a control of it used), if any.
+const focusedCard = () => (document.activeElement && document.activeElement.closest
+  ? document.activeElement.closest("#column-panels > .card") : null);
+
 // The card the keys act on: the one holding the focus, else the first one reaching below the pinned parts.
 function currentCard() {
   const all = cards();
-  const focused = document.activeElement && document.activeElement.closest
-    && document.activeElement.closest("#column-panels > .card");
-  if (focused) return focused;
-  return all.find((c) => c.getBoundingClientRect().bottom > (seenCovered ?? 0) + 8) ?? all[0];
+  return focusedCard() ?? all.find((c) => c.getBoundingClientRect().bottom > (seenCovered ?? 0) + 8) ?? all[0];
 }
 
 // Keys typed into a field are the field's.
@@ -128,7 +126,6 @@ function foldable(store, card, page) {
   line.setAttribute("data-testid", "fold-line");
   h2.after(line);
   card.tabIndex = -1;
-  card.addEventListener("focusin", () => { store.nav.current = card.id; });
 }
 
 function navigator(store, page) {
@@ -155,7 +152,7 @@ function navigator(store, page) {
 }
 
 // page: {render, changed (what is on screen or open changed: ask for what now computes), opened(id) (a card was
-// opened: what it asks for by itself)}; lines: id -> (store) => the one line a folded card shows.
+// opened: ask for what it needs)}.
 export function wireNavigator(store, page) {
   for (const card of cards()) foldable(store, card, page);
   navigator(store, page);
@@ -177,10 +174,12 @@ export function renderNavigator(store, lines) {
     const line = card.querySelector(":scope > .fold-line");
     line.textContent = open ? "" : (lines[card.id] ? lines[card.id](store) : "") || "folded";
   }
+  // the current card framed: the one holding the focus, while it is on screen (scrolled away, it is not current)
+  const focused = focusedCard(), current = focused && store.nav.onScreen[focused.id] ? focused.id : null;
   for (const b of document.querySelectorAll("#navigator .nav-card")) {
     const id = b.dataset.card;
     b.classList.toggle("folded", !isOpen(store, id));
     b.classList.toggle("on-screen", !!store.nav.onScreen[id]);
-    if (id === store.nav.current) b.setAttribute("aria-current", "true"); else b.removeAttribute("aria-current");
+    if (id === current) b.setAttribute("aria-current", "true"); else b.removeAttribute("aria-current");
   }
 }

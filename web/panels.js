@@ -690,8 +690,10 @@ function residualLine(store) {
   if (!norms) return waiting(store, "the residual at");
   let top = 0;
   norms.forEach((v, slot) => { if (v > norms[top]) top = slot; });
-  return `position ${pos} ${shown(store.context[pos].piece)} · ‖h‖ after the last layer ${fmt(norms.at(-1), 2)}`
-    + ` · largest ${fmt(norms[top], 2)} ${top ? `after layer ${top - 1}` : "at the embedding"}`;
+  const last = norms.length - 1;
+  return `position ${pos} ${shown(store.context[pos].piece)} · ‖h‖ ${fmt(norms[0], 2)} at the embedding, `
+    + `${fmt(norms[last], 2)} after layer ${last - 1}`
+    + (top !== last ? ` · largest ${fmt(norms[top], 2)} ${top ? `after layer ${top - 1}` : "at the embedding"}` : "");
 }
 
 function attentionLine(store) {
