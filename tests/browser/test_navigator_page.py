@@ -107,7 +107,7 @@ def landed(lab: Lab, card: str, at: dict) -> None:
     end = lab.page.evaluate("scrollY + innerHeight >= document.documentElement.scrollHeight - 1")
     assert at["nav"] <= at["top"] < at["vh"] - 40, (card, at)
     assert at["top"] - at["nav"] < 24 or end, (card, at)
-    assert lab.page.get_attribute(f"#navigator [data-card='{card}']", "aria-current") == "true"
+    lab.page.wait_for_selector(f"#navigator [data-card='{card}'][aria-current=true]", timeout=5_000)
     assert lab.page.evaluate("document.activeElement.id") == card      # J, K and F go on from here
 
 
@@ -228,6 +228,7 @@ def test_what_is_folded_survives_a_reply_and_new_chat(nav):
 
 def shot(lab: Lab, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
+    lab.page.mouse.move(0, 0)                          # no hover left on a token or a button by the last click
     lab.page.screenshot(path=str(SHOTS / f"{name}.png"))
 
 
