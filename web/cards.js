@@ -3,7 +3,8 @@
 // main.js goes through CARDS at each moment, in this order; a card without a hook is skipped. The worker's side of the
 // same idea is lab/worker/cards.py.
 //
-//   key, fresh()                  store[key] = fresh(), as the page starts
+//   key, fresh()                  store[key] = fresh(), as the page starts; key is also the id of the card's section
+//                                 in server/templates/index.html, which web/navigator.js folds and goes to
 //   render(store)                 on every render
 //   wire(store, worker, page)     once, as the page starts: the card's own event handlers; page: {render, sampling (the
 //                                 chat's {settings, max_new}), selectHead(layer, head) (the panels' layer and head)}
@@ -15,6 +16,10 @@
 //   forgotten(store, report)      Forget's report came back (what the wipe read back, buffer by buffer)
 //   dropped(store, worker)        the model went, after `cleared`: a lost GPU, another file
 //   picked(store, file)           another file was picked, after `dropped`, before its load is asked for
+//   opened(store, worker)         the card is open on a loaded model: after a load while it is open, and when it is
+//                                 opened (web/navigator.js); what a card asks the worker for by itself it asks here,
+//                                 so a folded card asks for nothing
+//   summary(store)                its current result in one line, shown while it is folded (web/navigator.js)
 //
 // What a card's own messages mean for the rest of the store (a run that overwrote the KV cache) stays in main.js's
 // onWorker and onError, as the worker's routing stays in lab/worker/router.py ROUTES.

@@ -192,12 +192,11 @@ export function wireExperiments(store, worker, rerender, sampling, actions) {
 }
 
 // The model was loaded: the steering layer starts in the middle, where directions like sentiment are usually
-// readable, and the patching prompts' tokens are asked for.
-export function experimentsLoaded(store, worker) {
+// readable. The patching prompts' tokens are asked for when the card is open (its `opened` hook), not by a folded card.
+export function experimentsLoaded(store) {
   const n = store.loaded.kv.n_layer;
   $("exp-st-layer").max = String(n - 1);
   $("exp-st-layer").value = String(Math.floor(n / 2));
-  tokenize(store, worker);
 }
 
 // [0, 1, 2, 3, 7] -> "0-3, 7"
@@ -546,6 +545,28 @@ export function renderExperiments(store) {
   renderWiped(s);
 }
 
+// ---- folded: the last experiment's number in one line (web/navigator.js) ------------------------------------------
+export function experimentsLine(store) {
+  const s = store.experiments, kind = s.sent ? s.sent.kind : null, r = kind && s.results[kind];
+  if (s.busy) return `${TITLES[s.busy]}: running…`;
+  if (!r) return "no experiment run yet";
+  if (kind === "ablate") {
+    const top = r.rows.reduce((a, x) => (Math.abs(x.delta) > Math.abs(a.delta) ? x : a), r.rows[0]);
+    return top ? `Ablation: largest Δ log p(${piece(r, r.target_id)}) ${signed(top.delta, 3)} at layer ${top.layer}`
+      + (top.head != null ? ` head ${top.head}` : ` (${r.what})`) : "Ablation: no cell run";
+  }
+  if (kind === "patch") {
+    let best = null;
+    r.recovery.forEach((row, ri) => row.forEach((v, c) => {
+      if (v != null && (!best || v > best.v)) best = { v, layer: r.layers[ri], pos: c };
+    }));
+    return best ? `Patching: most recovered ${best.v.toFixed(3)} at layer ${best.layer}, position ${best.pos} `
+      + shown(r.positions[best.pos]) : "Patching: no cell run";
+  }
+  if (kind === "steer") return `Steering: + ${r.scale} × v after layer ${r.layer}, ‖v‖ = ${r.vector_norm.toFixed(3)}`;
+  return `Attribution: logit(${piece(r, r.target_id)}) = ${r.logit.toFixed(3)}`;
+}
+
 // ---- export: the shown tab's result as JSON, its picture as PNG ------------------------------------------------------
 export function experimentsData(store) {
   const s = store.experiments, r = s.results[s.tab];
@@ -641,7 +662,9 @@ export const card = {
     { selectHead: page.selectHead }),
   exports: (store, register) => register("experiments", { data: () => experimentsData(store),
                                                           draw: (canvas) => drawExperiments(canvas, store) }),
-  loaded: (store, stats, worker) => experimentsLoaded(store, worker),
+  loaded: (store) => experimentsLoaded(store),
+  opened: (store, worker) => tokenize(store, worker),
+  summary: experimentsLine,
   forgetting: (store, worker) => dropExperiments(store.experiments, worker, true),
   forgotten: (store, report) => experimentsForgotten(store.experiments, report),
   dropped: (store, worker) => dropExperiments(store.experiments, worker),

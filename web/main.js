@@ -3,11 +3,14 @@
 // perplexity.js, retrieval.js, experiments.js, training.js) keep it here, under their key: each module makes its key, changes only
 // that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
 // moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
-// Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state).
+// Which cards are folded and on screen is web/navigator.js's (store.nav); a card's request goes to the worker only
+// while navigator.js says it `computes`.
+// Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state), nor which cards are open.
 import {
-  fmtBytes, lensPositions, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual, selectedPos,
-  selectedEmbedding,
+  fmtBytes, lensPositions, LINES, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual,
+  selectedPos, selectedEmbedding, shown,
 } from "/web/panels.js";
+import { computes, freshNav, isOpen, renderNavigator, wireNavigator } from "/web/navigator.js";
 import { refreshExports, registerExport, revokeExports } from "/web/export.js";
 import { probeExports } from "/web/probe-exports.js";
 import { CARDS, each } from "/web/cards.js";
@@ -39,8 +42,9 @@ const store = {
   context: [],                                           // [{id, piece}] tokens the model has seen or made
   generating: false, timings: null,
   dropTurn: false,                                       // the conversation was cleared mid-turn: ignore its tail
-  // panels: true while the card is on screen (watchPanels); nothing is computed for a card out of view
-  panels: { embedding: false, attention: false, lens: false, residual: false, kv: false },
+  // the folded cards and those on screen (web/navigator.js): a card asks the worker for nothing while it is folded or
+  // out of view (navigator.js computes)
+  nav: freshNav(),
   // The selection, the one place it lives: the context position the user chose (click, arrow keys), or null to
   // follow the newest token. Every panel reads it through panels.js selectedPos(store). A reply does not move a
   // choice the user made; with none, the panels follow the newest token, whose lens column is the model's own
@@ -63,8 +67,9 @@ const store = {
 
 // used: rows the session holds; columns[p]: Float32Array [n_layer, 2] of |K|, |V| at position p (lab/instruments/kvview.py);
 // after: the picture Forget drew from its read-back of the caches (the "forget" message's kv).
+// asked: a "kv-picture" is on its way (requestKvPicture).
 function freshKv() {
-  return { used: 0, columns: [], rev: 0, ms: null, after: null };
+  return { used: 0, columns: [], rev: 0, ms: null, after: null, asked: false };
 }
 
 // A hybrid's states for the memory card (lab/instruments/memory.py): conv, the rows the next token reads
@@ -167,8 +172,17 @@ function messageEl(msg) {
   return el;
 }
 
+let chatShown = "";        // the messages last drawn (their count and the last one's length)
+
 function renderChat() {
-  const box = $("messages");
+  const box = $("messages"), scroll = $("chat-scroll");
+  // Where the model and the chat scroll on their own (two columns), the newest message stays in view above the
+  // prompt, as in a chat app: when the messages changed, or while the reader is at the foot already; a reader
+  // scrolled up to the model card stays there.
+  const shownNow = `${store.messages.length}:${store.messages.at(-1)?.content.length ?? 0}`;
+  const follow = store.messages.length
+    && (shownNow !== chatShown || scroll.scrollHeight - scroll.scrollTop - scroll.clientHeight < 8);
+  chatShown = shownNow;
   box.replaceChildren(...store.messages.map(messageEl));
   box.scrollTop = box.scrollHeight;
   const ready = !!store.loaded && !store.generating;
@@ -183,6 +197,7 @@ function renderChat() {
     : "";
   // a hybrid's turn: what it continued from besides the K/V rows (lab/instruments/memory.py reuse_note)
   $("reuse").textContent = t ? `prefilled ${t.prefilled}, reused ${t.reused}${t.reuse_note ? `: ${t.reuse_note}` : ""}` : "";
+  if (follow) scroll.scrollTop = scroll.scrollHeight;
 }
 
 function tokenEl(tok, index) {
@@ -218,6 +233,9 @@ function renderTokens() {
   }
   strip.dataset.selected = pos ?? "";
   $("context-count").textContent = store.context.length ? `(${store.context.length} tokens)` : "";
+  // the selection named beside the title: the strip may have scrolled it out of its own few lines
+  $("selected-token").textContent = pos == null ? ""
+    : `${store.selected != null ? "selected" : "newest"}: #${pos} ${shown(ctx[pos].piece)}`;
 }
 
 const panelActions = { selectHead: (h) => { store.attn.head = h; render(); } };
@@ -247,6 +265,7 @@ function render() {
   renderForget(store);
   renderContext(store);
   each("render", store);
+  renderNavigator(store, foldedLines);
   refreshExports();
 }
 
@@ -256,10 +275,10 @@ function requestInspect() {
   if (!store.loaded || store.generating || !n || store.busy.inspect || store.dropTurn) return;
   const p = store.probe;
   const lens = Math.min(lensPositions(store), n);
-  const wantAttention = store.panels.attention && !p.attention;
-  const wantLens = store.panels.lens && !(p.lens && p.lens.end - p.lens.lens_start >= lens);
+  const wantAttention = computes(store, "attention") && !p.attention;
+  const wantLens = computes(store, "lens") && !(p.lens && p.lens.end - p.lens.lens_start >= lens);
   const pos = selectedPos(store);
-  const wantResidual = store.panels.residual && pos != null && !p.residual.has(pos);
+  const wantResidual = computes(store, "residual") && pos != null && !p.residual.has(pos);
   const window = store.loaded.probe.window;
   const inWindow = pos != null && pos >= n - window;
   // The lens (a minute or more on a CPU device) goes alone and last: the cards on screen together show attention and
@@ -287,12 +306,13 @@ function onInspection(m) {
   }
 }
 
-// The embedding card asks for the selected token's row when it is on screen and lacks it; one request at a time, so
-// a held arrow key costs one request for where the selection ends up, not one per step (see onWorker.embedding).
+// The embedding card asks for the selected token's row when it computes (open, on screen) and lacks it; one request
+// at a time, so a held arrow key costs one request for where the selection ends up, not one per step (see
+// onWorker.embedding).
 function requestEmbedding() {
   const pos = selectedPos(store);
   if (!store.loaded || store.generating || store.dropTurn || pos == null || store.busy.embedding) return;
-  if (!store.panels.embedding || selectedEmbedding(store)) return;
+  if (!computes(store, "embedding") || selectedEmbedding(store)) return;
   store.busy.embedding = true;
   worker.postMessage({ type: "probe-embedding", id: store.context[pos].id, index: pos });
 }
@@ -306,6 +326,16 @@ function selectToken(index) {
   render();
 }
 
+// The strip scrolls within itself to show a token. Not scrollIntoView, nor the browser's focus scrolling: the strip is
+// pinned (position: sticky), and Chromium scrolls the page to where the strip would sit unpinned, far from the card
+// being read.
+function showInStrip(tok) {
+  const strip = $("tokens");                   // positioned (style.css): a token's offsetTop is within it
+  const top = tok.offsetTop, bottom = top + tok.offsetHeight;
+  if (top < strip.scrollTop) strip.scrollTop = top;
+  else if (bottom > strip.scrollTop + strip.clientHeight) strip.scrollTop = bottom - strip.clientHeight;
+}
+
 // Keys of the focused context strip (a listbox): ← → step, Home End jump, Esc follows the newest token again.
 function stripKey(e) {
   const n = store.context.length, at = selectedPos(store);
@@ -314,32 +344,47 @@ function stripKey(e) {
   if (to === undefined) return;
   e.preventDefault();
   selectToken(to);
-  $("tokens").children[selectedPos(store)].scrollIntoView({ block: "nearest", inline: "nearest" });
+  showInStrip($("tokens").children[selectedPos(store)]);
 }
 
-// The picked delta-net head's state, when the card lacks it (a reply or a new pick); Forget's read-back draws its own.
+// The picked delta-net head's state, when the memory card computes and lacks it (a reply or a new pick); Forget's
+// read-back draws its own.
 function requestMemoryHead() {
   const mem = store.loaded && store.loaded.memory, m = store.memory, h = m.head;
-  if (!mem || !mem.delta || store.generating || !store.context.length || m.busy || m.after) return;
+  if (!mem || !mem.delta || !computes(store, "kv") || store.generating || !store.context.length || m.busy || m.after) return;
   if (h && h.layer === m.pick.layer && h.head === m.pick.head && h.pos === store.kv.used) return;
   m.busy = true;
   worker.postMessage({ type: "memory-head", ...m.pick });
 }
 
-// A card computes only while it is on screen: an inspection holds the worker (one message at a time) for seconds to
-// minutes on a CPU device, and a card nobody looks at must not delay the next turn. Any element with data-panel=NAME
-// sets store.panels[NAME]; a sliver at the screen's edge (under a tenth of the card) does not count as shown.
-const SHOWN = 0.1;
-
-function watchPanels() {
-  const seen = new IntersectionObserver((entries) => {
-    for (const e of entries) store.panels[e.target.dataset.panel] = e.isIntersecting && e.intersectionRatio >= SHOWN;
-    requestEmbedding();
-    requestInspect();
-    render();
-  }, { threshold: [0, SHOWN] });
-  for (const card of document.querySelectorAll("[data-panel]")) seen.observe(card);
+// The memory card folded through a turn missed its picture (the chat asked for none): the whole of it, once the card
+// computes again.
+function requestKvPicture() {
+  const kv = store.kv;
+  if (!store.loaded || store.generating || store.dropTurn || kv.asked || kv.after || !computes(store, "kv")) return;
+  if (kv.columns.length >= kv.used) return;
+  kv.asked = true;
+  worker.postMessage({ type: "kv-picture" });
 }
+
+// What now computes asks for what it lacks: a card came on screen, was opened, or the selection moved.
+function cardsChanged() {
+  requestEmbedding();
+  requestInspect();
+  requestMemoryHead();
+  requestKvPicture();
+  render();
+}
+
+// A card was opened (web/navigator.js): a registered card asks for what it needs by itself (its `opened` hook).
+function cardOpened(id) {
+  const card = CARDS.find((c) => c.key === id);
+  if (card && card.opened && store.loaded) card.opened(store, worker);
+  cardsChanged();
+}
+
+// The one line each card shows while folded: the registered cards' `summary`, the built-in panels' LINES.
+const foldedLines = { ...LINES, ...Object.fromEntries(CARDS.filter((c) => c.summary).map((c) => [c.key, c.summary])) };
 
 // Empties every trace of the conversation the page holds (DOM included, by re-rendering).
 function clearConversation() {
@@ -432,6 +477,7 @@ const onWorker = {
     store.loaded = { ...m.stats, wasm_heap_growth: store.loading?.wasm_heap_growth };
     store.loading = null; store.kv = freshKv(); store.memory = freshMemory(m.stats.memory);
     each("loaded", store, m.stats, worker);
+    for (const card of CARDS) if (card.opened && isOpen(store, card.key)) card.opened(store, worker);
   },
   prompt: (m) => {
     if (store.dropTurn) return;
@@ -456,6 +502,7 @@ const onWorker = {
     requestEmbedding();
     requestInspect();
     requestMemoryHead();
+    requestKvPicture();           // the memory card folded when the turn began, open now
   },
   embedding: (m) => {
     store.busy.embedding = false;
@@ -477,7 +524,7 @@ const onWorker = {
     const cols = store.kv.columns, w = 2 * m.n_layer;
     cols.length = m.start;                 // a turn's first read starts at 0: the prompt may have replaced rows
     for (let p = m.start; p < m.end; p++) cols.push(m.norms.subarray((p - m.start) * w, (p - m.start + 1) * w));
-    store.kv.ms = m.ms; store.kv.after = null; store.kv.rev++;
+    store.kv.ms = m.ms; store.kv.after = null; store.kv.asked = false; store.kv.rev++;
   },
   "memory-view": (m) => {
     if (store.dropTurn) return;
@@ -565,6 +612,7 @@ const onError = {
   "probe-embedding": (m) => { cardFailed(`embedding: ${m.message}`); store.busy.embedding = false; },
   forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
   "memory-head": (m) => { cardFailed(`memory: ${m.message}`); store.memory.busy = false; },
+  "kv-picture": (m) => { cardFailed(`memory: ${m.message}`); store.kv.asked = false; },
   "probe-rope": (m) => { cardFailed(`RoPE demo: ${m.message}`); ropeFailed(store.rope); },
   verify: (m) => verifyFailed(store.verify, m),
   "verify-kernels": (m) => verifyFailed(store.verify, m),
@@ -633,8 +681,11 @@ function send() {
   const convo = (system ? [{ role: "system", content: system }] : []).concat(store.messages);
   store.generating = true;
   $("prompt").value = "";
+  // the memory card on screen: a new column with each token; open elsewhere: the picture at the turn's end; folded:
+  // none (requestKvPicture asks for it when the card is opened)
+  const kvView = computes(store, "kv") ? "live" : isOpen(store, "kv") ? "end" : null;
   worker.postMessage({ type: "chat", messages: convo, settings: settings(), max_new: maxNew(),
-                       kv_view: !!store.panels.kv });    // the KV card on screen: a new column with each token
+                       ...(kvView ? { kv_view: kvView } : {}) });
   render();
 }
 
@@ -658,11 +709,15 @@ $("tokens").addEventListener("click", (e) => {
   if (t) selectToken(Number(t.dataset.index));
 });
 $("tokens").addEventListener("keydown", stripKey);
+$("tokens").addEventListener("mousedown", (e) => {     // focused without the browser's scroll (showInStrip says why)
+  e.preventDefault();
+  $("tokens").focus({ preventScroll: true });
+});
 for (const [id, exp] of probeExports(store)) registerExport(id, exp);
 each("exports", store, registerExport);
 wireContext(store, load);
 each("wire", store, worker, page);
-watchPanels();
+wireNavigator(store, { render, changed: cardsChanged, opened: cardOpened });
 $("attention-layer").addEventListener("change", (e) => { store.attn.layer = Number(e.target.value); render(); });
 $("attention-head").addEventListener("change", (e) => { store.attn.head = Number(e.target.value); render(); });
 $("lens-positions").addEventListener("change", (e) => {

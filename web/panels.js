@@ -668,3 +668,75 @@ export function renderForget(store) {
       + r.items.filter((i) => i.after).map((i) => i.label).join(", ");
   }
 }
+
+// ---- folded (web/navigator.js): each built-in card's current result in one line ------------------------------------
+// The cards web/cards.js registers give theirs as their `summary`; these have no module of their own.
+
+// A probe card folded before it read the selected token: what opening it computes (nothing is, while it is folded).
+function waiting(store, what) {
+  const pos = selectedPos(store);
+  return pos == null ? "No conversation yet." : `open it to compute ${what} #${pos} ${shown(store.context[pos].piece)}`;
+}
+function embeddingLine(store) {
+  const e = selectedEmbedding(store);
+  if (!e) return waiting(store, "the row of");
+  const near = e.neighbours[0];
+  return `position ${e.index} ${shown(e.piece)} · ‖e‖ ${fmt(e.norm)}`
+    + (near ? ` · nearest ${shown(near.piece)} (cos ${fmt(near.cos, 3)})` : "");
+}
+
+function residualLine(store) {
+  const pos = selectedPos(store), norms = pos == null ? null : store.probe.residual.get(pos);
+  if (!norms) return waiting(store, "the residual at");
+  let top = 0;
+  norms.forEach((v, slot) => { if (v > norms[top]) top = slot; });
+  const last = norms.length - 1;
+  return `position ${pos} ${shown(store.context[pos].piece)} · ‖h‖ ${fmt(norms[0], 2)} at the embedding, `
+    + `${fmt(norms[last], 2)} after layer ${last - 1}`
+    + (top !== last ? ` · largest ${fmt(norms[top], 2)} ${top ? `after layer ${top - 1}` : "at the embedding"}` : "");
+}
+
+function attentionLine(store) {
+  const a = store.probe.attention, sel = selectedPos(store);
+  if (!a || sel == null || sel < a.start) return waiting(store, "the attention of");
+  const { layer, head } = attnChoice(store);
+  const p = (c) => attnValue(a, layer, head, sel - a.start, c);      // c: 1 + the key's place in the window
+  let best = 1;
+  for (let c = 2; c <= sel - a.start + 1; c++) if (p(c) > p(best)) best = c;
+  const k = a.start + best - 1;
+  return `layer ${layer} head ${head}: position ${sel} ${shown(store.context[sel].piece)} looks most at ${k} `
+    + `${shown(store.context[k] ? store.context[k].piece : "?")} (p ${fmt(p(best), 3)})`;
+}
+
+function lensLine(store) {
+  const lens = store.probe.lens, sel = selectedPos(store);
+  if (!lens || sel == null || sel < lens.lens_start) return waiting(store, "the predictions after");
+  const [id, p] = lens.lens.at(-1)[sel - lens.lens_start][0];
+  return `after position ${sel} ${shown(store.context[sel].piece)}, the last layer predicts ${shown(lens.pieces[String(id)])} (p ${fmt(p, 3)})`;
+}
+
+function kvLine(store) {
+  const kv = store.loaded && store.loaded.kv;
+  if (!kv) return "load a model first";
+  const used = store.kv.used;
+  return `KV cache: ${used} of ${kv.n_ctx} tokens, ${fmtBytes(used * kv.bytes_per_token)} of ${fmtBytes(kv.n_ctx * kv.bytes_per_token)}`;
+}
+
+function forgetLine(store) {
+  const r = store.forget;
+  if (store.busy.forget) return "wiping and reading back…";
+  if (!r) return "not run: the Forget button beside Send wipes and checks";
+  return r.status === "wiped" ? `wiped ${r.buffers} buffers, every one read back as zero`
+    : r.status === "nothing" ? `nothing to wipe in ${r.buffers} buffers` : `NOT wiped: ${r.after} non-zero words remain`;
+}
+
+function gpuLine(store) {
+  if (!store.gpu) return "waiting for the worker…";
+  const t = store.selftest;
+  return `${store.gpu.name} (${store.gpu.backend}) · self-test ${!t ? "pending" : t.ok ? "pass" : "FAIL"}`;
+}
+
+export const LINES = {
+  embedding: embeddingLine, residual: residualLine, attention: attentionLine, lens: lensLine, kv: kvLine,
+  "forget-card": forgetLine, gpu: gpuLine,
+};

@@ -146,6 +146,16 @@ export function renderPerplexity(store) {
   renderResult(s.result);
 }
 
+// ---- folded (web/navigator.js): the card in one line ----------------------------------------------------------------
+// The last result, or what runs.
+function perplexityLine(store) {
+  const r = store.perplexity.result, st = status(store);
+  if (st.state === "done" && r.ppl != null) {
+    return `perplexity ${r.ppl.toFixed(4)}${r.ppl_err != null ? ` ± ${r.ppl_err.toFixed(4)}` : ""} over ${r.tokens_scored} tokens`;
+  }
+  return st.text || "no text run yet";
+}
+
 // ---- its place in the page (web/cards.js): the pasted text goes with the conversation -------------------------------
 export const card = {
   key: "perplexity",
@@ -153,4 +163,5 @@ export const card = {
   render: renderPerplexity,
   wire: (store, worker, page) => wirePerplexity(store, worker, page.render),
   cleared: (store, worker) => dropPerplexity(store.perplexity, worker),
+  summary: perplexityLine,
 };

@@ -366,6 +366,14 @@ export function renderRetrieval(store) {
   renderWiped(s);
 }
 
+// ---- folded (web/navigator.js): the card in one line ----------------------------------------------------------------
+// What the index holds, or what runs.
+function retrievalLine(store) {
+  const s = store.retrieval, st = status(store), pct = (x) => `${(100 * x).toFixed(1)} %`;
+  const recall = s.recall ? ` · recall@1 ${pct(s.recall.recall_at_1)}, @5 ${pct(s.recall.recall_at_5)}` : "";
+  return (st.text || "no files indexed") + recall;
+}
+
 // ---- its place in the page (web/cards.js): a new chat keeps the index (the user's files, not the conversation);
 // Forget, another file and a lost GPU drop it, and Forget's report says whether its buffers read back as zero.
 export const card = {
@@ -374,6 +382,7 @@ export const card = {
   render: renderRetrieval,
   wire: (store, worker, page) => wireRetrieval(store, worker, page.render, page.sampling),
   loaded: (store, stats) => retrievalLoaded(store.retrieval, stats),
+  summary: retrievalLine,
   forgetting: (store, worker) => dropRetrieval(store.retrieval, worker),
   forgotten: (store, report) => retrievalForgotten(store.retrieval, report),
   dropped: (store, worker) => dropRetrieval(store.retrieval, worker),    // the index was the old model's embeddings

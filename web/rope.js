@@ -419,6 +419,16 @@ export function drawRope(canvas, store) {
   if (spec) drawHeatmap(ctx, linesHeight(lines.length) + 16, spec);
 }
 
+// ---- folded (web/navigator.js): the card in one line ----------------------------------------------------------------
+// The settings, and the real head's check when one was fetched.
+function ropeLine(store) {
+  const s = ropeSettings(store), d = store.rope.data;
+  const line = `base ${s.base}, ${PAIRINGS[s.pairing].name}, d ${s.d}`;
+  if (!d) return line;
+  const r = realHead(d, Math.min(ropeChoice(store).head, d.n_head - 1));
+  return `${line} · layer ${d.layer} head ${r.head}: ${r.ok ? "✓" : "✗"} the engine's row, max |Δp| = ${num(r.rows[r.model].diff)}`;
+}
+
 // ---- its place in the page (web/cards.js): the q and k it holds go with the conversation ---------------------------
 export const card = {
   key: "rope",
@@ -428,4 +438,5 @@ export const card = {
   exports: (store, register) => register("rope", { data: () => ropeData(store), draw: (canvas) => drawRope(canvas, store),
                                                    ready: () => true }),
   cleared: (store) => dropRope(store.rope),
+  summary: ropeLine,
 };

@@ -435,6 +435,7 @@ export const card = {
   render: renderTraining,
   wire: (store, worker, page) => wireTraining(store, worker, page.render),
   loaded: (store, stats) => { store.training.limits = stats.training; },
+  summary: (store) => status(store).text || (store.training.trained ? "an adapter is on the model" : "no adapter yet"),
   forgetting: (store, worker) => dropTraining(store.training, worker),
   forgotten: (store, report) => trainingForgotten(store.training, report),
   dropped: (store, worker) => { dropTraining(store.training, worker); store.training.limits = null; },

@@ -154,6 +154,19 @@ export function renderVerify(store) {
   renderKernels(s);
 }
 
+// ---- folded (web/navigator.js): the card in one line ----------------------------------------------------------------
+// The verdict in one line.
+function verifyLine(store) {
+  const s = store.verify, r = s.result;
+  const kernels = s.kernelState === "idle" ? "" : ` · kernel checks ${s.kernelState === "pass" ? "pass" : s.kernelState}`;
+  if (s.state === "done") {
+    const fails = r.rows.filter((x) => x.verdict === "fail").length;
+    return `${r.model}: ${r.ok ? "every check within its tolerance" : `${fails} check(s) FAIL`}${kernels}`;
+  }
+  if (s.state === "no-reference") return `no llama.cpp reference for this file${kernels}`;
+  return (s.state === "idle" ? (store.loaded ? "not run yet" : "load a model first") : statusText(store)) + kernels;
+}
+
 // ---- its place in the page (web/cards.js): another file picked resets what the card showed of the last one ---------
 export const card = {
   key: "verify",
@@ -161,4 +174,5 @@ export const card = {
   render: renderVerify,
   wire: (store, worker, page) => wireVerify(store, worker, page.render),
   picked: (store, file) => verifyFileLoaded(store.verify, file),
+  summary: verifyLine,
 };

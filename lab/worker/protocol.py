@@ -22,13 +22,17 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "load": "{file, n_ctx?, int8?, kv? (\"f16\" or \"f32\"), seq}: read the header, validate, budget, upload "
             "(web/worker.js labUpload) "
             "-> model-info, loaded",
-    "chat": "{messages, settings, max_new, kv_view?}: one turn -> prompt, token..., kv-view..., done",
+    "chat": "{messages, settings, max_new, kv_view? (\"live\": the memory card's columns with each token, \"end\": "
+            "its picture at the turn's end, absent: none)}: one turn -> prompt, token..., kv-view..., memory-view..., "
+            "done",
     "reset": "new chat: the conversation dropped, the model kept -> reset",
     "probe-embedding": "{id (a token id), index}: its embedding row and neighbours -> embedding",
     "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
     "forget": "{skip?, head?}: wipe and check every conversation buffer (skip: tests, one buffer left; head: the "
               "memory card's {layer, head}, redrawn from the read-back) -> forget",
     "memory-head": "{layer, head}: one delta-net head's recurrent state for the memory card -> memory-head",
+    "kv-picture": "{}: the memory card's whole picture as the session holds it, for a card opened after turns it "
+                  "missed -> kv-view, memory-view (a hybrid)",
     "probe-rope": "{pos, layer, seq}: the RoPE card's q, k and probabilities (lab/worker/rope.py) -> rope",
     "verify": "{file, seq}: the verification card's replay (lab/worker/verify.py) -> verify-progress, verify",
     "verify-kernels": "{seq}: the verification card's kernel fixtures -> verify-kernels",

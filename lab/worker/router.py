@@ -221,24 +221,23 @@ async def _chat(msg: dict, w: Worker) -> None:
     context = lo.context
     context[:] = prompt
 
-    view, live = lo.made(KV_VIEW, lambda: kvview.KvView(lo.engine)), bool(msg.get("kv_view"))
-    if lo.engine.cfg.recurrent:
-        lo.made(MEMORY, lambda: memory.MemoryView(lo.engine))
+    # the memory card: "live" (on screen) a new column with each token, "end" (open elsewhere) the picture once the
+    # turn ends, absent (folded) nothing: the page asks for it with "kv-picture" when the card is opened
+    pictured, live = msg.get("kv_view") in ("live", "end"), msg.get("kv_view") == "live"
+    if pictured:
+        _picture_views(lo)                         # made before the turn's steps, not between them
     shown = 0       # cache rows the page has this turn: the first read starts at 0 (the prompt may have replaced rows)
 
     async def kv_columns() -> None:
         nonlocal shown
         end = len(session.cached)
-        if end > shown:
-            body = await view.columns(shown, end)
-            w.post({"type": "kv-view", **body, "norms": w.f32(body["norms"])})
+        if pictured and end > shown:
+            await _post_kv_columns(w, lo, shown, end)
             shown = end
 
     async def memory_view() -> None:
-        """A hybrid's states for the memory card: the conv rows the next token reads, the delta-net norms."""
-        reads = lo.held(MEMORY)
-        if reads is not None:
-            _post_memory(w, await reads.view(len(session.cached)))
+        if pictured:
+            await _post_memory_view(w, lo)
 
     async def live_columns() -> None:
         await kv_columns()
@@ -263,6 +262,33 @@ async def _chat(msg: dict, w: Worker) -> None:
     done["kv_used"] = len(session.cached)
     done["reuse_note"] = memory.reuse_note(lo.engine.cfg, result.reused, cached, states_at)
     w.post({"type": "done", "result": done})
+
+
+def _picture_views(lo: Loaded) -> tuple[kvview.KvView, memory.MemoryView | None]:
+    """The memory card's readers, made on their first use: the KV norms pass, and a hybrid's states."""
+    view = lo.made(KV_VIEW, lambda: kvview.KvView(lo.engine))
+    reads = lo.made(MEMORY, lambda: memory.MemoryView(lo.engine)) if lo.engine.cfg.recurrent else None
+    return view, reads
+
+
+async def _post_kv_columns(w: Worker, lo: Loaded, start: int, end: int) -> None:
+    """The memory card's KV picture: cache rows start .. end - 1."""
+    body = await _picture_views(lo)[0].columns(start, end)
+    w.post({"type": "kv-view", **body, "norms": w.f32(body["norms"])})
+
+
+async def _post_memory_view(w: Worker, lo: Loaded) -> None:
+    """A hybrid's states for the memory card: the conv rows the next token reads, the delta-net norms."""
+    reads = _picture_views(lo)[1]
+    if reads is not None:
+        _post_memory(w, await reads.view(len(lo.session.cached)))
+
+
+async def _kv_picture(msg: dict, w: Worker) -> None:
+    """The memory card's whole picture as the session holds it now, for a card opened after the turns it missed."""
+    lo = w.loaded()
+    await _post_kv_columns(w, lo, 0, len(lo.session.cached))
+    await _post_memory_view(w, lo)
 
 
 def _post_memory(w: Worker, body: dict) -> None:
@@ -385,6 +411,7 @@ ROUTES: dict[str, Handler] = {
     IN.PROBE_INSPECT: _probe_inspect,
     IN.FORGET: _forget,
     IN.MEMORY_HEAD: _memory_head,
+    IN.KV_PICTURE: _kv_picture,
     IN.PROBE_ROPE: rope.run,
     IN.VERIFY: verify.run,
     IN.VERIFY_KERNELS: verify.run_kernels,

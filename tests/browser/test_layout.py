@@ -1,7 +1,9 @@
 """The page's layout and habits in headless Chromium: two columns on a wide screen and one on
-a narrow one, no card over another, the panels on show once a model is loaded (no disclosure to open), one selection
-(click or arrow keys) that every panel follows, each probe card's JSON and PNG export, and screenshots of the main
-states: always to $LAB_SHOTS (default /tmp/llm-lab-shots), and to docs/screenshots/ when LAB_DOC_SHOTS=1.
+a narrow one, no card over another (as seen: a part scrolled out of its column's own scroll is not there), the panels
+on show once a model is loaded (every card open), one selection (click or arrow keys) that every panel follows, each
+probe card's JSON and PNG export, the probe cards folded to one line each, and screenshots of the main states: always
+to $LAB_SHOTS (default /tmp/llm-lab-shots), and to docs/screenshots/ when LAB_DOC_SHOTS=1. The navigator and the
+pinned column have their own test (tests/browser/test_navigator_page.py).
 
 The file is the small synthetic Llama 3 (tests/conftest.py `tiny`): the layout and the panels' wiring are the same for
 every model, and the default run's shots show the page at work in seconds. LAB_DOC_SHOTS=1 takes the real SmolLM2, whose
@@ -25,7 +27,7 @@ import pytest
 
 from tests.browser.conftest import Lab, take
 
-WIDE = {"width": 1600, "height": 1000}
+WIDE = {"width": 1400, "height": 900}
 NARROW = {"width": 800, "height": 1000}
 SYSTEM = "Answer the king briefly."
 PROMPT = "The capital of France is"
@@ -39,21 +41,44 @@ PROBE_PANELS = ("embedding", "residual", "attention", "lens")
 CARDS = "main .card"
 
 
+# A card's picture alone: the pinned column and navigator would otherwise lie over a card taller than the screen
+# (Playwright scrolls it under them to take it whole). Hidden through the CSSOM: the page's CSP refuses a style sheet
+# of the test's (Playwright's screenshot `style`).
+PINNED = "['column-chat', 'navigator'].map(id => document.getElementById(id))"
+
+
 def shot(lab: Lab, name: str, card: str | None = None) -> None:
     """The viewport (or one card) as it is now, to $LAB_SHOTS and (LAB_DOC_SHOTS=1) docs/screenshots/. Never the
     full page: the right column is several screens tall, and a learner sees a screen at a time."""
     dirs = [SHOTS] + ([DOC_SHOTS] if DOC else [])
+    lab.page.mouse.move(0, 0)                          # no hover left on a token or a button by the last click
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
-        target = lab.page.locator(f"#{card}") if card else lab.page
-        target.screenshot(path=str(d / f"{name}.png"))
+        if card:
+            lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = 'hidden'; }})")
+            try:
+                lab.page.locator(f"#{card}").screenshot(path=str(d / f"{name}.png"))
+            finally:
+                lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = ''; }})")
+        else:
+            lab.page.screenshot(path=str(d / f"{name}.png"))
 
 
 def boxes(lab: Lab, selector: str) -> list[dict]:
-    """Bounding boxes (page coordinates) of the visible elements matching selector, with their ids."""
+    """Bounding boxes (page coordinates) of the visible elements matching selector, with their ids, each cut to what
+    the boxes that scroll around it show (the left column's model and chat scroll inside it)."""
     return lab.page.evaluate("""sel => [...document.querySelectorAll(sel)].filter(e => e.offsetParent !== null).map(e => {
         const r = e.getBoundingClientRect();
-        return {id: e.id, x: r.x + scrollX, y: r.y + scrollY, w: r.width, h: r.height}; })""", selector)
+        let [top, bottom, left, right] = [r.top, r.bottom, r.left, r.right];
+        for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+            const s = getComputedStyle(a);
+            if (s.overflowX === 'visible' && s.overflowY === 'visible') continue;
+            const q = a.getBoundingClientRect();
+            [top, bottom, left, right] = [Math.max(top, q.top), Math.min(bottom, q.bottom), Math.max(left, q.left),
+                                          Math.min(right, q.right)];
+        }
+        return {id: e.id, x: left + scrollX, y: top + scrollY, w: Math.max(0, right - left),
+                h: Math.max(0, bottom - top)}; })""", selector)
 
 
 def overlaps(a: dict, b: dict) -> bool:
@@ -61,7 +86,7 @@ def overlaps(a: dict, b: dict) -> bool:
 
 
 def check_layout(lab: Lab, columns: int) -> None:
-    lab.page.evaluate("window.scrollTo(0, 0)")         # the chat column is sticky: its page position follows the scroll
+    lab.page.evaluate("window.scrollTo(0, 0)")         # the chat column is pinned: its page position follows the scroll
     left, right = (boxes(lab, f"#{c}")[0] for c in ("column-chat", "column-panels"))
     if columns == 2:
         assert left["x"] + left["w"] <= right["x"] and abs(left["y"] - right["y"]) < 1, (left, right)
@@ -111,7 +136,6 @@ def replied(loaded):
         page.select_option("[data-testid=lens-positions]", str(LENS_POSITIONS))
     page.click('[data-testid="send"]')
     page.wait_for_function("document.querySelector('[data-testid=timings]').textContent.length > 0", timeout=SLOW)
-    page.locator("#chat").evaluate("e => e.scrollIntoView()")     # the conversation, as a reader scrolls to it
     page.evaluate("window.scrollTo(0, 0)")
     shot(loaded, "replied")
     return loaded
@@ -319,15 +343,42 @@ def test_export_lens(panels, model):
     assert name == "llm-lab-logit-lens.png" and w > 400 and h > 200      # a row a layer: 316 px for 4
 
 
+def folded_line(lab: Lab, card: str) -> str:
+    return lab.page.inner_text(f"#{card} [data-testid=fold-line]")
+
+
+def test_folded_cards_say_their_result_in_one_line(panels, model):
+    """Folded, each probe card keeps its title and one line of what it shows; open again, it shows it all."""
+    page = panels.page
+    fold = ("embedding", "residual", "kv", "rope")
+    for card in fold:
+        page.click(f"#{card} [data-testid=fold]")
+    pos, piece = selection(panels)["current"][0], page.inner_text("[data-testid=embedding-text]")
+    assert folded_line(panels, "embedding").startswith(f"position {pos} {piece} · ‖e‖ ")
+    residual = folded_line(panels, "residual")
+    assert residual.startswith(f"position {pos} {piece} · ‖h‖ ") and f" after layer {model[1].n_layer - 1}" in residual
+    used = int(panels.cells("kv-used", ["used"])[0]["used"])
+    assert folded_line(panels, "kv").startswith(f"KV cache: {used} of ")
+    for card in ("attention", "lens"):                            # open: no line
+        assert not page.locator(f"#{card} [data-testid=fold-line]").is_visible()
+    page.evaluate("window.scrollTo(0, 0)")
+    shot(panels, "folded")
+    for card in fold:
+        page.click(f"#{card} [data-testid=fold]")
+    assert page.locator("main .card.folded").count() == 0
+
+
 def test_narrow_page_with_panels(panels):
-    """At 800 px the filled page is one column, nothing overlaps, and no panel pushes the page sideways."""
+    """At 800 px the filled page is one column, nothing overlaps, and no panel pushes the page sideways; among the
+    cards, the context strip stays pinned above them."""
     page = panels.page
     page.set_viewport_size(NARROW)
     try:
         check_layout(panels, 1)
         assert page.evaluate("document.documentElement.scrollWidth") <= NARROW["width"]
-        page.locator("#tokens").scroll_into_view_if_needed()         # the end of the chat, the panels below it
-        page.evaluate("window.scrollBy(0, 300)")
+        page.click("#navigator [data-card=attention]")            # a card, with the strip pinned above it
+        strip = boxes(panels, "#tokens")[0]
+        assert page.evaluate("scrollY") <= strip["y"] and strip["y"] + strip["h"] <= page.evaluate("scrollY + innerHeight")
         shot(panels, "narrow")
     finally:
         page.set_viewport_size(WIDE)
