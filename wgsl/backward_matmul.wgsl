@@ -10,15 +10,15 @@
 //           3 p (uniform Params)  4 step (uniform Step)
 // Params { n_rows (this part's), cols, gpr (= cols / 8), row_bytes, first_row (the part's first row in the weight),
 //          chunk_rows, chunk0 (the index of the part's first chunk among the weight's), dy_off, dy_stride, _p*3 }
-// Math: invocation (g, k, q) owns group g of 8 columns (quant.wgsl: 4 at e = group_base(g, HALF), 4 at e + HALF),
-//   tokens 4q .. 4q + 3 and chunk k, rows r0 = k * chunk_rows .. min(r0 + chunk_rows, n_rows) - 1 of the part; it
-//   dequantizes each row's group once for its four tokens and adds dy[t, first_row + r] * W[r, e..] over the rows
-//   in order r0, r0 + 1, ...: 8 x 4 running sums, stored to sums[chunk0 + k] (tokens >= n_tokens are not stored).
+// Math: invocation (g, k, z) owns group g of 8 columns (quant.wgsl: 4 at e = group_base(g, HALF), 4 at e + HALF),
+//   tokens TQ z .. TQ z + TQ - 1 and chunk k, rows r0 = k * chunk_rows .. min(r0 + chunk_rows, n_rows) - 1 of the part; it
+//   dequantizes each row's group once for its TQ tokens and adds dy[t, first_row + r] * W[r, e..] over the rows
+//   in order r0, r0 + 1, ...: 8 x TQ running sums, stored to sums[chunk0 + k] (tokens >= n_tokens are not stored).
 // Why this shape (a GPU's parallelism, determinism): dx is a product whose long dimension, the one summed, runs
-//   across W's rows, the transpose of the forward's. Tokens and columns alone give cols / 8 * ceil(t / 4)
+//   across W's rows, the transpose of the forward's. Tokens and columns alone give cols / 8 * ceil(t / TQ)
 //   invocations (512 for a 4096-wide input at t = 1), each walking every row: too few to keep a GPU's memory busy and,
 //   on lavapipe, a loop past its 32,768-iteration budget for a vocabulary's rows (tests/kernels/test_loop_budget.py).
-//   So the rows are cut into chunks (dx_back picks chunk_rows so that the grid reaches ~2^17 invocations, within 256
+//   So the rows are cut into chunks (dx_back picks chunk_rows so that the grid reaches ~2^16 invocations, within 256
 //   to 4096 rows a chunk), each chunk summed by its own invocations, and a second pass sums the chunks. Both sums run
 //   in a fixed order (rows in order within a chunk, chunks in order, a part's chunks after the previous part's), no
 //   two invocations write one value and WGSL has no float atomics to tempt: every run gives the same bits. The
@@ -26,9 +26,11 @@
 //   (lavapipe and SwiftShader pay for each) and still caps the grid at the column count; float atomics do not exist
 //   and a u32 compare-and-swap sum adds in scheduling order. Consecutive invocations take consecutive groups of one
 //   row, so a workgroup's weight reads are one contiguous run of the row's bytes and its dy reads one broadcast.
-//   The scratch costs chunks * n_tokens * cols floats, written once and read once: 128 bytes an invocation against
+//   The scratch costs chunks * n_tokens * cols floats, written once and read once: 32 TQ bytes an invocation against
 //   the >= 256 rows of weights it reads.
-// Grid: (ceil(gpr / {{WG}}), the part's chunks, ceil(n_tokens / 4)). Constants: DQ, HALF, WG.
+// TQ = 8: a row's dequantization (the scale, the block's bytes, the unpacking) shared by 8 tokens' FMAs, where 4 left
+//   the H100's dx_rows at ~2.5 TFLOP/s (one window's largest family but the forward's GEMM, docs/performance.md).
+// Grid: (ceil(gpr / {{WG}}), the part's chunks, ceil(n_tokens / TQ)). Constants: DQ, HALF, WG, TQ.
 
 //!include common.wgsl
 //!include quant.wgsl
@@ -38,6 +40,7 @@ struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, first_row: u32
 
 const HALF: u32 = {{HALF}}u;
 const WG: u32 = {{WG}}u;
+const TQ: u32 = {{TQ}}u;                  // tokens an invocation (lab.ops.backward_matmul DX_TOKENS)
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> dy: array<f32>;
@@ -45,13 +48,10 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<uniform> step: Step;
 
-// dy of tokens t0 .. t0 + 3 at the weight's row r; a token past the step reads the last one (its sums are never
+// Token t0 + q's dy at the weight's row r, q < TQ; a token past the step reads the last one (its sums are never
 // stored), so no read leaves the step's rows.
-fn dy4(t0: u32, r: u32) -> vec4<f32> {
-    let last = step.n_tokens - 1u;
-    let o = p.dy_off + r;
-    return vec4<f32>(dy[o + min(t0, last) * p.dy_stride], dy[o + min(t0 + 1u, last) * p.dy_stride],
-                     dy[o + min(t0 + 2u, last) * p.dy_stride], dy[o + min(t0 + 3u, last) * p.dy_stride]);
+fn dy_at(t0: u32, q: u32, r: u32) -> f32 {
+    return dy[p.dy_off + r + min(t0 + q, step.n_tokens - 1u) * p.dy_stride];
 }
 
 // Token t's 8 sums of group g (its columns e .. e + 3 and e + HALF .. e + HALF + 3) into chunk k's slot.
@@ -65,26 +65,21 @@ fn put(k: u32, t: u32, e: u32, lo: vec4<f32>, hi: vec4<f32>) {
 @compute @workgroup_size(WG)
 fn dx_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
     let g = gid.x;
-    let t0 = 4u * gid.z;
+    let t0 = TQ * gid.z;
     if (g >= p.gpr || t0 >= step.n_tokens) { return; }
     let r0 = gid.y * p.chunk_rows;
     let r1 = min(r0 + p.chunk_rows, p.n_rows);
-    var l0 = vec4<f32>(0.0);  var h0 = vec4<f32>(0.0);    // token t0: columns e.., e + HALF..
-    var l1 = vec4<f32>(0.0);  var h1 = vec4<f32>(0.0);
-    var l2 = vec4<f32>(0.0);  var h2 = vec4<f32>(0.0);
-    var l3 = vec4<f32>(0.0);  var h3 = vec4<f32>(0.0);
+    var lo: array<vec4<f32>, TQ>;             // token t0 + q: columns e.. (zero-initialised)
+    var hi: array<vec4<f32>, TQ>;             // ... and e + HALF..
     for (var r = r0; r < r1; r++) {
         let w = {{DQ}}(r * p.row_bytes, g);
-        let d = dy4(t0, p.first_row + r);
-        l0 += d.x * w.lo;  h0 += d.x * w.hi;
-        l1 += d.y * w.lo;  h1 += d.y * w.hi;
-        l2 += d.z * w.lo;  h2 += d.z * w.hi;
-        l3 += d.w * w.lo;  h3 += d.w * w.hi;
+        for (var q = 0u; q < TQ; q++) {
+            let d = dy_at(t0, q, p.first_row + r);
+            lo[q] += d * w.lo;
+            hi[q] += d * w.hi;
+        }
     }
     let e = group_base(g, HALF);
     let k = p.chunk0 + gid.y;
-    put(k, t0, e, l0, h0);
-    put(k, t0 + 1u, e, l1, h1);
-    put(k, t0 + 2u, e, l2, h2);
-    put(k, t0 + 3u, e, l3, h3);
+    for (var q = 0u; q < TQ; q++) { put(k, t0 + q, e, lo[q], hi[q]); }
 }

@@ -27,17 +27,17 @@ from lab.ops import Op, Weight, WeightPart, groups_1d
 from lab.ops.weights import dequant_consts
 
 DX_WG = 64              # dx_rows: invocations a workgroup, one group of 8 columns each
-DX_TOKENS = 4           # tokens an invocation of dx_rows (its 8 x 4 running sums)
+DX_TOKENS = 8           # tokens an invocation of dx_rows (its 8 x 8 running sums: the kernel's TQ)
 SUM_WG = 64             # chunk_sum's workgroup (fixed in the kernel)
 GEMM_TILE = 8           # gemm's workgroup is GEMM_TILE x GEMM_TILE outputs (fixed in the kernel)
 SPLIT_TILE = 4          # gemm_split's workgroup: SPLIT_TILE x SPLIT_TILE outputs, K over 16 lanes each (the kernel's)
 SPLIT_MIN_K = 64        # gemm's default: gemm_split from this K up on a GPU (below it, a lane would hold < 4 terms)
 # dx_rows' rows a chunk: enough chunks that the grid reaches DX_TARGET invocations (a GPU's memory wants ~1e5 reads in
-# flight; the tokens and columns alone give cols / 8 * ceil(t / 4)), but at least CHUNK_MIN rows, so that the 128
-# bytes of partial sums an invocation writes stay small next to the weights it reads, and at most CHUNK_MAX, within
-# lavapipe's 32,768 iterations a loop (tests/kernels/test_loop_budget.py) with room to spare. The scratch is then
-# about 32 * DX_TARGET floats at most (16 MiB) once the rows allow that many chunks.
-DX_TARGET = 1 << 17
+# flight, 8 tokens' sums an invocation; the tokens and columns alone give cols / 8 * ceil(t / 8)), but at least
+# CHUNK_MIN rows, so that the 256 bytes of partial sums an invocation writes stay small next to the weights it reads,
+# and at most CHUNK_MAX, within lavapipe's 32,768 iterations a loop (tests/kernels/test_loop_budget.py) with room to
+# spare. The scratch is then about 64 * DX_TARGET floats at most (16 MiB) once the rows allow that many chunks.
+DX_TARGET = 1 << 16
 CHUNK_MIN, CHUNK_MAX = 256, 4096
 TOK_M, TOK_N, TOK_K = 1, 2, 4    # gemm's `tok` bits: which of M, N, K is the step's token count
 
@@ -90,7 +90,7 @@ def dx_back(device: gpu.Device, kernels: KernelCache, w: Weight, dy: gpu.Buffer,
     rows = chunk_rows or dx_chunk_rows(w, max_tokens)
     chunks = dx_chunks(w, rows)
     _check_dx(device, w, dy, dx, sums, max_tokens, dy_offset, ys, dx_offset, xs, rows, chunks)
-    k = kernels.get("backward_matmul", "dx_rows", WG=DX_WG, **dequant_consts(w.type))
+    k = kernels.get("backward_matmul", "dx_rows", WG=DX_WG, TQ=DX_TOKENS, **dequant_consts(w.type))
     gx = _ceil(w.cols // 8, DX_WG)
     ops, chunk0 = [], 0
     for part, n in zip(w.parts, chunks):

@@ -5,7 +5,7 @@ same check must catch.
 
 Shapes fill no workgroup evenly: rows of 3 blocks (K types 768 columns, 96 groups of 8 over 64-wide workgroups; the
 32-element types 96, 12 groups), 131 or 67 output rows cut into parts of uneven rows and chunks whose last one is
-short, 13 tokens (four-token quads: the last holds one). The default set is one shape per type; the sweep over token
+short, 13 tokens (eight-token blocks: the last holds five). The default set is one shape per type; the sweep over token
 counts, rows, parts and accumulate is `slow`. Each error is per element against the sum of its terms' magnitudes
 (grads.bound_err, grads.dx_back_tol says why); -s prints them.
 """
@@ -113,11 +113,11 @@ def test_dx_back(env1, name):  # noqa: F811
 @pytest.mark.slow
 @pytest.mark.parametrize("name", qo.TYPES)
 @pytest.mark.parametrize("t,n_out,parts,chunk_rows,accumulate", [
-    (1, 67, 1, None, False),        # one token (a quad of one), one part, the default chunking (one chunk)
+    (1, 67, 1, None, False),        # one token (a block of one), one part, the default chunking (one chunk)
     (3, 67, 2, 5, True),            # 34 + 33 rows, chunks of 5 (7 + 7), added into dx
     (13, 131, 1, 64, False),        # 64 + 64 + 3
     (13, 131, 3, None, True),       # three parts, one chunk each by default
-    (64, 67, 1, 16, True),          # the step's largest token count here: 16 full quads
+    (64, 67, 1, 16, True),          # the step's largest token count here: 8 full blocks
     (5, 1000, 2, None, True),       # the default chunking past CHUNK_MIN: parts of 500 rows, chunks of 256 + 244
 ])
 def test_dx_back_sweep(env1, name, t, n_out, parts, chunk_rows, accumulate):  # noqa: F811
@@ -146,8 +146,8 @@ def test_default_chunking():
 
     def w(rows, cols):
         return Weight("w", q4k, rows, cols, (WeightPart(None, 0, rows),))
-    assert dx_chunk_rows(w(14336, 4096), 1) == 256            # 512 groups x 1 quad: 56 chunks of 256 rows
-    assert dx_chunk_rows(w(151936, 896), 64) == 2082          # a vocabulary's rows: 73 chunks, 112 x 16 each
+    assert dx_chunk_rows(w(14336, 4096), 1) == 256            # 512 groups x 1 token block: 56 chunks of 256 rows
+    assert dx_chunk_rows(w(151936, 896), 64) == 2082          # a vocabulary's rows: 73 chunks, 112 x 8 each
     assert dx_chunk_rows(w(151936, 256), 1) == CHUNK_MIN      # a narrow input and long rows: more chunks
     assert dx_chunk_rows(w(1 << 20, 4096), 64) == 4096        # never past CHUNK_MAX (lavapipe's loop budget)
     assert dx_chunk_rows(w(67, 96), 3) == CHUNK_MIN            # a small weight: one chunk
@@ -183,12 +183,13 @@ def test_refuses_shared_buffers(env1):  # noqa: F811
 # Broken variants: each must fail the check that the real kernels pass above (file, old, new, type, case).
 DX_BREAKS = [
     # dy read at the part's own row, its first row dropped: parts after the first take the first part's dy
-    ("backward_matmul", "let d = dy4(t0, p.first_row + r);", "let d = dy4(t0, r);", "Q4_K", {}),
+    ("backward_matmul", "let d = dy_at(t0, q, p.first_row + r);", "let d = dy_at(t0, q, r);", "Q4_K", {}),
     # the chunk's last row skipped
     ("backward_matmul", "for (var r = r0; r < r1; r++)", "for (var r = r0; r + 1u < r1; r++)", "Q8_0", {}),
-    # every token of the quad given the first token's dy
-    ("backward_matmul", "dy[o + min(t0 + 2u, last) * p.dy_stride]", "dy[o + min(t0, last) * p.dy_stride]",
-     "Q5_0", {}),
+    # every token of the invocation's block given the first token's dy
+    ("backward_matmul", "min(t0 + q, step.n_tokens - 1u)", "min(t0, step.n_tokens - 1u)", "Q5_0", {}),
+    # the block's last token's sums not stored
+    ("backward_matmul", "for (var q = 0u; q < TQ; q++) { put(", "for (var q = 1u; q < TQ; q++) { put(", "Q8_0", {}),
     # the hi half's columns at e + 4 (right only where HALF = 4): a K type's group spans 64 columns
     ("backward_matmul", "sums[o + HALF] = hi.x;", "sums[o + 4u] = hi.x;", "Q6_K", {}),
     # a block's scale skipped: Q4_0's d (lo half), Q4_K's sub-block scale, IQ4_XS's 6-bit scale
