@@ -26,7 +26,7 @@ if [[ $what == *tests* ]]; then
   # do not travel)
   timeout 300 python3 -m pytest -q -p no:cacheprovider --slow tests/kernels/test_optimizer.py \
     tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py tests/kernels/test_backward_attention.py \
-    tests/kernels/test_backward_lora.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+    tests/kernels/test_backward_lora.py tests/kernels/test_backward_matmul.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_training.py tests/engine/test_lora_engine.py \
     tests/engine/test_train_cli.py 2>&1 | tail -8 | tee -a "$OUT/tests.txt"
 fi
