@@ -28,8 +28,9 @@
 //   row, so a workgroup's weight reads are one contiguous run of the row's bytes and its dy reads one broadcast.
 //   The scratch costs chunks * n_tokens * cols floats, written once and read once: 32 TQ bytes an invocation against
 //   the >= 256 rows of weights it reads.
-// TQ = 8: a row's dequantization (the scale, the block's bytes, the unpacking) shared by 8 tokens' FMAs, where 4 left
-//   the H100's dx_rows at ~2.5 TFLOP/s (one window's largest family but the forward's GEMM, docs/performance.md).
+// TQ = 8: a row's dequantization (the scale, the block's bytes, the unpacking) shared by 8 tokens' FMAs: 3% faster
+//   than 4 on the H100 (SmolLM2's training window, docs/performance.md), still ~2.5 TFLOP/s; what bounds it there is
+//   not yet measured (the weights' reads, or dy's strided ones).
 // Grid: (ceil(gpr / {{WG}}), the part's chunks, ceil(n_tokens / TQ)). Constants: DQ, HALF, WG, TQ.
 
 //!include common.wgsl
