@@ -83,17 +83,20 @@ def conversation_buffers(device: gpu.Device) -> list[gpu.Buffer]:
     return [b for b in device.buffers if b.kind == gpu.CONVERSATION]
 
 
-async def wipe(device: gpu.Device, *, on_after=None, skip: str | None = None) -> Report:
+async def wipe(device: gpu.Device, *, on_after=None, skip: str | None = None, leave=()) -> Report:
     """`on_after(buffer, raw, before, after)` sees each non-staging buffer's bytes as read back after the wipe (the KV
     panel redraws its picture from them, lab/instruments/kvview.py). `skip` is a test hook: the buffer with that label
-    is left uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed."""
+    is left uncleared, so a test can prove that the check, and the page, catch a buffer the wipe missed. `leave`: the
+    buffers a new chat leaves as they are (the user's files: the retrieval index, a trained adapter), neither read nor
+    cleared nor counted; Forget leaves none."""
     t0 = time.perf_counter()
-    found = conversation_buffers(device)
+    left = {id(b) for b in leave}
+    found = [b for b in conversation_buffers(device) if id(b) not in left]
     if skip is not None and skip not in {b.label for b in found}:
         # a hook that silently skipped nothing would let a stale label pass a test as a clean wipe
         raise ValueError(f"skip: no conversation buffer is labelled {skip!r}")
     staging = device.staging(max((b.size for b in found), default=0)) if found else []
-    conv = conversation_buffers(device)          # again: sizing may have replaced a staging buffer
+    conv = [b for b in conversation_buffers(device) if id(b) not in left]   # again: sizing may replace a staging one
     direct = [b for b in conv if b in staging]
     rest = [b for b in conv if b not in staging]
     before = {}

@@ -3,7 +3,10 @@
 runs the events over CARDS; lab/worker/router.py says when (new chat, Forget, unload, a lost device).
 
 A card's state is made on first use, by the handler that needs it (`Loaded.made`, `Loaded.hold`), never at load. Then:
-- a new chat (`Loaded.fresh`) keeps it, or closes it (`new_chat`; each is kept today);
+- a new chat (`Loaded.renewed`) keeps it, or takes it out and hands it to router.py `_reset`, which holds it alive
+  through the same `forget.wipe` as Forget's and closes it after (`new_chat` False: the Experiments card's runs). The
+  wipe leaves the buffers a kept state names in `new_chat_leaves` (the user's files: the retrieval index, a trained
+  adapter's parameters) and clears and reads back every other CONVERSATION buffer, kept states' included;
 - Forget (`Loaded.forgotten`) keeps it (Forget.KEEP), or takes it out of the loaded model and hands it to router.py
   `_forget`, which holds it alive through `forget.wipe`, so that the wipe's read-back covers its CONVERSATION buffers
   (non-zero before, zero after), and closes it after the wipe (Forget.WIPE; a state a new chat closes goes that way too);
@@ -45,7 +48,8 @@ class Card(Generic[S]):
     name: str                         # what tests and messages call it
     close_with: str = "close"         # the state's method that frees its buffers and empties its data
     lost_with: str | None = None      # the state's method for a lost device; None: nothing on this side to drop
-    new_chat: bool = True             # a new chat keeps it (False: closed, made again on first use)
+    new_chat: bool = True             # a new chat keeps it (False: closed after the wipe, made again on first use)
+    new_chat_leaves: str | None = None    # the state's attribute listing the buffers a new chat leaves as they are
     forget: Forget = Forget.KEEP
 
     def close(self, state: S) -> None:
@@ -58,13 +62,20 @@ class Card(Generic[S]):
         getattr(state, self.lost_with)()
         return True
 
+    def left_by_new_chat(self, state: S) -> list:
+        """The buffers of the user's files a new chat's wipe leaves as they are (none unless `new_chat_leaves`)."""
+        return [] if self.new_chat_leaves is None else list(getattr(state, self.new_chat_leaves))
+
 
 PROBES: Card[Probes] = Card("probes")                 # the panels' probe plans, made on the first panel request
 KV_VIEW: Card[KvView] = Card("kv_view")               # the KV card's norms pass, made on the first chat
 MEMORY: Card[MemoryView] = Card("memory")             # a hybrid's state reads for the memory card, likewise
-INDEX: Card[Index] = Card("index", close_with="drop", lost_with="drop", forget=Forget.WIPE)   # the user's files
-EXPERIMENTS: Card[Experiments] = Card("experiments", lost_with="close", forget=Forget.WIPE)  # its runs' buffers
-TRAINING: Card = Card("training", lost_with="lost", forget=Forget.WIPE)   # lab.worker.training.Run: the adapter
+INDEX: Card[Index] = Card("index", close_with="drop", lost_with="drop", forget=Forget.WIPE,   # the user's files
+                          new_chat_leaves="buffers")
+EXPERIMENTS: Card[Experiments] = Card("experiments", lost_with="close", forget=Forget.WIPE,   # its runs' buffers
+                                      new_chat=False)
+TRAINING: Card = Card("training", lost_with="lost", forget=Forget.WIPE,   # lab.worker.training.Run: the adapter
+                      new_chat_leaves="adapter_buffers")
 
 # Every card's state a loaded model may hold, in the order an unload, a lost device and Forget go through them.
 CARDS: tuple[Card, ...] = (INDEX, EXPERIMENTS, TRAINING, PROBES, KV_VIEW, MEMORY)

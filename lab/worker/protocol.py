@@ -25,11 +25,14 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "chat": "{messages, settings, max_new, kv_view? (\"live\": the memory card's columns with each token, \"end\": "
             "its picture at the turn's end, absent: none)}: one turn -> prompt, token..., kv-view..., memory-view..., "
             "done",
-    "reset": "new chat: the conversation dropped, the model kept -> reset",
+    "reset": "{head?}: new chat: the conversation dropped and wiped as Forget wipes it, less the user's files (the "
+             "retrieval index, a trained adapter's parameters); the model kept -> reset",
     "probe-embedding": "{id (a token id), index}: its embedding row and neighbours -> embedding",
     "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
     "forget": "{skip?, head?}: wipe and check every conversation buffer (skip: tests, one buffer left; head: the "
               "memory card's {layer, head}, redrawn from the read-back) -> forget",
+    "unload": "{}: the tab is closing (pagehide): every conversation buffer cleared, read back and destroyed with the "
+              "model, the Python copies dropped -> unloaded (the page may be gone by then)",
     "memory-head": "{layer, head}: one delta-net head's recurrent state for the memory card -> memory-head",
     "kv-picture": "{}: the memory card's whole picture as the session holds it, for a card opened after turns it "
                   "missed -> kv-view, memory-view (a hybrid)",
@@ -89,10 +92,13 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "token": "{id, piece, text, index, kv_used}: one generated token",
     "kv-view": "{start, end, n_layer, norms, ms}: the KV panel's new columns",
     "done": "{result}: the turn's ids, text and timings, kv_used, and reuse_note (what a hybrid's turn continued from)",
-    "reset": "{}: the conversation is gone",
+    "reset": "{report, kv, memory}: the conversation is gone: the wipe's proof (None without a device) and the KV "
+             "caches and a hybrid's states as read back after it, as forget's",
     "embedding": "{index, id, piece, values, norm, neighbours, per_layer: null or gemma4's {values, norms, n_layer, "
                  "width, table_bytes}, ...}",
     "inspection": "{n, start, end, attention, residual, lens, pieces, ...}",
+    "unloaded": "{report, left}: the unload's wipe (every conversation buffer read back after its clear) and the "
+                "conversation buffers left after the model's were destroyed (the device's zeroed read-back ones)",
     "forget": "{report, kv, memory}: the wipe's proof, and the KV caches and a hybrid's states as read back after it",
     "memory-view": "{pos, state_pos, conv {start, end, layers, values} | null, delta (norms [n_delta, H]) | null, "
                    "snaps (the positions the snapshots hold) | null, ms}: "

@@ -310,9 +310,11 @@ async def _memory_head(msg: dict, w: Worker) -> None:
 
 
 async def _reset(msg: dict, w: Worker) -> None:
-    if w.state.loaded is not None:
-        w.state.loaded = w.state.loaded.fresh()
-    w.post({"type": "reset"})
+    """New chat: the conversation wiped as Forget wipes it (`_wipe`, the same read-back proof and the same KV and
+    memory pictures), less the buffers of the user's files (the retrieval index, a trained adapter's parameters:
+    lab/worker/cards.py `new_chat_leaves`); the cards' states go over to the new chat, or are closed after the wipe,
+    as their `new_chat` says. The next turn prefills from an empty cache (a new Session)."""
+    w.post({"type": "reset", **await _wipe(msg, w, new_chat=True)})
 
 
 # -- panels --------------------------------------------------------------------------------------------------
@@ -365,7 +367,15 @@ async def _forget(msg: dict, w: Worker) -> None:
     Experiments card's runs) go too, in that order: out of the loaded model first, alive through the wipe, so the
     report's read-back covers their buffers (`retrieval.*`, `experiment.*`: non-zero before, zero after), and closed
     only then (buffers freed, the files' ids and names emptied)."""
-    picture, states, rows, held = None, None, 0, []
+    w.post({"type": "forget", **await _wipe(msg, w, new_chat=False)})
+
+
+async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
+    """Forget's and New chat's one way: {report, kv, memory}. The tokenizer's caches and the conversation dropped, the
+    loaded model replaced (`Loaded.forgotten` or `renewed`), `forget.wipe` over every CONVERSATION buffer (less what a
+    new chat leaves) with the states handed back alive through it and closed after, then the KV and memory pictures
+    drawn from its read-back. Without a device (none ever opened) a new chat has nothing to wipe: report None."""
+    picture, states, rows, held, leave = None, None, 0, [], []
     lo = w.state.loaded
     if lo is not None:
         lo.tokenizer.drop_caches()
@@ -376,13 +386,18 @@ async def _forget(msg: dict, w: Worker) -> None:
             # the rows the card showed: at the conversation's end, or (a second Forget) where the rings last stood
             states = memory.StateAfter(lo.engine, memory.conv_span(lo.engine, rows or lo.engine.held[1]),
                                        (int(pick["layer"]), int(pick["head"])) if pick else None)
-        w.state.loaded, held = lo.forgotten()
+        w.state.loaded, held = lo.renewed() if new_chat else lo.forgotten()
+        if new_chat:
+            leave = w.state.loaded.left_by_new_chat()
     try:
         device = w.state.device
         if device is None:
+            if new_chat:
+                return {"report": None, "kv": None, "memory": None}
             raise RuntimeError("no GPU: nothing was ever computed here")
         seen = [c for c in (picture, states) if c is not None]
-        report = await forget.wipe(device, on_after=lambda *read: [c(*read) for c in seen], skip=msg.get("skip"))
+        report = await forget.wipe(device, on_after=lambda *read: [c(*read) for c in seen], skip=msg.get("skip"),
+                                   leave=leave)
     finally:
         for card, state in held:
             card.close(state)
@@ -398,7 +413,29 @@ async def _forget(msg: dict, w: Worker) -> None:
             mem["delta"]["norms"] = w.f32(mem["delta"]["norms"])
             if mem["delta"]["head"] is not None:
                 mem["delta"]["head"]["values"] = w.f32(mem["delta"]["head"]["values"])
-    w.post({"type": "forget", "report": report.to_dict(), "kv": kv, "memory": mem})
+    return {"report": report.to_dict(), "kv": kv, "memory": mem}
+
+
+async def _unload_tab(msg: dict, w: Worker) -> None:
+    """The tab is closing or reloading (the page's `pagehide`): every CONVERSATION buffer cleared and read back (the
+    user's files too: nothing stays), then every buffer of the model destroyed (`Loaded.close`: each card's state,
+    then the engine), and the Python copies dropped (the session's tokens, the tokenizer's text caches). The browser
+    may end the worker before any of it runs, or before the GPU runs the clears: docs/privacy.md says what is
+    measured. The report goes out last; the page may be gone by then."""
+    lo, device = w.state.loaded, w.state.device
+    w.state = State(device, None, w.state.check_kernels)     # nothing reaches the old conversation from here on
+    if lo is not None:
+        lo.drop_conversation()
+        lo.tokenizer.drop_caches()
+    report = None
+    try:
+        if device is not None:
+            report = (await forget.wipe(device)).to_dict()
+    finally:
+        if lo is not None:
+            lo.close()
+    left = len(forget.conversation_buffers(device)) if device is not None else 0
+    w.post({"type": "unloaded", "report": report, "left": left})
 
 
 # -- the table: one handler a message type (lab/worker/protocol.py INCOMING catalogues them) -----------------
@@ -410,6 +447,7 @@ ROUTES: dict[str, Handler] = {
     IN.PROBE_EMBEDDING: _probe_embedding,
     IN.PROBE_INSPECT: _probe_inspect,
     IN.FORGET: _forget,
+    IN.UNLOAD: _unload_tab,
     IN.MEMORY_HEAD: _memory_head,
     IN.KV_PICTURE: _kv_picture,
     IN.PROBE_ROPE: rope.run,

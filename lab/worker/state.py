@@ -60,9 +60,22 @@ class Loaded:
 
     # -- the events ------------------------------------------------------------------------------------------------
     def fresh(self) -> Loaded:
+        """The conversation dropped with no wipe (the test hooks that run steps of their own, lab/worker/hooks.py):
+        as `renewed`, the states a new chat does not keep closed at once."""
+        lo, handed = self.renewed()
+        for card, state in handed:
+            card.close(state)
+        return lo
+
+    def renewed(self) -> tuple[Loaded, list[tuple[Card, Any]]]:
         """A new chat: the same model with no conversation; this one's token lists are emptied in place (they may be
-        shared). Each card's state goes over to the new one, or is closed, as its `new_chat` says."""
-        return self._next(forgetting=False)[0]
+        shared). Each card's state goes over to the new one, or (`new_chat` False) is handed back in CARDS order, open:
+        the caller holds it alive through the wipe and closes it after (lab/worker/router.py `_reset`)."""
+        return self._next(forgetting=False)
+
+    def left_by_new_chat(self) -> list:
+        """The buffers of the user's files that a new chat's wipe leaves (lab/worker/cards.py `new_chat_leaves`)."""
+        return [b for card, state in self.cards.items() for b in card.left_by_new_chat(state)]
 
     def forgotten(self) -> tuple[Loaded, list[tuple[Card, Any]]]:
         """Forget's new chat: as `fresh`, less every card's state Forget does not keep (Forget.WIPE, or one a new
@@ -79,10 +92,8 @@ class Loaded:
                 continue
             if card.new_chat and not (forgetting and card.forget is Forget.WIPE):
                 kept[card] = state
-            elif forgetting:
-                handed.append((card, state))
             else:
-                card.close(state)
+                handed.append((card, state))
         return Loaded(self.engine, self.header, self.tokenizer, Session(self.engine, self.tokenizer),
                       cards=kept), handed
 
@@ -106,6 +117,7 @@ class Loaded:
     def drop_conversation(self) -> None:
         self.session.reset()
         self.context.clear()
+
 
 
 @dataclass

@@ -34,7 +34,8 @@ its whole prompt. The training steps overwrite the KV cache too.
 The state over the loaded model is a `Run` (lab/worker/cards.py TRAINING): the Trainer, whose every buffer is kind
 CONVERSATION (the adapter, its gradients and optimizer state, the text's activations), and the text's windows; or,
 for an adapter read from a file, the Lora alone (its two buffers CONVERSATION too, owned by the Run). A new
-chat keeps it (the adapter stays on); Forget wipes its buffers with the rest, then closes it (the adapter off the
+chat keeps it (the adapter stays on, its parameters left as they are; the rest of its buffers are wiped and read
+back with the conversation's); Forget wipes its buffers with the rest, then closes it (the adapter off the
 engine, the buffers freed, the windows emptied); an unload closes it; a lost device empties the windows. No adapter
 bytes are kept: each download reads the adapter from the GPU again.
 
@@ -156,6 +157,13 @@ class Run:
     def owner(self) -> object:
         """What the adapter's buffers are owned by (lab.gpu Device.owning): the Trainer, or this Run."""
         return self.trainer if self.trainer is not None else self
+
+    @property
+    def adapter_buffers(self) -> list:
+        """What a new chat leaves of it (lab/worker/cards.py TRAINING): the adapter's parameters, the user's work; its
+        step scratch (`lora u`, the last step's x A^T) and a finished run's gradients, optimizer moments and
+        activations are wiped with the conversation (a new run makes them afresh)."""
+        return [] if self.lora is None else [self.lora.params]
 
     def labels(self) -> list[str]:
         """The labels of its buffers, for the page to find them in Forget's report."""

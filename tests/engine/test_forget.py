@@ -196,3 +196,19 @@ def test_the_skip_hook_refuses_a_label_it_cannot_find(made, device):
     wipe (a stale label once made a deliberately incomplete wipe read as complete)."""
     with pytest.raises(ValueError, match="no conversation buffer is labelled 'conv state 9 \\[18, n_embd\\]'"):
         asyncio.run(forget.wipe(device, skip="conv state 9 [18, n_embd]"))
+
+
+def test_a_new_chat_leaves_the_users_files_and_wipes_the_rest(made, device, tok):
+    """New chat's wipe (`leave`: the retrieval index, a trained adapter's parameters) leaves those buffers as they are,
+    outside the report, and clears and reads back every other conversation buffer as Forget does."""
+    converse(made, tok)
+    files = device.buffer(4096, gpu.CONVERSATION, "test.user file")
+    try:
+        device.write(files, struct.pack("<1024I", *range(1, 1025)))
+        report = run(forget.wipe(device, leave=[files]))
+        assert "test.user file" not in {c.label for c in report.buffers}
+        assert report.wiped and report.after == 0 and len(report.buffers) > 2
+        assert device.read_sync(files) == struct.pack("<1024I", *range(1, 1025))
+        assert all_conversation_words(device) == 1024        # the file's words, and nothing else
+    finally:
+        device.destroy(files)

@@ -50,6 +50,7 @@ class _Index:
         self.ids = [[11, 12, 13]]
         self.names = ["notes.txt"]
         self.dropped = False
+        self.buffers = ["retrieval.embeddings"]     # what a new chat's wipe leaves (Index.buffers)
 
     def drop(self) -> None:
         self.ids[0].clear()
@@ -58,11 +59,15 @@ class _Index:
         self.dropped = True
 
 
+class _Device:
+    buffers: list = []             # the registry after an unload: nothing left (lab.gpu Device.buffers)
+
+
 def _converse(router):
     tok, eng = _Tok(), _Engine()
     session = Session(eng, tok)
     session.cached += [5, 6, 7]
-    router.worker.state = State(device=object(), loaded=Loaded(eng, None, tok, session, context=[5, 6, 7, 8],
+    router.worker.state = State(device=_Device(), loaded=Loaded(eng, None, tok, session, context=[5, 6, 7, 8],
                                                                cards={INDEX: _Index()}))
     return tok, eng, session, router.worker.state.loaded.context
 
@@ -82,11 +87,13 @@ def test_a_lost_device_keeps_nothing_of_the_conversation(router, monkeypatch):
     assert "nothing of the conversation" in msg["message"]
 
 
-def test_new_chat_replaces_the_conversation_whole(router):
+def test_new_chat_replaces_the_conversation_whole(router, monkeypatch):
     tok, eng, session, context = _converse(router)
     old = router.worker.state.loaded
-    asyncio.run(router._reset({"type": "reset"}, router.worker))
+    leaves = _forget(router, monkeypatch, lambda: None, "reset")
+    assert leaves == [["retrieval.embeddings"]]   # the index's buffers: left as they are, neither read nor cleared
     new = router.worker.state.loaded
+    assert tok._cache == {}                      # the tokenizer's chunks of typed text, as Forget drops them
     assert new is not old and new.engine is eng and new.tokenizer is tok
     assert new.context == [] and new.session.cached == [] and new.session is not session
     assert session.cached == [] and context == []
@@ -119,9 +126,14 @@ class _Picture:
         return {"norms": b"", "conv": None, "delta": None}
 
 
-def _forget(router, monkeypatch, during) -> None:
-    """Run the router's Forget with `forget.wipe` replaced by `during()` (what the test looks at while it runs)."""
-    async def wipe(device, on_after=None, skip=None):
+def _forget(router, monkeypatch, during, kind: str = "forget") -> list:
+    """Run the router's Forget (or New chat: kind "reset", or the tab's unload: "unload") with `forget.wipe` replaced
+    by `during()` (what the test looks at while it runs); returns each wipe's `leave` (the buffers it was told to
+    leave)."""
+    leaves = []
+
+    async def wipe(device, on_after=None, skip=None, leave=()):
+        leaves.append(list(leave))
         during()
         return _Report()
 
@@ -130,8 +142,11 @@ def _forget(router, monkeypatch, during) -> None:
     monkeypatch.setattr(router.memory, "StateAfter", _Picture)
     monkeypatch.setattr(router.memory, "conv_span", lambda engine, rows: (0, rows))
     monkeypatch.setattr(router.worker, "f32", bytes)        # no JS typed arrays here
-    asyncio.run(router._forget({"type": "forget"}, router.worker))
-    assert router.posted[-1]["type"] == "forget"
+    handler = {"forget": router._forget, "reset": router._reset, "unload": router._unload_tab}[kind]
+    asyncio.run(handler({"type": kind}, router.worker))
+    assert router.posted[-1]["type"] == {"unload": "unloaded"}.get(kind, kind)
+    assert router.posted[-1]["report"] == {"status": "wiped"}
+    return leaves
 
 
 def test_forget_wipes_the_index_while_alive_then_drops_it(router, monkeypatch):
@@ -154,7 +169,8 @@ def test_every_card_constant_is_registered():
 
 # Cards of the test's own, one for each policy a new card may take, added to CARDS: no router code names them.
 EXTRA = (Card("kept-view"), Card("user-data", close_with="drop", lost_with="forget_all", forget=Forget.WIPE),
-         Card("per-chat", lost_with="close", new_chat=False))
+         Card("per-chat", lost_with="close", new_chat=False),
+         Card("user-file", forget=Forget.WIPE, new_chat_leaves="files"))
 
 
 class _Recorder:
@@ -164,6 +180,9 @@ class _Recorder:
         self.card, self.log, self.calls = card, log, []
 
     def __getattr__(self, method: str):
+        if method == self.card.new_chat_leaves:      # the buffers a new chat leaves: stand-ins named after the card
+            return [f"{self.card.name} buffer"]
+
         def call() -> None:
             self.calls.append(method)
             self.log.append((self.card.name, method))
@@ -201,12 +220,37 @@ def test_a_lost_device_drops_what_every_card_holds(router, every_card, monkeypat
     assert set(old.cards) == {c for c in cards.CARDS if c.lost_with is None}   # let go with the old model, untouched
 
 
-def test_a_new_chat_keeps_or_closes_each_card(router, every_card):
+def test_a_new_chat_keeps_or_closes_each_card(router, every_card, monkeypatch):
+    """As Forget: what a new chat does not keep is out of the loaded model and open while the wipe reads back, and
+    closed after it; the wipe leaves exactly the buffers the kept states name in `new_chat_leaves`."""
     states, log = every_card
-    asyncio.run(router._reset({"type": "reset"}, router.worker))
+    during = []
+    leaves = _forget(router, monkeypatch, lambda: during.append((dict(router.worker.state.loaded.cards), list(log))),
+                     "reset")
     new = router.worker.state.loaded
-    assert new.cards == {c: states[c] for c in cards.CARDS if c.new_chat}
+    kept = {c: states[c] for c in cards.CARDS if c.new_chat}
+    assert during == [(kept, [])] and new.cards == kept
     assert log == [(c.name, c.close_with) for c in cards.CARDS if not c.new_chat]
+    assert leaves == [[f"{c.name} buffer" for c in cards.CARDS if c.new_chat_leaves]]
+    assert {c.name for c in cards.CARDS if c.new_chat_leaves} >= {"index", "training", "user-file"}
+
+
+def test_forget_leaves_nothing_out_of_its_wipe(router, every_card, monkeypatch):
+    assert _forget(router, monkeypatch, lambda: None) == [[]]
+
+
+def test_the_tabs_unload_wipes_every_card_alive_then_closes_everything(router, every_card, monkeypatch):
+    """pagehide: the wipe runs with every card's state still open (its buffers read back), nothing left out of it, the
+    loaded model already out of reach; then every state is closed, then the engine; the Python copies are dropped."""
+    states, log = every_card
+    tok = router.worker.state.loaded.tokenizer
+    session, context = router.worker.state.loaded.session, router.worker.state.loaded.context
+    during = []
+    leaves = _forget(router, monkeypatch, lambda: during.append((router.worker.state.loaded, list(log))), "unload")
+    assert leaves == [[]] and during == [(None, [])]
+    assert log == [(c.name, c.close_with) for c in cards.CARDS] + [("engine", "close")]
+    assert router.worker.state.loaded is None and router.worker.state.device is not None
+    assert session.cached == [] and context == [] and tok._cache == {}
 
 
 def test_forget_keeps_or_wipes_each_card_by_its_policy(router, every_card, monkeypatch):
