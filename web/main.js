@@ -8,7 +8,7 @@
 // Nothing the user types or loads is stored (no localStorage, IndexedDB, cookies or URL state), nor which cards are open.
 import {
   fmtBytes, lensPositions, LINES, renderAttention, renderEmbedding, renderForget, renderKv, renderLens, renderResidual,
-  selectedPos, selectedEmbedding, shown,
+  renderWiped, selectedPos, selectedEmbedding, shown,
 } from "/web/panels.js";
 import { computes, freshNav, isOpen, renderNavigator, wireNavigator } from "/web/navigator.js";
 import { refreshExports, registerExport, revokeExports } from "/web/export.js";
@@ -57,7 +57,9 @@ const store = {
   kv: freshKv(),                                         // the KV cache: rows held and their magnitudes (kv-view)
   memory: freshMemory(null),                             // a hybrid's conv and delta-net states (memory-view)
   forget: null,                                          // the last Forget report
-  busy: { embedding: false, inspect: 0, forget: false },
+  // the last New chat's or the tab's unload's wipe: {moment ("new-chat" | "unload"), report, left?}; busy while asked
+  wiped: null,
+  busy: { embedding: false, inspect: 0, forget: false, wiped: false },
   // The cards with state of their own: each module owns the shape of its key and the functions that update it.
   contextLength: freshContextLength(),                   // web/context.js: the context the next load makes, its budget
   // web/cards.js's: verify (the llama.cpp checks), rope (the RoPE demo), perplexity (a pasted text's perplexity),
@@ -263,6 +265,7 @@ function render() {
   renderLens(store);
   renderKv(store, memoryActions);
   renderForget(store);
+  renderWiped(store);
   renderContext(store);
   each("render", store);
   renderNavigator(store, foldedLines);
@@ -519,6 +522,12 @@ const onWorker = {
     store.memory.after = m.memory; store.memory.rev++;
     each("forgotten", store, m.report);
   },
+  // New chat's wipe: the KV and memory cards redrawn from its read-back, as after Forget
+  reset: (m) => {
+    store.busy.wiped = false; store.wiped = { moment: "new-chat", report: m.report };
+    store.kv.after = m.kv; store.memory.after = m.memory; store.memory.rev++;
+  },
+  unloaded: (m) => { store.busy.wiped = false; store.wiped = { moment: "unload", report: m.report, left: m.left }; },
   "kv-view": (m) => {
     if (store.dropTurn) return;
     const cols = store.kv.columns, w = 2 * m.n_layer;
@@ -611,6 +620,8 @@ const onError = {
   },
   "probe-embedding": (m) => { cardFailed(`embedding: ${m.message}`); store.busy.embedding = false; },
   forget: (m) => { store.error = `forget: ${m.message}`; store.busy.forget = false; },
+  reset: (m) => { store.error = `new chat: ${m.message}`; store.busy.wiped = false; },
+  unload: (m) => { store.error = `unload: ${m.message}`; store.busy.wiped = false; },
   "memory-head": (m) => { cardFailed(`memory: ${m.message}`); store.memory.busy = false; },
   "kv-picture": (m) => { cardFailed(`memory: ${m.message}`); store.kv.asked = false; },
   "probe-rope": (m) => { cardFailed(`RoPE demo: ${m.message}`); ropeFailed(store.rope); },
@@ -643,7 +654,7 @@ function load(file) {
   if (store.loading) worker.postMessage({ type: "cancel-load" });   // the newest pick wins
   store.error = null; store.loaded = null; store.model = null;
   store.loading = { done: 0, total: 0 };
-  newChat();
+  clearConversation();                // the worker's load destroys the old model's buffers, zeroed first
   each("dropped", store, worker);     // what the cards held of the old model (the index: its embeddings)
   each("picked", store, file);
   worker.postMessage({ type: "load", file, n_ctx: contextFileLoaded(store.contextLength, file), int8: int8Prefill(),
@@ -689,10 +700,34 @@ function send() {
   render();
 }
 
+// New chat: the page's copies dropped (the store, each card's derived data, the text fields) and the worker's wipe
+// asked for, as Forget's but leaving the user's files (the retrieval index, a trained adapter); its one line and the
+// KV and memory cards' blank pictures come with the "reset" message.
 function newChat() {
   clearConversation();
+  $("prompt").value = "";
+  $("system-prompt").value = "";
+  store.wiped = null;
+  store.busy.wiped = true;
+  const head = store.loaded && store.loaded.memory && store.loaded.memory.delta ? store.memory.pick : undefined;
+  worker.postMessage({ type: "reset", ...(head ? { head } : {}) });
   render();
 }
+
+// The tab is closing or reloading: the worker is asked to clear, read back and destroy every conversation buffer and
+// drop its Python copies before the browser ends it (docs/privacy.md says what that can and cannot promise). The
+// page cannot wait for the answer; a page kept in the back-forward cache comes back with no model.
+// window.labUnloadLog (tests, measurements): the worker logs its progress (counts only) to the console.
+function unloadTab() {
+  clearConversation();
+  each("dropped", store, worker);
+  $("prompt").value = "";
+  $("system-prompt").value = "";
+  store.loaded = null; store.loading = null; store.wiped = null; store.busy.wiped = true;
+  worker.postMessage({ type: "unload", ...(window.labUnloadLog ? { log: true } : {}) });
+  render();
+}
+window.addEventListener("pagehide", unloadTab);
 
 $("model-file").addEventListener("change", (e) => {
   load(e.target.files[0]);

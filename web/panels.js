@@ -456,7 +456,7 @@ export function renderKv(store, act) {
   if (after) parts.push(kvForgetLine(after));
   else if (store.busy.forget) parts.push(el("p", { class: "muted", textContent: "wiping, then reading the caches back…" }));
   if (cols.length) {
-    const what = after ? "read back from the GPU after Forget" : `read from the GPU${store.kv.ms != null ? ` (last read ${store.kv.ms} ms)` : ""}`;
+    const what = after ? "read back from the GPU after the wipe" : `read from the GPU${store.kv.ms != null ? ` (last read ${store.kv.ms} ms)` : ""}`;
     parts.push(el("p", { class: "muted", textContent: `positions ${cols[0].pos}..${cols.at(-1).pos}${n > cols.length ? ` (the last ${cols.length} of ${n})` : ""}, ${what}; hover a cell for its numbers` }),
       ...kvGrid(store, kv, cols, kv.n_layer));
   } else {
@@ -564,7 +564,7 @@ function convParts(store, mem, src, after) {
       + `keeps between tokens is the ${c.rows} inputs before the next one: positions ${src.start}..${src.end - 1} below, `
       + "a row each, red positive and blue negative. Nothing older survives; the KV cache above keeps every position." }),
     ...rows, el("p", { class: "scale muted", textContent: `full colour at |x| = ${fmt(max, 3)}, shade √(|x| / max) · `
-      + (after ? "read back from the GPU after Forget" : "read from the GPU's conv rings") })];
+      + (after ? "read back from the GPU after the wipe" : "read from the GPU's conv rings") })];
 }
 
 // A delta-net layer's memory: each layer's norm over the conversation (a strip, one cell per read), and the picked
@@ -594,7 +594,7 @@ function deltaParts(store, mem, act, after) {
       title: `layer ${shown.layer}, head ${shown.head}: S [${d.d_k} × ${d.d_v}], rows k, columns v` }),
     el("p", { class: "scale muted", textContent: `rows: key index 0..${d.d_k - 1} · columns: value index 0..${d.d_v - 1} · `
       + `full colour at |s| = ${fmt(maxAbs(shown.values), 3)}, shade √(|s| / max) · ‖S‖ = ${fmt(l2(shown.values), 3)} · `
-      + (after ? "read back from the GPU after Forget" : "read from the GPU") })]
+      + (after ? "read back from the GPU after the wipe" : "read from the GPU") })]
     : [el("p", { class: "muted", textContent: store.kv.used ? "reading the state…" : "No conversation yet." })];
   return [el("h3", { textContent: "Delta-net layers: a fixed matrix per head" }),
     el("p", { class: "explain", textContent: `A delta-net layer keeps no list of past tokens: each head holds one ${d.d_k} × ${d.d_v} `
@@ -667,6 +667,22 @@ export function renderForget(store) {
     status.textContent = `NOT wiped: ${r.after} non-zero words remain in `
       + r.items.filter((i) => i.after).map((i) => i.label).join(", ");
   }
+}
+
+// New chat's wipe, or the tab's unload (main.js store.wiped): one line under the dock's buttons, with the numbers in
+// data-* for tests.
+export function renderWiped(store) {
+  const line = $("wiped-status"), w = store.wiped, r = w && w.report;
+  line.dataset.moment = w ? w.moment : "";
+  line.dataset.state = r ? r.status : "";
+  for (const k of ["buffers", "bytes", "before", "after"]) line.dataset[k] = r ? r[k] : "";
+  if (store.busy.wiped) { line.textContent = "wiping and reading back…"; return; }
+  if (!r) { line.textContent = ""; return; }
+  const what = w.moment === "unload" ? "Unloaded" : "New chat";
+  line.textContent = `${what}: ${r.buffers} conversation buffers (${fmtBytes(r.bytes)}) cleared and read back, `
+    + `${r.after.toLocaleString("en")} non-zero words after`
+    + (r.after ? ` (NOT wiped: ${r.items.filter((i) => i.after).map((i) => i.label).join(", ")})` : "")
+    + (w.moment === "unload" ? `; the model's buffers destroyed.` : `; the retrieval index and an adapter kept.`);
 }
 
 // ---- folded (web/navigator.js): each built-in card's current result in one line ------------------------------------

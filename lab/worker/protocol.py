@@ -31,8 +31,9 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
     "forget": "{skip?, head?}: wipe and check every conversation buffer (skip: tests, one buffer left; head: the "
               "memory card's {layer, head}, redrawn from the read-back) -> forget",
-    "unload": "{}: the tab is closing (pagehide): every conversation buffer cleared, read back and destroyed with the "
-              "model, the Python copies dropped -> unloaded (the page may be gone by then)",
+    "unload": "{log? (tests: its progress to the console, counts only)}: the tab is closing (pagehide): every "
+              "conversation buffer cleared, read back and destroyed with the model, the Python copies dropped "
+              "-> unloaded (the page may be gone by then)",
     "memory-head": "{layer, head}: one delta-net head's recurrent state for the memory card -> memory-head",
     "kv-picture": "{}: the memory card's whole picture as the session holds it, for a card opened after turns it "
                   "missed -> kv-view, memory-view (a hybrid)",
