@@ -422,8 +422,11 @@ async def _unload_tab(msg: dict, w: Worker) -> None:
     then the engine), and the Python copies dropped (the session's tokens, the tokenizer's text caches). The browser
     may end the worker before any of it runs, or before the GPU runs the clears: docs/privacy.md says what is
     measured. The report goes out last; the page may be gone by then."""
-    log = js.console.info if msg.get("log") else (lambda text: None)     # tests and measurements: counts only
-    log("lab unload: started")
+    def log(line) -> None:               # tests and measurements (msg's log): counts only, never the conversation
+        if msg.get("log"):
+            js.console.info(line())
+
+    log(lambda: "lab unload: started")
     lo, device = w.state.loaded, w.state.device
     w.state = State(device, None, w.state.check_kernels)     # nothing reaches the old conversation from here on
     if lo is not None:
@@ -433,12 +436,13 @@ async def _unload_tab(msg: dict, w: Worker) -> None:
     try:
         if device is not None:
             report = (await forget.wipe(device)).to_dict()
-            log(f"lab unload: {report['buffers']} buffers cleared and read back, {report['after']} non-zero words after")
+            log(lambda: f"lab unload: {report['buffers']} buffers cleared and read back, "
+                        f"{report['after']} non-zero words after")
     finally:
         if lo is not None:
             lo.close()
     left = len(forget.conversation_buffers(device)) if device is not None else 0
-    log(f"lab unload: destroyed; {left} conversation buffers left")
+    log(lambda: f"lab unload: destroyed; {left} conversation buffers left")
     w.post({"type": "unloaded", "report": report, "left": left})
 
 
