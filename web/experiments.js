@@ -651,9 +651,9 @@ export function drawExperiments(canvas, store) {
   drawLines(ctx, 0, ["unsteered", "", ...b]);
 }
 
-// ---- its place in the page (web/cards.js): a new chat keeps the results; Forget drops them and the prompts typed,
-// another file and a lost GPU the results (they were that model's), and Forget's report says whether its buffers read
-// back as zero.
+// ---- its place in the page (web/cards.js): a new chat, another file and a lost GPU drop the results (the worker's
+// new chat wipes and closes the runs they were read from: docs/privacy.md); Forget drops them and the prompts typed,
+// and its report says whether the card's buffers read back as zero.
 export const card = {
   key: "experiments",
   fresh: freshExperiments,
@@ -665,7 +665,7 @@ export const card = {
   loaded: (store) => experimentsLoaded(store),
   opened: (store, worker) => tokenize(store, worker),
   summary: experimentsLine,
+  cleared: (store, worker) => dropExperiments(store.experiments, worker),
   forgetting: (store, worker) => dropExperiments(store.experiments, worker, true),
   forgotten: (store, report) => experimentsForgotten(store.experiments, report),
-  dropped: (store, worker) => dropExperiments(store.experiments, worker),
 };

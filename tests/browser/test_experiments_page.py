@@ -121,7 +121,7 @@ def test_the_chat_goes_on_as_if_nothing_ran(lab_exp):
     plain = lab.send("And then?")
     plain_reuse = page.inner_text('[data-testid="reuse"]')
     # the same conversation with two experiments between its turns, each overwriting the engine's cache from
-    # position 0 while it runs (the new chat's first turn reuses the rows of its own tokens, as a chat does)
+    # position 0 while it runs (New chat wiped the cache: its first turn prefills from empty, as the first chat did)
     page.click('[data-testid="new-chat"]')
     lab.send("Hello there")
     rows = _kv(lab)
@@ -313,7 +313,7 @@ def test_steering_streams_both_replies_and_the_plain_one_is_the_chats(lab_exp):
 
 def test_forget_wipes_the_experiments_buffers(lab_exp):
     lab, page = lab_exp, lab_exp.page
-    _tab(lab, "patch")
+    _run(lab, "patch")                   # again: the steering test's New chat dropped the results and their runs
     assert page.locator('#exp-result [data-testid="exp-cell"]').count() > 0
     page.click('[data-testid="forget"]')
     page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=SLOW)
