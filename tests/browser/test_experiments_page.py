@@ -292,6 +292,21 @@ def test_a_long_sweep_asks_first_and_limit_runs_what_fits(lab_exp):
     print(f"\nthe sweep: about {estimate:.0f} s asked first; limited to layers {layers}")
 
 
+def test_forget_wipes_the_experiments_buffers(lab_exp):
+    lab, page = lab_exp, lab_exp.page
+    _tab(lab, "patch")                   # the patching tests' results (before steering's New chat drops them)
+    assert page.locator('#exp-result [data-testid="exp-cell"]').count() > 0
+    page.click('[data-testid="forget"]')
+    page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=SLOW)
+    wiped = page.locator('[data-testid="exp-wiped"]')
+    assert wiped.get_attribute("data-state") == "wiped", wiped.inner_text()
+    assert int(wiped.get_attribute("data-before")) > 0 and wiped.get_attribute("data-after") == "0"
+    assert "experiment.results" in wiped.inner_text()
+    assert page.locator('#exp-result [data-testid="exp-cell"]').count() == 0
+    assert page.input_value('[data-testid="exp-pa-clean"]') == CLEAN     # the example back, what was typed gone
+    assert not lab.errors() and not lab.foreign_requests()
+
+
 def test_steering_streams_both_replies_and_the_plain_one_is_the_chats(lab_exp):
     lab, page = lab_exp, lab_exp.page
     _tab(lab, "steer")
@@ -309,21 +324,6 @@ def test_steering_streams_both_replies_and_the_plain_one_is_the_chats(lab_exp):
     page.click('[data-testid="new-chat"]')
     assert lab.send("Tell me about your weekend.") == plain
     print(f"\nsteered {steered!r}, unsteered {plain!r}")
-
-
-def test_forget_wipes_the_experiments_buffers(lab_exp):
-    lab, page = lab_exp, lab_exp.page
-    _run(lab, "patch")                   # again: the steering test's New chat dropped the results and their runs
-    assert page.locator('#exp-result [data-testid="exp-cell"]').count() > 0
-    page.click('[data-testid="forget"]')
-    page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=SLOW)
-    wiped = page.locator('[data-testid="exp-wiped"]')
-    assert wiped.get_attribute("data-state") == "wiped", wiped.inner_text()
-    assert int(wiped.get_attribute("data-before")) > 0 and wiped.get_attribute("data-after") == "0"
-    assert "experiment.results" in wiped.inner_text()
-    assert page.locator('#exp-result [data-testid="exp-cell"]').count() == 0
-    assert page.input_value('[data-testid="exp-pa-clean"]') == CLEAN     # the example back, what was typed gone
-    assert not lab.errors() and not lab.foreign_requests()
 
 
 def test_the_cli_runs_the_cards_patching_in_the_page(path, native):
