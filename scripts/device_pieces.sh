@@ -36,3 +36,14 @@ take_pieces() {
   (cd "$d" && sha256sum -c --quiet pieces.sha256 2>/dev/null) || return 3
   [ -d "$d/models" ] || { mkdir -p "$d/models" && cat "$d"/bundle.* | tar -x -C "$d/models"; } || return 3
 }
+
+# On the lent GPU, the start of a chained native run (device_training.sh, device_retrieval.sh): with MODE `piece`,
+# keep this call's piece and exit; otherwise assemble the pieces and make the native set-up (device_native.sh), or
+# exit saying why.
+#   pieces_then_native FOLDER DIR MODE
+pieces_then_native() {
+  if [ "$3" = piece ]; then take_pieces "$1" "$2"; ls -la "$2"; exit 0; fi
+  take_pieces "$1" "$2" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
+  source scripts/device_native.sh
+  native_env || exit 4
+}

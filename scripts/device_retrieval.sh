@@ -10,10 +10,7 @@
 set -uo pipefail
 D=/tmp/devr
 source scripts/device_pieces.sh
-if [ "${1:-run}" = piece ]; then take_pieces .devretrieval "$D"; ls -la "$D"; exit 0; fi
-take_pieces .devretrieval "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-source scripts/device_native.sh
-native_env || exit 4
+pieces_then_native .devretrieval "$D" "${1:-run}"
 # the kernels against numpy, and the index against the numpy reference forward, on the NVIDIA adapter
 export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pool.py tests/engine/test_retrieval.py \

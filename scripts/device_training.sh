@@ -12,10 +12,7 @@
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
-if [ "${1:-run}" = piece ]; then take_pieces .devtrain "$D"; ls -la "$D"; exit 0; fi
-take_pieces .devtrain "$D" || { echo "pieces missing or damaged: chain the calls"; exit 3; }
-source scripts/device_native.sh
-native_env || exit 4
+pieces_then_native .devtrain "$D" "${1:-run}"
 export LLM_LAB_CACHE=$D OPENBLAS_NUM_THREADS=8
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 what=${WHAT:-tests,gradcheck,train,torch}

@@ -127,13 +127,19 @@ def free(device: gpu.Device, *bufs) -> None:
             device.destroy(b)
 
 
+def finite(got, what: str) -> np.ndarray:
+    """got as an array; AssertionError naming how many of its values are not finite, if any."""
+    got = np.asarray(got)
+    if not np.all(np.isfinite(got)):
+        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    return got
+
+
 def within(what: str, got, want, scale, tol: float, scale_is: str = "its scale") -> float:
     """Raises AssertionError unless got is finite and within tol of want per element against scale (the bound's unit:
     `scale_is` names it in the message); the error in units of 2^-24."""
     from lab.host.reference.grads import U32, bound_err
-    got = np.asarray(got)
-    if not np.all(np.isfinite(got)):
-        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    got = finite(got, what)
     e = bound_err(got, want, scale)
     if not e <= tol:
         raise AssertionError(f"{what}: error {e:.3g} of {scale_is} exceeds {tol:.3g}")
@@ -141,9 +147,7 @@ def within(what: str, got, want, scale, tol: float, scale_is: str = "its scale")
 
 
 def assert_close(got, want, tol: float, what: str, axis=None) -> None:
-    got = np.asarray(got)
-    if not np.all(np.isfinite(got)):
-        raise AssertionError(f"{what}: non-finite output ({np.sum(~np.isfinite(got))} values)")
+    got = finite(got, what)
     e = rel_err(got, want, axis)
     if not e <= tol:
         raise AssertionError(f"{what}: error {e:.3g} relative to magnitude exceeds {tol:.3g}")
