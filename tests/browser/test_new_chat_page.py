@@ -14,7 +14,7 @@ import base64
 
 import pytest
 
-from tests.browser.conftest import take
+from tests.browser.conftest import open_lab, take
 
 SLOW = 600_000                   # ms: a reply and the panels' probes on SwiftShader
 N_LAYER = 4                      # synthetic_arch "llama3"
@@ -80,3 +80,39 @@ def test_pagehide_clears_and_destroys_every_conversation_buffer(lab_nc):
     assert int(w["buffers"]) > 2 * N_LAYER
     assert page.locator("[data-testid=message]").count() == 0 and page.is_disabled('[data-testid="prompt"]')
     assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+RELOADS = 5
+SEEN_MS = 3000          # how long after the new page boots the old worker's lines are looked for
+
+
+@pytest.mark.slow
+def test_real_reloads_say_what_the_unload_did(browser, server_url, tiny_path):
+    """A real `page.reload()` after a reply, RELOADS times: the old worker's lines (window.labUnloadLog: counts only)
+    are counted, since a real close cannot be waited for (docs/privacy.md "Closing the tab" records the counts on
+    each adapter). Whatever of the wipe is seen must say zero non-zero words after, and the page boots again each time
+    with no error and no request off its origin."""
+    seen = {"started": 0, "cleared": 0, "destroyed": 0}
+    with open_lab(browser, server_url) as lab:
+        page = lab.page
+        for _ in range(RELOADS):
+            lab.wait_ready()
+            lab.pick(tiny_path)
+            lab.wait_loaded(tiny_path.name)
+            lab.send("Name three colours.", max_tokens=2)
+            lab.console.clear()
+            page.evaluate("() => { window.labUnloadLog = true; }")
+            page.reload()
+            lab.wait_ready()
+            page.wait_for_timeout(SEEN_MS)
+            lines = [text for _, text in lab.console if text.startswith("lab unload:")]
+            for line in lines:
+                if "cleared and read back" in line:
+                    seen["cleared"] += 1
+                    assert line.endswith(" 0 non-zero words after"), line
+                elif "destroyed" in line:
+                    seen["destroyed"] += 1
+                else:
+                    seen["started"] += 1
+            assert lab.errors() == [] and lab.foreign_requests() == []
+    print(f"\n{RELOADS} reloads in Chromium, the old worker's lines seen: {seen}")
