@@ -300,3 +300,277 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         {{DV}}[vo + 4u * c + 3u] = b.w;
     }
 }
+
+// ---- tiles: a GPU's path (lab.ops.backward_attention `tiles`), FlashAttention-2's backward in two dispatches.
+// Why: the lanes above load every key row from memory once per query row (and every query row once per key), a few
+// flops a load; a tile of BQ query rows (one head) x BK keys loads each row once for the whole tile, and each
+// invocation keeps a 4 x NB block of the tile's products in registers. 256 invocations a workgroup, (tr, tc) =
+// (li / 16, li % 16) holding rows r = tr + 16 a (a < 4) and keys c = tc + 16 b (b < NB) of a tile.
+//   attn_dq_tiles   a workgroup per (BQ query rows, head): the rows' keys a tile at a time, twice: first each row's
+//                   max and sum (online per invocation over its keys, then the 16 invocations of a row merged as a
+//                   tree), D = dO . O, written to stats for attn_dkv_tiles; then dS, and dQ = scale dS K (the tile's dS
+//                   in workgroup memory, K read SUB rows at a time). It replaces attn_stats and attn_dq.
+//   attn_dkv_tiles  a workgroup per (BK keys, KV head): the group's heads in order, each the query rows that see the
+//                   keys a tile at a time (rows in order), P and dS from the stats; dV += P^T dO and dK += dS^T Q (P,
+//                   then dS, in workgroup memory; dO and Q read SUB rows at a time); an invocation sums key li / 8's
+//                   columns cg + 8 c (cg = li % 8). Keys no query sees get 0, as attn_dkv's.
+// Every sum runs in a fixed order (q.k and dO.v over d in order, dQ over keys in order, dK and dV over (head, row) in
+// order): the same bits every run. Needs HD a multiple of 16, at most 256 (the builder checks); 16,128 bytes of
+// workgroup memory.
+const BQ: u32 = 64u;                      // query rows a tile
+const BK: u32 = 32u;                      // keys a tile
+const NB: u32 = BK / 16u;                 // keys an invocation holds in a tile
+const DC: u32 = 8u;                       // floats of HD a chunk of the tile's products
+const PAD: u32 = DC + 1u;                 // a chunk row's stride in workgroup memory (odd: a warp's rows, other banks)
+const SUB: u32 = {{SUB}}u;                // rows of K (attn_dq_tiles), dO or Q (attn_dkv_tiles) a sub-chunk: SUB HD <= SC
+const NCQ: u32 = HD / 16u;                // dQ columns an invocation: tc + 16 c
+const NCK: u32 = HD / 8u;                 // dK and dV columns an invocation: cg + 8 c
+const DO_AT: u32 = BQ * PAD;              // where the chunks of dO, K and V start in `sc`, after Q's
+const K_AT: u32 = 2u * BQ * PAD;
+const V_AT: u32 = K_AT + BK * PAD;
+
+@group(0) @binding(8) var<storage, read> o_t: array<f32>;      // attn_dq_tiles' O (binding 2 is V there)
+var<workgroup> sc: array<f32, {{SC}}>;    // the chunks [Q | dO | K | V] (PAD floats a row), or SUB rows of HD floats
+var<workgroup> sp: array<f32, BQ * BK>;  // the tile's dS or P, row-major; attn_dq_tiles' (max, sum) pairs to merge
+var<workgroup> rs: array<vec4<f32>, BQ>; // the tile's rows' statistics (m, 1 / l, D, 0)
+
+fn visible(j: u32, key: u32) -> bool {
+    let qpos = step.pos + j;
+    return j < step.n_tokens && key >= key_begin(qpos) && key < key_end(qpos);
+}
+
+// The tile's products over HD of query rows j0 + r (head h) and keys k0 + c (KV head g): s = q.k and, with `both`,
+// dp = dO.v, an invocation's 4 x NB. Rows past the step and keys from kend on are never loaded (zeros).
+fn tile_products(li: u32, j0: u32, h: u32, k0: u32, g: u32, kend: u32, both: bool,
+                 s: ptr<function, array<array<f32, NB>, 4>>, dp: ptr<function, array<array<f32, NB>, 4>>) {
+    let tr = li / 16u;
+    let tc = li % 16u;
+    for (var d0 = 0u; d0 < HD; d0 += DC) {
+        workgroupBarrier();                   // the chunk before (or `sc`'s other use) has been read
+        for (var e = li; e < BQ * DC; e += 256u) {
+            let r = e / DC;
+            let dd = e % DC;
+            let j = j0 + r;
+            var a = 0.0;
+            var b = 0.0;
+            if (j < step.n_tokens) {
+                a = q[q_at(j, h) + d0 + dd];
+                if (both) { b = dout[do_at(j, h) + d0 + dd]; }
+            }
+            sc[r * PAD + dd] = a;
+            sc[DO_AT + r * PAD + dd] = b;
+        }
+        for (var e = li; e < BK * DC; e += 256u) {
+            let c = e / DC;
+            let dd = e % DC;
+            let key = k0 + c;
+            var a = 0.0;
+            var b = 0.0;
+            if (key < kend) {
+                a = k[k_at(key, g) + d0 + dd];
+                if (both) { b = v[v_at(key, g) + d0 + dd]; }
+            }
+            sc[K_AT + c * PAD + dd] = a;
+            sc[V_AT + c * PAD + dd] = b;
+        }
+        workgroupBarrier();
+        for (var dd = 0u; dd < DC; dd++) {
+            for (var a = 0u; a < 4u; a++) {
+                let qa = sc[(tr + 16u * a) * PAD + dd];
+                let oa = sc[DO_AT + (tr + 16u * a) * PAD + dd];
+                for (var b = 0u; b < NB; b++) {
+                    (*s)[a][b] += qa * sc[K_AT + (tc + 16u * b) * PAD + dd];
+                    if (both) { (*dp)[a][b] += oa * sc[V_AT + (tc + 16u * b) * PAD + dd]; }
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let j0 = wid.x * BQ;                      // the grid has no tile past the step
+    let h = wid.y;
+    let g = kv_head(h);
+    let tr = li / 16u;
+    let tc = li % 16u;
+    let lo = key_begin(step.pos + j0);
+    let hi = key_end(step.pos + min(j0 + BQ, step.n_tokens) - 1u);
+    // 1. each row's max and sum: online over this invocation's keys, then the row's 16 invocations as a tree
+    var m = array<f32, 4>(NEG, NEG, NEG, NEG);
+    var l: array<f32, 4>;
+    for (var k0 = lo; k0 < hi; k0 += BK) {
+        // initialised: naga (gfx-rs/wgpu#9489) zeroes a bare `var` declared in a loop once a call, not each pass
+        var s = array<array<f32, NB>, 4>();
+        var dp = array<array<f32, NB>, 4>();
+        tile_products(li, j0, h, k0, g, hi, false, &s, &dp);
+        for (var a = 0u; a < 4u; a++) {
+            for (var b = 0u; b < NB; b++) {
+                if (visible(j0 + tr + 16u * a, k0 + tc + 16u * b)) {
+                    let x = score(s[a][b]).x;
+                    if (x > m[a]) {
+                        l[a] = l[a] * exp(m[a] - x) + 1.0;
+                        m[a] = x;
+                    } else {
+                        l[a] += exp(x - m[a]);
+                    }
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var a = 0u; a < 4u; a++) {
+        let i = ((tr + 16u * a) * 16u + tc) * 2u;
+        sp[i] = m[a];
+        sp[i + 1u] = l[a];
+    }
+    workgroupBarrier();
+    for (var w = 8u; w > 0u; w = w / 2u) {
+        if (tc < w) {
+            for (var a = 0u; a < 4u; a++) {
+                let i = ((tr + 16u * a) * 16u + tc) * 2u;
+                let mm = max(sp[i], sp[i + 2u * w]);
+                sp[i + 1u] = sp[i + 1u] * exp(sp[i] - mm) + sp[i + 2u * w + 1u] * exp(sp[i + 2u * w] - mm);
+                sp[i] = mm;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (li < BQ) {
+        let j = j0 + li;
+        var st = vec4<f32>(0.0);
+        if (j < step.n_tokens) {
+            let oi = P.o_off + j * P.o_stride + h * HD;
+            let di = do_at(j, h);
+            var dd = 0.0;
+            for (var d = 0u; d < HD; d++) { dd += dout[di + d] * o_t[oi + d]; }
+            st = vec4<f32>(sp[li * 32u], 1.0 / sp[li * 32u + 1u], dd, 0.0);
+            stats_out[j * P.n_head + h] = st;
+        }
+        rs[li] = st;
+    }
+    // 2. dS, and dQ = scale dS K
+    var acc: array<array<f32, NCQ>, 4>;
+    for (var k0 = lo; k0 < hi; k0 += BK) {
+        var s = array<array<f32, NB>, 4>();      // initialised, as above
+        var dp = array<array<f32, NB>, 4>();
+        tile_products(li, j0, h, k0, g, hi, true, &s, &dp);     // its barriers also publish rs
+        for (var a = 0u; a < 4u; a++) {
+            for (var b = 0u; b < NB; b++) {
+                let r = tr + 16u * a;
+                var x = 0.0;
+                if (visible(j0 + r, k0 + tc + 16u * b)) {
+                    let sd = score(s[a][b]);
+                    let st = rs[r];
+                    x = prob(sd.x, st) * (dp[a][b] - st.z) * sd.y;
+                }
+                sp[r * BK + tc + 16u * b] = x;
+            }
+        }
+        for (var k1 = 0u; k1 < BK; k1 += SUB) {
+            workgroupBarrier();               // sp written; the sub-chunk before read
+            for (var e = li; e < SUB * HD; e += 256u) {
+                let key = k0 + k1 + e / HD;
+                var x = 0.0;
+                if (key < hi) { x = k[k_at(key, g) + e % HD]; }
+                sc[e] = x;
+            }
+            workgroupBarrier();
+            for (var kk = 0u; kk < SUB; kk++) {
+                for (var a = 0u; a < 4u; a++) {
+                    let w = sp[(tr + 16u * a) * BK + k1 + kk];
+                    for (var c = 0u; c < NCQ; c++) { acc[a][c] += w * sc[kk * HD + tc + 16u * c]; }
+                }
+            }
+        }
+    }
+    for (var a = 0u; a < 4u; a++) {
+        let j = j0 + tr + 16u * a;
+        if (j < step.n_tokens) {
+            let out = P.dq_off + j * P.dq_stride + h * HD;
+            for (var c = 0u; c < NCQ; c++) { dq[out + tc + 16u * c] = acc[a][c] * P.scale; }
+        }
+    }
+}
+
+// acc (an invocation's NCK columns of key li / 8) += sum over the tile's BQ rows of sp[row][key] x row, the rows
+// those of dO (from_do) or of Q at j0 .., head h, SUB at a time (rows past the step never loaded: zeros).
+fn rows_product(li: u32, j0: u32, h: u32, from_do: bool, acc: ptr<function, array<f32, NCK>>) {
+    let kk = li / 8u;
+    let cg = li % 8u;
+    for (var r1 = 0u; r1 < BQ; r1 += SUB) {
+        workgroupBarrier();                   // sp written; the sub-chunk before read
+        for (var e = li; e < SUB * HD; e += 256u) {
+            let j = j0 + r1 + e / HD;
+            var x = 0.0;
+            if (j < step.n_tokens) {
+                if (from_do) { x = dout[do_at(j, h) + e % HD]; } else { x = q[q_at(j, h) + e % HD]; }
+            }
+            sc[e] = x;
+        }
+        workgroupBarrier();
+        for (var rr = 0u; rr < SUB; rr++) {
+            let w = sp[(r1 + rr) * BK + kk];
+            for (var c = 0u; c < NCK; c++) { (*acc)[c] += w * sc[rr * HD + cg + 8u * c]; }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn attn_dkv_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let k0 = wid.x * BK;
+    let g = wid.y;
+    let kend = step.pos + step.n_tokens;      // keys 0 .. kend - 1 get gradients; the grid covers n_ctx
+    if (k0 >= kend) { return; }               // the whole workgroup
+    let tr = li / 16u;
+    let tc = li % 16u;
+    let jlo = query_first(k0);
+    let jhi = query_end(min(k0 + BK, kend) - 1u);
+    var gk: array<f32, NCK>;
+    var gv: array<f32, NCK>;
+    for (var hg = 0u; hg < P.group; hg++) {
+        let h = q_head(g, hg);
+        for (var j0 = jlo; j0 < jhi; j0 += BQ) {
+            workgroupBarrier();               // the tile before has read rs
+            if (li < BQ) {
+                let j = j0 + li;
+                var st = vec4<f32>(0.0);
+                if (j < step.n_tokens) { st = stats[j * P.n_head + h]; }
+                rs[li] = st;
+            }
+            var s = array<array<f32, NB>, 4>();  // initialised (naga: attn_dq_tiles says why)
+            var dp = array<array<f32, NB>, 4>();
+            tile_products(li, j0, h, k0, g, kend, true, &s, &dp);     // its barriers also publish rs
+            var ds = array<array<f32, NB>, 4>();
+            for (var a = 0u; a < 4u; a++) {
+                for (var b = 0u; b < NB; b++) {
+                    let r = tr + 16u * a;
+                    var p = 0.0;
+                    if (visible(j0 + r, k0 + tc + 16u * b)) {
+                        let sd = score(s[a][b]);
+                        let st = rs[r];
+                        p = prob(sd.x, st);
+                        ds[a][b] = p * (dp[a][b] - st.z) * sd.y;
+                    }
+                    sp[r * BK + tc + 16u * b] = p;
+                }
+            }
+            rows_product(li, j0, h, true, &gv);       // dV += P^T dO
+            workgroupBarrier();                        // P read
+            for (var a = 0u; a < 4u; a++) {
+                for (var b = 0u; b < NB; b++) { sp[(tr + 16u * a) * BK + tc + 16u * b] = ds[a][b]; }
+            }
+            rows_product(li, j0, h, false, &gk);      // dK += dS^T Q
+        }
+    }
+    let key = k0 + li / 8u;
+    if (key < kend) {
+        let cg = li % 8u;
+        let ko = P.dk_off + key * P.dk_stride + g * HD;
+        let vo = P.dv_off + key * P.dv_stride + g * HD;
+        for (var c = 0u; c < NCK; c++) {
+            dk[ko + cg + 8u * c] = gk[c] * P.scale;
+            {{DV}}[vo + cg + 8u * c] = gv[c];
+        }
+    }
+}

@@ -24,7 +24,8 @@ from lab.host.reference import grads_attention as ga
 from lab.host.reference.grads import U32, bound_err
 from lab.host.reference.kernels import f32
 from lab.ops import attention as fwd
-from lab.ops.backward_attention import LOOP_LIMIT, attention_back, loop_iterations, stats_bytes
+from lab.ops.backward_attention import (LOOP_LIMIT, attention_back, loop_iterations, stats_bytes, tile_iterations,
+                                       tile_sub)
 
 SENTINEL = 7.0
 EPS32 = 2.0 ** -23
@@ -92,9 +93,11 @@ def _read_grads(env: Env, b: dict, t: int, n_ctx: int, nh: int, nkv: int, hd: in
 
 def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int, window: int = 0,
                          softcap: float = 0.0, fused: bool = False, forward_o: bool = False, spare: int = 3,
-                         size: float = 1.5, seed: int = 0, lanes: int | None = None) -> dict:
+                         size: float = 1.5, seed: int = 0, lanes: int | None = None,
+                         tiles: bool | None = None) -> dict:
     """attention_back for a step of t queries at pos over pos + t keys (`spare` more rows of keys past them), with
-    `lanes` lanes a row (None: the adapter's default, one on a CPU adapter). Returns
+    `lanes` lanes a row (None: the adapter's default, one on a CPU adapter) or the tiles (`tiles`; None: the adapter's
+    default, the lanes on a CPU adapter). Returns
     each gradient's (error, tolerance) in units of u; raises AssertionError past a tolerance or when a row past the
     step changed. Also returns the raw gradients (reproducibility)."""
     rng = np.random.default_rng(seed)
@@ -106,11 +109,12 @@ def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int,
     b = _buffers(env, x, o, t, n_ctx, fused)
     run(env, attention_back(env.device, env.kernels, b["q"], b["k"], b["v"], b["o"], b["do"], b["dq"], b["dk"],
                             b["dv"], b["stats"], ops_step(env), n_head=nh, n_kv_head=nkv, head_dim=hd, n_ctx=n_ctx,
-                            max_tokens=t, scale=sc, window=window, softcap=softcap, lanes=lanes), pos, t, n_ctx)
+                            max_tokens=t, scale=sc, window=window, softcap=softcap, lanes=lanes, tiles=tiles),
+        pos, t, n_ctx)
     got = _read_grads(env, b, t, n_ctx, nh, nkv, hd, fused)
     free(env.device, *(v if not isinstance(v, tuple) else v[0] for v in b.values()))
     what = (f"attention_back t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap} fused={fused} "
-            f"lanes={lanes}")
+            f"lanes={lanes} tiles={tiles}")
     want = dict(zip(("dq", "dk", "dv"), ga.attention_grad(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos,
                                                             **kw)))
     tols = ga.attention_tols(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos, o_err=o_err, **kw)
@@ -317,3 +321,82 @@ LANE_BROKEN = [
 def test_broken_lanes_fail(env1, what, old, new):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_attention_back(patched(env1, "backward_attention", old, new), *GQA_CAP, seed=11, lanes=4)
+
+
+# -- tiles: a GPU's default (attn_dq_tiles, attn_dkv_tiles), forced here on any adapter --------------------------------
+
+TILE_CASES = CASES + [  # more than one tile of 64 query rows and of 32 keys, heads of 16 .. 256
+    (70, 30, 6, 2, 64, 0, 3.0),        # 2 query tiles, 4 key tiles, cap, GQA 3
+    (100, 0, 4, 4, 128, 40, 0.0),      # a window of 40 across tiles: key tiles no query of a tile sees
+    (20, 20, 3, 1, 256, 0, 0.0),       # heads of 256 (gemma 3): sub-chunks of 4 rows; 2 key tiles (lavapipe's loops)
+    (45, 90, 2, 1, 16, 9, 0.0),        # heads of 16, keys before the step: whole key tiles nobody sees
+]
+TILE_GQA = (70, 30, 6, 2, 32, 0, 3.0)
+TILE_WINDOW = (70, 30, 6, 2, 32, 20, 0.0)
+
+
+@pytest.mark.parametrize("t,pos,nh,nkv,hd,window,softcap", TILE_CASES)
+def test_tiles(env1, t, pos, nh, nkv, hd, window, softcap):  # noqa: F811
+    r = check_attention_back(env1, t, pos, nh, nkv, hd, window, softcap, seed=t * 100 + pos, tiles=True)
+    _report(f"attention_back tiles t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap}", r)
+
+
+def test_tiles_fused_forward_o_and_reproducible(env1):  # noqa: F811
+    """The training step's layout (a fused gradient row, fused Q) and O from the forward kernel; two runs, the same
+    bytes."""
+    a = check_attention_back(env1, 70, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5, tiles=True)
+    b = check_attention_back(env1, 70, 0, 6, 2, 80, 7, 4.0, fused=True, seed=5, tiles=True)
+    assert all(a["raw"][n].tobytes() == b["raw"][n].tobytes() for n in ("dq", "dk", "dv"))
+    _report("attention_back tiles O from attention.wgsl",
+            check_attention_back(env1, 40, 4, 6, 2, 64, 6, 4.0, forward_o=True, seed=6, tiles=True))
+
+
+def test_tiles_refused_where_they_cannot_run(env1):  # noqa: F811
+    dev = env1.device
+    bufs = [upload(dev, np.zeros(4096, np.float32)) for _ in range(9)]
+    for hd in (72, 512):                 # not a multiple of 16; past the registers' TILE_HD_MAX
+        with pytest.raises(ValueError, match="tiles need"):
+            attention_back(dev, env1.kernels, *bufs[:5], *bufs[5:8], bufs[8], None, n_head=1, n_kv_head=1,
+                           head_dim=hd, n_ctx=2, max_tokens=1, tiles=True)
+    if dev.info.loop_budget:
+        assert tile_iterations(64, 2000, 64, 1, 2000, 64) > LOOP_LIMIT
+        big = [upload(dev, np.zeros(2000 * 64, np.float32)) for _ in range(9)]
+        with pytest.raises(Exception, match="loop iterations"):
+            attention_back(dev, env1.kernels, *big[:8], big[8], None, n_head=1, n_kv_head=1, head_dim=64,
+                           n_ctx=2000, max_tokens=1, tiles=True)
+        free(dev, *big)
+    free(dev, *bufs)
+    assert [tile_sub(hd) for hd in (16, 64, 96, 128, 256)] == [32, 16, 16, 8, 4]
+
+
+TILE_BROKEN = [
+    ("the row merge's first level dropped", "for (var w = 8u; w > 0u;", "for (var w = 4u; w > 0u;", TILE_GQA),
+    ("the row merge not rescaled", "sp[i + 1u] * exp(sp[i] - mm) + sp[i + 2u * w + 1u] * exp(sp[i + 2u * w] - mm)",
+     "sp[i + 1u] + sp[i + 2u * w + 1u]", TILE_GQA),
+    ("an online sum not rescaled at a new max", "l[a] = l[a] * exp(m[a] - x) + 1.0;", "l[a] = l[a] + 1.0;",
+     TILE_GQA),
+    ("a chunk's last float dropped", "for (var dd = 0u; dd < DC; dd++)", "for (var dd = 0u; dd < DC - 1u; dd++)",
+     TILE_GQA),
+    ("dQ: a sub-chunk's last key dropped", "for (var kk = 0u; kk < SUB; kk++)",
+     "for (var kk = 0u; kk < SUB - 1u; kk++)", TILE_GQA),
+    ("dK, dV: a sub-chunk's last row dropped", "for (var rr = 0u; rr < SUB; rr++)",
+     "for (var rr = 0u; rr < SUB - 1u; rr++)", TILE_GQA),
+    ("dK, dV: the group's last head left out", "hg < P.group; hg++", "hg + 1u < P.group; hg++", TILE_GQA),
+    ("dQ: the scale missing", "acc[a][c] * P.scale", "acc[a][c]", TILE_GQA),
+    ("D omitted", "(dp[a][b] - st.z)", "dp[a][b]", TILE_GQA),
+    ("dV summed over Q, not dO", "rows_product(li, j0, h, true, &gv);", "rows_product(li, j0, h, false, &gv);",
+     TILE_GQA),
+    ("dQ: the first key of a tile's range skipped", "let lo = key_begin(step.pos + j0);",
+     "let lo = key_begin(step.pos + j0) + 1u;", TILE_GQA),
+    ("dK, dV: a key tile's queries ended at its first key's", "let jhi = query_end(min(k0 + BK, kend) - 1u);",
+     "let jhi = query_end(k0);", TILE_WINDOW),
+    ("dK, dV: rows past the step read (NaN here)", "if (j < step.n_tokens) {\n                if (from_do)",
+     "if (true) {\n                if (from_do)", TILE_WINDOW),
+]
+
+
+@pytest.mark.parametrize("what,old,new,case", TILE_BROKEN, ids=[b[0] for b in TILE_BROKEN])
+def test_broken_tiles_fail(env1, what, old, new, case):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite") as info:
+        check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11, tiles=True)
+    print(f"broken attention_back tiles, {what}: {str(info.value).splitlines()[0]}")
