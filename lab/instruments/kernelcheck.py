@@ -264,7 +264,8 @@ def _attention_back(dev, kernels, step, c: _Case):
         c.output("dv", 4 * n_ctx * nkv * hd)
     return attention_back(dev, kernels, q, k, v, o, do, dq, dk, dv, c.scratch(stats_bytes(t, nh), "stats"), step,
                           n_head=nh, n_kv_head=nkv, head_dim=hd, n_ctx=n_ctx, max_tokens=t,
-                          window=c.case.get("window", 0), softcap=c.case.get("softcap", 0.0))
+                          window=c.case.get("window", 0), softcap=c.case.get("softcap", 0.0),
+                          tiles=c.case.get("tiles"))
 
 
 def _head_ce(dev, kernels, step, c: _Case):

@@ -117,12 +117,13 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     attn_stats, attn_dq, attn_dkv (one compute pass: each dispatch sees the one before). dq, dk and dv are written,
     each a buffer other than the inputs (dk and dv may share one, dq too: a fused gradient row). `lanes` (a power of
     two) splits each row's walk (default_lanes: 1 on a CPU adapter, up to 64 on a GPU; tests force it). `tiles`
-    (default: on a GPU where can_tile) runs the tiles instead, two ops: attn_dq_tiles, attn_dkv_tiles."""
+    (default: on a GPU where can_tile, unless `lanes` is given) runs the tiles instead, two ops: attn_dq_tiles,
+    attn_dkv_tiles."""
     qd, kvd = n_head * head_dim, n_kv_head * head_dim
     rows = dict(q=_rows(q, qd), o=_rows(o, qd), do=_rows(do, qd), dq=_rows(dq, qd),
                 k=_rows(k, kvd), v=_rows(v, kvd), dk=_rows(dk, kvd), dv=_rows(dv, kvd))
-    if tiles is None:
-        tiles = not device.info.software and can_tile(device, head_dim)
+    if tiles is None:                    # lanes given: the lanes (tests force them on any adapter)
+        tiles = lanes is None and not device.info.software and can_tile(device, head_dim)
     if tiles and not can_tile(device, head_dim):
         raise ValueError(f"{label}: the tiles need head_dim a multiple of 16 up to {TILE_HD_MAX} (not {head_dim}) "
                          f"and {TILE_BYTES} bytes of workgroup memory")

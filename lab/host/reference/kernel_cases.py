@@ -636,7 +636,7 @@ def rope_back_case(mode: str, t: int, pos: int, n_head: int, head_dim: int, n_ro
 # statistics, dS, the sums over keys or queries), O given as the oracle's f32 output (o_err 0), as
 # tests/kernels/test_backward_attention.py holds them; rows of keys past pos + t come back 0 (never written).
 def attention_back_case(t: int, pos: int, nh: int, nkv: int, hd: int, window: int, softcap: float, seed: int,
-                        spare: int = 3) -> Case:
+                        spare: int = 3, tiles: bool | None = None) -> Case:
     rng = np.random.default_rng(seed)
     n_keys, n_ctx, sc = pos + t, pos + t + spare, 1.0 / math.sqrt(hd)
     q, k = ref.f32(rng.standard_normal((t, nh, hd)) * 1.5), ref.f32(rng.standard_normal((n_ctx, nkv, hd)) * 1.5)
@@ -646,7 +646,7 @@ def attention_back_case(t: int, pos: int, nh: int, nkv: int, hd: int, window: in
     want = dict(zip(("dq", "dk", "dv"), ga.attention_grad(q, k[:n_keys], v[:n_keys], do, pos, **kw)))
     tols = ga.attention_tols(q, k[:n_keys], v[:n_keys], do, pos, **kw)
     spec = {"op": "attention_back", "n_head": nh, "n_kv_head": nkv, "head_dim": hd, "n_ctx": n_ctx, "window": window,
-            "softcap": softcap, "t": t, "pos": pos,
+            "softcap": softcap, "t": t, "pos": pos, "tiles": tiles,
             "inputs": {"q": q.tobytes(), "k": k.tobytes(), "v": v.tobytes(), "o": o.tobytes(), "do": do.tobytes()}}
 
     def check(out):
@@ -657,7 +657,7 @@ def attention_back_case(t: int, pos: int, nh: int, nkv: int, hd: int, window: in
         e = _frac([(grads.bound_err(got[n][:len(want[n])], want[n], tols[n][0]), tols[n][1]) for n in want])
         return finite(e, np.concatenate([g.ravel() for g in got.values()])), 1.0
     return Case(f"attention_back_gqa{nh // nkv}_t{t}_pos{pos}_hd{hd}" + (f"_window{window}" if window else "")
-                + (f"_cap{softcap:g}" if softcap else ""), spec, check)
+                + (f"_cap{softcap:g}" if softcap else "") + ("_tiles" if tiles else ""), spec, check)
 
 
 # The head fused with the cross-entropy (head_loss then head_back): the loss, each row's nll and dxn, each value within
@@ -751,6 +751,7 @@ def make_backward_cases() -> list[Case]:
                              factors=np.linspace(1.0, 8.0, 16)),                  # llama-3's long-context factors
               attention_back_case(13, 7, 3, 1, 80, 0, 3.0, seed=115),             # GQA 3 over one KV head, the cap
               attention_back_case(37, 11, 6, 2, 64, 16, 5.0, seed=116),           # window, cap, GQA 3, pos > 0
+              attention_back_case(70, 30, 6, 2, 64, 20, 3.0, seed=121, tiles=True),  # a GPU's tiles, any adapter
               head_ce_case("Q8_0", 1000, 96, 3, 0.0, (1,), 3.0, seed=117),
               head_ce_case("Q4_K", 1000, 256, 3, 4.0, (1,), 4.0, seed=118),
               optimizer_case("adamw", n=10_007, t=700, seed=119),
