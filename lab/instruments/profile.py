@@ -21,7 +21,9 @@ def prime(engine: Engine, t: int, pos: int, seed: int = 0) -> None:
     """Make a step of t tokens at `pos` ready to time: refused as a chat's step would be if the engine cannot run it,
     else t random ids put in the engine's ids buffer. They go in by a step at 0, not at pos: a hybrid's conv and
     recurrent states hold what came before them and cannot be moved to pos as a KV cache can (the engine refuses such
-    a step), and a timing needs only the plan at pos, which reads the states whatever they hold."""
+    a step), and a timing needs only the plan at pos, which reads the states whatever they hold: its dispatches and
+    their grids are a chat's step's at pos, and a state's size, not its values, sets their work (a prefill of 0..pos
+    first would put the states where a chat's are, for no other change in what is timed)."""
     rng = random.Random(seed)
     ids = [rng.randrange(engine.cfg.n_vocab) for _ in range(t)]
     engine.check_step(ids, pos)

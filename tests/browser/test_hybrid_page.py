@@ -14,7 +14,8 @@ attention; 2 key heads under 4 value heads of 64; l_cache 4) likewise, with what
 layer of its state's norm as the tokens arrived, the picked head's 64 x 64 matrix equal to the raw state (its norm,
 its largest value and the sign of every pixel), the bytes of both state kinds and of the engine's snapshots, and Forget
 with one recurrent state left out (named, its strip and matrix still lit) and for real (every recurrent state, conv
-state and snapshot read back raw as zero, and drawn as zero).
+state and snapshot read back raw as zero, and drawn as zero). Last, `lab bench --backend browser --profile`'s steps on
+both files (issue #45).
 
 Tolerance: the card's rows are the ring's own f32 values, sent as they were read: equal (the norms the cells carry are
 summed in f64 by JS and by numpy over the same values: 1e-9 relative).
@@ -304,4 +305,29 @@ def test_qwen35_memory_card_two_turns_delta_states_and_forget(hybrid_lab):
     raw = _raw(page)
     assert not any(v.any() for part in ("conv", "delta") for v in raw[part].values())
     assert len(raw["snapshots"]) == 3 and not any(s.any() for s in raw["snapshots"])
+    assert lab.errors() == [] and lab.foreign_requests() == []
+
+
+# qwen35 first: the test before left its file loaded
+@pytest.mark.parametrize("spec", ["qwen35", "lfm2"])
+def test_the_bench_profile_of_a_hybrid(hybrid_lab, spec):
+    """`lab bench --backend browser --profile` on a hybrid (issue #45): the bench (lab/host/bench/browser.py
+    _gpu_profile) asks the worker's `profile` for the prefill at 0, then for a decode at a turn's position, each after
+    warm_ms of steps at 0 that leave the conv and delta-net states at max_batch (64 on SwiftShader), past that position.
+    A step there would be refused ("cannot be cut back like a KV cache"): lab.instruments.profile.prime fills the ids by
+    a step at 0, and the decode plan at the position is timed on the states as they lie (tests/engine/test_profile.py
+    holds the same natively). As the llama3 file's profile in tests/browser/test_arch_page.py: the families partition
+    each step's dispatches, and every pass took GPU time."""
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
+    lab = hybrid_lab
+    page = lab.page
+    if not page.evaluate("n => document.querySelector('[data-testid=model-info]').textContent.includes(n)", path.name):
+        lab.pick(path)
+        lab.wait_loaded(path.name)
+    for t, pos in ((8, 0), (1, 12)):
+        m = page.evaluate("([t, pos]) => window.labProfile(t, pos, true, 1, 50)", [t, pos])
+        whole, fams = m["rows"][0], m["rows"][1:]
+        assert whole["family"] == "whole step" and sum(r["dispatches"] for r in fams) == whole["dispatches"] > 0
+        assert any(r["family"].startswith(("shortconv", "deltanet")) for r in fams), fams
+        assert all(r["gpu_us"] > 0 for r in m["rows"]), m["rows"]
     assert lab.errors() == [] and lab.foreign_requests() == []

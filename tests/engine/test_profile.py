@@ -60,21 +60,22 @@ def test_warm_keeps_the_gpu_busy_for_its_time(engine):
     assert asyncio.run(profile.warm(engine, 0)) == 0
 
 
-@pytest.mark.parametrize("spec", ["llama3", "qwen35"])
+@pytest.mark.parametrize("spec", ["llama3", "lfm2", "qwen35"])
 def test_a_step_past_the_states_is_primed_and_timed(device, spec):
-    """The page's bench times a decode at a context after its 512-token prefill: on a hybrid, a step at that position
-    is refused (its conv and delta-net states hold 16, not 12, and cannot be cut back), so `prime` fills the ids by a
-    step at 0 and the plan at the position is timed on the states as they are; a step past the context is refused
-    as a chat's would be."""
+    """The page's bench times a decode at a context after its 512-token prefill: on a hybrid (lfm2's short-conv
+    states; qwen35's conv and delta-net states), a step at that position is refused (the states hold 32, not 12: a
+    recurrent state cannot be cut back at all, and a conv ring of 18 rows no further than 16), so `prime` fills the ids
+    by a step at 0 and the plan at the position is timed on the states as they are; a step past the context is refused
+    as a chat's would be. The page's own path: tests/browser/test_hybrid_page.py test_the_bench_profile_of_a_hybrid."""
     if "timestamp-query" not in device.info.features:
         pytest.skip("this adapter has no timestamp queries")
     path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     header = gguf.read_file(path)
     cfg = from_gguf(header)
-    eng = Engine(device, header, cfg, n_ctx=64, max_batch=16, host_values=read_host_values(path, header, cfg))
+    eng = Engine(device, header, cfg, n_ctx=64, max_batch=32, host_values=read_host_values(path, header, cfg))
     try:
         eng.weights.upload_file(path)
-        asyncio.run(profile.warm(eng, 1))               # 16-token steps at 0: the states hold 16
+        asyncio.run(profile.warm(eng, 1))               # 32-token steps at 0: the states hold 32
         if cfg.recurrent:
             with pytest.raises(EngineError, match="cannot be cut back"):
                 eng.step([1], 12)

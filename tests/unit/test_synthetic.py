@@ -116,3 +116,21 @@ def test_bench_skips_contexts_past_the_model(tmp_path, monkeypatch, capsys):
     assert res["gpu_memory_mb"]["kv_cache"] > 0
     err = capsys.readouterr().err
     assert "context 40 skipped: past the model's own context of 32 tokens" in err and "context 1,000 skipped" in err
+
+
+@pytest.mark.parametrize("name", ["lfm2-small", "qwen35-small"])
+def test_the_native_bench_of_a_hybrid_runs(device, name):
+    """`lab bench` and `lab bench --profile` natively on a hybrid (issue #45, whose page bench stopped at its profile's
+    decode): every step the bench runs continues from where the conv and delta-net states stand (the prefill's chunks,
+    each context's chat from 0, the one-by-one decode after it), and a profile's step at a position past 0 is primed
+    at 0 (lab.instruments.profile.prime) after a warm-up that left the states at max_batch (32: qwen35's recurrent
+    state cannot step back to 20; lfm2's conv ring of 18 rows still could, and tests/engine/test_profile.py holds
+    it)."""
+    path = synthetic.cached(name)
+    res = bench.bench_model(path, prompts=(4, 40), contexts=(0, 20), decode_tokens=2, max_batch=32, warm_gpu_s=0.01)
+    assert sorted(res["prefill"]) == [4, 40] and sorted(res["decode"]) == [0, 20]
+    assert all(d["tok_s"] > 0 for d in res["decode"].values())
+    if "timestamp-query" not in device.info.features:
+        pytest.skip("this adapter has no timestamp queries")
+    rows = bench.profile_step(path, t=1, context=20, max_batch=32, warm_gpu_s=0.01)
+    assert rows[0]["family"] == "whole step" and all(r["gpu_us"] > 0 for r in rows)

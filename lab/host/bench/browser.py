@@ -236,7 +236,11 @@ def _per_token(marks: list[dict]) -> dict:
 
 def _gpu_profile(lab: _Page, stats: dict, out: dict, reps: int, timeout_s: float) -> dict:
     """The page's steps timed on its GPU (the worker's `profile`): whole steps and kernel families, by the step's
-    tokens at its position: {"prefill 512 @0": rows, "decode @31": rows, ...}."""
+    tokens at its position: {"prefill 512 @0": rows, "decode @31": rows, ...}. Each is asked after a warm-up of steps
+    at 0, which leave a hybrid's conv and delta-net states at max_batch, past a decode's position, and no step takes
+    them back there (issue #45): the worker primes the ids by a step at 0 and times the plan at the position
+    (lab/instruments/profile.py prime), the same dispatches a chat's step there runs, on a dense model as on a
+    hybrid."""
     t = min(max(v["prompt_tokens"] for v in out["prefill"].values()), stats["max_batch"])
     positions = sorted(int(n) for n in out["decode"])
     res = {}

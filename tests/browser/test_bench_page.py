@@ -1,0 +1,42 @@
+"""`lab bench --backend browser --profile` end to end on the small synthetic hybrids (lab/host/synthetic/releases.py
+SMALL, with the placeholder vocabulary the page chats with): the page loads the file, runs a turn per prompt length,
+then times its steps by kernel family (lab/host/bench/browser.py _gpu_profile), and the command prints the JSON.
+
+Issue #45: the profile's decode at a turn's position came after steps at 0 that leave a hybrid's conv and delta-net
+states past it, and stopped there ("cannot be cut back like a KV cache"). The default run holds the worker's `profile`
+on both hybrids in the booted cards' page (tests/browser/test_hybrid_page.py test_the_bench_profile_of_a_hybrid) and
+natively (tests/engine/test_profile.py); this runs the command itself, a page and a browser of its own, about 35 s a
+file on SwiftShader: --slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lab.host.synthetic import releases
+
+TIMEOUT_S = 600          # a load, three turns and the profile on SwiftShader, with the machine's cores shared
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lfm2-small", "qwen35-small"])
+def test_the_page_bench_of_a_hybrid_runs_with_its_profile(name):
+    """Each turn's prefill and decode are measured, and the profile times the prefill at 0 and the decode at the
+    shortest and the longest turn's position, every kernel family with GPU time. (A process of its own: Playwright's
+    sync API will not start where this session's browser fixture already runs.)"""
+    done = subprocess.run([sys.executable, "-m", "lab.host.cli", "bench", str(releases.cached(name)), "--backend",
+                           "browser", "--prompts", "8,64", "--decode", "2", "--profile", "--json"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["arch"] == releases.spec(name).arch and out["page_errors"] == []
+    positions = sorted(int(p) for p in out["decode"])
+    assert len(positions) == 2 and all(out["decode"][str(p)]["tok_s"] > 0 for p in positions)
+    assert [k for k in out["gpu"] if not k.startswith("prefill ")] == [f"decode @{p}" for p in positions]
+    for step, rows in out["gpu"].items():
+        assert rows[0]["family"] == "whole step" and sum(r["dispatches"] for r in rows[1:]) == rows[0]["dispatches"]
+        assert any(r["family"].startswith(("shortconv", "deltanet")) for r in rows), (step, rows)
+        assert all(r["gpu_us"] > 0 for r in rows), (step, rows)
