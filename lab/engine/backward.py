@@ -5,10 +5,11 @@ the trained parameters, as one list of ops in one compute pass.
     Backward(engine, ...)     .step_ops(): the engine's own forward (its blocks' `build`, through the prefill plan's
                               projections, LoRA terms included), each layer's input kept (`saved`); the final norm, the
                               head fused with the cross-entropy (lab.ops.backward_head); then per layer, last first:
-                              the layer's forward again from its saved input (recomputation: one layer's activations
-                              live at a time, so memory grows with layers by one row of x each), and its blocks'
-                              `build_backward`, which take the gradient of the residual stream (`dx`) through the
-                              layer and add the parameters' gradients into their buffers.
+                              what the layer's backward reads (`kept`: the forward's own rows, copied aside in the
+                              forward and back now; or, where they would pass KEEP_BYTES, the layer's forward again
+                              from its saved input: recomputation, one layer's activations live at a time), and its
+                              blocks' `build_backward`, which take the gradient of the residual stream (`dx`)
+                              through the layer and add the parameters' gradients into their buffers.
                               .loss_ops(): the forward and the loss alone (held-out windows).
 
 The gradients are added in (a step of several windows sums them); the caller clears them at a step's start. What
@@ -23,11 +24,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lab import gpu, ops
+from lab.engine.blocks import qkv_width
 from lab.engine.lora import Lora
 from lab.engine.lora import members as lora_members
 from lab.engine.plans import Prefill
 from lab.ops import backward_attention, backward_head, backward_matmul, elementwise, norm
 from lab.ops.backward import rms_norm_back
+
+
+# Kept activations (TrainScratch.kept): per layer its fused [q | k | v] row (Q and K rotated), the attention's output,
+# x after the attention, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
+# most this many bytes in all; past it the backward computes each layer's forward again (a second forward's
+# projections: a third of a step's GPU time at SmolLM2's T = 128, docs/performance.md). SmolLM2 at T = 512 keeps
+# 448 MB, Qwen2.5-0.5B 905 MB; Llama-3.1-8B would keep 4 GB and recomputes.
+KEEP_BYTES = 1 << 30
+
+
+def kept_widths(cfg, il: int) -> dict[str, int]:
+    """Floats a token of each row layer il keeps (the Scratch field each is copied from, ts.mid for "mid")."""
+    return {"qkv": qkv_width(cfg, il), "att": cfg.q_dim_of(il), "mid": cfg.n_embd, "xn": cfg.n_embd,
+            "gate_up": 2 * cfg.n_ff_of(il), "h": cfg.n_ff_of(il)}
+
+
+def kept_bytes(cfg, T: int) -> int:
+    """Bytes of every layer's kept rows for windows of T tokens."""
+    return 4 * T * sum(sum(kept_widths(cfg, il).values()) for il in range(cfg.n_layer))
 
 
 class TrainError(ValueError):
@@ -71,9 +92,13 @@ class TrainScratch:
     dqkv_pre: gpu.Buffer | None = None  # [T, qkv_width] ... its gradient
     branch: gpu.Buffer | None = None    # [T, n_embd] a branch's output before its post-norm (post_norms)
     dbranch: gpu.Buffer | None = None   # [T, n_embd] ... its gradient
+    kept: tuple = ()        # per layer {name: buffer [T, kept_widths]}: the forward's rows its backward reads; ()
+                            # where they are computed again (recomputation)
 
     @classmethod
-    def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora, T: int, qkv_width: int) -> TrainScratch:
+    def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora, T: int, qkv_width: int,
+              keep: bool | None = None) -> TrainScratch:
+        """The buffers; `keep` the forward's rows (default: where kept_bytes is at most KEEP_BYTES)."""
         conv, E = gpu.CONVERSATION, cfg.n_embd
         sums = max(backward_matmul.dx_scratch_floats(w, T) for w in weights.matrices.values())
         rows = lambda n, what: dev.buffer(4 * T * n, conv, f"train {what} [T, {n}]")   # noqa: E731
@@ -82,7 +107,11 @@ class TrainScratch:
         post = {"branch": rows(E, "branch before post-norm"),
                 "dbranch": rows(E, "dbranch before post-norm")} if cfg.post_norms else {}
         saved = tuple(dev.buffer(4 * T * E, conv, f"train layer input {il} [T, {E}]") for il in range(cfg.n_layer))
-        return cls(T=T, saved=saved,
+        if keep is None:
+            keep = kept_bytes(cfg, T) <= KEEP_BYTES
+        kept = tuple({name: dev.buffer(4 * T * n, conv, f"train layer {il} kept {name} [T, {n}]")
+                      for name, n in kept_widths(cfg, il).items()} for il in range(cfg.n_layer)) if keep else ()
+        return cls(T=T, saved=saved, kept=kept,
                    mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
                    datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
                    rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
@@ -124,16 +153,34 @@ class Backward(Prefill):
         for il in range(cfg.n_layer):
             self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved[il], s.step, E))
             blocks.mixers[il].build(self, il)
+            self._keep(il, ("qkv", "att", "mid"))
             blocks.ffn.build(self, il)
+            self._keep(il, ("xn", "gate_up", "h"))
         self._head()
         for il in reversed(range(cfg.n_layer)):
-            self.restore(il)
-            blocks.mixers[il].build(self, il)
-            self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.mid, s.step, E))
-            blocks.ffn.build(self, il)
+            if ts.kept:
+                self._keep(il, ("qkv", "att", "mid", "xn", "gate_up", "h"), back=True)
+            else:
+                self.restore(il)
+                blocks.mixers[il].build(self, il)
+                self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.mid, s.step, E))
+                blocks.ffn.build(self, il)
             blocks.ffn.build_backward(self, il)
             blocks.mixers[il].build_backward(self, il)
         return self.plan.ops
+
+    def _keep(self, il: int, names: tuple, back: bool = False) -> None:
+        """Copy layer il's rows `names` (kept_widths) aside (the forward), or back where its backward reads them (into
+        the scratch's fields, "mid" into ts.mid). Nothing where the step recomputes."""
+        if not self.ts.kept:
+            return
+        widths = kept_widths(self.cfg, il)
+        for name in names:
+            live = self.scratch.x if name == "mid" and not back else self.ts.mid if name == "mid" else getattr(
+                self.scratch, name)
+            aside = self.ts.kept[il][name]
+            src, dst = (aside, live) if back else (live, aside)
+            self.add(elementwise.copy_rows(self.dev, self.kernels, src, dst, self.scratch.step, widths[name]))
 
     def _head(self) -> None:
         """The final norm, the loss and its gradient into dx (the residual stream's, written)."""

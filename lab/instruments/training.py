@@ -122,10 +122,12 @@ async def adapter_bytes(engine, lora: Lora, name: str = "llm-lab LoRA") -> bytes
 
 class Trainer:
     """A LoRA adapter of `rank` (alpha, targets: the kinds of projection, lab.engine.lora) trained on `engine` with
-    windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows."""
+    windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows.
+    `keep`: the forward's rows kept for the backward (lab.engine.backward KEEP_BYTES decides by default; tests force
+    both ways)."""
 
     def __init__(self, engine, *, T: int, batch: int = 1, rank: int = 8, alpha: float = 16.0,
-                 targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None) -> None:
+                 targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None, keep: bool | None = None) -> None:
         cfg, dev = engine.cfg, engine.device
         reason = untrainable(cfg)
         if reason:
@@ -147,7 +149,7 @@ class Trainer:
                 self.lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), alpha, engine.max_batch)
                 dev.write(self.lora.params, self.lora.initial(seed))
                 width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
-                self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width)
+                self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width, keep=keep)
                 self.ce = backward_head.head_ce(dev, engine.weights.head, T, cap=cfg.final_softcap)
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)

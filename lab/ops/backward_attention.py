@@ -122,16 +122,7 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     qd, kvd = n_head * head_dim, n_kv_head * head_dim
     rows = dict(q=_rows(q, qd), o=_rows(o, qd), do=_rows(do, qd), dq=_rows(dq, qd),
                 k=_rows(k, kvd), v=_rows(v, kvd), dk=_rows(dk, kvd), dv=_rows(dv, kvd))
-    if tiles is None:                    # lanes given: the lanes (tests force them on any adapter)
-        tiles = lanes is None and not device.info.software and can_tile(device, head_dim)
-    if tiles and not can_tile(device, head_dim):
-        raise ValueError(f"{label}: the tiles need head_dim a multiple of 16 up to {TILE_HD_MAX} (not {head_dim}) "
-                         f"and {TILE_BYTES} bytes of workgroup memory")
-    lanes = 1 if tiles else default_lanes(device, head_dim) if lanes is None else int(lanes)
-    if lanes < 1 or lanes & (lanes - 1) or lanes * 4 * head_dim > device.info.limits[
-            "max_compute_workgroup_storage_size"]:
-        raise ValueError(f"{label}: {lanes} lanes a row: a power of two whose {head_dim} floats each fit the "
-                         f"workgroup memory")
+    lanes, tiles = _path(device, head_dim, lanes, tiles, label)
     _check(device, label, rows, stats, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, n_ctx=n_ctx,
            max_tokens=max_tokens, window=window, softcap=softcap, lanes=lanes, tiles=tiles)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -166,6 +157,22 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
                            DV="dk" if fused and entry.startswith("attn_dkv") else "dv")
         ops.append(Op(kern, device.bind(kern, res, f"{label}.{entry}"), grids[entry]))
     return ops
+
+
+def _path(device: gpu.Device, head_dim: int, lanes: int | None, tiles: bool | None, label: str) -> tuple[int, bool]:
+    """(lanes, tiles) as attention_back takes them: the tiles on a GPU where they run unless lanes are given (tests
+    force the lanes on any adapter), else the lanes (default_lanes); each checked against the device."""
+    if tiles is None:
+        tiles = lanes is None and not device.info.software and can_tile(device, head_dim)
+    if tiles and not can_tile(device, head_dim):
+        raise ValueError(f"{label}: the tiles need head_dim a multiple of 16 up to {TILE_HD_MAX} (not {head_dim}) "
+                         f"and {TILE_BYTES} bytes of workgroup memory")
+    lanes = 1 if tiles else default_lanes(device, head_dim) if lanes is None else int(lanes)
+    if lanes < 1 or lanes & (lanes - 1) or lanes * 4 * head_dim > device.info.limits[
+            "max_compute_workgroup_storage_size"]:
+        raise ValueError(f"{label}: {lanes} lanes a row: a power of two whose {head_dim} floats each fit the "
+                         f"workgroup memory")
+    return lanes, tiles
 
 
 def _need(buf: gpu.Buffer, floats: int, what: str) -> None:

@@ -108,6 +108,52 @@ def test_broken_steps_fail(device, monkeypatch, name, spec, target, fn):
     assert not r["ok"], f"{name}: the check passed ({r['worst_rel_err']:.2e})"
 
 
+def _step_both_ways(device, spec: str, T: int = 12, drop: str | None = None) -> tuple:
+    """(loss, gradient bytes) of one step on the same windows, with the forward's rows kept and with each layer's
+    forward computed again; `drop`: a kept row not put back (a broken variant)."""
+    path = synthetic(spec)
+    engine = gradcheck.open_engine(path, T, device=device)
+    rng = np.random.default_rng(4)
+    wins = [[int(i) for i in rng.integers(0, engine.cfg.n_vocab, T)] for _ in range(2)]
+    out = []
+    try:
+        for keep in (True, False):
+            real = backward.Backward._keep
+            if drop and keep:
+                def broken(self, il, names, back=False):
+                    return real(self, il, tuple(n for n in names if not (back and n == drop)), back)
+                backward.Backward._keep = broken
+            try:
+                tr = Trainer(engine, T=T, batch=2, rank=4, seed=2, keep=keep)
+            finally:
+                backward.Backward._keep = real
+            try:
+                assert bool(tr.ts.kept) == keep
+                device.write(tr.lora.params, gradcheck.random_params(tr.lora, 2))
+                loss = asyncio.run(tr.gradients(wins))
+                out.append((loss, device.read_sync(tr.ts.grads)))
+            finally:
+                tr.close()
+    finally:
+        engine.close()
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("spec", ["llama3", pytest.param("gemma2", marks=SLOW), pytest.param("qwen3", marks=SLOW)])
+def test_kept_rows_give_the_recomputed_gradients_bit_for_bit(device, spec):
+    """The forward's rows kept aside (lab.engine.backward KEEP_BYTES) and the layers' forward computed again give the
+    same loss and the same gradient bytes: the same kernels on the same inputs (gemma2: post-norms, soft-caps, GeGLU;
+    qwen3: the Q/K norms recomputed from the kept rows' norm)."""
+    kept, again = _step_both_ways(device, spec)
+    assert kept[0] == again[0] and kept[1] == again[1]
+
+
+@pytest.mark.parametrize("drop", ["h", "mid", "qkv"])
+def test_a_kept_row_left_out_changes_the_gradients(device, drop):
+    kept, again = _step_both_ways(device, "llama3", drop=drop)
+    assert kept[1] != again[1], f"the step without the kept {drop} gave the recomputed gradients"
+
+
 def test_forward_with_an_adapter_matches_the_merged_reference(device):
     path = synthetic("llama3")
     header = gguf.read_file(path)
