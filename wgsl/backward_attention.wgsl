@@ -339,6 +339,15 @@ fn visible(j: u32, key: u32) -> bool {
     return j < step.n_tokens && key >= key_begin(qpos) && key < key_end(qpos);
 }
 
+// (P, dS) of query row j and key `key` from their q.k and dO.v and the row's statistics st; (0, 0) where the key is
+// not visible from the row (or the row is past the step).
+fn tile_p_ds(j: u32, key: u32, qk_: f32, dov_: f32, st: vec4<f32>) -> vec2<f32> {
+    if (!visible(j, key)) { return vec2<f32>(0.0); }
+    let sd = score(qk_);
+    let p = prob(sd.x, st);
+    return vec2<f32>(p, p * (dov_ - st.z) * sd.y);
+}
+
 // The tile's products over HD of query rows j0 + r (head h) and keys k0 + c (KV head g): s = q.k and, with `both`,
 // dp = dO.v, an invocation's 4 x NB. Rows past the step and keys from kend on are never loaded (zeros).
 fn tile_products(li: u32, j0: u32, h: u32, k0: u32, g: u32, kend: u32, both: bool,
@@ -458,13 +467,7 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         for (var a = 0u; a < 4u; a++) {
             for (var b = 0u; b < NB; b++) {
                 let r = tr + 16u * a;
-                var x = 0.0;
-                if (visible(j0 + r, k0 + tc + 16u * b)) {
-                    let sd = score(s[a][b]);
-                    let st = rs[r];
-                    x = prob(sd.x, st) * (dp[a][b] - st.z) * sd.y;
-                }
-                sp[r * BK + tc + 16u * b] = x;
+                sp[r * BK + tc + 16u * b] = tile_p_ds(j0 + r, k0 + tc + 16u * b, s[a][b], dp[a][b], rs[r]).y;
             }
         }
         for (var k1 = 0u; k1 < BK; k1 += SUB) {
@@ -545,14 +548,9 @@ fn attn_dkv_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             for (var a = 0u; a < 4u; a++) {
                 for (var b = 0u; b < NB; b++) {
                     let r = tr + 16u * a;
-                    var p = 0.0;
-                    if (visible(j0 + r, k0 + tc + 16u * b)) {
-                        let sd = score(s[a][b]);
-                        let st = rs[r];
-                        p = prob(sd.x, st);
-                        ds[a][b] = p * (dp[a][b] - st.z) * sd.y;
-                    }
-                    sp[r * BK + tc + 16u * b] = p;
+                    let pd = tile_p_ds(j0 + r, k0 + tc + 16u * b, s[a][b], dp[a][b], rs[r]);
+                    sp[r * BK + tc + 16u * b] = pd.x;
+                    ds[a][b] = pd.y;
                 }
             }
             rows_product(li, j0, h, true, &gv);       // dV += P^T dO

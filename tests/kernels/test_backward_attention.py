@@ -383,7 +383,7 @@ TILE_BROKEN = [
      "for (var rr = 0u; rr < SUB - 1u; rr++)", TILE_GQA),
     ("dK, dV: the group's last head left out", "hg < P.group; hg++", "hg + 1u < P.group; hg++", TILE_GQA),
     ("dQ: the scale missing", "acc[a][c] * P.scale", "acc[a][c]", TILE_GQA),
-    ("D omitted", "(dp[a][b] - st.z)", "dp[a][b]", TILE_GQA),
+    ("D omitted", "(dov_ - st.z)", "dov_", TILE_GQA),
     ("dV summed over Q, not dO", "rows_product(li, j0, h, true, &gv);", "rows_product(li, j0, h, false, &gv);",
      TILE_GQA),
     ("dQ: the first key of a tile's range skipped", "let lo = key_begin(step.pos + j0);",
