@@ -7,8 +7,9 @@
 #
 # WHAT (default tests,gradcheck,train,torch): the training's kernel and engine tests, `lab gradcheck` on the
 # synthetic Llama 3 and on SmolLM2, `lab train` on SmolLM2 over tests/fixtures/constitution.txt at each CTXS x BATCH,
-# and PyTorch eager on the same (scripts/torch_train_bench.py, where present). Results in $OUT (gpu.txt, tests.txt,
-# gradcheck.json, train_*.json, torch_*.json: at most 8 files come back from a call).
+# and PyTorch eager on the same (scripts/torch_train_bench.py, where present); `attn` adds the attention backward's
+# variants (scripts/bench_attention_back.py). Results in $OUT (gpu.txt, tests.txt, gradcheck.json, train_*.json,
+# torch_*.json, attention_back.json: at most 8 files come back from a call).
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
@@ -34,6 +35,9 @@ if [[ $what == *gradcheck* ]]; then
   python3 -c "import json,sys; r = {k: json.load(open(f)) for k, f in zip(('llama3', 'smollm2'), sys.argv[2:])}
 json.dump(r, open(sys.argv[1], 'w'), indent=1); [print(k, v['worst_rel_err']) for k, v in r.items()]" \
     "$OUT/gradcheck.json" "$D/gc_llama3.json" "$D/gc_smollm2.json"
+fi
+if [[ $what == *attn* ]]; then
+  timeout 200 python3 scripts/bench_attention_back.py > "$OUT/attention_back.json"
 fi
 for ctx in ${CTXS:-128 512}; do
   if [[ $what == *train* ]]; then
