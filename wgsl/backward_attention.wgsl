@@ -304,38 +304,34 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 // ---- tiles: a GPU's path (lab.ops.backward_attention `tiles`), FlashAttention-2's backward in two dispatches.
 // Why: the lanes above load every key row from memory once per query row (and every query row once per key), a few
 // flops a load; a tile of BQ query rows (one head) x BK keys loads each row once for the whole tile, and each
-// invocation keeps an NA x NB block of the tile's products in registers. 256 invocations a workgroup, (tr, tc) =
-// (li / 16, li % 16) holding rows r = tr + 16 a (a < NA) and keys c = tc + 16 b (b < NB) of a tile.
+// invocation keeps a 4 x NB block of the tile's products in registers. 256 invocations a workgroup, (tr, tc) =
+// (li / 16, li % 16) holding rows r = tr + 16 a (a < 4) and keys c = tc + 16 b (b < NB) of a tile.
 //   attn_dq_tiles   a workgroup per (BQ query rows, head): the rows' keys a tile at a time, twice: first each row's
 //                   max and sum (online per invocation over its keys, then the 16 invocations of a row merged as a
 //                   tree), D = dO . O, written to stats for attn_dkv_tiles; then dS, and dQ = scale dS K (the tile's dS
 //                   in workgroup memory, K read SUB rows at a time). It replaces attn_stats and attn_dq.
 //   attn_dkv_tiles  a workgroup per (BK keys, KV head): the group's heads in order, each the query rows that see the
 //                   keys a tile at a time (rows in order), P and dS from the stats; dV += P^T dO and dK += dS^T Q (P,
-//                   then dS, in workgroup memory; dO and Q read SUB rows at a time); an invocation sums key li / CG's
-//                   columns cg + CG c (cg = li % CG). Keys no query sees get 0, as attn_dkv's.
+//                   then dS, in workgroup memory; dO and Q read SUB rows at a time); an invocation sums key li / 8's
+//                   columns cg + 8 c (cg = li % 8). Keys no query sees get 0, as attn_dkv's.
 // Every sum runs in a fixed order (q.k and dO.v over d in order, dQ over keys in order, dK and dV over (head, row) in
-// order): the same bits every run on one tile shape. Needs HD a multiple of 16, at most 256, and the workgroup memory
-// of lab.ops.backward_attention tile_bytes (16,128 bytes at 64 x 32); the builder checks both. Smaller tiles (32 x 16)
-// give a causal step's longest rows and keys half the work and twice the workgroups, for more loads a product.
-const BQ: u32 = {{BQ}}u;                  // query rows a tile (lab.ops.backward_attention TILE_SHAPE: 32 or 64)
-const BK: u32 = {{BK}}u;                  // keys a tile (16 or 32)
-const NA: u32 = BQ / 16u;                 // query rows an invocation holds in a tile
+// order): the same bits every run. Needs HD a multiple of 16, at most 256 (the builder checks); 16,128 bytes of
+// workgroup memory.
+const BQ: u32 = 64u;                      // query rows a tile
+const BK: u32 = 32u;                      // keys a tile
 const NB: u32 = BK / 16u;                 // keys an invocation holds in a tile
-const CG: u32 = 256u / BK;                // attn_dkv_tiles: invocations a key, each summing columns cg + CG c
 const DC: u32 = 8u;                       // floats of HD a chunk of the tile's products
 const PAD: u32 = DC + 1u;                 // a chunk row's stride in workgroup memory (odd: a warp's rows, other banks)
 const SUB: u32 = {{SUB}}u;                // rows of K (attn_dq_tiles), dO or Q (attn_dkv_tiles) a sub-chunk: SUB HD <= SC
 const NCQ: u32 = HD / 16u;                // dQ columns an invocation: tc + 16 c
-const NCK: u32 = HD / CG;                 // dK and dV columns an invocation: cg + CG c
+const NCK: u32 = HD / 8u;                 // dK and dV columns an invocation: cg + 8 c
 const DO_AT: u32 = BQ * PAD;              // where the chunks of dO, K and V start in `sc`, after Q's
 const K_AT: u32 = 2u * BQ * PAD;
 const V_AT: u32 = K_AT + BK * PAD;
 
 @group(0) @binding(8) var<storage, read> o_t: array<f32>;      // attn_dq_tiles' O (binding 2 is V there)
 var<workgroup> sc: array<f32, {{SC}}>;    // the chunks [Q | dO | K | V] (PAD floats a row), or SUB rows of HD floats
-var<workgroup> sp: array<f32, {{SP}}>;    // the tile's dS or P (BQ x BK, row-major); attn_dq_tiles' (max, sum) pairs
-                                          // to merge (16 a row: BQ x 32)
+var<workgroup> sp: array<f32, BQ * BK>;  // the tile's dS or P, row-major; attn_dq_tiles' (max, sum) pairs to merge
 var<workgroup> rs: array<vec4<f32>, BQ>; // the tile's rows' statistics (m, 1 / l, D, 0)
 
 fn visible(j: u32, key: u32) -> bool {
@@ -355,7 +351,7 @@ fn tile_p_ds(j: u32, key: u32, qk_: f32, dov_: f32, st: vec4<f32>) -> vec2<f32> 
 // The tile's products over HD of query rows j0 + r (head h) and keys k0 + c (KV head g): s = q.k and, with `both`,
 // dp = dO.v, an invocation's 4 x NB. Rows past the step and keys from kend on are never loaded (zeros).
 fn tile_products(li: u32, j0: u32, h: u32, k0: u32, g: u32, kend: u32, both: bool,
-                 s: ptr<function, array<array<f32, NB>, NA>>, dp: ptr<function, array<array<f32, NB>, NA>>) {
+                 s: ptr<function, array<array<f32, NB>, 4>>, dp: ptr<function, array<array<f32, NB>, 4>>) {
     let tr = li / 16u;
     let tc = li % 16u;
     for (var d0 = 0u; d0 < HD; d0 += DC) {
@@ -388,7 +384,7 @@ fn tile_products(li: u32, j0: u32, h: u32, k0: u32, g: u32, kend: u32, both: boo
         }
         workgroupBarrier();
         for (var dd = 0u; dd < DC; dd++) {
-            for (var a = 0u; a < NA; a++) {
+            for (var a = 0u; a < 4u; a++) {
                 let qa = sc[(tr + 16u * a) * PAD + dd];
                 let oa = sc[DO_AT + (tr + 16u * a) * PAD + dd];
                 for (var b = 0u; b < NB; b++) {
@@ -410,15 +406,14 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let lo = key_begin(step.pos + j0);
     let hi = key_end(step.pos + min(j0 + BQ, step.n_tokens) - 1u);
     // 1. each row's max and sum: online over this invocation's keys, then the row's 16 invocations as a tree
-    var m: array<f32, NA>;
-    var l: array<f32, NA>;
-    for (var a = 0u; a < NA; a++) { m[a] = NEG; }
+    var m = array<f32, 4>(NEG, NEG, NEG, NEG);
+    var l: array<f32, 4>;
     for (var k0 = lo; k0 < hi; k0 += BK) {
         // initialised: naga (gfx-rs/wgpu#9489) zeroes a bare `var` declared in a loop once a call, not each pass
-        var s = array<array<f32, NB>, NA>();
-        var dp = array<array<f32, NB>, NA>();
+        var s = array<array<f32, NB>, 4>();
+        var dp = array<array<f32, NB>, 4>();
         tile_products(li, j0, h, k0, g, hi, false, &s, &dp);
-        for (var a = 0u; a < NA; a++) {
+        for (var a = 0u; a < 4u; a++) {
             for (var b = 0u; b < NB; b++) {
                 if (visible(j0 + tr + 16u * a, k0 + tc + 16u * b)) {
                     let x = score(s[a][b]).x;
@@ -433,7 +428,7 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         }
     }
     workgroupBarrier();
-    for (var a = 0u; a < NA; a++) {
+    for (var a = 0u; a < 4u; a++) {
         let i = ((tr + 16u * a) * 16u + tc) * 2u;
         sp[i] = m[a];
         sp[i + 1u] = l[a];
@@ -441,7 +436,7 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     workgroupBarrier();
     for (var w = 8u; w > 0u; w = w / 2u) {
         if (tc < w) {
-            for (var a = 0u; a < NA; a++) {
+            for (var a = 0u; a < 4u; a++) {
                 let i = ((tr + 16u * a) * 16u + tc) * 2u;
                 let mm = max(sp[i], sp[i + 2u * w]);
                 sp[i + 1u] = sp[i + 1u] * exp(sp[i] - mm) + sp[i + 2u * w + 1u] * exp(sp[i + 2u * w] - mm);
@@ -464,12 +459,12 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         rs[li] = st;
     }
     // 2. dS, and dQ = scale dS K
-    var acc: array<array<f32, NCQ>, NA>;
+    var acc: array<array<f32, NCQ>, 4>;
     for (var k0 = lo; k0 < hi; k0 += BK) {
-        var s = array<array<f32, NB>, NA>();      // initialised, as above
-        var dp = array<array<f32, NB>, NA>();
+        var s = array<array<f32, NB>, 4>();      // initialised, as above
+        var dp = array<array<f32, NB>, 4>();
         tile_products(li, j0, h, k0, g, hi, true, &s, &dp);     // its barriers also publish rs
-        for (var a = 0u; a < NA; a++) {
+        for (var a = 0u; a < 4u; a++) {
             for (var b = 0u; b < NB; b++) {
                 let r = tr + 16u * a;
                 sp[r * BK + tc + 16u * b] = tile_p_ds(j0 + r, k0 + tc + 16u * b, s[a][b], dp[a][b], rs[r]).y;
@@ -485,14 +480,14 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
             }
             workgroupBarrier();
             for (var kk = 0u; kk < SUB; kk++) {
-                for (var a = 0u; a < NA; a++) {
+                for (var a = 0u; a < 4u; a++) {
                     let w = sp[(tr + 16u * a) * BK + k1 + kk];
                     for (var c = 0u; c < NCQ; c++) { acc[a][c] += w * sc[kk * HD + tc + 16u * c]; }
                 }
             }
         }
     }
-    for (var a = 0u; a < NA; a++) {
+    for (var a = 0u; a < 4u; a++) {
         let j = j0 + tr + 16u * a;
         if (j < step.n_tokens) {
             let out = P.dq_off + j * P.dq_stride + h * HD;
@@ -501,11 +496,11 @@ fn attn_dq_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     }
 }
 
-// acc (an invocation's NCK columns of key li / CG) += sum over the tile's BQ rows of sp[row][key] x row, the rows
+// acc (an invocation's NCK columns of key li / 8) += sum over the tile's BQ rows of sp[row][key] x row, the rows
 // those of dO (from_do) or of Q at j0 .., head h, SUB at a time (rows past the step never loaded: zeros).
 fn rows_product(li: u32, j0: u32, h: u32, from_do: bool, acc: ptr<function, array<f32, NCK>>) {
-    let kk = li / CG;
-    let cg = li % CG;
+    let kk = li / 8u;
+    let cg = li % 8u;
     for (var r1 = 0u; r1 < BQ; r1 += SUB) {
         workgroupBarrier();                   // sp written; the sub-chunk before read
         for (var e = li; e < SUB * HD; e += 256u) {
@@ -519,7 +514,7 @@ fn rows_product(li: u32, j0: u32, h: u32, from_do: bool, acc: ptr<function, arra
         workgroupBarrier();
         for (var rr = 0u; rr < SUB; rr++) {
             let w = sp[(r1 + rr) * BK + kk];
-            for (var c = 0u; c < NCK; c++) { (*acc)[c] += w * sc[rr * HD + cg + CG * c]; }
+            for (var c = 0u; c < NCK; c++) { (*acc)[c] += w * sc[rr * HD + cg + 8u * c]; }
         }
     }
 }
@@ -546,11 +541,11 @@ fn attn_dkv_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 if (j < step.n_tokens) { st = stats[j * P.n_head + h]; }
                 rs[li] = st;
             }
-            var s = array<array<f32, NB>, NA>();  // initialised (naga: attn_dq_tiles says why)
-            var dp = array<array<f32, NB>, NA>();
+            var s = array<array<f32, NB>, 4>();  // initialised (naga: attn_dq_tiles says why)
+            var dp = array<array<f32, NB>, 4>();
             tile_products(li, j0, h, k0, g, kend, true, &s, &dp);     // its barriers also publish rs
-            var ds = array<array<f32, NB>, NA>();
-            for (var a = 0u; a < NA; a++) {
+            var ds = array<array<f32, NB>, 4>();
+            for (var a = 0u; a < 4u; a++) {
                 for (var b = 0u; b < NB; b++) {
                     let r = tr + 16u * a;
                     let pd = tile_p_ds(j0 + r, k0 + tc + 16u * b, s[a][b], dp[a][b], rs[r]);
@@ -560,20 +555,20 @@ fn attn_dkv_tiles(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             }
             rows_product(li, j0, h, true, &gv);       // dV += P^T dO
             workgroupBarrier();                        // P read
-            for (var a = 0u; a < NA; a++) {
+            for (var a = 0u; a < 4u; a++) {
                 for (var b = 0u; b < NB; b++) { sp[(tr + 16u * a) * BK + tc + 16u * b] = ds[a][b]; }
             }
             rows_product(li, j0, h, false, &gk);      // dK += dS^T Q
         }
     }
-    let key = k0 + li / CG;
+    let key = k0 + li / 8u;
     if (key < kend) {
-        let cg = li % CG;
+        let cg = li % 8u;
         let ko = P.dk_off + key * P.dk_stride + g * HD;
         let vo = P.dv_off + key * P.dv_stride + g * HD;
         for (var c = 0u; c < NCK; c++) {
-            dk[ko + cg + CG * c] = gk[c] * P.scale;
-            {{DV}}[vo + cg + CG * c] = gv[c];
+            dk[ko + cg + 8u * c] = gk[c] * P.scale;
+            {{DV}}[vo + cg + 8u * c] = gv[c];
         }
     }
 }

@@ -5,9 +5,8 @@ pos .. pos + t - 1 over keys 0 .. pos + t - 1, given Q, K, V, the forward's outp
 The probabilities are recomputed, never stored: a first pass (attn_stats) walks each query row's keys once for its
 max m and sum l and takes D = dO . O; then attn_dq (one invocation per query row) and attn_dkv (one per key row and
 KV head, summing over the group's query heads and the queries in a fixed order) recompute each P = exp(s - m) / l.
-A GPU takes the same math in tiles (`tiles`): attn_dq_tiles (the statistics and dQ, a workgroup per tile of query rows
-of a head) and attn_dkv_tiles (a workgroup per tile of keys of a KV head), each row of Q, K, V and dO loaded once a
-tile.
+A GPU takes the same math in tiles (`tiles`): attn_dq_tiles (the statistics and dQ, a workgroup per 64 query rows of a
+head) and attn_dkv_tiles (a workgroup per 32 keys of a KV head), each row of Q, K, V and dO loaded once a tile.
 Conventions as lab/ops/backward.py's: gradients of inputs are written; every sum runs in a fixed order, so the pass
 is bit-reproducible. lab/host/reference/grads_attention.py holds the float64 oracle (attention_grad) and the
 tolerances; tests/kernels/test_backward_attention.py checks the kernels against it.
@@ -58,62 +57,41 @@ def loop_iterations(head_dim: int, n_keys: int, n_terms: int, lanes: int = 1) ->
     return walk * per + 2 * (head_dim // 4) + -(-n_terms // lanes) + tree
 
 
-# The tiles' shapes (wgsl/backward_attention.wgsl: BQ query rows x BK keys, DC floats a chunk of the products)
-TILE_SHAPES = ((64, 32), (64, 16), (32, 32), (32, 16))
-TILE_SHAPE = (64, 32)    # a GPU's default
-TILE_D = 8
-SUB_FLOATS = 1536        # floats of a sub-chunk of rows (K, dO or Q) at least, where the chunks leave less room
-TILE_HD_MAX = 256        # an invocation keeps NA HD / 16 dQ or 2 HD / CG dK and dV sums in registers
+# The tiles' shapes (wgsl/backward_attention.wgsl: BQ, BK, DC and their workgroup memory)
+TILE_Q, TILE_K, TILE_D = 64, 32, 8
+TILE_SCRATCH = 2 * (TILE_Q + TILE_K) * (TILE_D + 1)     # floats: the chunks of Q, dO, K and V
+TILE_BYTES = 4 * (TILE_SCRATCH + TILE_Q * TILE_K + 4 * TILE_Q)
+TILE_HD_MAX = 256        # an invocation keeps 4 HD / 16 dQ or 2 HD / 8 dK and dV sums in registers
 
 
-def _scratch(shape: tuple[int, int]) -> int:
-    """Floats of the chunks of Q, dO, K and V (rows of TILE_D + 1)."""
-    return 2 * (shape[0] + shape[1]) * (TILE_D + 1)
-
-
-def tile_sub(head_dim: int, shape: tuple[int, int] = TILE_SHAPE) -> int:
-    """Rows of K, dO or Q the tiles' products read at a time: the most, a power of two up to the tile's rows and keys,
-    whose head_dim floats each fit the scratch (the chunks' room, at least SUB_FLOATS)."""
-    sub, room = 1, max(_scratch(shape), SUB_FLOATS)
-    while sub * 2 <= min(shape) and sub * 2 * head_dim <= room:
+def tile_sub(head_dim: int) -> int:
+    """Rows of K, dO or Q the tiles' products read at a time: the most, a power of two up to TILE_K, whose head_dim
+    floats each fit the scratch."""
+    sub = 1
+    while sub * 2 <= TILE_K and sub * 2 * head_dim <= TILE_SCRATCH:
         sub *= 2
     return sub
 
 
-def tile_consts(head_dim: int, shape: tuple[int, int]) -> dict:
-    """The kernel's constants for a tile shape: BQ, BK, SUB, and the workgroup arrays' sizes SC and SP."""
-    sub = tile_sub(head_dim, shape)
-    return dict(BQ=shape[0], BK=shape[1], SUB=sub, SC=max(_scratch(shape), sub * head_dim),
-                SP=shape[0] * max(shape[1], 32))
-
-
-def tile_bytes(head_dim: int, shape: tuple[int, int] = TILE_SHAPE) -> int:
-    """Workgroup memory of the tiles: the scratch, the P / dS tile and BQ rows' statistics."""
-    c = tile_consts(head_dim, shape)
-    return 4 * (c["SC"] + c["SP"] + 4 * shape[0])
-
-
-def can_tile(device: gpu.Device, head_dim: int, shape: tuple[int, int] = TILE_SHAPE) -> bool:
+def can_tile(device: gpu.Device, head_dim: int) -> bool:
     """Whether the tiles run at this head_dim on this device: a multiple of 16 up to TILE_HD_MAX, and the workgroup
     memory for them."""
     return (head_dim % 16 == 0 and head_dim <= TILE_HD_MAX
-            and tile_bytes(head_dim, shape) <= device.info.limits["max_compute_workgroup_storage_size"])
+            and TILE_BYTES <= device.info.limits["max_compute_workgroup_storage_size"])
 
 
-def tile_iterations(head_dim: int, n_keys: int, n_rows: int, group: int, n_ctx: int, max_tokens: int,
-                    shape: tuple[int, int] = TILE_SHAPE) -> int:
+def tile_iterations(head_dim: int, n_keys: int, n_rows: int, group: int, n_ctx: int, max_tokens: int) -> int:
     """The most loop iterations an invocation of the tiles runs (to first order, every loop counted): attn_dq_tiles
-    walks the keys its BQ rows see (a row's n_keys and BQ - 1 more, at most n_ctx) twice, attn_dkv_tiles the query
-    rows that see its BK keys (a key's n_rows and BK - 1 more, at most max_tokens) of each of the group's heads; a
-    tile's products (HD / 8 chunks), its loads and the dQ, dK, dV sums."""
-    (bq, bk), sub, chunks = shape, tile_sub(head_dim, shape), head_dim // TILE_D
-    na, nb, cg = bq // 16, bk // 16, 256 // bk
-    products = chunks * (1 + -(-bq * TILE_D // 256) + -(-bk * TILE_D // 256) + TILE_D * na * (1 + nb))
-    dq = -(-min(n_keys + bq - 1, n_ctx) // bk) * (2 * products + 2 * na * nb + (bk // sub) * (
-        -(-sub * head_dim // 256) + sub * na * (1 + head_dim // 16)))
-    dkv = group * -(-min(n_rows + bk - 1, max_tokens) // bq) * (products + 2 * na * nb + 2 * (bq // sub) * (
-        -(-sub * head_dim // 256) + sub * (1 + head_dim // cg)))
-    return max(dq + 4 * na * 2 + head_dim, dkv)
+    walks the keys its TILE_Q rows see (a row's n_keys and TILE_Q - 1 more, at most n_ctx) twice, attn_dkv_tiles the
+    query rows that see its TILE_K keys (a key's n_rows and TILE_K - 1 more, at most max_tokens) of each of the
+    group's heads; a tile's products (HD / 8 chunks), its loads and the dQ, dK, dV sums."""
+    sub, chunks = tile_sub(head_dim), head_dim // TILE_D
+    products = chunks * (1 + 3 + TILE_D * 4 * 3)
+    dq = -(-min(n_keys + TILE_Q - 1, n_ctx) // TILE_K) * (2 * products + 8 + (TILE_K // sub) * (
+        -(-sub * head_dim // 256) + sub * 4 * (1 + head_dim // 16)))
+    dkv = group * -(-min(n_rows + TILE_K - 1, max_tokens) // TILE_Q) * (products + 8 + 2 * (TILE_Q // sub) * (
+        -(-sub * head_dim // 256) + sub * (1 + head_dim // 8)))
+    return max(dq + 4 * 9 + head_dim, dkv)
 
 
 def default_lanes(device: gpu.Device, head_dim: int) -> int:
@@ -131,8 +109,7 @@ def default_lanes(device: gpu.Device, head_dim: int) -> int:
 def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stats: gpu.Buffer, step: gpu.Buffer, *,
                    n_head: int, n_kv_head: int, head_dim: int, n_ctx: int, max_tokens: int,
                    scale: float | None = None, window: int = 0, softcap: float = 0.0,
-                   label: str = "attention_back", lanes: int | None = None, tiles: bool | None = None,
-                   tile_shape: tuple[int, int] = TILE_SHAPE) -> list[Op]:
+                   label: str = "attention_back", lanes: int | None = None, tiles: bool | None = None) -> list[Op]:
     """dq (the step's t rows), dk and dv (rows 0 .. pos + t - 1; keys no query sees get 0) of the attention of
     lab.ops.attention with these `scale` (default 1 / sqrt(head_dim)), `window` (W > 0: keys with qpos - k < W) and
     `softcap` (c > 0: scores c tanh(s / c)), for steps of t <= max_tokens tokens with pos + t <= n_ctx. `stats` is
@@ -141,13 +118,13 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     each a buffer other than the inputs (dk and dv may share one, dq too: a fused gradient row). `lanes` (a power of
     two) splits each row's walk (default_lanes: 1 on a CPU adapter, up to 64 on a GPU; tests force it). `tiles`
     (default: on a GPU where can_tile, unless `lanes` is given) runs the tiles instead, two ops: attn_dq_tiles,
-    attn_dkv_tiles, of `tile_shape` (query rows, keys; one of TILE_SHAPES)."""
+    attn_dkv_tiles."""
     qd, kvd = n_head * head_dim, n_kv_head * head_dim
     rows = dict(q=_rows(q, qd), o=_rows(o, qd), do=_rows(do, qd), dq=_rows(dq, qd),
                 k=_rows(k, kvd), v=_rows(v, kvd), dk=_rows(dk, kvd), dv=_rows(dv, kvd))
-    lanes, tiles = _path(device, head_dim, lanes, tiles, label, tile_shape)
+    lanes, tiles = _path(device, head_dim, lanes, tiles, label)
     _check(device, label, rows, stats, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, n_ctx=n_ctx,
-           max_tokens=max_tokens, window=window, softcap=softcap, lanes=lanes, tiles=tiles, shape=tile_shape)
+           max_tokens=max_tokens, window=window, softcap=softcap, lanes=lanes, tiles=tiles)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     packed = [x for name in ("q", "o", "do", "dq", "k", "v", "dk", "dv") for x in rows[name][1:]]
     params = device.uniform(_PARAMS.pack(*packed, n_head, n_kv_head, n_head // n_kv_head, window, scale,
@@ -165,13 +142,14 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     g_rows = lambda t: groups_1d(max(1, t) * n_head, per, max_dim)  # noqa: E731  (a row per query row and head)
     g_keys = groups_1d(n_ctx * n_kv_head, per, max_dim)             # a row per key and KV head: every pos + t fits
     grids = {"attn_stats": g_rows, "attn_dq": g_rows, "attn_dkv": lambda t: g_keys,
-             "attn_dq_tiles": lambda t: (-(-max(1, t) // tile_shape[0]), n_head, 1),
-             "attn_dkv_tiles": lambda t: (-(-n_ctx // tile_shape[1]), n_kv_head, 1)}  # tiles past pos + t: nothing
+             "attn_dq_tiles": lambda t: (-(-max(1, t) // TILE_Q), n_head, 1),
+             "attn_dkv_tiles": lambda t: (-(-n_ctx // TILE_K), n_kv_head, 1)}    # tiles past pos + t: nothing
     if tiles:
         layouts = {"attn_dq_tiles": [b["q"], b["k"], b["v"], b["do"], stats, params, step, b["dq"], b["o"]],
                    "attn_dkv_tiles": layouts["attn_dkv"]}
+    sub = tile_sub(head_dim)
     consts = dict(HEAD_DIM=head_dim, ROWS=per, LANES=lanes, RED=1 if lanes == 1 else lanes * head_dim // 4,
-                  RED_ML=lanes, **tile_consts(head_dim, tile_shape))
+                  RED_ML=lanes, SUB=sub, SC=max(TILE_SCRATCH, sub * head_dim))
     ops = []
     for entry, res in layouts.items():
         # DV: the buffer attn_dkv writes dV to (the others never read it: "dv" keeps them one pipeline each)
@@ -181,17 +159,14 @@ def attention_back(device: gpu.Device, kernels, q, k, v, o, do, dq, dk, dv, stat
     return ops
 
 
-def _path(device: gpu.Device, head_dim: int, lanes: int | None, tiles: bool | None, label: str,
-          shape: tuple[int, int]) -> tuple[int, bool]:
+def _path(device: gpu.Device, head_dim: int, lanes: int | None, tiles: bool | None, label: str) -> tuple[int, bool]:
     """(lanes, tiles) as attention_back takes them: the tiles on a GPU where they run unless lanes are given (tests
     force the lanes on any adapter), else the lanes (default_lanes); each checked against the device."""
-    if shape not in TILE_SHAPES:
-        raise ValueError(f"{label}: tiles of {shape}: one of {TILE_SHAPES}")
     if tiles is None:
-        tiles = lanes is None and not device.info.software and can_tile(device, head_dim, shape)
-    if tiles and not can_tile(device, head_dim, shape):
+        tiles = lanes is None and not device.info.software and can_tile(device, head_dim)
+    if tiles and not can_tile(device, head_dim):
         raise ValueError(f"{label}: the tiles need head_dim a multiple of 16 up to {TILE_HD_MAX} (not {head_dim}) "
-                         f"and {tile_bytes(head_dim, shape)} bytes of workgroup memory")
+                         f"and {TILE_BYTES} bytes of workgroup memory")
     lanes = 1 if tiles else default_lanes(device, head_dim) if lanes is None else int(lanes)
     if lanes < 1 or lanes & (lanes - 1) or lanes * 4 * head_dim > device.info.limits[
             "max_compute_workgroup_storage_size"]:
@@ -207,7 +182,7 @@ def _need(buf: gpu.Buffer, floats: int, what: str) -> None:
 
 def _check(device: gpu.Device, label: str, rows: dict, stats: gpu.Buffer, *, n_head: int, n_kv_head: int,
            head_dim: int, n_ctx: int, max_tokens: int, window: int, softcap: float, lanes: int,
-           tiles: bool, shape: tuple[int, int]) -> None:
+           tiles: bool) -> None:
     """attention_back's checks: the shapes, the grid and, on an adapter with a loop budget, each invocation's
     iterations; then distinct buffers for what is written and every buffer long enough."""
     if n_kv_head <= 0 or n_head % n_kv_head:
@@ -223,7 +198,7 @@ def _check(device: gpu.Device, label: str, rows: dict, stats: gpu.Buffer, *, n_h
     terms = min(max_tokens, keys) * (n_head // n_kv_head)
     if tiles:
         if device.info.loop_budget and tile_iterations(head_dim, keys, min(max_tokens, keys), n_head // n_kv_head,
-                                                       n_ctx, max_tokens, shape) > LOOP_LIMIT:
+                                                       n_ctx, max_tokens) > LOOP_LIMIT:
             raise gpu.GpuError(f"{label}: {keys} keys at head_dim {head_dim} run the tiles past {LOOP_LIMIT:,} loop "
                                f"iterations an invocation, where {device.info.name} stops loops")
     elif device.info.loop_budget and loop_iterations(head_dim, keys, terms, lanes) > LOOP_LIMIT:

@@ -24,8 +24,8 @@ from lab.host.reference import grads_attention as ga
 from lab.host.reference.grads import U32, bound_err
 from lab.host.reference.kernels import f32
 from lab.ops import attention as fwd
-from lab.ops.backward_attention import (LOOP_LIMIT, TILE_SHAPE, TILE_SHAPES, attention_back, loop_iterations,
-                                       stats_bytes, tile_iterations, tile_sub)
+from lab.ops.backward_attention import (LOOP_LIMIT, attention_back, loop_iterations, stats_bytes, tile_iterations,
+                                       tile_sub)
 
 SENTINEL = 7.0
 EPS32 = 2.0 ** -23
@@ -94,10 +94,10 @@ def _read_grads(env: Env, b: dict, t: int, n_ctx: int, nh: int, nkv: int, hd: in
 def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int, window: int = 0,
                          softcap: float = 0.0, fused: bool = False, forward_o: bool = False, spare: int = 3,
                          size: float = 1.5, seed: int = 0, lanes: int | None = None,
-                         tiles: bool | None = None, shape: tuple[int, int] = TILE_SHAPE) -> dict:
+                         tiles: bool | None = None) -> dict:
     """attention_back for a step of t queries at pos over pos + t keys (`spare` more rows of keys past them), with
     `lanes` lanes a row (None: the adapter's default, one on a CPU adapter) or the tiles (`tiles`; None: the adapter's
-    default, the lanes on a CPU adapter) of `shape`. Returns
+    default, the lanes on a CPU adapter). Returns
     each gradient's (error, tolerance) in units of u; raises AssertionError past a tolerance or when a row past the
     step changed. Also returns the raw gradients (reproducibility)."""
     rng = np.random.default_rng(seed)
@@ -109,13 +109,12 @@ def check_attention_back(env: Env, t: int, pos: int, nh: int, nkv: int, hd: int,
     b = _buffers(env, x, o, t, n_ctx, fused)
     run(env, attention_back(env.device, env.kernels, b["q"], b["k"], b["v"], b["o"], b["do"], b["dq"], b["dk"],
                             b["dv"], b["stats"], ops_step(env), n_head=nh, n_kv_head=nkv, head_dim=hd, n_ctx=n_ctx,
-                            max_tokens=t, scale=sc, window=window, softcap=softcap, lanes=lanes, tiles=tiles,
-                            tile_shape=shape),
+                            max_tokens=t, scale=sc, window=window, softcap=softcap, lanes=lanes, tiles=tiles),
         pos, t, n_ctx)
     got = _read_grads(env, b, t, n_ctx, nh, nkv, hd, fused)
     free(env.device, *(v if not isinstance(v, tuple) else v[0] for v in b.values()))
     what = (f"attention_back t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap} fused={fused} "
-            f"lanes={lanes} tiles={tiles} {shape}")
+            f"lanes={lanes} tiles={tiles}")
     want = dict(zip(("dq", "dk", "dv"), ga.attention_grad(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos,
                                                             **kw)))
     tols = ga.attention_tols(x["q"], x["k"][:n_keys], x["v"][:n_keys], x["do"], pos, o_err=o_err, **kw)
@@ -342,16 +341,6 @@ def test_tiles(env1, t, pos, nh, nkv, hd, window, softcap):  # noqa: F811
     _report(f"attention_back tiles t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap}", r)
 
 
-OTHER_SHAPES = [s for s in TILE_SHAPES if s != TILE_SHAPE]
-
-
-@pytest.mark.parametrize("shape", OTHER_SHAPES, ids=[f"{s[0]}x{s[1]}" for s in OTHER_SHAPES])
-@pytest.mark.parametrize("t,pos,nh,nkv,hd,window,softcap", TILE_CASES[-4:] + [GQA_CAP])
-def test_tiles_of_every_shape(env1, shape, t, pos, nh, nkv, hd, window, softcap):  # noqa: F811
-    r = check_attention_back(env1, t, pos, nh, nkv, hd, window, softcap, seed=t + pos, tiles=True, shape=shape)
-    _report(f"attention_back tiles {shape} t={t} pos={pos} {nh}/{nkv} hd={hd} W={window} cap={softcap}", r)
-
-
 def test_tiles_fused_forward_o_and_reproducible(env1):  # noqa: F811
     """The training step's layout (a fused gradient row, fused Q) and O from the forward kernel; two runs, the same
     bytes."""
@@ -378,10 +367,6 @@ def test_tiles_refused_where_they_cannot_run(env1):  # noqa: F811
         free(dev, *big)
     free(dev, *bufs)
     assert [tile_sub(hd) for hd in (16, 64, 96, 128, 256)] == [32, 16, 16, 8, 4]
-    assert [tile_sub(hd, (32, 16)) for hd in (16, 64, 96, 128, 256)] == [16, 16, 16, 8, 4]
-    with pytest.raises(ValueError, match="one of"):
-        attention_back(dev, env1.kernels, *bufs[:5], *bufs[5:8], bufs[8], None, n_head=1, n_kv_head=1,
-                       head_dim=64, n_ctx=2, max_tokens=1, tiles=True, tile_shape=(16, 16))
 
 
 TILE_BROKEN = [
@@ -410,9 +395,8 @@ TILE_BROKEN = [
 ]
 
 
-@pytest.mark.parametrize("shape", [(64, 32), (32, 16)], ids=["64x32", "32x16"])
 @pytest.mark.parametrize("what,old,new,case", TILE_BROKEN, ids=[b[0] for b in TILE_BROKEN])
-def test_broken_tiles_fail(env1, what, old, new, case, shape):  # noqa: F811
+def test_broken_tiles_fail(env1, what, old, new, case):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite") as info:
-        check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11, tiles=True, shape=shape)
-    print(f"broken attention_back tiles {shape}, {what}: {str(info.value).splitlines()[0]}")
+        check_attention_back(patched(env1, "backward_attention", old, new), *case, seed=11, tiles=True)
+    print(f"broken attention_back tiles, {what}: {str(info.value).splitlines()[0]}")
