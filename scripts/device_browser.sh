@@ -11,13 +11,14 @@
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
 #   bash scripts/device_browser.sh retrieval # the retrieval card's page tests and its index, natively and in the page
 #   bash scripts/device_browser.sh experiments # the Experiments card's page tests and a 30 x 16 patching sweep, both ways
+#   bash scripts/device_browser.sh train     # LoRA training natively and in the page's Training card (CTXS, BATCH, STEPS)
 #   bash scripts/device_browser.sh peer      # the browser peer (wllama) and the page, with and without Dawn's f16
 #                                            # toggle, on the same files (MODELS="smollm2-real smollm2 qwen2.5 gemma3")
 #
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
 # f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), experiments.jsonl (lab
-# patch, native and page), bench.jsonl (native and browser JSON per model, the page's with its steps'
-# GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md, peer.jsonl (wllama and the
+# patch, native and page), train.jsonl (lab train, native and page), bench.jsonl (native and browser JSON per model,
+# the page's with its steps' GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md, peer.jsonl (wllama and the
 # page per file and flag set, and the lab's native greedy ids of the fixtures' prompt) and peer_table.md.
 set -uo pipefail
 D=/tmp/devb
@@ -132,6 +133,22 @@ fi
 if [[ $mode == pytest ]]; then
   log "pytest ${PYTEST_ARGS:-}"
   timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} 2>&1 | tail -30 | tee -a "$OUT/tests.txt"
+fi
+
+# 3t. Training in the page against natively (`train`): SmolLM2 over tests/fixtures/constitution.txt at each CTXS, BATCH
+#     windows a step, STEPS steps, `lab train` and `lab train --backend browser` (the Training card's own run) one after
+#     the other on the same windows: tokens/s of both and their losses, in train.jsonl.
+if [[ $mode == train ]]; then
+  for ctx in ${CTXS:-128 512}; do
+    for b in native browser; do
+      log "training ctx $ctx, $b"
+      timeout 280 python3 -m lab.host.cli train "$D/SmolLM2-135M-Instruct.Q4_1.gguf" --data tests/fixtures/constitution.txt \
+        --ctx "$ctx" --batch "${BATCH:-4}" --steps "${STEPS:-8}" --backend "$b" --json \
+        $([ $b = native ] && echo --out "$D/smol.lora.gguf") 2>>"$OUT/log.txt" \
+        | python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('profile', None); d.pop('adapter', None); \
+d.update(ctx=$ctx, backend='$b'); print(json.dumps(d))" | tee -a "$OUT/train.jsonl" | cut -c1-300
+    done
+  done
 fi
 
 # 3c. The Experiments card on this adapter: its page tests, then the issue's sweep (SmolLM2's 30 layers x the 16

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from lab.host.synthetic import releases
+from tests.conftest import FIXTURES
 
 TIMEOUT_S = 600          # a load, three turns and the profile on SwiftShader, with the machine's cores shared
 
@@ -40,3 +41,27 @@ def test_the_page_bench_of_a_hybrid_runs_with_its_profile(name):
         assert rows[0]["family"] == "whole step" and sum(r["dispatches"] for r in rows[1:]) == rows[0]["dispatches"]
         assert any(r["family"].startswith(("shortconv", "deltanet")) for r in rows), (step, rows)
         assert all(r["gpu_us"] > 0 for r in rows), (step, rows)
+
+
+@pytest.mark.slow
+def test_the_page_trains_the_windows_lab_train_does(tiny_path, tmp_path):
+    """`lab train --backend browser` (lab/host/bench/browser.py train_page): the page's Training card trains the
+    text's first windows in order, as `lab train` does natively, so the two runs' losses agree step for step (the
+    page on SwiftShader, natively on lavapipe: f32 sums in other orders, 1e-5 relative); the JSON has the native
+    command's keys and the card's held-out losses."""
+    data = tmp_path / "text.txt"
+    data.write_text((FIXTURES / "perplexity_text.txt").read_text())
+    common = ["train", str(tiny_path), "--data", str(data), "--ctx", "16", "--batch", "2", "--steps", "3", "--json"]
+    runs = {}
+    for backend in ("native", "browser"):
+        extra = ["--out", str(tmp_path / "a.lora.gguf")] if backend == "native" else []
+        done = subprocess.run([sys.executable, "-m", "lab.host.cli", *common, "--backend", backend, *extra],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[backend] = json.loads(done.stdout)
+    page, native = runs["browser"], runs["native"]
+    assert len(page["losses"]) == len(native["losses"]) == 3
+    for a, b in zip(page["losses"], native["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(b), (page["losses"], native["losses"])
+    assert page["tokens_per_s"] > 0 and page["first_step_s"] > 0 and page["params"] == native["params"]
+    assert page["held_out"]["before"] > 0 and page["memory"]["adapter"] == native["memory"]["adapter"]

@@ -42,6 +42,8 @@ def test_train_json_and_the_adapter_file(model, tmp_path, capsys):
     (["--lora-rank", "300"], "rank 300 is larger than"),
     (["--full"], "full fine-tuning is not built yet"),
     (["--lora-targets", "ffn_nowhere"], "ffn_nowhere"),
+    (["--backend", "browser", "--warmup", "2", "--seed", "3"], "--warmup, --seed cannot be set there"),
+    (["--backend", "browser", "--lora-targets", "attn_q"], "--lora-targets cannot be set there"),
 ])
 def test_train_refusals_are_one_line(model, tmp_path, capsys, flags, words):
     data = tmp_path / "data.txt"

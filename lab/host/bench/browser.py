@@ -387,6 +387,37 @@ def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, wind
             "index_seconds": built["seconds"], "windows_per_s": built["windows_per_s"], "recall": recall}
 
 
+def train_page(path, text: str, *, ctx: int, batch: int, steps: int, rank: int, lr: float, optimizer: str,
+               chromium: str | None = None, args: list[str] | None = None, timeout_s: float = 3600) -> dict:
+    """`lab train --backend browser`: load `path` through the page's file input and post the Training card's own
+    `train` message (lab/worker/training.py: the text's last windows held out, the first ones trained on in order, as
+    `lab train` takes them from the start). Returns the native command's keys where the page has them: the losses,
+    tokens/s over the steps after the first (the first pays for the pipelines' first dispatches, as natively; the time
+    in the steps alone, from the card's running figure, its held-out evaluations left out), the first step's seconds,
+    the memory; plus the card's own tokens/s (every step) and the held-out losses, and the adapter."""
+    chromium, args = resolve_browser(chromium, args)
+    with browser_page(Path(path), chromium, args) as (page, url, _errors):
+        lab, adapter = _loaded(page, url, path, timeout_s)
+        n = lab.count()
+        lab.post({"type": "train", "text": text, "rank": rank, "steps": steps, "lr": lr, "ctx": ctx, "batch": batch,
+                  "optimizer": optimizer, "seq": 1})
+        done = lab.wait("train-done", n, timeout_s)
+        msgs = lab.since(n)
+    failed = next((m for m in msgs if m["type"] == "error"), None)
+    if failed or done["steps_done"] < steps:
+        raise BenchError(f"the page's training stopped: {failed or done}")
+    plan = next(m for m in msgs if m["type"] == "train-plan")
+    prog = [m for m in msgs if m["type"] == "train-progress" and m["step"] > 0]
+    per_step = batch * ctx
+    stepping = [m["step"] * per_step / m["tokens_per_s"] for m in prog]     # seconds in the steps up to each
+    after_first = (steps - 1) * per_step / (stepping[-1] - stepping[0]) if steps > 1 else done["tokens_per_s"]
+    return {"model": Path(path).name, "backend": "browser", "adapter": adapter, "losses": [m["loss"] for m in prog],
+            "tokens_per_s": after_first, "card_tokens_per_s": done["tokens_per_s"], "first_step_s": stepping[0],
+            "seconds": done["seconds"], "windows": plan["windows"], "trained_windows": plan["train"],
+            "params": plan["params"], "steps": steps, "memory": done["memory"],
+            "held_out": {"before": done["held_before"], "after": done["held_after"]}}
+
+
 def experiment_page(path, msg: dict, *, repeat: int = 2, chromium: str | None = None, args: list[str] | None = None,
                     timeout_s: float = 3600) -> dict:
     """`lab patch | ablate --backend browser`: load `path` through the page's file input and post the Experiments

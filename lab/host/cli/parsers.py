@@ -163,6 +163,8 @@ def train(sub, name):
     s.add_argument("--profile", action="store_true", help="also one window's GPU time by kernel family")
     json_flag(s, "print {losses, tokens_per_s, out, ...} as JSON")
     gpu_flags(s)
+    backend_flags(s, "browser: the page's Training card in headless Chromium trains (its defaults for what it does "
+                     "not ask: alpha twice the rank, clip 1, no warm-up or decay, seed 0), JSON out, no file written")
     return s
 
 

@@ -17,6 +17,8 @@ def train(args) -> int:
     from lab.instruments.training import Optim, Trainer, batch_of, windows
     if args.full:
         raise TrainError("full fine-tuning is not built yet: train a LoRA adapter (--lora-rank)")
+    if args.backend == "browser":
+        return _train_in_page(args)
     header, cfg, tok = read_model(args.model)
     with open(args.data, encoding="utf-8") as f:
         ids = tok.encode(f.read())          # as `lab tokenize`: no BOS, no special tokens
@@ -53,6 +55,35 @@ def train(args) -> int:
     else:
         print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
               f"{report['tokens_per_s']:.1f} tokens/s; {tr.lora.n_params:,} parameters in {out}")
+    return 0
+
+
+# What the Training card asks for and what it fixes: a flag set otherwise is refused, not silently dropped.
+_PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "out": None,
+               "profile": False, "disable": []}
+
+
+def _train_in_page(args) -> int:
+    """`--backend browser`: the same run on the page's Training card (lab/host/bench/browser.py train_page)."""
+    from lab.engine.lora import DEFAULT_TARGETS
+    from lab.host.bench import browser as bench_browser
+    differ = [k for k, v in _PAGE_FIXED.items() if getattr(args, k) != v]
+    if args.lora_targets != ",".join(DEFAULT_TARGETS):
+        differ.append("lora_targets")
+    if differ:
+        named = ", ".join("--" + d.replace("_", "-") for d in differ)
+        raise ValueError(f"--backend browser trains as the Training card does: {named} cannot be set there")
+    chromium, flags = bench_browser.browser_command(args.chromium, args.chromium_flags, args.chromium_flag)
+    with open(args.data, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        out = bench_browser.train_page(args.model, text, ctx=args.ctx, batch=args.batch, steps=args.steps,
+                                       rank=args.lora_rank, lr=args.lr, optimizer=args.optimizer,
+                                       chromium=chromium, args=flags)
+    except bench_browser.BenchError as exc:
+        print(f"lab train: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
     return 0
 
 
