@@ -18,8 +18,9 @@
 # Results in $OUT: log.txt, adapter.jsonl (Vulkan's 16-bit features, the page's adapter with and without Dawn's
 # f16 toggle), tests.txt (pass counts), retrieval.jsonl (lab retrieval-eval, native and page), experiments.jsonl (lab
 # patch, native and page), train.jsonl (lab train, native and page), bench.jsonl (native and browser JSON per model,
-# the page's with its steps' GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md, peer.jsonl (wllama and the
-# page per file and flag set, and the lab's native greedy ids of the fixtures' prompt) and peer_table.md.
+# the page's with its steps' GPU time by kernel family), profile_native.jsonl (the same steps natively), table.md,
+# peer.jsonl (wllama and the page per file and flag set, and the lab's native greedy ids of the fixtures' prompt) and
+# peer_table.md.
 set -uo pipefail
 D=/tmp/devb
 OUT=${OUT:-/tmp/devb-out}
