@@ -143,8 +143,8 @@ if [[ $mode == train ]]; then
   for ctx in ${CTXS:-128 512}; do
     for b in native browser; do
       log "training ctx $ctx, $b"
-      timeout 280 python3 -m lab.host.cli train "$D/SmolLM2-135M-Instruct.Q4_1.gguf" --data tests/fixtures/constitution.txt \
-        --ctx "$ctx" --batch "${BATCH:-4}" --steps "${STEPS:-8}" --backend "$b" --json \
+      timeout 280 python3 -m lab.host.cli train "$D/SmolLM2-135M-Instruct.Q4_1.gguf" \
+        --data tests/fixtures/constitution.txt --ctx "$ctx" --batch "${BATCH:-4}" --steps "${STEPS:-8}" --backend "$b" --json \
         $([ $b = native ] && echo --out "$D/smol.lora.gguf") 2>>"$OUT/log.txt" \
         | python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('profile', None); d.pop('adapter', None); \
 d.update(ctx=$ctx, backend='$b'); print(json.dumps(d))" | tee -a "$OUT/train.jsonl" | cut -c1-300

@@ -322,7 +322,7 @@ const BK: u32 = 32u;                      // keys a tile
 const NB: u32 = BK / 16u;                 // keys an invocation holds in a tile
 const DC: u32 = 8u;                       // floats of HD a chunk of the tile's products
 const PAD: u32 = DC + 1u;                 // a chunk row's stride in workgroup memory (odd: a warp's rows, other banks)
-const SUB: u32 = {{SUB}}u;                // rows of K (attn_dq_tiles), dO or Q (attn_dkv_tiles) a sub-chunk: SUB HD <= SC
+const SUB: u32 = {{SUB}}u;                // rows of K (attn_dq_tiles), dO or Q (attn_dkv_tiles) a sub-chunk
 const NCQ: u32 = HD / 16u;                // dQ columns an invocation: tc + 16 c
 const NCK: u32 = HD / 8u;                 // dK and dV columns an invocation: cg + 8 c
 const DO_AT: u32 = BQ * PAD;              // where the chunks of dO, K and V start in `sc`, after Q's
