@@ -11,7 +11,8 @@
 #   bash scripts/device_browser.sh bench     # ... and the benchmarks only (MODELS="smollm2 qwen2.5 gemma3")
 #   bash scripts/device_browser.sh retrieval # the retrieval card's page tests and its index, natively and in the page
 #   bash scripts/device_browser.sh experiments # the Experiments card's page tests and a 30 x 16 patching sweep, both ways
-#   bash scripts/device_browser.sh train     # LoRA training natively and in the page's Training card (CTXS, BATCH, STEPS)
+#   bash scripts/device_browser.sh train     # LoRA training natively, in the page's Training card and (TORCH=1) in
+#                                            # PyTorch eager (MODELS="smollm2 qwen2.5", CTXS, BATCH, STEPS)
 #   bash scripts/device_browser.sh peer      # the browser peer (wllama) and the page, with and without Dawn's f16
 #                                            # toggle, on the same files (MODELS="smollm2-real smollm2 qwen2.5 gemma3")
 #
@@ -136,18 +137,29 @@ if [[ $mode == pytest ]]; then
   timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} 2>&1 | tail -30 | tee -a "$OUT/tests.txt"
 fi
 
-# 3t. Training in the page against natively (`train`): SmolLM2 over tests/fixtures/constitution.txt at each CTXS, BATCH
-#     windows a step, STEPS steps, `lab train` and `lab train --backend browser` (the Training card's own run) one after
-#     the other on the same windows: tokens/s of both and their losses, in train.jsonl.
+# 3t. Training in the page against natively (`train`): each of MODELS (default smollm2: the real file; qwen2.5 and the
+#     others: the same-shape file, the real header and tokenizer over random blocks) over tests/fixtures/constitution.txt
+#     at each CTXS, BATCH windows a step, STEPS steps: `lab train`, `lab train --backend browser` (the Training card's
+#     own run) and, with TORCH=1, PyTorch eager (scripts/torch_train_bench.py) one after the other on the same windows:
+#     tokens/s and losses, in train.jsonl.
 if [[ $mode == train ]]; then
-  for ctx in ${CTXS:-128 512}; do
-    for b in native browser; do
-      log "training ctx $ctx, $b"
-      timeout 280 python3 -m lab.host.cli train "$D/SmolLM2-135M-Instruct.Q4_1.gguf" \
-        --data tests/fixtures/constitution.txt --ctx "$ctx" --batch "${BATCH:-4}" --steps "${STEPS:-8}" --backend "$b" --json \
-        $([ $b = native ] && echo --out "$D/smol.lora.gguf") 2>>"$OUT/log.txt" \
-        | python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('profile', None); d.pop('adapter', None); \
-d.update(ctx=$ctx, backend='$b'); print(json.dumps(d))" | tee -a "$OUT/train.jsonl" | cut -c1-300
+  mkdir -p "$D/ss"
+  for m in ${MODELS:-smollm2}; do
+    f=$D/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ "$m" != smollm2 ]; then f=$D/ss/$m.gguf; same_shape "$m" "$f" || continue; fi
+    for ctx in ${CTXS:-128 512}; do
+      for b in native browser ${TORCH:+torch}; do
+        log "training $m ctx $ctx, $b"
+        if [ $b = torch ]; then
+          timeout 280 python3 scripts/torch_train_bench.py "$f" --data tests/fixtures/constitution.txt --ctx "$ctx" \
+            --batch "${BATCH:-4}" --rank 8 --alpha 16 --steps "${STEPS:-8}" --warmup-steps 1 2>>"$OUT/log.txt"
+        else
+          timeout 280 python3 -m lab.host.cli train "$f" --data tests/fixtures/constitution.txt --ctx "$ctx" \
+            --batch "${BATCH:-4}" --steps "${STEPS:-8}" --backend "$b" --json \
+            $([ $b = native ] && echo --out "$D/train.lora.gguf") 2>>"$OUT/log.txt"
+        fi | python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('profile', None); d.pop('adapter', None); \
+d.update(name='$m', ctx=$ctx, backend='$b'); print(json.dumps(d))" | tee -a "$OUT/train.jsonl" | cut -c1-300
+      done
     done
   done
 fi
