@@ -34,9 +34,9 @@ from lab.ops.backward import rms_norm_back
 
 # Kept activations (TrainScratch.kept): per layer its fused [q | k | v] row (Q and K rotated), the attention's output,
 # x after the attention, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
-# most this many bytes in all; past it the backward computes each layer's forward again (a second forward's
-# projections: a third of a step's GPU time at SmolLM2's T = 128, docs/performance.md). SmolLM2 at T = 512 keeps
-# 448 MB, Qwen2.5-0.5B 905 MB; Llama-3.1-8B would keep 4 GB and recomputes.
+# most this many bytes in all; past it the backward computes each layer's forward again (that second forward cost
+# SmolLM2's window on the H100 45.0 against 38.0 ms at T = 128, 87.6 against 71.3 at T = 512: docs/performance.md).
+# SmolLM2 at T = 512 keeps 448 MB, Qwen2.5-0.5B 905 MB; Llama-3.1-8B would keep 4 GB and recomputes.
 KEEP_BYTES = 1 << 30
 
 
@@ -176,8 +176,10 @@ class Backward(Prefill):
             return
         widths = kept_widths(self.cfg, il)
         for name in names:
-            live = self.scratch.x if name == "mid" and not back else self.ts.mid if name == "mid" else getattr(
-                self.scratch, name)
+            if name == "mid":               # x after the attention: the scratch's x now, ts.mid for the backward
+                live = self.ts.mid if back else self.scratch.x
+            else:
+                live = getattr(self.scratch, name)
             aside = self.ts.kept[il][name]
             src, dst = (aside, live) if back else (live, aside)
             self.add(elementwise.copy_rows(self.dev, self.kernels, src, dst, self.scratch.step, widths[name]))
