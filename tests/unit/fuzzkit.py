@@ -34,7 +34,7 @@ from lab.host import models
 from lab.text import chat
 
 DEEP = int(os.environ.get("LAB_FUZZ_EXAMPLES", "0") or 0)
-HANG_S = 20.0            # one example taking longer than this is a hang (a real load takes < 1 s here)
+HANG_S = 20.0            # one example taking more CPU time than this is a hang (a real load takes < 1 s here)
 
 
 def fuzz_settings(ci_examples: int):
@@ -50,16 +50,19 @@ class Hang(BaseException):
 
 @contextlib.contextmanager
 def no_hang(seconds: float = HANG_S):
+    """Raise Hang once the process has spent `seconds` of CPU time in the block (ITIMER_PROF), not of wall time: a
+    hang spins, while a process the machine starves does not; with wall time, a `make test-all` beside other work
+    once timed out a header load in a jinja compile (2026-12-07)."""
     def alarm(_sig, _frame):
-        raise Hang(f"no answer after {seconds} s")
+        raise Hang(f"no answer after {seconds} s of CPU time")
 
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    old = signal.signal(signal.SIGPROF, alarm)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
 
 
 # --- seeds ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from lab.engine.load import Validated
 from lab.format import gguf
 from lab.format.gguf import GGUFError, NeedMoreBytes
 from tests.unit.fuzzkit import (
+    Hang,
     fuzz_settings,
     load,
     load_bytes,
@@ -204,3 +205,16 @@ def test_a_damaged_float_is_named(value, word):
     raw[at:at + 4] = value
     err = load_bytes(bytes(raw))
     assert "llama.attention.layer_norm_rms_epsilon" in str(err) and word in str(err), err
+
+
+def test_the_watchdog_counts_cpu_time_not_wall_time():
+    """no_hang stops a spin (a hang burns CPU) and lets a starved or sleeping block finish (the machine's load is not
+    a hang): the fuzz sweeps' watchdog holds on a busy machine."""
+    import time
+
+    with pytest.raises(Hang):
+        with no_hang(0.3):
+            while True:
+                pass
+    with no_hang(0.3):
+        time.sleep(0.6)
