@@ -51,7 +51,7 @@ CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gra
 SAMPLING = {"generate", "ask", "steer"}
 # The subcommands that run a model natively with a LoRA adapter file (--lora)
 LORA = {"generate", "perplexity", "index", "ask", "retrieval-eval", "ablate", "patch", "steer", "attribute"}
-IN_THE_PAGE = {"retrieval-eval", "ablate", "patch", "bench"}
+IN_THE_PAGE = {"retrieval-eval", "ablate", "patch", "bench", "train"}
 
 
 def parse(*argv: str):
