@@ -27,6 +27,7 @@ LEAST = {
     "selftest": [],
     "generate": ["m.gguf", "--prompt", "p"],
     "tokenize": ["m.gguf", "t.txt"],
+    "tokenizer-train": ["a.txt", "--vocab", "300", "--out", "t.json"],
     "perplexity": ["m.gguf", "t.txt"],
     "train": ["m.gguf", "--data", "t.txt"],
     "gradcheck": ["m.gguf"],
@@ -43,7 +44,7 @@ LEAST = {
 # sample (the sampler's flags and -n), and run in the page too (--backend and the browser's options).
 GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
        "attribute", "bench"}
-JSON = {"generate", "tokenize", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
         "attribute", "bench"}
 CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gradcheck": 16, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
        "retrieval-eval": DEFAULT_CTX, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,

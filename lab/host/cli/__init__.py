@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.host.cli import bench, experiments, parsers, retrieval, run, training
+from lab.host.cli import bench, experiments, parsers, retrieval, run, tokenizer, training
 
 # Each subcommand in `lab --help`'s order: the function that adds its parser (lab/host/cli/parsers.py) and the
 # handler that takes the parsed flags and returns the exit status. The modules import what a handler needs inside
@@ -16,6 +16,7 @@ COMMANDS = {
     "selftest": (parsers.selftest, run.selftest),
     "generate": (parsers.generate, run.generate),
     "tokenize": (parsers.tokenize, run.tokenize),
+    "tokenizer-train": (parsers.tokenizer_train, tokenizer.tokenizer_train),
     "perplexity": (parsers.perplexity, run.perplexity),
     "train": (parsers.train, training.train),
     "gradcheck": (parsers.gradcheck, training.gradcheck),

@@ -128,6 +128,21 @@ def tokenize(sub, name):
     return s
 
 
+def tokenizer_train(sub, name):
+    from lab.text.tokenizer import train
+    s = sub.add_parser(name, help="train a byte-level BPE tokenizer on text files (pure Python); prints its bytes "
+                                  "per token, and the model's with --model")
+    s.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files")
+    s.add_argument("--vocab", type=int, required=True, help="tokens in all: special tokens, 256 bytes and merges")
+    s.add_argument("--out", required=True, metavar="FILE.json", help="where the trained tokenizer is written")
+    s.add_argument("--pre", default=train.DEFAULT_PRE, choices=sorted(train.PRE_NAMES),
+                   help="the pre-tokenizer that cuts the text into chunks (llama.cpp's names)")
+    s.add_argument("--special", action="append", default=None, metavar="TOKEN",
+                   help=f"a special token (repeatable; default {' '.join(train.DEFAULT_SPECIALS)})")
+    s.add_argument("--model", default=None, metavar="GGUF", help="a model whose tokenizer is measured on the same files")
+    json_flag(s)
+    return s
+
 def perplexity(sub, name):
     s = sub.add_parser(name, help="perplexity of a text file in windows, as llama.cpp's llama-perplexity")
     model_arg(s)
