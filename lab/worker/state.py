@@ -119,7 +119,6 @@ class Loaded:
         self.context.clear()
 
 
-
 @dataclass
 class State:
     """Replaced whole when the device is lost; `loaded` is replaced whole (see Loaded)."""

@@ -135,8 +135,9 @@ def attention_grad(q, k, v, do, pos: int, *, n_kv_head: int, scale: float, windo
 #          2 sigma, whichever pass recomputes s. Vulkan allows exp 3 + 2|x| ulp (ulp <= 2u relative): with the
 #          subtraction's rounding (6 + 5|x|) u a term, x = s - m within the row's range X; the online rescales (at most
 #          one a key, 7 + 5|x| u each, their arguments summing to at most X), the n_k adds, and the final exp,
-#          reciprocal and product; a GPU's lanes (up to 64 a row) merge their (max, sum) pairs in 6 levels, two exps
-#          of arguments within X, two products and an add a level, 6 (15 + 8 X) u more:
+#          reciprocal and product; a GPU's lanes (up to 64 a row; the tiles: 16 invocations a row, 4 levels) merge
+#          their (max, sum) pairs in up to 6 levels, two exps of arguments within X, two products and an add a level,
+#          6 (15 + 8 X) u more:
 #          eps_P = (2 sigma + 63 X + 8 n_k + 105) u relative.
 #   dS     = P (dO.v - D), D = dO.O: two d-term dots (and O's own f32 rounding), the subtraction and product, against
 #          B_ik = P (|dO_i|.|v_k| + |dO_i|.|O_i|) >= |dS|: (eps_P + d + 3) u B. With a cap, times its derivative
