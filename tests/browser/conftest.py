@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import uvicorn
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from lab.host.bench.browser import browser_command
 from server.app import create_app
@@ -22,6 +23,8 @@ from server.app import create_app
 CHROMIUM, ARGS = browser_command()
 BOOT_TIMEOUT_MS = 120_000
 LOAD_MS = 600_000         # a model load on SwiftShader, with the machine's two cores shared
+# the page counts a card on screen (web/navigator.js renderNavigator marks its navigator entry)
+ON_SCREEN_JS = "id => document.querySelector(`#navigator [data-card=${id}]`).classList.contains('on-screen')"
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +117,39 @@ class Lab:
             "([testid, keys]) => [...document.querySelectorAll(`[data-testid=${testid}]`)]"
             ".map(e => Object.fromEntries(keys.map(k => [k, e.dataset[k]])))", [testid, keys])
 
-    def open_panel(self, name: str) -> None:
-        """Brings the panel's card on screen: a card computes only while it is visible (web/main.js watchPanels)."""
+    def open_panel(self, name: str, timeout_ms: int = 60_000) -> None:
+        """Brings the panel's card on screen and waits until the page counts it there (its navigator entry marked
+        on-screen): a card computes only while its IntersectionObserver says it is visible (web/navigator.js), and the
+        page may still move under a scroll (the pinned strip growing after a reply), so the scroll is repeated until
+        the mark shows."""
         # (scrollIntoView itself: Playwright's scroll_into_view_if_needed first waits for the element to be still for
         # two frames, which a busy machine's page did not give it within 30 s)
-        self.page.locator(f"[data-panel={name}]").evaluate("e => e.scrollIntoView({block: 'nearest'})")
+        page = self.page
+        for _ in range(max(1, timeout_ms // 5_000)):
+            page.locator(f"[data-panel={name}]").evaluate("e => e.scrollIntoView({block: 'nearest'})")
+            try:
+                page.wait_for_function(ON_SCREEN_JS, arg=name, timeout=5_000)
+                return
+            except PlaywrightTimeout:
+                continue
+        raise AssertionError(f"the {name} card never counted as on screen: {self.card_state(name)}")
+
+    def card_state(self, name: str) -> dict:
+        """What a test that waited in vain on a card reports: its navigator marks, where it sits, what it says, the
+        page's error line and the console's last lines."""
+        return self.page.evaluate("""id => {
+            const card = document.getElementById(id), nav = document.querySelector(`#navigator [data-card=${id}]`);
+            const r = card.getBoundingClientRect(), err = document.querySelector('[data-testid=load-error]');
+            return {nav: nav ? nav.className : null, top: Math.round(r.top), bottom: Math.round(r.bottom),
+                    viewport: innerHeight, scroll: Math.round(scrollY), says: card.innerText.slice(0, 300),
+                    error: err.hidden ? null : err.textContent}; }""", name) | {"console": self.console[-5:]}
+
+    def wait_in_card(self, name: str, selector: str, timeout_ms: int) -> None:
+        """Wait for `selector` inside the card `name`; on a timeout, say where the card stood (card_state)."""
+        try:
+            self.page.wait_for_selector(f"#{name} {selector}", timeout=timeout_ms)
+        except PlaywrightTimeout:
+            raise AssertionError(f"{selector} never showed in the {name} card: {self.card_state(name)}") from None
 
 
 ONE_COLUMN = {"width": 1000, "height": 720}

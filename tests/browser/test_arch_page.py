@@ -106,7 +106,7 @@ def test_smollm3_in_the_page_and_its_layers_without_rope(arch_lab):
     page.wait_for_function("document.querySelector('[data-testid=timings]').textContent.length > 0",
                            timeout=300_000)
     lab.open_panel("attention")
-    page.wait_for_selector("[data-testid=attention-cell]", timeout=300_000)
+    lab.wait_in_card("attention", "[data-testid=attention-cell]", 300_000)
     options = page.eval_on_selector_all("[data-testid=attention-layer] option", "os => os.map(o => o.textContent)")
     assert [i for i, o in enumerate(options) if o.endswith("(no RoPE)")] == [3, 7]
     page.select_option("[data-testid=attention-layer]", "3")

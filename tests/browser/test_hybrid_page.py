@@ -122,7 +122,7 @@ def test_lfm2_memory_card_two_turns_and_forget(hybrid_lab):
 
     # the attention panel: the attention layers only, and why
     lab.open_panel("attention")
-    page.wait_for_selector("[data-testid=attention-cell]", timeout=SLOW)
+    lab.wait_in_card("attention", "[data-testid=attention-cell]", SLOW)
     options = page.eval_on_selector_all("[data-testid=attention-layer] option", "os => os.map(o => o.value)")
     assert options == ["2", "5"]
     why = page.inner_text("[data-testid=attention-why]")
@@ -277,7 +277,7 @@ def test_qwen35_memory_card_two_turns_delta_states_and_forget(hybrid_lab):
 
     # the attention panel: layers 2 and 5 only, and why
     lab.open_panel("attention")
-    page.wait_for_selector("[data-testid=attention-cell]", timeout=SLOW)
+    lab.wait_in_card("attention", "[data-testid=attention-cell]", SLOW)
     options = page.eval_on_selector_all("[data-testid=attention-layer] option", "os => os.map(o => o.value)")
     assert options == ["2", "5"]
     assert "Layers 0, 1, 3, 4 are gated delta-net layers" in page.inner_text("[data-testid=attention-why]")

@@ -99,7 +99,7 @@ def test_attention_and_residual(lab_chat, ref):
     n = len(ids)
     lab_chat.open_panel("attention")
     lab_chat.open_panel("residual")
-    page.wait_for_selector("[data-testid=attention-cell]", timeout=SLOW)
+    lab_chat.wait_in_card("attention", "[data-testid=attention-cell]", SLOW)
     page.wait_for_selector("[data-testid=residual-bar]", timeout=SLOW)
     ref.forward(ids, trace=True)
     for layer, head in ((0, 0), (2, 1), (N_LAYER - 1, N_HEAD - 1)):
