@@ -2,7 +2,8 @@
 
 1. the committed adapter (tests/fixtures/lora, made by llama.cpp's own loader: tests/unit/test_lora_reference.py says
    how) attached with `lab.host.cli.run.attach_lora`, the engine's logits against llama.cpp's with and without it,
-   prefill and decode;
+   prefill and decode; and an adapter trained in the page's Training card on SmolLM2 (tests/fixtures/lora-page,
+   scripts/make_page_lora_fixture.py), which llama.cpp loaded over an F32 copy of the model, on the real Q4_1 file;
 2. an adapter trained here, written as a GGUF (Trainer.adapter_bytes), read back by lab.format.adapter and by gguf-py
    with the same values, and attached again to give the trained logits;
 3. the optimizer wired into the step: after one step the parameters are the float64 oracle's AdamW (or SGD) step from
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 import numpy as np
@@ -28,6 +30,7 @@ from lab.instruments.training import Optim, Trainer
 from tests.conftest import FIXTURES
 
 FIX = FIXTURES / "lora"
+PAGE_FIX = FIXTURES / "lora-page"
 LLAMA_TOL = 2e-3    # engine vs llama.cpp on the F32 file with an F32 KV cache: both f32, summed in other orders
                     # (tests/engine/test_architectures.py measured ~1e-5 relative; logits here reach ~20)
 
@@ -65,6 +68,34 @@ def test_the_committed_adapter_gives_llama_cpp_logits(device):
     print(f"vs llama.cpp: without {e0:.2e}, with the adapter {e1:.2e}")
     assert e0 < LLAMA_TOL and e1 < LLAMA_TOL
     assert np.abs(golden["with_adapter"] - golden["without"]).max() > 1000 * LLAMA_TOL
+
+
+def test_an_adapter_trained_in_the_page_gives_llama_cpps_logits(device, smollm2_path):
+    """The page trained it on the real SmolLM2 Q4_1 file; llama.cpp applied it to the F32 copy of the same weights
+    (the lab reads the Q4_1 blocks to those values). Every position of the prompt, one prefill."""
+    meta = json.loads((PAGE_FIX / "meta.json").read_text())
+    assert hashlib.sha256((PAGE_FIX / "adapter.gguf").read_bytes()).hexdigest() == meta["adapter_sha256"]
+    with np.load(PAGE_FIX / "logits.npz") as z:
+        golden = {k: z[k] for k in z.files}
+    ids = [int(i) for i in golden["ids"]]
+    engine = gradcheck.open_engine(smollm2_path, len(ids), device=device, logits_all=True)
+    V = engine.cfg.n_vocab
+    try:
+        rows = []
+        for adapter in (None, PAGE_FIX / "adapter.gguf"):
+            if adapter is not None:
+                attach_lora(engine, str(adapter))
+            engine.step(ids, 0)
+            raw = device.read_sync(engine.scratch.logits, 0, 4 * len(ids) * V)
+            rows.append(np.frombuffer(raw, np.float32).reshape(len(ids), V)[:, golden["cols"]])
+    finally:
+        engine.close()
+    e0 = np.abs(rows[0] - golden["without"]).max()
+    e1 = np.abs(rows[1] - golden["with_adapter"]).max()
+    print(f"the page's SmolLM2 adapter vs llama.cpp: without {e0:.2e}, with it {e1:.2e} (its effect "
+          f"{meta['effect_max_abs']})")
+    assert e0 < LLAMA_TOL and e1 < LLAMA_TOL
+    assert np.abs(golden["with_adapter"] - golden["without"]).max() > 100 * LLAMA_TOL
 
 
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])

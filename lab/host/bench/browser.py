@@ -26,6 +26,7 @@ lab/host/synthetic/sameshape.py makes same-shape files that keep the real header
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import socket
@@ -387,14 +388,26 @@ def retrieval_page(path, files: list, *, queries: int = 100, seed: int = 0, wind
             "index_seconds": built["seconds"], "windows_per_s": built["windows_per_s"], "recall": recall}
 
 
+# The last "train-adapter" message's file bytes as base64: the worker posts them as a Float32Array padded to whole
+# words (lab/worker/training.py), read here as the bytes they are, `size` of them.
+_ADAPTER_B64 = """n => {
+    const m = __labBench.since(n).find((m) => m.type === "train-adapter");
+    const u8 = new Uint8Array(m.bytes.buffer, m.bytes.byteOffset, m.size);
+    let s = "";
+    for (let i = 0; i < u8.length; i += 0x8000) s += String.fromCharCode(...u8.subarray(i, i + 0x8000));
+    return btoa(s); }"""
+
+
 def train_page(path, text: str, *, ctx: int, batch: int, steps: int, rank: int, lr: float, optimizer: str,
-               chromium: str | None = None, args: list[str] | None = None, timeout_s: float = 3600) -> dict:
+               chromium: str | None = None, args: list[str] | None = None, timeout_s: float = 3600,
+               adapter_out: Path | None = None) -> dict:
     """`lab train --backend browser`: load `path` through the page's file input and post the Training card's own
     `train` message (lab/worker/training.py: the text's last windows held out, the first ones trained on in order, as
     `lab train` takes them from the start). Returns the native command's keys where the page has them: the losses,
     tokens/s over the steps after the first (the first pays for the pipelines' first dispatches, as natively; the time
     in the steps alone, from the card's running figure, its held-out evaluations left out), the first step's seconds,
-    the memory; plus the card's own tokens/s (every step) and the held-out losses, and the adapter."""
+    the memory; plus the card's own tokens/s (every step) and the held-out losses, and the adapter. `adapter_out`:
+    where the trained adapter goes, as the card's download makes it (its "train-adapter" message)."""
     chromium, args = resolve_browser(chromium, args)
     with browser_page(Path(path), chromium, args) as (page, url, _errors):
         lab, adapter = _loaded(page, url, path, timeout_s)
@@ -403,6 +416,11 @@ def train_page(path, text: str, *, ctx: int, batch: int, steps: int, rank: int, 
                   "optimizer": optimizer, "seq": 1})
         done = lab.wait("train-done", n, timeout_s)
         msgs = lab.since(n)
+        if adapter_out is not None and not any(m["type"] == "error" for m in msgs):
+            k = lab.count()
+            lab.post({"type": "train-adapter", "seq": 2})
+            lab.wait("train-adapter", k, timeout_s)
+            Path(adapter_out).write_bytes(base64.b64decode(page.evaluate(_ADAPTER_B64, k)))
     failed = next((m for m in msgs if m["type"] == "error"), None)
     if failed or done["steps_done"] < steps:
         raise BenchError(f"the page's training stopped: {failed or done}")
@@ -415,7 +433,8 @@ def train_page(path, text: str, *, ctx: int, batch: int, steps: int, rank: int, 
             "tokens_per_s": after_first, "card_tokens_per_s": done["tokens_per_s"], "first_step_s": stepping[0],
             "seconds": done["seconds"], "windows": plan["windows"], "trained_windows": plan["train"],
             "params": plan["params"], "steps": steps, "memory": done["memory"],
-            "held_out": {"before": done["held_before"], "after": done["held_after"]}}
+            "held_out": {"before": done["held_before"], "after": done["held_after"]},
+            **({"out": str(adapter_out)} if adapter_out is not None else {})}
 
 
 def experiment_page(path, msg: dict, *, repeat: int = 2, chromium: str | None = None, args: list[str] | None = None,

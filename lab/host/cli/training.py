@@ -59,8 +59,8 @@ def train(args) -> int:
 
 
 # What the Training card asks for and what it fixes: a flag set otherwise is refused, not silently dropped.
-_PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "out": None,
-               "profile": False, "disable": []}
+_PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "profile": False,
+               "disable": []}
 
 
 def _train_in_page(args) -> int:
@@ -79,7 +79,8 @@ def _train_in_page(args) -> int:
     try:
         out = bench_browser.train_page(args.model, text, ctx=args.ctx, batch=args.batch, steps=args.steps,
                                        rank=args.lora_rank, lr=args.lr, optimizer=args.optimizer,
-                                       chromium=chromium, args=flags)
+                                       chromium=chromium, args=flags,
+                                       adapter_out=Path(args.out) if args.out else None)
     except bench_browser.BenchError as exc:
         print(f"lab train: {exc}", file=sys.stderr)
         return 2
