@@ -95,13 +95,15 @@ class TokenizerTraining:
     vocab: int = 1024           # the card's starting value
     min_vocab: int = 257        # the 256 byte tokens and the one special token <|endoftext|> (train.py derives the
                                 # same from its specials; tests/unit/test_tokenizer_card.py holds the two equal)
-    # Merges past what a text holds are never made (training stops when no pair is left): the 1.9 MB of this
-    # repository's docs and code hold 16,015 merges in all, a text under max_bytes about as many, so this bound only
-    # refuses a typing slip, not a vocabulary any text of the card's could fill.
+    # The largest vocabulary asked for. Merges past what a text holds are never made (training stops when no pair is
+    # left): the 1.9 MB of this repository's docs and code hold 16,015 in all, so on prose or code of the card's size
+    # this bound is not what ends a run; it refuses a typing slip (an extra zero) before any work.
     max_vocab: int = 65_536
-    # The card's text, in UTF-8 bytes: training and the two bytes-per-token counts run in the tab's one Python
-    # thread, about 7 s a megabyte in Pyodide (measured: docs/tokenizer-training.md), and the counting and encoding
-    # phases cannot be stopped half-way. The CLI reads any size.
+    # The card's text, in UTF-8 bytes. Training and the two bytes-per-token counts run in the tab's one Python
+    # thread, and only the merges can be stopped: the word counting and each count are one pass each. At this cap a
+    # run took 6.8 s from the click to the result in Pyodide (2.5 s training, about 2 s a count), each pass that
+    # cannot be stopped about 2 s (docs/tokenizer-training.md); a text ten times as long would hold the tab's
+    # worker for a minute with Stop unheard for most of it. The CLI reads any size.
     max_bytes: int = 4_000_000
 
 

@@ -59,9 +59,9 @@ def refusal(vocab, files: list, text: str | None) -> str | None:
         return "no text: choose one or more text files, or train on the conversation once it has messages"
     size = sum(int(f.size) for f in files) if files else len((text or "").encode("utf-8"))
     if size > TOKENIZER.max_bytes:
-        return (f"{size:,} bytes of text: the page trains on at most {TOKENIZER.max_bytes:,} (about "
-                f"{TOKENIZER.max_bytes / 1e6:.0f} MB, tens of seconds of Python in this tab, and the counting cannot be "
-                f"stopped half-way); `lab tokenizer-train` on the command line takes any size")
+        return (f"{size:,} bytes of text: the page trains on at most {TOKENIZER.max_bytes:,} (a run that size takes "
+                f"several seconds of this tab's Python, and its counting passes cannot be stopped half-way): pick "
+                f"less; `lab tokenizer-train` on the command line takes any size")
     return None
 
 
@@ -122,7 +122,12 @@ async def _texts(msg: dict) -> tuple[list[str], list[str], int]:
     names, texts = [], []
     for f in files:
         name = str(f.name)
-        texts.append(read_text(name, (await f.arrayBuffer()).to_bytes()))
+        try:
+            raw = (await f.arrayBuffer()).to_bytes()
+        except Exception as exc:  # the browser's NotReadableError: the file changed, moved or went since it was picked
+            raise ValueError(f"{name} could not be read ({exc}): it changed or moved since it was picked; pick it "
+                             f"again") from None
+        texts.append(read_text(name, raw))
         names.append(name)
     return names, texts, sum(len(t.encode("utf-8")) for t in texts)
 

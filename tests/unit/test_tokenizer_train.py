@@ -73,11 +73,13 @@ def test_training_stops_at_the_vocabulary_size():
 
 
 @pytest.mark.parametrize("vocab, message", [
-    (256, "256 is below the 257 special and byte tokens: choose 257 .. 65,536"),
-    (TOKENIZER.max_vocab + 1, "65,537 is above 65,536"),
-    (300.5, "300.5 is not a whole number"),
-    ("300", "'300' is not a whole number"),
-    (True, "True is not a whole number"),
+    (256, "a vocabulary of 256 tokens is below the 257 special and byte tokens: choose 257 .. 65,536"),
+    (TOKENIZER.max_vocab + 1, "a vocabulary of 65,537 tokens is above 65,536"),
+    (300.5, "must be a whole number, not 300.5: choose 257 .. 65,536"),
+    ("300", "must be a whole number, not '300'"),
+    (True, "must be a whole number, not True"),
+    (float("nan"), "must be a whole number, not nan"),
+    (float("inf"), "must be a whole number, not inf"),
 ])
 def test_a_vocabulary_size_out_of_bounds_is_refused_with_the_bounds(vocab, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections import Counter
 
 from lab.format import gguf as fmt
@@ -68,14 +69,18 @@ def check_vocab(vocab_size, n_specials: int) -> int:
     """The vocabulary size asked for, as an int, or a ValueError a user reads: a whole number from the specials and
     the 256 bytes (below that nothing is left to merge into) to lab.settings TOKENIZER.max_vocab."""
     base = n_specials + len(BYTE_TOKENS)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, float)) or vocab_size != int(vocab_size):
-        raise ValueError(f"vocab_size {vocab_size!r} is not a whole number: choose {base} .. {TOKENIZER.max_vocab:,}")
+    if vocab_size is None:
+        raise ValueError(f"no vocabulary size: choose {base} .. {TOKENIZER.max_vocab:,}")
+    if (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, float)) or not math.isfinite(vocab_size)
+            or vocab_size != int(vocab_size)):
+        raise ValueError(f"the vocabulary's size must be a whole number, not {vocab_size!r}: choose {base} .. "
+                         f"{TOKENIZER.max_vocab:,}")
     vocab_size = int(vocab_size)
     if vocab_size < base:
-        raise ValueError(f"vocab_size {vocab_size} is below the {base} special and byte tokens: choose {base} .. "
-                         f"{TOKENIZER.max_vocab:,}")
+        raise ValueError(f"a vocabulary of {vocab_size} tokens is below the {base} special and byte tokens: choose "
+                         f"{base} .. {TOKENIZER.max_vocab:,}")
     if vocab_size > TOKENIZER.max_vocab:
-        raise ValueError(f"vocab_size {vocab_size:,} is above {TOKENIZER.max_vocab:,}: choose {base} .. "
+        raise ValueError(f"a vocabulary of {vocab_size:,} tokens is above {TOKENIZER.max_vocab:,}: choose {base} .. "
                          f"{TOKENIZER.max_vocab:,} (training stops anyway when no pair is left to merge)")
     return vocab_size
 
