@@ -229,6 +229,9 @@ function renderSample(store) {
   const r = store.tokenizer.result, s = r?.sample;
   $("tok-sample-block").hidden = !s || !s.text;
   if (!s) { strip($("tok-sample-trained"), []); strip($("tok-sample-model"), []); return; }
+  // the sample is the first text's opening: with several files, say whose
+  $("tok-sample-title").textContent = `The opening of ${r.names.length > 1 ? r.names[0] : "the text"}, cut into tokens `
+    + "both ways";
   $("tok-sample-trained-label").textContent = `this tokenizer: ${s.trained.length} tokens`;
   strip($("tok-sample-trained"), s.trained);
   const model = !!s.model;

@@ -48,10 +48,22 @@ def lab(card_page, tiny_path):
     return lab
 
 
+# After the slice: a line whose characters are not one byte each, so that bytes and characters differ.
+NOT_ASCII = "\nGrüße aus Köln — 日本語のテキスト, русский текст 😀\n"
+
+
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tok") / "constitution-slice.txt"
-    path.write_text((FIXTURES / "constitution.txt").read_text(encoding="utf-8")[:SLICE], encoding="utf-8")
+    path.write_text((FIXTURES / "constitution.txt").read_text(encoding="utf-8")[:SLICE] + NOT_ASCII, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def other_file(tmp_path_factory) -> Path:
+    """A second file, so that the run's word counts are the sum over files, as the CLI's."""
+    path = tmp_path_factory.mktemp("tok2") / "perplexity-opening.txt"
+    path.write_text((FIXTURES / "perplexity_text.txt").read_text(encoding="utf-8")[:1500], encoding="utf-8")
     return path
 
 
@@ -89,21 +101,23 @@ def download(lab, testid: str) -> bytes:
     return Path(got.value.path()).read_bytes()
 
 
-def test_it_trains_what_the_cli_trains(lab, text_file, model_tok, tmp_path):
+def test_it_trains_what_the_cli_trains(lab, text_file, other_file, model_tok, tmp_path):
     page = lab.page
     t0 = time.time()
-    train_on(lab, files=[text_file])
+    train_on(lab, files=[text_file, other_file])
     assert wait_state(lab, "done", "error") == "done", page.inner_text('[data-testid="tok-error"]')
-    print(f"\nthe page trained {SLICE} characters to {VOCAB} tokens: {value(lab, 'tok-time')} s of training, "
-          f"{time.time() - t0:.1f} s from the click to the result")
-    text = text_file.read_text(encoding="utf-8")
-    n_bytes = len(text.encode("utf-8"))
-    native = train.train([text], VOCAB)
+    texts = [text_file.read_text(encoding="utf-8"), other_file.read_text(encoding="utf-8")]
+    print(f"\nthe page trained two files, {sum(len(t.encode()) for t in texts):,} bytes, to {VOCAB} tokens: "
+          f"{value(lab, 'tok-time')} s of training, {time.time() - t0:.1f} s from the click to the result")
+    text = texts[0]
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    native = train.train(texts, VOCAB)
     tok = native.tokenizer()
-    # the vocabulary and the measures, as natively
-    assert value(lab, "tok-vocab-size") == str(VOCAB) and value(lab, "tok-text") == str(n_bytes)
-    assert float(value(lab, "tok-bpt")) == train.bytes_per_token(tok, [text], n_bytes)
-    assert float(value(lab, "tok-model-bpt")) == train.bytes_per_token(model_tok, [text], n_bytes)
+    # the vocabulary and the measures, as natively: the texts' UTF-8 bytes over the tokens each tokenizer makes of them
+    assert n_bytes > sum(map(len, texts)) and value(lab, "tok-text") == str(n_bytes)
+    assert value(lab, "tok-vocab-size") == str(VOCAB)
+    assert float(value(lab, "tok-bpt")) == round(n_bytes / sum(len(tok.encode(t)) for t in texts), 4)
+    assert float(value(lab, "tok-model-bpt")) == round(n_bytes / sum(len(model_tok.encode(t)) for t in texts), 4)
     # the first merges, in order, with their counts
     pieces = {t: tok.piece(i) for i, t in enumerate(native.tokens)}
     shown = page.evaluate("[...document.querySelectorAll('[data-testid=tok-merges] li')]"
@@ -118,7 +132,7 @@ def test_it_trains_what_the_cli_trains(lab, text_file, model_tok, tmp_path):
                                                                  for i in model_tok.encode("".join(sample))]
     # the downloads: the CLI's file for the same text and size, byte for byte, and the vocabulary's GGUF
     out = tmp_path / "cli.json"
-    assert cli.main(["tokenizer-train", str(text_file), "--vocab", str(VOCAB), "--out", str(out)]) == 0
+    assert cli.main(["tokenizer-train", str(text_file), str(other_file), "--vocab", str(VOCAB), "--out", str(out)]) == 0
     assert download(lab, "tok-download-json") == out.read_bytes()
     assert download(lab, "tok-download-gguf") == native.gguf()
     shot(lab, "tokenizer-card", card="tokenizer")

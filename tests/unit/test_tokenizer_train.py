@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.text.tokenizer import from_metadata
 from lab.settings import TOKENIZER
+from lab.text.tokenizer import from_metadata
 from lab.text.tokenizer.train import (
-    BYTE_TOKENS, BPETrainer, PairCounts, TrainedBPE, check_vocab, from_dict, load, pair_counts, train, word_counts,
+    BYTE_TOKENS, BPETrainer, PairCounts, TrainedBPE, bytes_per_token, check_vocab, from_dict, load, pair_counts, train,
+    word_counts,
 )
 from tests.unit.fuzzkit import fuzz_settings
 
@@ -87,6 +88,16 @@ def test_a_vocabulary_size_out_of_bounds_is_refused_with_the_bounds(vocab, messa
     with pytest.raises(ValueError, match="is below the 256 special and byte tokens"):
         train(["x"], 255, specials=())
     assert check_vocab(257.0, 1) == 257 and check_vocab(TOKENIZER.max_vocab, 1) == TOKENIZER.max_vocab
+
+
+def test_bytes_per_token_is_the_bytes_over_the_tokens():
+    """The CLI's and the card's measure, worked out by hand: UTF-8 bytes (not characters) over all the texts' tokens,
+    no BOS."""
+    tok = TRAINED.tokenizer()
+    texts = [CONSTITUTION[:3000], MULTISCRIPT]
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = len(tok.encode(texts[0])) + len(tok.encode(texts[1]))
+    assert bytes_per_token(tok, texts, n_bytes) == round(n_bytes / n_tokens, 4) != round(n_bytes / (n_tokens + 1), 4)
 
 
 # --- in slices, and stopped part-way (the page's worker) ----------------------------------------------------
