@@ -132,7 +132,24 @@ async def _texts(msg: dict) -> tuple[list[str], list[str], int]:
     return names, texts, sum(len(t.encode("utf-8")) for t in texts)
 
 
+async def _merges(trainer: train.BPETrainer, progress, stop_heard) -> bool:
+    """The merges in slices of about SLICE_S, Stop polled before each (`stop_heard` gives the JS event loop its
+    turn); progress after each. True when Stop ended them before the target or the text's last pair."""
+    n = FIRST_SLICE
+    while True:
+        progress("merge", len(trainer.merges), trainer.target)
+        if await stop_heard():
+            return True
+        ts = time.perf_counter()
+        if trainer.run(n):
+            progress("merge", len(trainer.merges), trainer.target)
+            return False
+        # the next slice sized to take about SLICE_S at this one's pace (at most four times as many merges)
+        n = max(1, min(4 * n, int(n * SLICE_S / max(time.perf_counter() - ts, 1e-4))))
+
+
 async def run(msg: dict, w: Worker) -> None:
+    """tokenizer-train (the module docstring): refused in one line, or trained, measured and posted whole."""
     seq = msg.get("seq")
     files = list(msg.get("files") or [])
     why = refusal(msg.get("vocab"), files, msg.get("text"))
@@ -155,25 +172,15 @@ async def run(msg: dict, w: Worker) -> None:
     names, texts, words = [], [], Counter()
     try:
         names, texts, n_bytes = await _texts(msg)
+        t_train = time.perf_counter()              # the CLI's train_s: the word counting and the merges
         for i, text in enumerate(texts):           # word counts text by text: the sum is the CLI's over all of them
             progress("count", i, len(texts))
             await asyncio.sleep(0)                 # the progress drawn; a Stop now is heard before the first merge
             words.update(train.word_counts([text]))
         trainer = train.BPETrainer(words, vocab)
         words.clear()
-        n, stopped = FIRST_SLICE, False
-        while True:
-            progress("merge", len(trainer.merges), trainer.target)
-            if await stop_heard():
-                stopped = True
-                break
-            ts = time.perf_counter()
-            if trainer.run(n):
-                progress("merge", len(trainer.merges), trainer.target)
-                break
-            # the next slice sized to take about SLICE_S at this one's pace (at most four times as many merges)
-            n = max(1, min(4 * n, int(n * SLICE_S / max(time.perf_counter() - ts, 1e-4))))
-        train_s = time.perf_counter() - t0
+        stopped = await _merges(trainer, progress, stop_heard)
+        train_s = time.perf_counter() - t_train
         trained = trainer.result()
         measured = None if stopped else await measure(trained, model, texts, n_bytes, progress)
         result = summary(trained, trainer, texts, n_bytes, names=names, train_s=train_s, model=model,

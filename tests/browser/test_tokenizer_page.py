@@ -10,7 +10,8 @@ token are a real tokenizer's):
 - every bad input refused in one line that says what to change, the page usable after each;
 - Stop in the middle of the merges: the merges made are the whole run's first ones (the download is the smaller
   vocabulary's file), and the card trains again after;
-- Forget and New chat empty the card (the worker keeps nothing after a run: tests/unit/test_tokenizer_card.py).
+- Forget and New chat empty the card, Forget during a run too, its late answer dropped (the worker keeps nothing
+  after a run: tests/unit/test_tokenizer_card.py).
 
 One page for the module (tests/browser/conftest.py `card_page`), the tests in file order. Screenshots go to $LAB_SHOTS.
 `LAB_MEASURE=1` adds the measurement of docs/tokenizer-training.md: this repository's docs and code trained in the page.
@@ -258,6 +259,23 @@ def test_forget_and_new_chat_empty_the_card(lab, text_file, button):
     assert page.inner_text("#tokenizer .fold-line") == "no tokenizer trained yet"
     page.click("#tokenizer [data-testid=fold]")
     assert not lab.foreign_requests() and not lab.errors()
+
+
+def test_forget_during_a_run_stops_it_and_its_answer_is_dropped(lab, tmp_path):
+    """Forget while the merges run: the page posts stop, then forget; the worker finishes the run at its next slice
+    and answers it (the page drops the answer: its run was given up), then wipes. The card stays empty."""
+    page = lab.page
+    path = tmp_path / "random.txt"
+    path.write_text(random_text(200_000), encoding="utf-8")
+    train_on(lab, files=[path], vocab=20_000)
+    lab.wait_in_card("tokenizer", '[data-testid="tok-status"][data-phase="merge"]:not([data-done="0"])', RUN_MS)
+    page.click('[data-testid="forget"]')
+    assert card_is_empty(lab)
+    # Forget's report comes after the run's answer (the worker takes one message at a time)
+    page.wait_for_function("['wiped', 'nothing', 'failed'].includes("
+                           "document.querySelector('[data-testid=forget-status]').dataset.state)", timeout=RUN_MS)
+    assert card_is_empty(lab) and page.locator('[data-testid="tok-train"]').is_enabled()
+    assert not lab.errors()
 
 
 @pytest.mark.skipif(os.environ.get("LAB_MEASURE") != "1", reason="a measurement for the docs: LAB_MEASURE=1")
