@@ -101,9 +101,9 @@ class TokenizerTraining:
     max_vocab: int = 65_536
     # The card's text, in UTF-8 bytes. Training and the two bytes-per-token counts run in the tab's one Python
     # thread, and only the merges can be stopped: the word counting and each count are one pass each. At this cap a
-    # run took 6.8 s from the click to the result in Pyodide (2.5 s training, about 2 s a count), each pass that
-    # cannot be stopped about 2 s (docs/tokenizer-training.md); a text ten times as long would hold the tab's
-    # worker for a minute with Stop unheard for most of it. The CLI reads any size.
+    # run took 6.3 to 6.8 s from the click to the result in Pyodide (2.5 to 2.8 s training), each pass that cannot be
+    # stopped about 2 s (docs/tokenizer-training.md); a text ten times as long would hold the tab's worker for a
+    # minute with Stop unheard for most of it. The CLI reads any size.
     max_bytes: int = 4_000_000
 
 
