@@ -4,8 +4,8 @@ the same defaults: the "gpt-2" pre-tokenizer, the one special token <|endoftext|
 
     tokenizer-train {files: [File] | text: str, vocab, seq}
         -> "tokenizer-progress" {seq, phase, done, total, seconds}: phase "count" (texts cut into words: done of
-           total texts), "merge" (merges made of the target, after every slice), "measure" (texts encoded by the
-           trained tokenizer, then by the loaded model's)
+           total texts), "merge" (merges made of the target, after every slice), "measure" (the texts encoded by
+           the trained tokenizer, then by the loaded model's: done of 1 or 2)
         -> "tokenizer-done" {seq, result (`summary`), json (the file `lab tokenizer-train --out` writes, as text),
            gguf (the vocabulary-only GGUF, through Worker.f32: padded to whole words), gguf_size}
 
@@ -13,15 +13,15 @@ Refused before anything is read, each in one line the card shows: a vocabulary s
 (`train.check_vocab`), no file and no text, more than lab.settings TOKENIZER.max_bytes of text (the File's sizes
 are read, not its bytes); then each file as the Ask-your-files card reads it (lab.instruments.retrieval `read_text`):
 empty, only white space, binary (NUL bytes, mostly control characters) or not UTF-8 (the offset of the first bad
-byte) is refused by name, never repaired, so that the bytes measured are the file's. A UTF-8 byte-order mark is
-dropped (the CLI keeps it).
+byte) is refused by name, never repaired, so that the bytes measured are the file's; so is one the browser can no
+longer read (written again since it was picked). A UTF-8 byte-order mark is dropped (the CLI keeps it).
 
 Stop: the page's "stop", which web/worker.js records only while Python gives the JS event loop a turn; training is
 plain Python, so the merges run in slices of about SLICE_S and `await asyncio.sleep(0)` between two (the JS event loop
 runs the page's messages there), and Stop is polled before each slice. A stopped run keeps the merges it made
 (train()'s first k: `BPETrainer`), skips the bytes-per-token counts (each a whole pass over the text) and says so.
 The word counts are made whole before Stop is heard (k merges on part of the counts would be no run's first k), and
-each bytes-per-token pass runs to its end: a few seconds each at the cap.
+each bytes-per-token pass runs to its end: about 2 s each at the cap.
 
 What it keeps: nothing. The text, its word counts and the trained vocabulary live in this call's locals and are
 posted to the page, which holds its copy until Forget, New chat or another model drops it (web/tokenizer.js); the
