@@ -1,5 +1,5 @@
 """What a user chooses, and the defaults and bounds of each: the context, a turn's length, the sampler, the
-perplexity window, the Training card's run. One home for each of these numbers: the engine, the worker, the CLI and
+perplexity window, the Training card's run, the Tokenizer card's vocabulary and text. One home for each of these numbers: the engine, the worker, the CLI and
 the page (through the server's template) read them here.
 
 What it does not know: the model or the GPU (a model's own context bounds the context: `context_for`). Standard
@@ -85,3 +85,26 @@ class Training:
 
 
 TRAINING = Training()
+
+
+@dataclass(frozen=True)
+class TokenizerTraining:
+    """The vocabulary a byte-level BPE tokenizer is trained to (lab/text/tokenizer/train.py `check_vocab`: the CLI's
+    `lab tokenizer-train --vocab` and the Tokenizer card) and the most text the card trains on
+    (lab/worker/tokenizer.py). docs/tokenizer-training.md has the measurements behind each bound."""
+    vocab: int = 1024           # the card's starting value
+    min_vocab: int = 257        # the 256 byte tokens and the one special token <|endoftext|> (train.py derives the
+                                # same from its specials; tests/unit/test_tokenizer_card.py holds the two equal)
+    # The largest vocabulary asked for. Merges past what a text holds are never made (training stops when no pair is
+    # left): the 1.9 MB of this repository's docs and code hold 16,015 in all, so on prose or code of the card's size
+    # this bound is not what ends a run; it refuses a typing slip (an extra zero) before any work.
+    max_vocab: int = 65_536
+    # The card's text, in UTF-8 bytes. Training and the two bytes-per-token counts run in the tab's one Python
+    # thread, and only the merges can be stopped: the word counting and each count are one pass each. At this cap a
+    # run took 6.3 to 6.8 s from the click to the result in Pyodide (2.5 to 2.8 s training), each pass that cannot be
+    # stopped about 2 s (docs/tokenizer-training.md); a text ten times as long would hold the tab's worker for a
+    # minute with Stop unheard for most of it. The CLI reads any size.
+    max_bytes: int = 4_000_000
+
+
+TOKENIZER = TokenizerTraining()

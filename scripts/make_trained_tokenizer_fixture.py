@@ -4,7 +4,7 @@ of CI: it needs llama-cpp-python (here /work/llamavenv, 0.3.36):
     /work/llamavenv/bin/python scripts/make_trained_tokenizer_fixture.py
 
 For each of CONFIGS it trains on the start of tests/fixtures/constitution.txt and MULTISCRIPT
-(lab/text/tokenizer/train.py), writes the vocabulary as a GGUF without weights (lab/host/tokenizer_gguf.py), opens
+(lab/text/tokenizer/train.py), writes the vocabulary as a GGUF without weights (`TrainedBPE.gguf()`), opens
 it in llama.cpp with vocab_only and records llama.cpp's ids for each of TEXTS (add_bos=False, special=False), with
 the sha256 of the merges so the test knows it retrained the same vocabulary. tests/unit/test_trained_tokenizer_gguf.py
 holds the lab's tokenizer, read back from the same GGUF, to those ids.
@@ -22,7 +22,6 @@ import llama_cpp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lab.host.tokenizer_gguf import write_vocab_gguf  # noqa: E402
 from lab.text.tokenizer.train import train  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "trained_tokenizer.json"
@@ -57,7 +56,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for pre, vocab in CONFIGS:
             trained = train(corpus(), vocab, pre=pre)
-            path = write_vocab_gguf(trained, Path(tmp) / f"{pre}-{vocab}.gguf")
+            path = Path(tmp) / f"{pre}-{vocab}.gguf"
+            path.write_bytes(trained.gguf())
             llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
             cases = [{"text": t, "ids": llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)} for t in TEXTS]
             out["vocabularies"].append({"pre": pre, "vocab": vocab, "merges_sha256": merges_sha256(trained),

@@ -33,6 +33,7 @@ from lab.settings import (
     PERPLEXITY_CTX,
     PERPLEXITY_MAX_CTX,
     PERPLEXITY_MIN_CTX,
+    TOKENIZER,
     TRAINING,
     Settings,
 )
@@ -138,7 +139,8 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
             max_new=MAX_NEW, default_ctx=DEFAULT_CTX, min_ctx=MIN_CTX,    # the context input's default and minimum
             # the perplexity window's default and bounds
             perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX,
-            training=TRAINING)          # the Training card's defaults and bounds
+            training=TRAINING,          # the Training card's defaults and bounds
+            tokenizer=TOKENIZER)        # the Tokenizer card's vocabulary bounds and text cap
         return HTMLResponse(html)
 
     async def web(request: Request) -> Response:

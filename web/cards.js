@@ -30,8 +30,9 @@ import { card as perplexity } from "/web/perplexity.js";
 import { card as retrieval } from "/web/retrieval.js";
 import { card as experiments } from "/web/experiments.js";
 import { card as training } from "/web/training.js";
+import { card as tokenizer } from "/web/tokenizer.js";
 
-export const CARDS = [verify, rope, perplexity, retrieval, experiments, training];
+export const CARDS = [verify, rope, perplexity, retrieval, experiments, training, tokenizer];
 
 // Every card's `hook`, in CARDS order, with these arguments.
 export function each(hook, ...args) {

@@ -1,6 +1,6 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
 // The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js,
-// perplexity.js, retrieval.js, experiments.js, training.js) keep it here, under their key: each module makes its key, changes only
+// perplexity.js, retrieval.js, experiments.js, training.js, tokenizer.js) keep it here, under their key: each module makes its key, changes only
 // that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
 // moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
 // Which cards are folded and on screen is web/navigator.js's (store.nav); a card's request goes to the worker only
@@ -28,6 +28,7 @@ import {
   trainAdapter, trainAdapterFile, trainCompared, trainDone, trainFailed, trainPlan, trainProgress, trainSwitched,
   trainToken,
 } from "/web/training.js";
+import { tokDone, tokFailed, tokProgress } from "/web/tokenizer.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
 } from "/web/context.js";
@@ -63,7 +64,8 @@ const store = {
   // The cards with state of their own: each module owns the shape of its key and the functions that update it.
   contextLength: freshContextLength(),                   // web/context.js: the context the next load makes, its budget
   // web/cards.js's: verify (the llama.cpp checks), rope (the RoPE demo), perplexity (a pasted text's perplexity),
-  // retrieval (the index of the user's files, the asks), experiments (ablation, patching, steering, attribution)
+  // retrieval (the index of the user's files, the asks), experiments (ablation, patching, steering, attribution),
+  // training (a LoRA adapter), tokenizer (a BPE vocabulary trained on the user's text)
   ...Object.fromEntries(CARDS.map((card) => [card.key, card.fresh()])),
 };
 
@@ -581,6 +583,9 @@ const onWorker = {
   "train-switch": (m) => { trainSwitched(store.training, m); dropKvPicture(); redoPanels(); },
   "train-adapter": (m) => trainAdapter(store.training, m, store.model?.file_name),
   "train-adapter-file": (m) => { if (trainAdapterFile(store.training, m)) { dropKvPicture(); redoPanels(); } },
+  // the tokenizer's training runs in Python alone: nothing of the model or the conversation changes
+  "tokenizer-progress": (m) => tokProgress(store.tokenizer, m),
+  "tokenizer-done": (m) => tokDone(store.tokenizer, m),
   error: (m) => {
     if (onError[m.where]) onError[m.where](m);
     else store.error = `${m.where}: ${m.message}`;
@@ -638,6 +643,7 @@ const onError = {
   "train-adapter": (m) => trainFailed(store.training, m),
   "train-switch": (m) => trainFailed(store.training, m),
   "train-adapter-file": (m) => trainFailed(store.training, m),
+  "tokenizer-train": (m) => tokFailed(store.tokenizer, m),
   "experiment-tokens": () => {},     // the prompts' tokens are a courtesy: the run says what is wrong with them
 };
 

@@ -42,6 +42,7 @@ from lab.format.config import Config
 from lab.format.ggml import BY_NAME, TYPES, GgmlType
 from lab.format.model import is_flat, stored_tensors
 from lab.format.rules import ModelError, show
+from lab.format.writer import write_gguf
 
 # The tensor types an adapter's A and B may have: those convert_lora_to_gguf.py writes (--outtype f32, f16, bf16,
 # q8_0); `decode_f32` reads each.
@@ -276,22 +277,11 @@ def _little(a: array) -> array:
 
 # -- the writer -------------------------------------------------------------------------------------------------
 
-def _string(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
-
-
-def _kv(key: str, vtype: int, value) -> bytes:
-    body = _string(value) if vtype == gguf.STRING else struct.pack("<f", value)
-    return _string(key) + struct.pack("<I", vtype) + body
-
-
 def write_adapter(arch: str, alpha: float, pairs: list[tuple[str, int, int, int, bytes, bytes]],
                   name: str = "LoRA adapter") -> bytes:
     """A LoRA adapter GGUF (v3, F32 tensors, the default alignment of 32) for a model of architecture `arch`.
     pairs: (base tensor name, n_in, n_out, rank, A as f32 bytes row-major [rank, n_in], B as f32 bytes row-major
     [n_out, rank]), written as <base>.lora_a [n_in, rank] and <base>.lora_b [rank, n_out]."""
-    align = gguf.DEFAULT_ALIGNMENT
     kvs = [("general.architecture", gguf.STRING, arch), ("general.type", gguf.STRING, "adapter"),
            ("general.name", gguf.STRING, name), ("adapter.type", gguf.STRING, "lora"),
            (ALPHA_KEY, gguf.FLOAT32, float(alpha))]
@@ -301,13 +291,5 @@ def write_adapter(arch: str, alpha: float, pairs: list[tuple[str, int, int, int,
             if len(data) != 4 * shape[0] * shape[1]:
                 raise ValueError(f"{base}{suffix}: {len(data)} bytes, expected {4 * shape[0] * shape[1]} "
                                  f"(f32 {shape[1]} x {shape[0]})")
-            tensors.append((base + suffix, shape, bytes(data)))
-    head = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(kvs)), *(_kv(*kv) for kv in kvs)]
-    data, offset = [], 0
-    for tname, shape, raw in tensors:
-        head.append(_string(tname) + struct.pack("<I2QIQ", 2, shape[0], shape[1], BY_NAME["F32"].id, offset))
-        pad = -len(raw) % align
-        data.append(raw + b"\0" * pad)
-        offset += len(raw) + pad
-    out = b"".join(head)
-    return out + b"\0" * (-len(out) % align) + b"".join(data)
+            tensors.append((base + suffix, shape, BY_NAME["F32"].id, bytes(data)))
+    return write_gguf(kvs, tensors)

@@ -65,6 +65,9 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "train-switch": "{on, seq}: the adapter on or off for the chat, the panels and the cards -> train-switch",
     "train-adapter-file": "{file, seq}: a llama.cpp LoRA adapter file (a File) checked against the model and put on "
                           "it as the Training card's adapter, in place of the one before -> train-adapter-file",
+    "tokenizer-train": "{files (Files) | text (the chat's), vocab, seq}: the Tokenizer card's training, a byte-level "
+                       "BPE vocabulary on the user's text, no model needed (lab/worker/tokenizer.py); its cancel is "
+                       "stop -> tokenizer-progress..., tokenizer-done",
     # tests and benchmarks (lab/worker/hooks.py); "answered": an id-answered question
     "kv-rows": "{id, positions}: raw K/V rows in base64, read without the KV panel's kernel (answered)",
     "state-bytes": "{id}: every conv and delta-net state's and snapshot's raw bytes in base64, read without the "
@@ -143,6 +146,9 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "train-switch": "{seq, on}: the adapter is on (or off) for what runs next",
     "train-adapter-file": "{seq, file, name, size, pairs, ranks, alpha, params, types, ignored, memory {adapter, "
                           "activations: bytes}, labels (its buffers')}: the file's adapter is on",
+    "tokenizer-progress": "{seq, phase (count | merge | measure), done, total, seconds}",
+    "tokenizer-done": "{seq, result (lab/worker/tokenizer.py summary), json (the CLI's --out file, as text), gguf (the "
+                      "vocabulary-only GGUF, padded to whole words), gguf_size}",
     "error": "{where, message, seq?}: where is the type of the message whose handling failed, device (the GPU was "
              "lost) or boot (web/worker.js)",
     "kv-rows": "{id, kvd, n_layer, layers, rows}",
@@ -159,8 +165,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
 
 # web/worker.js takes these itself, since Python is busy (a load, a turn) when they matter.
 BY_WORKER_JS: dict[str, str] = {
-    "stop": "in: end the turn, the perplexity run, the retrieval card's build, recall or answer, or the training at "
-            "its next step (labStopRequested)",
+    "stop": "in: end the turn, the perplexity run, the retrieval card's build, recall or answer, the training at "
+            "its next step, or the tokenizer's training at its next slice of merges (labStopRequested)",
     "cancel-load": "in: stop every load asked for so far at its next chunk",
     "memory": "in and out: the wasm heap's size and the call counts",
     "count-calls": "in: start counting WebGPU and lab* calls (lab bench --backend browser)",

@@ -2,8 +2,8 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py, training.py) and the tests' and benchmarks'
-(lab/worker/hooks.py).
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py, training.py, tokenizer.py) and the tests'
+and benchmarks' (lab/worker/hooks.py).
 Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
 to JS.
 
@@ -32,7 +32,7 @@ from lab.instruments import forget, kvview, memory, probes, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import experiments, hooks, perplexity, retrieval, rope, training, verify
+from lab.worker import experiments, hooks, perplexity, retrieval, rope, tokenizer, training, verify
 from lab.worker.cards import KV_VIEW, MEMORY
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
@@ -473,6 +473,7 @@ ROUTES: dict[str, Handler] = {
     IN.TRAIN_ADAPTER: training.adapter,
     IN.TRAIN_SWITCH: training.switch,
     IN.TRAIN_ADAPTER_FILE: training.open_file,
+    IN.TOKENIZER_TRAIN: tokenizer.run,
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,
     IN.LAST_LOGITS: hooks.last_logits,

@@ -47,5 +47,5 @@ def test_it_prints_one_line_a_measure_without_json(tmp_path, capsys):
 
 def test_a_vocabulary_below_the_bytes_is_refused_by_name(tmp_path, capsys):
     assert cli.main(["tokenizer-train", str(CONSTITUTION), "--vocab", "100", "--out", str(tmp_path / "t.json")]) == 2
-    assert "vocab_size 100 is below the 257" in capsys.readouterr().err
+    assert "a vocabulary of 100 tokens is below the 257" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()

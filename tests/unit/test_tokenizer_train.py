@@ -1,7 +1,8 @@
 """The byte-level BPE trainer (lab/text/tokenizer/train.py): merges worked out by hand (the tie rule among them), the
 incremental pair counts against a recount from scratch after every merge, decode(encode(s)) == s for any text
-(Hypothesis), the training time growing about linearly with the text, the JSON file, and a trained vocabulary
-working as the lab's Tokenizer."""
+(Hypothesis), the training time growing about linearly with the text, training in slices and stopped part-way (the
+page's worker) against the whole run, the vocabulary's bounds, the JSON file, and a trained vocabulary working as the
+lab's Tokenizer."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lab.settings import TOKENIZER
 from lab.text.tokenizer import from_metadata
 from lab.text.tokenizer.train import (
-    BYTE_TOKENS, PairCounts, TrainedBPE, from_dict, load, pair_counts, train, word_counts,
+    BYTE_TOKENS, BPETrainer, PairCounts, TrainedBPE, bytes_per_token, check_vocab, from_dict, load, pair_counts, train,
+    word_counts,
 )
 from tests.unit.fuzzkit import fuzz_settings
 
@@ -68,6 +71,63 @@ def test_training_stops_at_the_vocabulary_size():
     assert trained.tokens[0] == "<|endoftext|>" and trained.tokens[1:257] == list(BYTE_TOKENS)
     with pytest.raises(ValueError, match="below the 257"):
         train(["x"], 256)
+
+
+@pytest.mark.parametrize("vocab, message", [
+    (256, "a vocabulary of 256 tokens is below the 257 special and byte tokens: choose 257 .. 65,536"),
+    (TOKENIZER.max_vocab + 1, "a vocabulary of 65,537 tokens is above 65,536"),
+    (300.5, "must be a whole number, not 300.5: choose 257 .. 65,536"),
+    ("300", "must be a whole number, not '300'"),
+    (True, "must be a whole number, not True"),
+    (float("nan"), "must be a whole number, not nan"),
+    (float("inf"), "must be a whole number, not inf"),
+])
+def test_a_vocabulary_size_out_of_bounds_is_refused_with_the_bounds(vocab, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        check_vocab(vocab, 1)
+    with pytest.raises(ValueError, match="is below the 256 special and byte tokens"):
+        train(["x"], 255, specials=())
+    assert check_vocab(257.0, 1) == 257 and check_vocab(TOKENIZER.max_vocab, 1) == TOKENIZER.max_vocab
+
+
+def test_bytes_per_token_is_the_bytes_over_the_tokens():
+    """The CLI's and the card's measure, worked out by hand: UTF-8 bytes (not characters) over all the texts' tokens,
+    no BOS."""
+    tok = TRAINED.tokenizer()
+    texts = [CONSTITUTION[:3000], MULTISCRIPT]
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = len(tok.encode(texts[0])) + len(tok.encode(texts[1]))
+    assert bytes_per_token(tok, texts, n_bytes) == round(n_bytes / n_tokens, 4) != round(n_bytes / (n_tokens + 1), 4)
+
+
+# --- in slices, and stopped part-way (the page's worker) ----------------------------------------------------
+
+def test_slices_make_the_whole_run_s_merges():
+    whole = train([CONSTITUTION], 1024)
+    t = BPETrainer(word_counts([CONSTITUTION]), 1024)
+    slices = 0
+    while not t.run(37):
+        slices += 1
+    assert slices == (1024 - 257) // 37 and t.result().merges == whole.merges and t.result().counts == whole.counts
+    assert t.result().to_dict() == whole.to_dict()
+
+
+@pytest.mark.parametrize("k", [0, 1, 100, 500])
+def test_stopped_after_k_merges_it_holds_the_whole_run_s_first_k(k):
+    """What a Stop leaves: the first k merges of the run that was not stopped, each with its count, and a vocabulary
+    that is the smaller one trained to 257 + k (so the JSON the card downloads is that file)."""
+    whole = train([CONSTITUTION, MULTISCRIPT], 2048)
+    t = BPETrainer(word_counts([CONSTITUTION, MULTISCRIPT]), 2048)
+    assert not t.run(k) and len(t.merges) == k and t.target == 2048 - 257
+    part = t.result()
+    assert part.merges == whole.merges[:k] and part.counts == whole.counts[:k]
+    assert part.dumps() == train([CONSTITUTION, MULTISCRIPT], 257 + k).dumps()
+
+
+def test_a_run_ends_when_no_pair_is_left():
+    t = BPETrainer(word_counts(["ab ab"]), 1000)
+    assert t.run(100) and t.done and [f"{a} {b}" for a, b in t.result().merges] == ["a b", "Ġ ab"]
+    assert t.run(100) and len(t.merges) == 2          # over: more slices make nothing
 
 
 def test_a_token_made_twice_keeps_one_id():
@@ -157,6 +217,7 @@ def test_four_times_the_text_takes_nowhere_near_sixteen_times_as_long():
 def test_the_file_round_trips(tmp_path):
     path = tmp_path / "tok.json"
     TRAINED.save(path)
+    assert path.read_bytes() == TRAINED.dumps().encode("utf-8")      # the card's download is this file, byte for byte
     back = load(path)
     assert (back.tokens, back.merges, back.specials, back.pre, back.counts) == (
         TRAINED.tokens, TRAINED.merges, TRAINED.specials, TRAINED.pre, TRAINED.counts)

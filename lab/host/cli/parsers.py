@@ -133,7 +133,9 @@ def tokenizer_train(sub, name):
     s = sub.add_parser(name, help="train a byte-level BPE tokenizer on text files (pure Python); prints its bytes "
                                   "per token, and the model's with --model")
     s.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text files")
-    s.add_argument("--vocab", type=int, required=True, help="tokens in all: special tokens, 256 bytes and merges")
+    s.add_argument("--vocab", type=int, required=True,
+                   help=f"tokens in all: special tokens, 256 bytes and merges (at least the specials and the bytes, at "
+                        f"most {train.TOKENIZER.max_vocab:,}; training stops early when no pair is left)")
     s.add_argument("--out", required=True, metavar="FILE.json", help="where the trained tokenizer is written")
     s.add_argument("--pre", default=train.DEFAULT_PRE, choices=sorted(train.PRE_NAMES),
                    help="the pre-tokenizer that cuts the text into chunks (llama.cpp's names)")

@@ -1,6 +1,7 @@
 """`lab tokenizer-train`: a byte-level BPE tokenizer trained on the user's files (lab/text/tokenizer/train.py, pure
-Python: the page's worker could run the same), written as JSON, and measured in bytes per token on the same files,
-beside a model's own tokenizer with --model (more bytes a token: fewer tokens for the same text)."""
+Python: the page's Tokenizer card runs the same, lab/worker/tokenizer.py), written as JSON, and measured in bytes per
+token on the same files (`train.bytes_per_token`), beside a model's own tokenizer with --model (more bytes a token:
+fewer tokens for the same text)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,6 @@ def _read(path: str) -> tuple[str, int]:
     return raw.decode("utf-8", "surrogateescape"), len(raw)
 
 
-def bytes_per_token(tok, texts: list[str], n_bytes: int) -> float:
-    """The files' bytes over the tokens `tok` makes of them (no BOS, no special-token parsing)."""
-    n_tokens = sum(len(tok.encode(t)) for t in texts)
-    return round(n_bytes / max(n_tokens, 1), 4)
-
-
 def tokenizer_train(args) -> int:
     from lab.text.tokenizer import train
     read = [_read(p) for p in dict.fromkeys(args.files)]
@@ -33,12 +28,12 @@ def tokenizer_train(args) -> int:
     trained.save(args.out)
     out = {"out": args.out, "files": list(dict.fromkeys(args.files)), "bytes": n_bytes, "pre": trained.pre,
            "tie_rule": train.TIE_RULE, "vocab": len(trained.tokens), "merges": len(trained.merges),
-           "train_s": round(train_s, 3), "bytes_per_token": bytes_per_token(trained.tokenizer(), texts, n_bytes)}
+           "train_s": round(train_s, 3), "bytes_per_token": train.bytes_per_token(trained.tokenizer(), texts, n_bytes)}
     if args.model:
         from lab.host.loading import read_model
         _header, _cfg, tok = read_model(args.model)
         out["model"] = {"path": args.model, "vocab": tok.vocab_size,
-                        "bytes_per_token": bytes_per_token(tok, texts, n_bytes)}
+                        "bytes_per_token": train.bytes_per_token(tok, texts, n_bytes)}
     if args.json:
         print(json.dumps(out, ensure_ascii=False))
         return 0

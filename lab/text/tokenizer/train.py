@@ -3,7 +3,13 @@ too).
 
     trained = train([text], vocab_size=1024)          # pre-tokenizer "gpt-2", one special token <|endoftext|>
     tok = trained.tokenizer()                         # a lab.text.tokenizer.bpe.BPETokenizer, as from a GGUF
-    trained.save("tok.json"); load("tok.json")
+    trained.save("tok.json"); load("tok.json")        # the JSON file (`dumps()`: its text)
+    trained.gguf()                                    # the vocabulary as a GGUF without weights, for llama.cpp
+    bytes_per_token(tok, [text], n_bytes)             # what the CLI and the page report
+
+    t = BPETrainer(word_counts([text]), 1024)         # the same training in slices: the page's worker runs a few
+    while not t.run(64): ...                          # merges at a time and gives the JS event loop a turn between
+    trained = t.result()                              # (to hear Stop); stopped after k merges: train()'s first k
 
 The steps, as GPT-2's trainer and the `tokenizers` package's BpeTrainer:
 
@@ -31,8 +37,12 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections import Counter
 
+from lab.format import gguf as fmt
+from lab.format.writer import write_gguf
+from lab.settings import TOKENIZER
 from lab.text.tokenizer.base import TYPE_CONTROL, TYPE_NORMAL, clean_text
 from lab.text.tokenizer.bpe import _LATIN1_TO_ALPHABET, BYTE_TO_CHAR, BPETokenizer
 from lab.text.tokenizer.pretokenize import PRE_NAMES, PreTokenizer
@@ -45,6 +55,41 @@ TIE_RULE = ("equal counts: the smallest (left id, right id); ids: special tokens
             "code-point order, then merged tokens in the order made")
 # The byte alphabet in code-point order: the byte tokens' order in a trained vocabulary, after the special tokens.
 BYTE_TOKENS = tuple(sorted(BYTE_TO_CHAR))
+# The GGUF holding only the vocabulary: the least a llama's hyperparameters must say for llama.cpp to read on to the
+# vocabulary (it reads them before the vocabulary even with vocab_only), so the file is no model. In gguf.GGUFWriter's
+# order for its add_* calls (tests/unit/test_trained_tokenizer_gguf.py holds the bytes to its).
+GGUF_NAME = "llm-lab trained tokenizer (vocabulary only)"
+_PLACEHOLDER = (("llama.context_length", fmt.UINT32, 128), ("llama.embedding_length", fmt.UINT32, 64),
+                ("llama.block_count", fmt.UINT32, 1), ("llama.feed_forward_length", fmt.UINT32, 128),
+                ("llama.attention.head_count", fmt.UINT32, 4),
+                ("llama.attention.layer_norm_rms_epsilon", fmt.FLOAT32, 1e-5))
+
+
+def check_vocab(vocab_size, n_specials: int) -> int:
+    """The vocabulary size asked for, as an int, or a ValueError a user reads: a whole number from the specials and
+    the 256 bytes (below that nothing is left to merge into) to lab.settings TOKENIZER.max_vocab."""
+    base = n_specials + len(BYTE_TOKENS)
+    if vocab_size is None:
+        raise ValueError(f"no vocabulary size: choose {base} .. {TOKENIZER.max_vocab:,}")
+    if (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, float)) or not math.isfinite(vocab_size)
+            or vocab_size != int(vocab_size)):
+        raise ValueError(f"the vocabulary's size must be a whole number, not {vocab_size!r}: choose {base} .. "
+                         f"{TOKENIZER.max_vocab:,}")
+    vocab_size = int(vocab_size)
+    if vocab_size < base:
+        raise ValueError(f"a vocabulary of {vocab_size} tokens is below the {base} special and byte tokens: choose "
+                         f"{base} .. {TOKENIZER.max_vocab:,}")
+    if vocab_size > TOKENIZER.max_vocab:
+        raise ValueError(f"a vocabulary of {vocab_size:,} tokens is above {TOKENIZER.max_vocab:,}: choose {base} .. "
+                         f"{TOKENIZER.max_vocab:,} (training stops anyway when no pair is left to merge)")
+    return vocab_size
+
+
+def bytes_per_token(tok, texts: list[str], n_bytes: int) -> float:
+    """The texts' bytes over the tokens `tok` makes of them (no BOS, no special-token parsing): `lab
+    tokenizer-train`'s and the Tokenizer card's measure. More bytes a token: fewer tokens for the same text."""
+    n_tokens = sum(len(tok.encode(t)) for t in texts)
+    return round(n_bytes / max(n_tokens, 1), 4)
 
 
 def alphabet_word(chunk: str) -> str:
@@ -202,10 +247,31 @@ class TrainedBPE:
                 "specials": self.specials, "merges": [f"{a} {b}" for a, b in self.merges],
                 "merge_counts": self.counts, "tokens": self.tokens}
 
+    def dumps(self) -> str:
+        """The JSON file's text: what `save` writes (as UTF-8) and the Tokenizer card downloads."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=0) + "\n"
+
     def save(self, path) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, ensure_ascii=False, indent=0)
-            f.write("\n")
+        # bytes, not text mode: the same file on every system (no CRLF on Windows), byte for byte the card's download
+        with open(path, "wb") as f:
+            f.write(self.dumps().encode("utf-8"))
+
+    def gguf(self) -> bytes:
+        """The vocabulary as a GGUF without weights (`metadata()`'s keys after a placeholder llama's hyperparameters),
+        which llama.cpp opens with vocab_only and lab.format.gguf reads back."""
+        md = self.metadata()
+        kvs = [("general.architecture", fmt.STRING, "llama"), ("general.name", fmt.STRING, GGUF_NAME),
+               *_PLACEHOLDER,
+               ("tokenizer.ggml.model", fmt.STRING, md["tokenizer.ggml.model"]),
+               ("tokenizer.ggml.pre", fmt.STRING, md["tokenizer.ggml.pre"]),
+               ("tokenizer.ggml.tokens", fmt.ARRAY, (fmt.STRING, md["tokenizer.ggml.tokens"])),
+               ("tokenizer.ggml.token_type", fmt.ARRAY, (fmt.INT32, md["tokenizer.ggml.token_type"])),
+               ("tokenizer.ggml.merges", fmt.ARRAY, (fmt.STRING, md["tokenizer.ggml.merges"])),
+               ("tokenizer.ggml.add_bos_token", fmt.BOOL, md["tokenizer.ggml.add_bos_token"])]
+        if "tokenizer.ggml.eos_token_id" in md:
+            kvs += [("tokenizer.ggml.bos_token_id", fmt.UINT32, md["tokenizer.ggml.bos_token_id"]),
+                    ("tokenizer.ggml.eos_token_id", fmt.UINT32, md["tokenizer.ggml.eos_token_id"])]
+        return write_gguf(kvs)
 
 
 def from_dict(d: dict) -> TrainedBPE:
@@ -229,29 +295,59 @@ def load(path) -> TrainedBPE:
         return from_dict(json.load(f))
 
 
+class BPETrainer:
+    """One training, run a slice of merges at a time (`run(n)`): the CLI runs it whole (`train`), the page's worker
+    (lab/worker/tokenizer.py) a few merges at a time, giving the JS event loop a turn between slices so that the page's
+    Stop reaches it. Stopping after k merges leaves the first k merges of the whole run: the merges are the same
+    whatever the slices."""
+
+    def __init__(self, words: Counter, vocab_size: int, *, pre: str = DEFAULT_PRE, specials=DEFAULT_SPECIALS):
+        self.specials, self.pre = list(specials), pre
+        self.vocab_size = check_vocab(vocab_size, len(self.specials))
+        self.tokens = [*self.specials, *BYTE_TOKENS]
+        self.ids = {t: i for i, t in enumerate(self.tokens)}
+        ids = self.ids
+        self.pairs = PairCounts([tuple(ids[c] for c in w) for w in words], list(words.values()))
+        self.merges: list = []
+        self.counts: list = []
+        self.done = False               # the vocabulary is full, or no pair is left
+
+    @property
+    def target(self) -> int:
+        """Merges asked for: the vocabulary less the specials and the bytes (fewer are made when no pair is left)."""
+        return self.vocab_size - len(self.specials) - len(BYTE_TOKENS)
+
+    def run(self, n: int | None = None) -> bool:
+        """Make up to `n` more merges (all that are left when None); True once training is over."""
+        tokens, ids, pairs = self.tokens, self.ids, self.pairs
+        made = 0
+        while not self.done and (n is None or made < n):
+            found = pairs.best() if len(tokens) < self.vocab_size else None
+            if found is None:
+                self.done = True
+                break
+            (a, b), c = found
+            text = tokens[a] + tokens[b]
+            new = ids.get(text)
+            if new is None:               # else an earlier merge made this token already: it keeps its id
+                new = ids[text] = len(tokens)
+                tokens.append(text)
+            pairs.merge((a, b), new)
+            self.merges.append((tokens[a], tokens[b]))
+            self.counts.append(c)
+            made += 1
+        return self.done
+
+    def result(self) -> TrainedBPE:
+        """The vocabulary so far: every merge made, in order."""
+        return TrainedBPE(self.merges, specials=self.specials, pre=self.pre, counts=self.counts)
+
+
 def train(texts, vocab_size: int, *, pre: str = DEFAULT_PRE, specials=DEFAULT_SPECIALS) -> TrainedBPE:
     """Learn merges on `texts` (strings) until the vocabulary has `vocab_size` tokens (specials + 256 bytes +
     merges) or no pair is left (see the module docstring; ties by TIE_RULE)."""
     specials = list(specials)
-    base = len(specials) + len(BYTE_TOKENS)
-    if vocab_size < base:
-        raise ValueError(f"vocab_size {vocab_size} is below the {base} special and byte tokens")
-    tokens = [*specials, *BYTE_TOKENS]
-    ids = {t: i for i, t in enumerate(tokens)}
-    words = word_counts(texts, pre)
-    pairs = PairCounts([tuple(ids[c] for c in w) for w in words], list(words.values()))
-    merges, counts = [], []
-    while len(tokens) < vocab_size:
-        found = pairs.best()
-        if found is None:
-            break
-        (a, b), c = found
-        text = tokens[a] + tokens[b]
-        new = ids.get(text)
-        if new is None:               # else an earlier merge made this token already: it keeps its id
-            new = ids[text] = len(tokens)
-            tokens.append(text)
-        pairs.merge((a, b), new)
-        merges.append((tokens[a], tokens[b]))
-        counts.append(c)
-    return TrainedBPE(merges, specials=specials, pre=pre, counts=counts)
+    check_vocab(vocab_size, len(specials))       # before the counting: a wrong size costs nothing
+    trainer = BPETrainer(word_counts(texts, pre), vocab_size, pre=pre, specials=specials)
+    trainer.run()
+    return trainer.result()
