@@ -66,7 +66,7 @@ def sha256(p: Path) -> str:
 def f32_copy(src: Path, dst: Path) -> None:
     """`src` with every tensor dequantized by gguf.quants and written as F32 (metadata unchanged)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from make_fixtures import f32_copy as copy
+    from lab.host.f32copy import f32_copy as copy
     copy(str(src), str(dst))
 
 

@@ -53,6 +53,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from lab.host import models
+from lab.host.f32copy import f32_copy
 
 FIXTURES = ROOT / "tests" / "fixtures"
 N_GEN = 48
@@ -229,27 +230,6 @@ def make(name: str, text: str) -> dict:
         "n_vocab": info["n_vocab"],
         "llama_cpp_speed": speed(path, text_ids),
     }
-
-
-def f32_copy(src: str, dst: str) -> None:
-    """Rewrite the GGUF `src` as `dst` with every tensor dequantized to F32 (same metadata)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.quants import dequantize
-    r = GGUFReader(src)
-    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = f.types[0]
-        w.add_key_value(k, 0 if k == "general.file_type" else f.contents(), vt,
-                        f.types[1] if vt == GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w.add_tensor(t.name, a.reshape([int(n) for n in reversed(t.shape)]))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def make_f32(name: str) -> dict:

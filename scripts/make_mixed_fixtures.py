@@ -153,7 +153,7 @@ def llama_cpp_answers(path: Path) -> dict:
     copy = Path(tempfile.gettempdir()) / f"llm-lab-{path.stem}-f32.gguf"
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_arch_fixtures import greedy_on
-    from make_fixtures import f32_copy
+    from lab.host.f32copy import f32_copy
     f32_copy(str(path), str(copy))
     try:
         llm = llama_cpp.Llama(str(copy), n_ctx=N_CTX, n_batch=N_CTX, logits_all=True, seed=0, verbose=False,

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from lab.host import models
-from make_fixtures import f32_copy
+from lab.host.f32copy import f32_copy
 from make_lora_fixtures import N_SAMPLE, TOP, top2
 
 OUT = ROOT / "tests" / "fixtures" / "lora-page"

@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_fixtures import f32_copy
+from lab.host.f32copy import f32_copy
 
 from lab.host import models
 from lab.host.synthetic import arch as synthetic_arch

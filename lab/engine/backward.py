@@ -28,8 +28,8 @@ from lab.engine.blocks import qkv_width
 from lab.engine.lora import Lora
 from lab.engine.lora import members as lora_members
 from lab.engine.plans import Prefill
-from lab.ops import backward_attention, backward_head, backward_matmul, elementwise, norm
-from lab.ops.backward import rms_norm_back
+from lab.ops import WeightPart, backward_attention, backward_head, backward_matmul, elementwise, norm
+from lab.ops.backward import embed_back, rms_norm_back
 
 
 # Kept activations (TrainScratch.kept): per layer its fused [q | k | v] row (Q and K rotated), the attention's output,
@@ -70,6 +70,29 @@ def untrainable(cfg) -> str | None:
             f"smollm3, gemma2 and gemma3 have one)")
 
 
+def untrainable_full(cfg, matrix_types) -> str | None:
+    """Why full fine-tuning cannot run on this model (None: it can), besides `untrainable`'s reasons. The weights are
+    the master copy the optimizer moves, so every matrix must be F32; the parameters whose gradients are not built
+    yet (biases, the per-head Q/K norms, the post-norms) are refused by name rather than left frozen unsaid."""
+    quant = sorted(set(matrix_types) - {"F32"})
+    if quant:
+        return (f"full fine-tuning trains the weights themselves in f32, and this file's matrices are {', '.join(quant)}:"
+                f" train a LoRA adapter on it, or train an F32 copy of it (`lab f32-copy`: every tensor dequantized)")
+    parts = [what for flag, what in (("qkv_bias", "the Q/K/V biases"), ("qk_norm", "the per-head Q/K norms"),
+                                     ("post_norms", "the post-norms"))
+             if getattr(cfg, flag)]
+    if parts:
+        return (f"{cfg.arch}: full fine-tuning has no gradient yet for {' and '.join(parts)} (train a LoRA adapter: "
+                f"its gradients cover this model)")
+    return None
+
+
+def trained_vectors(cfg) -> list[str]:
+    """The 1-D parameters full fine-tuning trains: every layer's norms and the final norm (rope_freqs is a constant)."""
+    return [f"blk.{il}.{n}" for il in range(cfg.n_layer) for n in ("attn_norm.weight", cfg.ffn_norm)] + [
+        cfg.output_norm]
+
+
 @dataclass(frozen=True)
 class TrainScratch:
     """A step's buffers for windows of up to T tokens."""
@@ -85,9 +108,11 @@ class TrainScratch:
     rs: gpu.Buffer          # [T, n_head] the norm backward's 1 / rms (a row's, or each head's)
     sums: gpu.Buffer        # the input gradients' partial sums (lab.ops.backward_matmul.dx_back)
     stats: gpu.Buffer       # the attention backward's per-row statistics
-    du: tuple               # (u, du) [T, max rank] each: the LoRA backward's
     targets: gpu.Buffer     # [T] u32 the next token of each position (n_vocab: none)
-    grads: gpu.Buffer       # the LoRA parameters' gradients, laid out as Lora.params
+    du: tuple = ()          # (u, du) [T, max rank] each: the LoRA backward's
+    grads: gpu.Buffer | None = None     # the LoRA parameters' gradients, laid out as Lora.params
+    wgrads: dict = None     # full fine-tuning: per matrix its gradient in f32 parts of the weight's rows
+    vgrads: dict = None     # ... per trained vector (trained_vectors) its gradient
     qkv_pre: gpu.Buffer | None = None   # [T, qkv_width] the fused row before the per-head Q/K norms (qk_norm)
     dqkv_pre: gpu.Buffer | None = None  # [T, qkv_width] ... its gradient
     branch: gpu.Buffer | None = None    # [T, n_embd] a branch's output before its post-norm (post_norms)
@@ -95,10 +120,15 @@ class TrainScratch:
     kept: tuple = ()        # per layer {name: buffer [T, kept_widths]}: the forward's rows its backward reads; ()
                             # where they are computed again (recomputation)
 
+    @property
+    def full(self) -> bool:
+        return self.wgrads is not None
+
     @classmethod
-    def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora, T: int, qkv_width: int,
+    def alloc(cls, dev: gpu.Device, cfg, weights, lora: Lora | None, T: int, qkv_width: int,
               keep: bool | None = None) -> TrainScratch:
-        """The buffers; `keep` the forward's rows (default: where kept_bytes is at most KEEP_BYTES)."""
+        """The buffers; `keep` the forward's rows (default: where kept_bytes is at most KEEP_BYTES). lora=None: full
+        fine-tuning, a gradient for every weight (`wgrads`, `vgrads`) instead of the adapter's."""
         conv, E = gpu.CONVERSATION, cfg.n_embd
         sums = max(backward_matmul.dx_scratch_floats(w, T) for w in weights.matrices.values())
         rows = lambda n, what: dev.buffer(4 * T * n, conv, f"train {what} [T, {n}]")   # noqa: E731
@@ -117,9 +147,21 @@ class TrainScratch:
                    rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
                    sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post,
                    stats=dev.buffer(backward_attention.stats_bytes(T, cfg.n_head), conv, "train attention stats"),
-                   du=(rows(lora.max_rank, "lora u"), rows(lora.max_rank, "lora du")),
-                   targets=dev.buffer(4 * T, conv, "train targets [T] u32"),
-                   grads=dev.buffer(4 * lora.n_params, conv, f"lora gradients [{lora.n_params}]"))
+                   targets=dev.buffer(4 * T, conv, "train targets [T] u32"), **cls._grads(dev, cfg, weights, lora, rows))
+
+    @staticmethod
+    def _grads(dev: gpu.Device, cfg, weights, lora: Lora | None, rows) -> dict:
+        """The trained parameters' gradients: the adapter's (and its u, du rows), or every weight's, each matrix's in
+        parts of the weight's own rows (a part within the binding limit, as the weight's)."""
+        conv = gpu.CONVERSATION
+        if lora is not None:
+            return {"du": (rows(lora.max_rank, "lora u"), rows(lora.max_rank, "lora du")),
+                    "grads": dev.buffer(4 * lora.n_params, conv, f"lora gradients [{lora.n_params}]")}
+        wgrads = {name: tuple(WeightPart(dev.buffer(4 * p.n_rows * w.cols, conv, f"grad {name} rows {p.first_row}+"
+                                                    f"{p.n_rows}"), p.first_row, p.n_rows) for p in w.parts)
+                  for name, w in weights.matrices.items()}
+        vgrads = {name: dev.buffer(weights.vectors[name].size, conv, f"grad {name}") for name in trained_vectors(cfg)}
+        return {"wgrads": wgrads, "vgrads": vgrads}
 
 
 class Backward(Prefill):
@@ -167,6 +209,9 @@ class Backward(Prefill):
                 blocks.ffn.build(self, il)
             blocks.ffn.build_backward(self, il)
             blocks.mixers[il].build_backward(self, il)
+        if ts.full:     # dx is the loss's gradient at the embedding's output now: into the table's rows of the ids
+            self.add(embed_back(self.dev, self.kernels, ts.wgrads[self.weights.embedding.name], E, s.ids, ts.dx,
+                                s.step, scale=cfg.embd_scale))
         return self.plan.ops
 
     def _keep(self, il: int, names: tuple, back: bool = False) -> None:
@@ -191,9 +236,14 @@ class Backward(Prefill):
         self.add(norm.rms_norm(self.dev, self.kernels, s.x, w, s.xn, s.step, cfg.n_embd, cfg.eps))
         self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, ts.targets, s.step,
                                          rows_total=self.rows_total))
-        self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step))
-        self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, None, ts.rs, s.step, cfg.n_embd,
-                               cfg.eps))
+        self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step,
+                                         dw=ts.wgrads[self.weights.head.name] if ts.full else None))
+        self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, self._vgrad(cfg.output_norm), ts.rs,
+                               s.step, cfg.n_embd, cfg.eps))
+
+    def _vgrad(self, name: str) -> gpu.Buffer | None:
+        """A trained vector's gradient buffer in full fine-tuning (None: the vector is not trained)."""
+        return self.ts.vgrads[name] if self.ts.full else None
 
     # -- what the blocks' backward uses -------------------------------------------------------------------------
     def restore(self, il: int) -> None:
@@ -209,6 +259,10 @@ class Backward(Prefill):
         self.add(backward_matmul.dx_back(self.dev, self.kernels, w, dy, dx, ts.sums, self.scratch.step,
                                          max_tokens=self.T, accumulate=accumulate, dy_offset=dy_offset,
                                          dy_stride=dy_stride))
+        if ts.full:
+            self.add(backward_matmul.dw_back(self.dev, self.kernels, ts.wgrads[name], w.cols, x, dy,
+                                             self.scratch.step, max_tokens=self.T, dy_offset=dy_offset,
+                                             dy_stride=dy_stride))
         if self.lora is None:
             return
         ys = dy_stride or w.rows
@@ -240,5 +294,5 @@ class Backward(Prefill):
     def norm_back(self, x: gpu.Buffer, weight: str, dxn: gpu.Buffer) -> None:
         """dx += the gradient through RMSNorm of x (compact rows of n_embd) by `weight`, given dxn."""
         cfg, ts = self.cfg, self.ts
-        self.add(rms_norm_back(self.dev, self.kernels, x, self.weights.vectors[weight], dxn, ts.dx, None, ts.rs,
-                               self.scratch.step, cfg.n_embd, cfg.eps, accumulate=True))
+        self.add(rms_norm_back(self.dev, self.kernels, x, self.weights.vectors[weight], dxn, ts.dx,
+                               self._vgrad(weight), ts.rs, self.scratch.step, cfg.n_embd, cfg.eps, accumulate=True))

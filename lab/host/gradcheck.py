@@ -42,13 +42,17 @@ def random_params(lora, seed: int, b_std: float = 0.05) -> bytes:
 
 
 def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.0, samples: int = 2, seed: int = 0,
-          targets=None, disable=(), engine=None) -> dict:
-    """The report: the GPU's and the oracle's losses, each tensor's worst relative error and the worst of all."""
+          targets=None, disable=(), engine=None, full: bool = False) -> dict:
+    """The report: the GPU's and the oracle's losses, each tensor's worst relative error and the worst of all.
+    full: full fine-tuning's gradients, of every weight and trained norm of the model (an F32 file), at its own
+    weights."""
     from lab.engine.lora import DEFAULT_TARGETS
     from lab.host.reference.training import LoraLoss
     from lab.instruments.training import Trainer
     if engine is None:
         engine = open_engine(path, T, disable)
+    if full:
+        return _check_full(path, engine, T=T, batch=batch, samples=samples, seed=seed)
     tr = Trainer(engine, T=T, batch=batch, rank=rank, alpha=alpha, targets=targets or DEFAULT_TARGETS, seed=seed)
     try:
         rng = random.Random(seed)
@@ -78,6 +82,52 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
     return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "loss_gpu": loss,
             "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows,
             "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
+
+
+def model_grads(tr) -> dict:
+    """{file tensor name: its gradient as numpy shapes it (rows first)} of a full fine-tune's Trainer: each matrix's
+    rows read out of its weight's (a stacked run's tensors each their own rows), each trained vector's."""
+    from lab.instruments.training import _run_rows
+    dev, w, header = tr.device, tr.engine.weights, tr.engine.header
+    shapes = {t.name: tuple(reversed(t.shape)) for t in header.tensors}
+    out = {}
+    for run, m in w.matrices.items():
+        g = np.concatenate([np.frombuffer(dev.read_sync(p.buffer), np.float32).reshape(p.n_rows, m.cols)
+                            for p in tr.ts.wgrads[run]])
+        for name, row in _run_rows(m, header):
+            out[name] = g[row:row + shapes[name][0]]
+    for name, buf in tr.ts.vgrads.items():
+        out[name] = np.frombuffer(dev.read_sync(buf), np.float32)
+    return out
+
+
+def _check_full(path, engine, *, T: int, batch: int, samples: int, seed: int) -> dict:
+    from lab.host.reference.training import ModelLoss
+    from lab.instruments.training import Trainer
+    tr = Trainer(engine, T=T, batch=batch, full=True)
+    try:
+        rng = random.Random(seed)
+        wins = [[rng.randrange(engine.cfg.n_vocab) for _ in range(T)] for _ in range(batch)]
+        loss = asyncio.run(tr.gradients(wins))
+        grads = model_grads(tr)
+    finally:
+        tr.close()
+    oracle = ModelLoss(path)
+    loss64 = oracle.loss(wins)
+    pick = np.random.default_rng(seed)
+    rows = []
+    for name, g in grads.items():
+        entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
+        entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
+        fd = np.array([oracle.central(wins, name, e, H) for e in entries])
+        got = np.array([g[e] for e in entries], np.float64)
+        scale = float(np.max(np.abs(fd)))
+        err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
+        rows.append({"tensor": name, "worst_rel_err": err, "largest_grad": scale, "entries": len(entries)})
+    worst = max(r["worst_rel_err"] for r in rows)
+    return {"model": str(path), "T": T, "batch": batch, "full": True, "loss_gpu": loss, "loss_float64": loss64,
+            "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows, "worst_rel_err": worst,
+            "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
 
 
 def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=None, logits_all: bool = False):

@@ -24,10 +24,13 @@ from dataclasses import dataclass
 
 from lab import gpu, ops
 from lab.engine import budget
-from lab.engine.backward import Backward, TrainError, TrainScratch, untrainable
+from lab.engine.backward import Backward, TrainError, TrainScratch, trained_vectors, untrainable, untrainable_full
 from lab.engine.blocks import qkv_width
 from lab.engine.lora import DEFAULT_TARGETS, Lora, choose
+from lab.format import gguf
 from lab.format.adapter import write_adapter
+from lab.format.ggml import BY_NAME
+from lab.format.writer import write_gguf
 from lab.ops import backward_head, optimizer
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -76,28 +79,33 @@ def batch_of(wins: list[list[int]], s: int, B: int) -> list[list[int]]:
     return [wins[(s * B + j) % len(wins)] for j in range(B)]
 
 
-def needs(engine, T: int, rank: int, targets, batch: int = 1) -> list[tuple[str, int]]:
+def needs(engine, T: int, rank: int, targets, batch: int = 1, full: bool = False) -> list[tuple[str, int]]:
     """(label, bytes) of every buffer a Trainer of these arguments makes, counted by making them on a device that
-    only records sizes (lab.engine.budget.counting): the same allocation code, nothing allocated."""
+    only records sizes (lab.engine.budget.counting): the same allocation code, nothing allocated. full: full
+    fine-tuning's (every weight's gradient, and AdamW's two moments of each; the weights themselves are the model's)."""
     cfg, dev = engine.cfg, budget.counting(engine.device.info.limits)
     table = {t.name: t for t in engine.header.tensors}
-    lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), 1.0, engine.max_batch)
+    lora = None if full else Lora(dev, choose(table, cfg.n_layer, targets, rank), 1.0, engine.max_batch)
     width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
     TrainScratch.alloc(dev, cfg, engine.weights, lora, T, width)
-    n = lora.n_params
-    for label in ("adamw m", "adamw v", "train window losses"):
-        dev.buffer(4 * (n if label.startswith("adamw") else batch), gpu.CONVERSATION, label)
+    grads = [b for b in dev.buffers if b.label.startswith(("lora gradients", "grad "))]
+    for g in grads:
+        for moment in ("adamw m", "adamw v"):
+            dev.buffer(g.size, gpu.CONVERSATION, f"{moment} of {g.label}")
+    dev.buffer(4 * batch, gpu.CONVERSATION, "train window losses")
     head = backward_head.head_layout(engine.weights.head, T)
     return [(b.label, b.size) for b in dev.buffers] + [(f"head {k}", 4 * v) for k, v in head.floats.items()]
 
 
-def check_fits(engine, T: int, rank: int, targets, batch: int = 1) -> None:
+def check_fits(engine, T: int, rank: int, targets, batch: int = 1, full: bool = False) -> None:
     """Refuse (TrainError) a run with a buffer past this GPU's limits, before anything is made, saying the largest
     rank and context that fit."""
     limits = engine.device.info.limits
-    wrong = budget.problems(limits, needs(engine, T, rank, targets, batch))
+    wrong = budget.problems(limits, needs(engine, T, rank, targets, batch, full))
     if not wrong:
         return
+    if full:
+        raise TrainError(f"full fine-tuning at context {T} does not fit this GPU: {wrong[0]}")
     fits = lambda r, t: not budget.problems(limits, needs(engine, t, r, targets, batch))     # noqa: E731
     r = rank
     while r > 1 and not fits(r, T):
@@ -120,16 +128,74 @@ async def adapter_bytes(engine, lora: Lora, name: str = "llm-lab LoRA") -> bytes
     return write_adapter(engine.cfg.arch, lora.alpha, pairs, name=name)
 
 
+async def model_bytes(engine) -> bytes:
+    """The engine's model as it is now (a full fine-tune's weights, read from the GPU), as a GGUF of the same
+    architecture: the file's metadata (general.file_type set to all-F32) and every tensor in the file's order, F32 in
+    its file shape. A tensor of a stacked run (lab.ops.weights ModelWeights: q|k|v, gate|up) is its rows of the run;
+    rope_freqs, a constant the plans hold, its values. Only F32 files (full fine-tuning's) are written: a quantized
+    weight has no F32 master copy to read."""
+    w, header, dev = engine.weights, engine.header, engine.device
+    runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header)}
+    tensors = []
+    for t in header.tensors:
+        if t.type.name != "F32":
+            raise TrainError(f"{t.name} is {t.type.name}: only an F32 model (a full fine-tune's) is written whole")
+        if t.name in w.vectors:
+            raw = await dev.read(w.vectors[t.name], 0, t.nbytes)
+        elif t.name in runs:
+            m, row = runs[t.name]
+            rows = t.n_elements // t.shape[0]
+            raw = await _matrix_rows(dev, m, row, rows)
+        elif t.name == "rope_freqs.weight" and engine.rope_freqs is not None:
+            raw = array("f", engine.rope_freqs).tobytes()
+        else:
+            raise TrainError(f"{t.name}: the engine holds no copy of it to write")
+        tensors.append((t.name, t.shape, BY_NAME["F32"].id, raw))
+    kvs = []
+    for key, value in header.metadata.items():
+        if key == "general.file_type":
+            value = 0                                   # LLAMA_FTYPE_ALL_F32
+        vtype = header.metadata_types[key]
+        kvs.append((key, gguf.ARRAY, (vtype[1], value)) if isinstance(vtype, tuple) else (key, vtype, value))
+    return write_gguf(kvs, tensors, alignment=header.alignment)
+
+
+def _run_rows(m, header) -> list[tuple[str, int]]:
+    """(tensor name, first row in the weight) of each file tensor a weight holds: its own, or a stacked run's."""
+    shapes = {t.name: t.shape for t in header.tensors}
+    out, row = [], 0
+    for name in m.name.split("+"):
+        if name not in shapes:
+            return []                                  # a view (phi3's fused attn_qkv seen as three): not a file tensor
+        out.append((name, row))
+        row += shapes[name][1]
+    return out
+
+
+async def _matrix_rows(dev, m, first: int, rows: int) -> bytes:
+    """Rows first .. first + rows - 1 of an F32 weight, across its parts."""
+    out = bytearray()
+    for p in m.parts:
+        lo, hi = max(first, p.first_row), min(first + rows, p.first_row + p.n_rows)
+        if lo < hi:
+            out += await dev.read(p.buffer, 4 * (lo - p.first_row) * m.cols, 4 * (hi - lo) * m.cols)
+    return bytes(out)
+
+
 class Trainer:
     """A LoRA adapter of `rank` (alpha, targets: the kinds of projection, lab.engine.lora) trained on `engine` with
-    windows of T tokens, `batch` windows a step. The engine must have an f32 KV cache and steps of at least T rows.
+    windows of T tokens, `batch` windows a step; or, with full=True, every weight of the model itself (full
+    fine-tuning: the engine's F32 weights are the master copy the optimizer moves in place; its norms too,
+    lab.engine.backward trained_vectors). The engine must have an f32 KV cache and steps of at least T rows.
     `keep`: the forward's rows kept for the backward (lab.engine.backward KEEP_BYTES decides by default; tests force
     both ways)."""
 
     def __init__(self, engine, *, T: int, batch: int = 1, rank: int = 8, alpha: float = 16.0,
-                 targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None, keep: bool | None = None) -> None:
+                 targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None, keep: bool | None = None,
+                 full: bool = False) -> None:
         cfg, dev = engine.cfg, engine.device
-        reason = untrainable(cfg)
+        reason = untrainable(cfg) or (untrainable_full(cfg, {m.type.name for m in engine.weights.matrices.values()})
+                                      if full else None)
         if reason:
             raise TrainError(reason)
         if engine.kv_type != "f32":
@@ -138,16 +204,18 @@ class Trainer:
             raise TrainError(f"a context of {T} tokens: from 2 to {min(engine.max_batch, engine.n_ctx)} on this engine")
         if batch < 1:
             raise TrainError(f"a batch of {batch} windows: at least 1")
-        check_fits(engine, T, rank, targets, batch)
-        self.engine, self.device, self.T, self.batch = engine, dev, T, batch
+        check_fits(engine, T, rank, targets, batch, full)
+        self.engine, self.device, self.T, self.batch, self.full = engine, dev, T, batch, full
         self.rows_total = batch * (T - 1)
         self.optim = optim or Optim()
         self.steps_done = 0
+        self.lora = None
         with dev.owning(self):
             try:
-                table = {t.name: t for t in engine.header.tensors}
-                self.lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), alpha, engine.max_batch)
-                dev.write(self.lora.params, self.lora.initial(seed))
+                if not full:
+                    table = {t.name: t for t in engine.header.tensors}
+                    self.lora = Lora(dev, choose(table, cfg.n_layer, targets, rank), alpha, engine.max_batch)
+                    dev.write(self.lora.params, self.lora.initial(seed))
                 width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
                 self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width, keep=keep)
                 self.ce = backward_head.head_ce(dev, engine.weights.head, T, cap=cfg.final_softcap)
@@ -163,19 +231,38 @@ class Trainer:
                 dev.free(self)
                 raise
 
+    def pieces(self) -> list[tuple[gpu.Buffer, gpu.Buffer, int]]:
+        """(parameters, their gradients, floats) of everything the step trains: the adapter's one buffer, or each
+        weight part and trained vector of the model (full fine-tuning), in the model's order."""
+        if not self.full:
+            return [(self.lora.params, self.ts.grads, self.lora.n_params)]
+        w, ts = self.engine.weights, self.ts
+        out = [(p.buffer, g.buffer, p.n_rows * m.cols)
+               for name, m in w.matrices.items() for p, g in zip(m.parts, ts.wgrads[name])]
+        return out + [(w.vectors[n], ts.vgrads[n], ts.vgrads[n].size // 4) for n in trained_vectors(self.engine.cfg)]
+
+    @property
+    def n_params(self) -> int:
+        return sum(n for _, _, n in self.pieces())
+
     def _update_ops(self) -> list[ops.Op]:
-        """The optimizer's pass over the adapter's parameters (state: lr and t written each step)."""
-        dev, k, o, n = self.device, self.engine.kernels, self.optim, self.lora.n_params
+        """The optimizer's pass over the trained parameters (state: lr and t written each step): one op list a piece,
+        the gradients' global norm over all of them first (AdamW)."""
+        dev, k, o = self.device, self.engine.kernels, self.optim
         conv = gpu.CONVERSATION
         self.state = optimizer.make_state(dev, "train optimizer state [lr, t, sumsq, clip]")
+        pieces = self.pieces()
         if o.kind == "sgd":
-            return optimizer.sgd(dev, k, self.lora.params, self.ts.grads, self.state, n)
-        self.m = dev.buffer(4 * n, conv, f"adamw m [{n}]")
-        self.v = dev.buffer(4 * n, conv, f"adamw v [{n}]")
-        scratch = dev.buffer(4 * optimizer.grad_norm_scratch_floats(n), conv, "train grad norm partials")
-        return (optimizer.grad_norm(dev, k, self.ts.grads, n, self.state, scratch, max_norm=o.clip)
-                + optimizer.adamw(dev, k, self.lora.params, self.ts.grads, self.m, self.v, self.state, n,
-                                  beta1=o.beta1, beta2=o.beta2, eps=o.eps, weight_decay=o.weight_decay))
+            return [op for p, g, n in pieces for op in optimizer.sgd(dev, k, p, g, self.state, n)]
+        self.moments = [(dev.buffer(4 * n, conv, f"adamw m [{n}] of {g.label}"),
+                         dev.buffer(4 * n, conv, f"adamw v [{n}] of {g.label}")) for _, g, n in pieces]
+        floats = sum(optimizer.grad_norm_scratch_floats(n) for _, _, n in pieces)
+        scratch = dev.buffer(4 * floats, conv, "train grad norm partials")
+        out = optimizer.grad_norm_many(dev, k, [(g, n) for _, g, n in pieces], self.state, scratch, max_norm=o.clip)
+        for (p, g, n), (m, v) in zip(pieces, self.moments):
+            out += optimizer.adamw(dev, k, p, g, m, v, self.state, n, beta1=o.beta1, beta2=o.beta2, eps=o.eps,
+                                   weight_decay=o.weight_decay)
+        return out
 
     async def step(self, batch: list[list[int]]) -> float:
         """One optimizer step on these windows: the loss the gradients were taken at."""
@@ -187,7 +274,13 @@ class Trainer:
 
     async def adapter_bytes(self, name: str = "llm-lab LoRA") -> bytes:
         """The adapter as it is now, as a llama.cpp adapter GGUF (`adapter_bytes` below)."""
+        if self.full:
+            raise TrainError("a full fine-tune has no adapter: write the model (model_bytes)")
         return await adapter_bytes(self.engine, self.lora, name)
+
+    async def model_bytes(self) -> bytes:
+        """The model as full fine-tuning left it (`model_bytes` below)."""
+        return await model_bytes(self.engine)
 
     def close(self) -> None:
         """The adapter off the engine and every buffer of training freed (zeroed first: CONVERSATION)."""
@@ -198,8 +291,9 @@ class Trainer:
         """Bytes of the training's buffers by what they hold (the Training card shows them): the adapter, its
         gradients, the optimizer's state, the activations (the layers' saved inputs and the step's scratch), the
         window's tokens."""
-        kinds = {"adapter": [self.lora.params], "gradients": [self.ts.grads],
-                 "optimizer": [b for b in (getattr(self, "m", None), getattr(self, "v", None), self.state) if b],
+        pieces = self.pieces()
+        kinds = {"adapter": [] if self.full else [self.lora.params], "gradients": [g for _, g, _ in pieces],
+                 "optimizer": [b for mv in getattr(self, "moments", []) for b in mv] + [self.state],
                  "tokens": [self.ts.targets]}
         named = {id(b) for bufs in kinds.values() for b in bufs}
         kinds["activations"] = [b for b in self.device.owned_by(self) if id(b) not in named]
@@ -207,6 +301,7 @@ class Trainer:
 
     @property
     def grads(self) -> gpu.Buffer:
+        """The adapter's gradients (LoRA; full fine-tuning's are `pieces`')."""
         return self.ts.grads
 
     def _check(self, batch: list[list[int]]) -> None:
@@ -218,7 +313,8 @@ class Trainer:
     async def gradients(self, batch: list[list[int]]) -> float:
         """The step's loss at the adapter as it is, its gradients left in `grads` (cleared first)."""
         self._check(batch)
-        self.device.clear(self.ts.grads)
+        for _, g, _ in self.pieces():
+            self.device.clear(g)
         return await self._run(self.window, batch)
 
     async def loss(self, batch: list[list[int]]) -> float:

@@ -109,8 +109,8 @@ def test_one_step_is_the_optimizers(device, kind):
         win = [[int(i) for i in np.random.default_rng(2).integers(0, engine.cfg.n_vocab, 8)]]
         for step in (1, 2):
             p0 = np.frombuffer(dev.read_sync(tr.lora.params), np.float32).astype(np.float64)
-            m0 = np.frombuffer(dev.read_sync(tr.m), np.float32).astype(np.float64) if kind == "adamw" else None
-            v0 = np.frombuffer(dev.read_sync(tr.v), np.float32).astype(np.float64) if kind == "adamw" else None
+            m0 = np.frombuffer(dev.read_sync(tr.moments[0][0]), np.float32).astype(np.float64) if kind == "adamw" else None
+            v0 = np.frombuffer(dev.read_sync(tr.moments[0][1]), np.float32).astype(np.float64) if kind == "adamw" else None
             asyncio.run(tr.step(win))
             g = np.frombuffer(dev.read_sync(tr.grads), np.float32).astype(np.float64)
             got = np.frombuffer(dev.read_sync(tr.lora.params), np.float32)

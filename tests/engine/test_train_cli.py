@@ -40,7 +40,8 @@ def test_train_json_and_the_adapter_file(model, tmp_path, capsys):
 @pytest.mark.parametrize("flags,words", [
     (["--ctx", "4096"], "fewer than one window of 4096"),
     (["--lora-rank", "300"], "rank 300 is larger than"),
-    (["--full"], "full fine-tuning is not built yet"),
+    (["--full"], "full fine-tuning trains the weights themselves in f32, and this file's matrices are"),
+    (["--backend", "browser", "--full"], "--full cannot be set there"),
     (["--lora-targets", "ffn_nowhere"], "ffn_nowhere"),
     (["--backend", "browser", "--warmup", "2", "--seed", "3"], "--warmup, --seed cannot be set there"),
     (["--backend", "browser", "--lora-targets", "attn_q"], "--lora-targets cannot be set there"),

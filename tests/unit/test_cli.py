@@ -31,6 +31,7 @@ LEAST = {
     "perplexity": ["m.gguf", "t.txt"],
     "train": ["m.gguf", "--data", "t.txt"],
     "gradcheck": ["m.gguf"],
+    "f32-copy": ["m.gguf", "--out", "f.gguf"],
     "index": ["m.gguf", "a.txt", "--out", "i.idx"],
     "ask": ["m.gguf", "--index", "i.idx", "--question", "q"],
     "retrieval-eval": ["m.gguf", "a.txt"],
@@ -44,7 +45,7 @@ LEAST = {
 # sample (the sampler's flags and -n), and run in the page too (--backend and the browser's options).
 GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
        "attribute", "bench"}
-JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "f32-copy", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
         "attribute", "bench"}
 CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gradcheck": 16, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
        "retrieval-eval": DEFAULT_CTX, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,

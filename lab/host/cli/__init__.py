@@ -20,6 +20,7 @@ COMMANDS = {
     "perplexity": (parsers.perplexity, run.perplexity),
     "train": (parsers.train, training.train),
     "gradcheck": (parsers.gradcheck, training.gradcheck),
+    "f32-copy": (parsers.f32_copy, training.f32_copy),
     "index": (parsers.index, retrieval.index),
     "ask": (parsers.ask, retrieval.ask),
     "retrieval-eval": (parsers.retrieval_eval, retrieval.retrieval_eval),

@@ -159,10 +159,13 @@ def perplexity(sub, name):
 
 def train(sub, name):
     from lab.engine.lora import DEFAULT_TARGETS
-    s = sub.add_parser(name, help="train a LoRA adapter on a text file natively; writes llama.cpp's adapter GGUF")
+    s = sub.add_parser(name, help="train a LoRA adapter (llama.cpp's adapter GGUF), or every weight of an F32 model "
+                                  "(--full: a model GGUF), on a text file natively")
     model_arg(s)
     s.add_argument("--data", required=True, help="a UTF-8 text file, tokenized as `lab tokenize` does")
-    s.add_argument("--full", action="store_true", help="full fine-tuning (F32 master weights)")
+    s.add_argument("--full", action="store_true",
+                   help="full fine-tuning: every weight and norm of an F32 model trained in place, written as a model "
+                        "GGUF of the same architecture (the --lora-* flags then do nothing)")
     s.add_argument("--lora-rank", type=int, default=8)
     s.add_argument("--lora-alpha", type=float, default=None, help="default: twice the rank")
     s.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS),
@@ -176,7 +179,8 @@ def train(sub, name):
     s.add_argument("--ctx", type=int, default=128, help="tokens a training window holds")
     s.add_argument("--batch", type=int, default=1, help="windows a step")
     s.add_argument("--seed", type=int, default=0, help="the adapter's start (A random, B zero)")
-    s.add_argument("--out", default=None, help="the adapter file (default: MODEL's name + .lora.gguf, here)")
+    s.add_argument("--out", default=None, help="the adapter file (default: MODEL's name + .lora.gguf, here), or with "
+                                               "--full the model (MODEL's name + .trained.gguf)")
     s.add_argument("--profile", action="store_true", help="also one window's GPU time by kernel family")
     json_flag(s, "print {losses, tokens_per_s, out, ...} as JSON")
     gpu_flags(s)
@@ -185,9 +189,19 @@ def train(sub, name):
     return s
 
 
-def gradcheck(sub, name):
-    s = sub.add_parser(name, help="the whole model's LoRA gradients on the GPU against float64 central differences")
+def f32_copy(sub, name):
+    s = sub.add_parser(name, help="write the model with every tensor dequantized to F32 (what --full trains)")
     model_arg(s)
+    s.add_argument("--out", required=True, help="the F32 file to write")
+    json_flag(s)
+    return s
+
+
+def gradcheck(sub, name):
+    s = sub.add_parser(name, help="the whole model's LoRA gradients (or with --full every weight's) on the GPU against "
+                                  "float64 central differences")
+    model_arg(s)
+    s.add_argument("--full", action="store_true", help="full fine-tuning's gradients, of every weight of an F32 model")
     s.add_argument("--ctx", type=int, default=16, help="tokens a window holds")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--rank", type=int, default=4)

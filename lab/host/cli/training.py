@@ -11,12 +11,9 @@ from pathlib import Path
 
 
 def train(args) -> int:
-    from lab.engine.backward import TrainError
     from lab.host import gradcheck as gc
     from lab.host.loading import read_model
     from lab.instruments.training import Optim, Trainer, batch_of, windows
-    if args.full:
-        raise TrainError("full fine-tuning is not built yet: train a LoRA adapter (--lora-rank)")
     if args.backend == "browser":
         return _train_in_page(args)
     header, cfg, tok = read_model(args.model)
@@ -27,16 +24,22 @@ def train(args) -> int:
                   weight_decay=args.weight_decay, clip=args.clip if args.optimizer == "adamw" else 0.0)
     engine = gc.open_engine(args.model, args.ctx, args.disable)
     alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
-    tr = Trainer(engine, T=args.ctx, batch=args.batch, rank=args.lora_rank, alpha=alpha,
-                 targets=tuple(t for t in args.lora_targets.split(",") if t), seed=args.seed, optim=optim)
-    out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + ".lora.gguf")
+    try:
+        tr = Trainer(engine, T=args.ctx, batch=args.batch, rank=args.lora_rank, alpha=alpha,
+                     targets=tuple(t for t in args.lora_targets.split(",") if t), seed=args.seed, optim=optim,
+                     full=args.full)
+    except BaseException:
+        engine.close()
+        raise
+    suffix = ".trained.gguf" if args.full else ".lora.gguf"
+    out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + suffix)
     losses, marks = [], [time.perf_counter()]
     for s in range(args.steps):
         losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))     # the loss's read waits for the step
         marks.append(time.perf_counter())
         if not args.json:
             print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
-    out.write_bytes(asyncio.run(tr.adapter_bytes()))
+    out.write_bytes(asyncio.run(tr.model_bytes() if args.full else tr.adapter_bytes()))
     profile = None
     if args.profile:        # one window's pass by kernel family (timestamp queries), after the run
         from lab.instruments.profile import ops_by_family
@@ -46,7 +49,8 @@ def train(args) -> int:
     per_step = args.batch * args.ctx
     report = {"losses": losses, "tokens_per_s": per_step * max(1, args.steps - 1) / timed, "out": str(out),
               "seconds": marks[-1] - marks[0], "first_step_s": marks[1] - marks[0], "windows": len(wins),
-              "params": tr.lora.n_params, "steps": args.steps, "memory": tr.memory(), "profile": profile,
+              "params": tr.n_params, "steps": args.steps, "memory": tr.memory(), "profile": profile,
+              "mode": "full" if args.full else "lora",
               "adapter": engine.device.info.name}
     tr.close()
     engine.close()
@@ -54,13 +58,13 @@ def train(args) -> int:
         print(json.dumps(report))
     else:
         print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-              f"{report['tokens_per_s']:.1f} tokens/s; {tr.lora.n_params:,} parameters in {out}")
+              f"{report['tokens_per_s']:.1f} tokens/s; {tr.n_params:,} parameters in {out}")
     return 0
 
 
 # What the Training card asks for and what it fixes: a flag set otherwise is refused, not silently dropped.
 _PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "profile": False,
-               "disable": []}
+               "disable": [], "full": False}
 
 
 def _train_in_page(args) -> int:
@@ -88,10 +92,28 @@ def _train_in_page(args) -> int:
     return 0
 
 
+def f32_copy(args) -> int:
+    """`lab f32-copy MODEL --out FILE`: the model with every tensor dequantized to F32 (lab.host.f32copy), what full
+    fine-tuning trains."""
+    from lab.host.f32copy import f32_copy as copy
+    from lab.host.loading import read_model
+    src, out = Path(args.model), Path(args.out)
+    if out.exists() and out.resolve() == src.resolve():
+        raise ValueError(f"--out {out} is the model itself: write the copy elsewhere")
+    read_model(src)                         # a file the lab reads, or its refusal in words
+    t0 = time.perf_counter()
+    copy(src, out)
+    report = {"model": str(src), "out": str(out), "bytes": out.stat().st_size,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    print(json.dumps(report) if args.json else f"{out}: {report['bytes']:,} bytes, every tensor F32 "
+                                                f"({report['seconds']} s)")
+    return 0
+
+
 def gradcheck(args) -> int:
     from lab.host import gradcheck as gc
     r = gc.check(args.model, T=args.ctx, batch=args.batch, rank=args.rank, samples=args.samples, seed=args.seed,
-                 disable=args.disable)
+                 disable=args.disable, full=args.full)
     if args.json:
         print(json.dumps(r))
     else:

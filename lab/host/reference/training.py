@@ -6,6 +6,9 @@ reference forward (lab/host/reference/forward.py) in float64 with the adapter ap
     oracle = LoraLoss(path, {name: (A [r, n_in], B [n_out, r])}, alpha)
     oracle.loss(windows)                    mean over windows and positions t < T-1 of -log p(w[t+1] | w[..t])
     oracle.central(windows, name, "A", (i, j), h)     (loss(+h) - loss(-h)) / 2h at one entry
+
+    oracle = ModelLoss(path)                full fine-tuning's: the loss of the model's own weights
+    oracle.central(windows, name, index, h)           ... at one entry of a weight (numpy shape: rows first)
 """
 
 from __future__ import annotations
@@ -16,6 +19,42 @@ from lab.host.reference import lora
 from lab.host.reference.forward import Reference
 
 
+def window_loss(ref, windows) -> float:
+    """The mean over the windows and positions t < T-1 of -log p(w[t+1] | w[..t]) under `ref`'s weights."""
+    total, count = 0.0, 0
+    for w in windows:
+        # float64 logits: a float32 rounding of logits ~10 (1e-6) over 2h = 2e-4 would be 1e-2 of a gradient
+        logits = ref.forward(w, keep_dtype=True)[:-1]
+        m = logits.max(axis=1, keepdims=True)
+        lse = (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
+        total += float(np.sum(lse - logits[np.arange(len(w) - 1), np.asarray(w[1:])]))
+        count += len(w) - 1
+    return total / count
+
+
+class ModelLoss:
+    """The loss of a model's own weights in float64, and its central differences at single entries."""
+
+    def __init__(self, path) -> None:
+        self.ref = Reference(path, dtype=np.float64)
+
+    def loss(self, windows) -> float:
+        return window_loss(self.ref, windows)
+
+    def central(self, windows, name: str, index: tuple, h: float) -> float:
+        """d loss / d weight[index] by central differences with step h (the weight as numpy shapes it)."""
+        cache = self.ref.w._cache
+        old = self.ref.w.get(name)
+        values = []
+        for sign in (1.0, -1.0):
+            moved = old.copy()
+            moved[index] += sign * h
+            cache[name] = moved
+            values.append(self.loss(windows))
+        cache[name] = old
+        return (values[0] - values[1]) / (2 * h)
+
+
 class LoraLoss:
     def __init__(self, path, adapter: dict, alpha: float) -> None:
         self.ref = Reference(path, dtype=np.float64)
@@ -24,15 +63,7 @@ class LoraLoss:
         lora.apply(self.ref, self.pairs, self.alpha)
 
     def loss(self, windows) -> float:
-        total, count = 0.0, 0
-        for w in windows:
-            # float64 logits: a float32 rounding of logits ~10 (1e-6) over 2h = 2e-4 would be 1e-2 of a gradient
-            logits = self.ref.forward(w, keep_dtype=True)[:-1]
-            m = logits.max(axis=1, keepdims=True)
-            lse = (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
-            total += float(np.sum(lse - logits[np.arange(len(w) - 1), np.asarray(w[1:])]))
-            count += len(w) - 1
-        return total / count
+        return window_loss(self.ref, windows)
 
     def _update(self, name: str) -> None:
         """The adapted matrix `name` made again from its (changed) factors."""

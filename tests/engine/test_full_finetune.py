@@ -1,0 +1,206 @@
+"""Full fine-tuning (issue #43 item 4): every weight and norm of an F32 model trained in place, natively.
+
+1. The gradients: every parameter tensor of the synthetic Llama 3 file (its 28 matrices, 9 norms and the tied
+   embedding table, which takes the head's gradient and the embedding's) against float64 central differences of the
+   same loss (lab.host.gradcheck `check(full=True)`, lab/host/reference/training.py ModelLoss); and three broken steps
+   that must fail it (a matrix's dW, the embedding's scatter-add, a norm's gradient left out).
+2. One optimizer step, AdamW (clipped over every tensor's gradient at once) and SGD, against the float64 oracle.
+3. The written model (lab.instruments.training `model_bytes`): the untrained engine writes its file back byte for
+   byte; `lab train --full` writes a model llama.cpp gives the lab's logits for (tests/fixtures/full-ft, made by
+   scripts/make_full_ft_fixture.py: llama.cpp's logits of the same run's file).
+4. What is refused, with the reason: a quantized file, the parameters whose gradients are not built yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from lab.engine import backward
+from lab.engine.backward import TrainError, untrainable_full
+from lab.engine.load import validate
+from lab.format import gguf
+from lab.host import cli, gradcheck
+from lab.host.models import cache_dir
+from lab.host.reference import optim as ref_optim
+from lab.host.synthetic import arch as synthetic_arch
+from lab.instruments.training import Optim, Trainer, model_bytes
+from tests.conftest import FIXTURES, ROOT
+
+FIX = FIXTURES / "full-ft"
+LLAMA_TOL = 2e-3    # as tests/engine/test_lora_engine.py: F32 on both sides, summed in other orders
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_full_ft_fixture import PROMPT, RUN, TEXT_CHARS, train_args  # noqa: E402
+
+
+def llama3(mix: str = "f32"):
+    return synthetic_arch.build("llama3", mix, cache_dir() / "synthetic")
+
+
+def _check(device, **kw) -> dict:
+    path = llama3()
+    engine = gradcheck.open_engine(path, 8, device=device)
+    try:
+        return gradcheck.check(path, T=8, engine=engine, full=True, **kw)
+    finally:
+        engine.close()
+
+
+def test_every_weights_gradient_matches_central_differences(device):
+    r = _check(device, batch=2, samples=2)
+    worst = sorted(r["tensors"], key=lambda row: -row["worst_rel_err"])[:3]
+    print(f"\nfull fine-tuning, llama3 f32: loss {r['loss_gpu']:.6f} vs {r['loss_float64']:.6f}, "
+          f"{len(r['tensors'])} tensors, worst {worst}")
+    assert r["loss_rel_err"] < 1e-5 and r["ok"], worst
+    header = gguf.read_file(llama3())
+    assert {row["tensor"] for row in r["tensors"]} == {t.name for t in header.tensors} - {"rope_freqs.weight"}
+
+
+def _dw_left_out_for(kind: str):
+    real = backward.backward_matmul.dw_back
+
+    def fake(dev, kernels, dw, *a, **k):
+        return [] if kind in dw[0].buffer.label else real(dev, kernels, dw, *a, **k)
+    return fake
+
+
+def _norm_dw_left_out(*a, **k):
+    a = list(a)
+    a[6] = None                                   # dw: the norm's weight not trained
+    return _REAL_NORM_BACK(*a, **k)
+
+
+_REAL_NORM_BACK = backward.rms_norm_back
+
+
+@pytest.mark.parametrize("name,target,fn,tensor", [
+    ("ffn_down's dW left out", "lab.engine.backward.backward_matmul.dw_back", _dw_left_out_for("ffn_down"),
+     "ffn_down"),
+    ("the embedding's scatter-add left out", "lab.engine.backward.embed_back", lambda *a, **k: [], "token_embd"),
+    ("the norms' gradients left out", "lab.engine.backward.rms_norm_back", _norm_dw_left_out, "norm"),
+])
+def test_broken_steps_fail(device, monkeypatch, name, target, fn, tensor):
+    monkeypatch.setattr(target, fn)
+    r = _check(device, batch=1, samples=3)
+    bad = [row["tensor"] for row in r["tensors"] if row["worst_rel_err"] > r["tolerance"]]
+    print(f"\n{name}: {len(bad)} tensors fail, e.g. {bad[:3]}")
+    assert not r["ok"] and bad and all(tensor in b for b in bad), bad
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_one_step_is_the_optimizers(device, kind):
+    """Every piece's parameters after one step against the float64 oracle's step from the gradients the step left:
+    AdamW's clip factor from the global norm over every piece at once."""
+    engine = gradcheck.open_engine(llama3(), 8, device=device)
+    o = Optim(kind, lr=1e-3, steps=4, weight_decay=0.1 if kind == "adamw" else 0.0, clip=0.5)
+    tr = Trainer(engine, T=8, optim=o, full=True)
+    try:
+        dev = engine.device
+        win = [[int(i) for i in np.random.default_rng(4).integers(0, engine.cfg.n_vocab, 8)]]
+        read = lambda b: np.frombuffer(dev.read_sync(b), np.float32).astype(np.float64)     # noqa: E731
+        before = [read(p) for p, _, _ in tr.pieces()]
+        asyncio.run(tr.step(win))
+        grads = [read(g) for _, g, _ in tr.pieces()]
+        after = [read(p) for p, _, _ in tr.pieces()]
+        lr = ref_optim.schedule([1], lr=o.lr, warmup=0, total=o.steps, min_ratio=o.min_ratio)[0]
+        clip = ref_optim.clip_scale(sum(ref_optim.grad_sumsq(g) for g in grads), o.clip)
+        worst = 0.0
+        for p0, g, got in zip(before, grads, after):
+            if kind == "sgd":
+                want = ref_optim.sgd_step(p0, g, lr=lr)
+            else:
+                zero = np.zeros_like(p0)
+                want = ref_optim.adamw_step(p0, g, zero, zero, lr=lr, t=1, clip=clip, weight_decay=0.1)[0]
+            moved = np.abs(want - p0).max()
+            if moved > 0:
+                worst = max(worst, float(np.abs(got - want).max() / moved))
+        print(f"\n{kind}: {len(grads)} pieces, worst error {worst:.2e} of a step's size (clip factor {clip:.4f})")
+        assert worst < 1e-3, worst
+        assert kind == "sgd" or clip < 1.0          # the clip was reached: the global norm over all pieces counts
+    finally:
+        tr.close()
+        engine.close()
+
+
+def test_the_untrained_model_is_written_back_byte_for_byte(device):
+    path = llama3()
+    engine = gradcheck.open_engine(path, 8, device=device)
+    try:
+        raw = asyncio.run(model_bytes(engine))
+    finally:
+        engine.close()
+    assert raw == path.read_bytes()
+
+
+def test_a_fine_tuned_model_gives_llama_cpps_logits(device, tmp_path, capsys):
+    """`lab train --full` with the fixture's run; the lab on the file it wrote against llama.cpp on the fixture
+    script's (the same run); and the run moved the model (its logits against the untrained file's)."""
+    meta = json.loads((FIX / "meta.json").read_text())
+    assert {k: meta[k] for k in RUN} == RUN and meta["prompt"] == PROMPT
+    with np.load(FIX / "logits.npz") as z:
+        golden = {k: z[k] for k in z.files}
+    data, out = tmp_path / "text.txt", tmp_path / "trained.gguf"
+    data.write_text((FIXTURES / "constitution.txt").read_text()[:TEXT_CHARS])
+    assert cli.main(train_args(llama3(), data, out)) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "full" and out.stat().st_size == meta["written_bytes"]
+    np.testing.assert_allclose(report["losses"], meta["losses"], rtol=1e-4)
+    ids = [int(i) for i in golden["ids"]]
+    engine = gradcheck.open_engine(out, len(ids), device=device, logits_all=True)
+    try:
+        engine.step(ids, 0)
+        V = engine.cfg.n_vocab
+        got = np.frombuffer(device.read_sync(engine.scratch.logits, 0, 4 * len(ids) * V), np.float32)
+        got = got.reshape(len(ids), V)[:, golden["cols"]]
+    finally:
+        engine.close()
+    err = float(np.abs(got - golden["logits"]).max())
+    print(f"\nthe fine-tuned model in the lab vs llama.cpp: {err:.2e} (training moved the logits by "
+          f"{meta['effect_max_abs']})")
+    assert err < LLAMA_TOL
+    assert np.abs(golden["logits"] - golden["untrained"]).max() > 100 * LLAMA_TOL
+
+
+def test_refusals(device):
+    cfg = validate(gguf.read_file(llama3()))[0]
+    assert untrainable_full(cfg, {"F32"}) is None
+    assert "Q4_K" in untrainable_full(cfg, {"F32", "Q4_K"}) and "LoRA" in untrainable_full(cfg, {"Q4_K"})
+    for spec, words in (("qwen3", "per-head Q/K norms"), ("gemma2", "post-norms")):
+        path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
+        why = untrainable_full(validate(gguf.read_file(path))[0], {"F32"})
+        assert words in why and spec in why, why
+    engine = gradcheck.open_engine(llama3("q4_k_m"), 8, device=device)
+    try:
+        with pytest.raises(TrainError, match="full fine-tuning trains the weights themselves in f32"):
+            Trainer(engine, T=8, full=True)
+    finally:
+        engine.close()
+
+
+def test_lab_f32_copy_makes_a_quantized_model_trainable_in_full(device, tmp_path, capsys):
+    """`lab f32-copy`: the Q4_K_M file's every tensor dequantized; the lab's logits on the copy are the quantized
+    file's (the engine dequantizes the same blocks to the same values), and full fine-tuning takes the copy."""
+    src, out = llama3("q4_k_m"), tmp_path / "copy.gguf"
+    assert cli.main(["f32-copy", str(src), "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == out.stat().st_size
+    header = gguf.read_file(out)
+    assert {t.type.name for t in header.tensors} == {"F32"} and header.metadata["general.file_type"] == 0
+    ids = [1, 504, 701, 282, 260, 1797]
+    rows = []
+    for path in (src, out):
+        engine = gradcheck.open_engine(path, len(ids), device=device, logits_all=True)
+        try:
+            engine.step(ids, 0)
+            rows.append(np.frombuffer(device.read_sync(engine.scratch.logits, 0, 4 * len(ids) * engine.cfg.n_vocab),
+                                      np.float32))
+            if path == out:
+                Trainer(engine, T=4, full=True).close()
+        finally:
+            engine.close()
+    assert np.abs(rows[0] - rows[1]).max() < 1e-4 * np.abs(rows[0]).max()
+    assert cli.main(["f32-copy", str(out), "--out", str(out)]) == 2
+    assert "is the model itself" in capsys.readouterr().err
