@@ -17,8 +17,14 @@ F32 copy (see `run`): the same weights, as gguf.quants dequantizes them. Per fil
              the top-64 (ids, logits) and the logits of SAMPLE fixed ids (the same for every position)
   greedy     GREEDY_N greedy ids after the prompt, with llama.cpp's top-2 logit gap at each step
   meta       llama-cpp-python version, file sha256 and size, llama.cpp arguments
+  router     (files with experts only) llama.cpp's routing of each prompt position in each routed layer, read by its
+             eval callback (scripts/llamacpp_trace.py) in a second run whose logits must be the first's:
+             `experts` (ffn_moe_topk: the chosen experts, best first), `weights` (ffn_moe_weights_norm: their
+             renormalised weights) and `margin` (the selection score of the last chosen expert less the best unchosen
+             one's, scores being ffn_moe_probs, or ffn_moe_probs_biased where the file has a selection bias: where it
+             is tiny another engine may rightly choose otherwise), each [layer][position]
 
-Small on purpose: about 10-20 KB a file.
+Small on purpose: about 10-20 KB a file (a router adds about 4 KB).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 from lab.host.synthetic import arch as synthetic_arch
 from lab.host.models import cache_dir
 
@@ -65,7 +72,6 @@ def sha256(p: Path) -> str:
 
 def f32_copy(src: Path, dst: Path) -> None:
     """`src` with every tensor dequantized by gguf.quants and written as F32 (metadata unchanged)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     from lab.host.f32copy import f32_copy as copy
     copy(str(src), str(dst))
 
@@ -86,9 +92,10 @@ def greedy_on(llm, n: int) -> tuple[list[int], list[float]]:
 
 def run(spec: str, mix: str) -> dict:
     path = synthetic_arch.build(spec, mix, synthetic_dir())
-    # The quantized files run as F32 copies: this machine's llama.cpp build (GGML_NATIVE) dies with SIGILL in its
-    # quantized CPU matmuls (AMX/AVX-512 code the VM does not allow); on an F32 copy llama.cpp also rounds nothing
-    # of its own, so the engine (which dequantizes in-kernel, exactly) is held to F32 tolerances on every mix.
+    # The quantized files run as F32 copies: on an F32 copy llama.cpp rounds nothing of its own (its quantized CPU
+    # path rounds activations to 8 bits), so the engine (which dequantizes in-kernel, exactly) is held to F32
+    # tolerances on every mix. (The build that made the first fixtures (GGML_NATIVE) also died with SIGILL in its
+    # quantized CPU matmuls: AMX/AVX-512 code its VM did not allow.)
     run_path = path
     if mix != "f32":
         run_path = Path("/tmp") / f"llm-lab-arch-{spec}-{mix}-f32.gguf"
@@ -100,9 +107,42 @@ def run(spec: str, mix: str) -> dict:
             run_path.unlink(missing_ok=True)
 
 
+def _llama(path: Path) -> llama_cpp.Llama:
+    return llama_cpp.Llama(str(path), n_ctx=N_CTX, n_batch=N_CTX, logits_all=True, seed=0, verbose=False,
+                           n_threads=2, n_threads_batch=2, type_k=0, type_v=0, flash_attn=False)
+
+
+def router(path: Path, prompt: list[int], want: np.ndarray) -> dict:
+    """llama.cpp's routing of the prompt (the fixture's `router`), from a run traced by its eval callback whose
+    logits must equal `want`, the untraced run's [t, n_vocab]."""
+    from llamacpp_trace import Traced
+    with Traced(lambda name: name.split("-")[0] in ("ffn_moe_topk", "ffn_moe_weights_norm", "ffn_moe_probs",
+                                                      "ffn_moe_probs_biased")) as t:
+        llm = _llama(path)
+        t.on = True
+        llm.eval(prompt)
+        t.on = False
+        got = np.asarray(llm.scores[:len(prompt)], dtype=np.float64)
+        del llm
+    assert np.array_equal(got, want), f"{path.name}: the traced run's logits differ by {np.abs(got - want).max()}"
+    layers = sorted(int(name.split("-")[1]) for name in t.seen if name.startswith("ffn_moe_topk-"))
+    out = {"layers": layers, "experts": [], "weights": [], "margin": []}
+    for il in layers:
+        experts = t.seen[f"ffn_moe_topk-{il}"].reshape(len(prompt), -1)          # [t, k]
+        weights = t.seen[f"ffn_moe_weights_norm-{il}"].reshape(len(prompt), -1)
+        score = t.seen.get(f"ffn_moe_probs_biased-{il}", t.seen[f"ffn_moe_probs-{il}"]).reshape(len(prompt), -1)
+        k = experts.shape[1]
+        ranked = -np.sort(-score, axis=1)
+        chosen = np.take_along_axis(score, experts, axis=1)      # the scores of the experts llama.cpp chose
+        assert (np.sort(chosen, axis=1) == np.sort(ranked[:, :k], axis=1)).all(), f"{path.name}: layer {il}'s top-k"
+        out["experts"].append(experts.tolist())
+        out["weights"].append([[round(float(w), 5) for w in row] for row in weights])
+        out["margin"].append([round(float(m), 6) for m in ranked[:, k - 1] - ranked[:, k]])
+    return out
+
+
 def _run(spec: str, mix: str, path: Path, run_path: Path) -> dict:
-    llm = llama_cpp.Llama(str(run_path), n_ctx=N_CTX, n_batch=N_CTX, logits_all=True, seed=0, verbose=False,
-                          n_threads=2, n_threads_batch=2, type_k=0, type_v=0, flash_attn=False)
+    llm = _llama(run_path)
     text_ids = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
     prompt = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
     assert len(prompt) > max(POSITIONS), (spec, len(prompt))
@@ -116,8 +156,10 @@ def _run(spec: str, mix: str, path: Path, run_path: Path) -> dict:
         top = np.argsort(-row, kind="stable")[:TOP]
         positions.append({"pos": p, "top_ids": [int(i) for i in top], "top_logits": [round(float(row[i]), 5) for i in top],
                           "sample_logits": [round(float(row[i]), 5) for i in sample]})
+    prefill = np.asarray(llm.scores[:len(prompt)], dtype=np.float64)
     ids, gaps = greedy_on(llm, GREEDY_N)
     del llm
+    routed = {"router": router(run_path, prompt, prefill)} if synthetic_arch.SPECS[spec].moe else {}
     return {
         "spec": spec, "mix": mix, "arch": synthetic_arch.SPECS[spec].arch, "n_vocab": n_vocab,
         "types": sorted(synthetic_arch.mix_types(mix)),
@@ -125,9 +167,9 @@ def _run(spec: str, mix: str, path: Path, run_path: Path) -> dict:
                  "file_bytes": path.stat().st_size,
                  "llama_cpp_args": f"n_ctx={N_CTX}, type_k=F32, type_v=F32, flash_attn=False, logits_all=True",
                  "llama_cpp_ran": "the file" if mix == "f32" else "an F32 copy (every tensor dequantized by "
-                                  "gguf.quants): this build's quantized CPU path dies with SIGILL here"},
+                                  "gguf.quants): llama.cpp rounds nothing of its own on it"},
         "text": TEXT, "tokenize": text_ids, "prompt_ids": prompt, "sample_ids": sample,
-        "positions": positions, "greedy": ids, "top2_gap": gaps,
+        "positions": positions, "greedy": ids, "top2_gap": gaps, **routed,
     }
 
 

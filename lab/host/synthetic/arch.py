@@ -13,6 +13,12 @@ leaves out (the head where tied, rope_freqs unless llama 3's, V where K stands f
 also keeps the files' tensor order. What is this module's own: each tensor's role (its type in a mix, `MIXES`), the
 std its values are drawn with, and the rules for the values that are not drawn as a matrix (norms, rope_freqs, ...).
 
+Mixture-of-experts files too, which the lab does not run yet (a spec with a `Moe` and a `not_run` reason: qwen3moe, a
+Mixtral-style llama, lfm2moe; issue #48): the registry gives the layout of the spec's dense architecture, whose FFN on
+each routed layer lab.host.synthetic.moe replaces by the router and stacked experts llama.cpp's loaders create (3-D
+tensors: [n_expert, rows, cols] here, ne = [cols, rows, n_expert] in the file). The router stays F32 in every mix, and
+an expert tensor takes its dense counterpart's type, as llama.cpp's quantizer does.
+
 A real vocabulary: the tokenizer metadata (every `tokenizer.*` key) is copied from one of the three real
 models (SmolLM2's gpt2 BPE, Qwen2.5's, Gemma 3's SentencePiece), with `tokenizer.ggml.pre` overridden
 where the spec says (llama-bpe for the Llama 3 file). The embedding table then has the real vocabulary's
@@ -41,6 +47,7 @@ from lab.format import model
 from lab.format.config import Config
 from lab.host import models
 from lab.host.synthetic import layout
+from lab.host.synthetic.moe import SIGMOID, Moe, block_order as moe_block_order, moe_keys, with_experts
 
 # byte offsets of a block's f16 d and dmin (None: the type has no dmin)
 _D_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, None), "Q2_K": (80, 82), "Q3_K": (108, None),
@@ -67,6 +74,8 @@ class ArchSpec:
     # general.name's spec part where the spec's own would trip llama.cpp: it matches general.name against "phi3" /
     # "phi-3" and then looks up Phi-3's own "</s>" token (unordered_map::at on a vocabulary without it)
     label: str = ""
+    moe: Moe | None = None      # routed experts (lab.host.synthetic.moe): their keys and tensors replace a dense FFN
+    not_run: str = ""           # why the lab refuses this file today, with the issue that asks for it ("": it runs)
 
 
 def llama3_factors(n_rot: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
@@ -158,6 +167,50 @@ SPECS: dict[str, ArchSpec] = {
 # layers, whose V is then K's projection (llama.cpp: "if v_proj is not present, use k_proj")
 SPECS["gemma4kv"] = replace(SPECS["gemma4"], v_is_k=True)
 
+# Mixture-of-experts files (lab.host.synthetic.moe: the router and stacked experts, with the llama.cpp source of each
+# fact): built, and held to llama.cpp by their fixtures, before the lab runs them; lab.format refuses them by their
+# router today, and tests/engine/test_architectures.py skips their fixtures with this reason. In each, n_embd (256),
+# an expert's width (512) and a dense FFN's width differ, so that a swapped dimension shows in a shape; every width is
+# whole K-quant blocks of 256.
+_MOE_NOT_RUN = ("issue #48: the engine has no routed-expert FFN yet (router, top-k, stacked experts); lab.format "
+                "refuses the file by its router")
+SPECS.update({
+    # Qwen3-30B-A3B-shaped (Qwen/Qwen3-30B-A3B config.json: hidden 2048, 48 layers, 32 query heads over 4 KV heads of
+    # 128, so q is twice n_embd wide; 128 experts of moe_intermediate_size 768, 8 a token, norm_topk_prob true, no
+    # shared experts, intermediate_size 6144, Q/K norms as qwen3, rope_theta 1e6, rms eps 1e-6, untied head).
+    # llama.cpp (src/models/qwen3moe.cpp): softmax router, top expert_used_count, weights renormalised (norm_w true),
+    # no expert_weights_scale read; experts expert_feed_forward_length wide. Here: 4 layers of 256, 8 query heads over
+    # 1 KV head of 64 (the release's 8:1, and q twice n_embd wide as in it), 8 experts of 512, 2 a token;
+    # feed_forward_length 1024 = 2 x 512, the release's relation (6144 = 8 x 768; llama.cpp reads it only where
+    # expert_feed_forward_length is absent); SmolLM2's vocabulary
+    "qwen3moe": ArchSpec("qwen3moe", "smollm2", 4, 8, 1, 64, 1024, tied=False, not_run=_MOE_NOT_RUN,
+                         moe=Moe("qwen3", n_expert=8, n_expert_used=2, n_ff_exp=512),
+                         extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,
+                                "attention.value_length": 64}),
+    # Mixtral-style (Mixtral-8x7B: a llama file with 8 experts of feed_forward_length 14336, 2 a token, 32 query heads
+    # over 8 KV heads of 128, rope_theta 1e6, untied head). llama.cpp runs it through the llama graph's MoE branch
+    # (src/models/llama.cpp: a layer with ffn_gate_inp; softmax, norm_w true, experts feed_forward_length wide, no
+    # expert_feed_forward_length key). Here: 4 layers of 256, 4 query heads over 1 KV head of 64, 8 experts of 512, 2 a
+    # token; SmolLM2's vocabulary
+    "mixtral": ArchSpec("llama", "smollm2", 4, 4, 1, 64, 512, tied=False, not_run=_MOE_NOT_RUN,
+                        moe=Moe("llama", n_expert=8, n_expert_used=2),
+                        extra={"rope.freq_base": 1000000.0, "context_length": 32768}),
+    # LFM2-8B-A1B-shaped (transformers' Lfm2MoeConfig, whose defaults are that model's: hidden 2048, 32 query heads over
+    # 8 KV heads, intermediate_size 7168 on the num_dense_layers 2 leading dense layers, 32 experts of
+    # moe_intermediate_size 1792, 4 a token, use_expert_bias, norm_topk_prob, routed_scaling_factor 1, rope_theta 1e6,
+    # norm_eps 1e-5, tied; llama.cpp names the 24-layer model 8B-A1B). llama.cpp's converter (LFM2MoeModel) writes
+    # expert_feed_forward_length, leading_dense_block_count and expert_gating_func = 2 (sigmoid); its graph
+    # (src/models/lfm2.cpp, build_moe_feed_forward) routes by the file's gating function with exp_probs_b.bias added
+    # for the choice only, norm_w true, no expert_weights_scale read. Here: the lfm2 spec's 6 layers (short-conv,
+    # short-conv, attention, short-conv, short-conv, attention), the first 2 dense (n_ff 1024, twice an expert; the
+    # release's are 4 times), the other 4 routed (both layer kinds) over 8 experts of 512, 2 a token
+    "lfm2moe": ArchSpec("lfm2moe", "smollm2", 6, 4, 2, 64, 1024, tied=True, kv_per_layer=(0, 0, 2, 0, 0, 2),
+                        not_run=_MOE_NOT_RUN,
+                        moe=Moe("lfm2", n_expert=8, n_expert_used=2, n_ff_exp=512, n_dense_lead=2, gating=SIGMOID,
+                                probs_bias=True),
+                        extra={"rope.freq_base": 1000000.0, "context_length": 128000, "shortconv.l_cache": 3}),
+})
+
 _Q4_K_M = {"token_embd": "Q4_K", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_qkv": "Q4_K",
            "attn_v": ("Q4_K", "Q6_K"), "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
            "ffn_down": ("Q4_K", "Q6_K"), "shortconv_in_proj": "Q4_K", "shortconv_out_proj": "Q4_K",
@@ -196,7 +249,7 @@ def _seed(*parts) -> int:
 
 def _type_for(mix: str, role: str, il: int, n_layer: int) -> str:
     m = MIXES[mix]
-    t = m.get(role, m.get("*", "F32"))
+    t = m.get(role, m.get(_DENSE_ROLE.get(role, role), m.get("*", "F32")))
     if isinstance(t, tuple):
         return t[1] if il in (0, n_layer - 1) else t[0]
     return t
@@ -239,16 +292,27 @@ def _tokenizer_fields(name: str):
 
 
 def _keys(spec: ArchSpec) -> dict:
-    """The "{arch}." metadata keys of spec's file, in the order they are written."""
+    """The "{arch}." metadata keys of spec's file, in the order they are written (the experts' last)."""
     return {**layout.size_keys(spec), f"{spec.arch}.attention.layer_norm_rms_epsilon": 1e-6,
-            **{f"{spec.arch}.{k}": v for k, v in spec.extra.items()}}
+            **{f"{spec.arch}.{k}": v for k, v in spec.extra.items()},
+            **(moe_keys(spec.moe, spec.arch) if spec.moe else {})}
 
 
 # Roles named otherwise than their tensors (the mixes and build's value rules use the roles)
 _ROLES = {"layer_output_scale": "out_scale", "proj": "per_layer_proj"}
 # The std of the roles not drawn as a matrix of their fan-in: the [n_vocab, width] embeddings (tied heads: logits of
-# std ~4); qwen35's dt bias and A's log (ssm_a = -exp(A_log))
-_STD = {"token_embd": 0.25, "output": 0.25, "per_layer_token_embd": 0.25, "ssm_dt": 1.0, "ssm_a": 0.5}
+# std ~4); qwen35's dt bias and A's log (ssm_a = -exp(A_log)); the experts' selection bias, a quarter of the spread of
+# the sigmoid router probabilities on these weights (std 0.21 on the lfm2moe file): it changes 34 of the 108 choices
+# of the F32 file's prompt (4 routed layers, 27 positions)
+_STD = {"token_embd": 0.25, "output": 0.25, "per_layer_token_embd": 0.25, "ssm_dt": 1.0, "ssm_a": 0.5,
+        "exp_probs_b": 0.05}
+# Roles F32 in every mix: a conv kernel (rows of a few taps are no quant block), the router (llama.cpp's quantizer
+# never quantizes ffn_gate_inp: tensor_allows_quantization in src/llama-quant.cpp), the experts' selection bias (a
+# vector)
+_F32_ROLES = {"shortconv_conv", "ffn_gate_inp", "exp_probs_b"}
+# An expert tensor takes its dense counterpart's type in a mix (src/llama-quant.cpp tensor_get_category: a name holding
+# "ffn_down" is FFN_DOWN, ffn_down_exps too)
+_DENSE_ROLE = {"ffn_gate_exps": "ffn_gate", "ffn_up_exps": "ffn_up", "ffn_down_exps": "ffn_down"}
 
 
 def _role(cfg: Config, name: str, shape: tuple[int, ...]) -> str:
@@ -267,19 +331,29 @@ def _role(cfg: Config, name: str, shape: tuple[int, ...]) -> str:
 
 
 def _std(role: str, shape: tuple[int, ...]) -> float:
-    """The standard deviation a tensor's values are drawn with: _STD's, else a matrix's 1/sqrt(fan-in); 0 for the
-    other vectors (build draws them by rules of their own)."""
+    """The standard deviation a tensor's values are drawn with: _STD's, else a matrix's (or a stack of experts')
+    1/sqrt(fan-in); 0 for the other vectors (build draws them by rules of their own)."""
     if role in _STD:
         return _STD[role]
-    return 1.0 / np.sqrt(shape[1]) if len(shape) == 2 else 0.0
+    return 1.0 / np.sqrt(shape[-1]) if len(shape) >= 2 else 0.0
+
+
+def _block_order(cfg: Config, il: int) -> tuple[str, ...]:
+    """A block's file order in a file with experts: the dense one's, the router and experts after ffn_norm."""
+    return moe_block_order(layout.block_order(cfg, il))
 
 
 def _table(spec: ArchSpec, n_vocab: int) -> tuple[Config, list[tuple[str, str, tuple[int, ...], float]]]:
-    """The Config of spec's file (a vocabulary of n_vocab) and its tensor_table."""
-    cfg, shapes = layout.registry(spec.arch, _keys(spec), n_vocab, tied=spec.tied, rope_scaling=spec.rope_freqs,
+    """The Config of spec's file (a vocabulary of n_vocab) and its tensor_table. A file with experts: the Config and
+    table of its dense architecture's file of the same keys (the registry knows no experts), each routed layer's FFN
+    then replaced by its router and experts (lab.host.synthetic.moe)."""
+    dense = replace(spec, arch=spec.moe.dense, moe=None) if spec.moe else spec
+    cfg, shapes = layout.registry(dense.arch, _keys(dense), n_vocab, tied=spec.tied, rope_scaling=spec.rope_freqs,
                                   v_is_k=spec.v_is_k)
+    if spec.moe:
+        shapes = with_experts(spec.moe, cfg.n_layer, cfg.n_embd, spec.n_ff, shapes)
     out = []
-    for name, gguf_shape in layout.in_order(cfg, shapes, layout.head, layout.block_order):
+    for name, gguf_shape in layout.in_order(cfg, shapes, layout.head, _block_order if spec.moe else layout.block_order):
         shape = gguf_shape[::-1]
         role = _role(cfg, name, shape)
         out.append((name, role, shape, _std(role, shape)))
@@ -287,8 +361,9 @@ def _table(spec: ArchSpec, n_vocab: int) -> tuple[Config, list[tuple[str, str, t
 
 
 def tensor_table(spec: ArchSpec, n_vocab: int) -> list[tuple[str, str, tuple[int, ...], float]]:
-    """(name, role, numpy shape (rows, cols) or (n,), std) of every tensor, in file order: the names and shapes the
-    registry gives a model of the spec's keys (lab.host.synthetic.layout), with a vocabulary of n_vocab."""
+    """(name, role, numpy shape (rows, cols), (n_expert, rows, cols) or (n,), std) of every tensor, in file order: the
+    names and shapes the registry gives a model of the spec's keys (lab.host.synthetic.layout), with a vocabulary of
+    n_vocab, and the experts' (lab.host.synthetic.moe)."""
     return _table(spec, n_vocab)[1]
 
 
@@ -317,13 +392,15 @@ def _values(cfg: Config, mix: str, role: str, il: int, shape: tuple[int, ...], s
     if role in ("ssm_a", "ssm_dt"):     # A = -exp(A_log): every value a decay; dt's bias about N(0, 1)
         v = rng.standard_normal(shape)
         return (-np.exp(std * v) if role == "ssm_a" else std * v).astype(np.float32), None
-    ttype = "F32" if role == "shortconv_conv" else _type_for(mix, role, il, cfg.n_layer)
+    ttype = "F32" if role in _F32_ROLES else _type_for(mix, role, il, cfg.n_layer)
     if ttype == "F32":
         return (std * rng.standard_normal(shape)).astype(np.float32), None
     if ttype == "Q8_0":
         q8 = gguf.GGMLQuantizationType.Q8_0
         return quantize((std * rng.standard_normal(shape)).astype(np.float32), q8), q8
-    return random_blocks(ttype, shape[0], shape[1], std, rng), gguf.GGMLQuantizationType[ttype]
+    rows = int(np.prod(shape[:-1]))         # a stack of experts: their rows one after another
+    blocks = random_blocks(ttype, rows, shape[-1], std, rng)
+    return blocks.reshape(*shape[:-1], blocks.shape[-1]), gguf.GGMLQuantizationType[ttype]
 
 
 def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
