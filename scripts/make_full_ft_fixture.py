@@ -36,10 +36,9 @@ sys.path.insert(0, str(ROOT))
 from lab.host.models import cache_dir
 from lab.host.synthetic import arch as synthetic_arch
 
-# llama_cpp is imported where it runs: tests/engine/test_full_finetune.py imports RUN, PROMPT, TEXT_CHARS and
-# train_args from here without it
+# llama_cpp (and scripts/make_lora_fixtures.py, which imports it) is imported where it runs: tests/engine/
+# test_full_finetune.py imports RUN, PROMPT, TEXT_CHARS and train_args from here without it
 OUT = ROOT / "tests" / "fixtures" / "full-ft"
-TOP, N_SAMPLE = 16, 64     # the kept columns, as scripts/make_lora_fixtures.py keeps them
 SPEC, MIX = "llama3", "f32"
 TEXT_CHARS = 3000
 # the run: tests/engine/test_full_finetune.py imports these
@@ -55,19 +54,12 @@ def train_args(model: Path, data: Path, out: Path) -> list[str]:
             "--out", str(out), "--json"]
 
 
-def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
-    import llama_cpp
-    llm = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, seed=0, verbose=False, n_threads=2,
-                          n_threads_batch=2, type_k=0, type_v=0, flash_attn=False)
-    llm.reset()
-    llm.eval(ids)
-    out = np.array(llm.scores[:len(ids)], dtype=np.float32)
-    del llm
-    return out
-
-
 def main() -> None:
     import llama_cpp
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_lora_fixtures import N_SAMPLE, TOP
+    from make_lora_fixtures import run as llama_cpp_logits
+    llama_logits = lambda path, ids: llama_cpp_logits(path, ids, None)     # noqa: E731
     model = synthetic_arch.build(SPEC, MIX, cache_dir() / "synthetic")
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from lab.host import models
 from lab.host.f32copy import f32_copy
 from make_lora_fixtures import N_SAMPLE, TOP, top2
+from make_lora_fixtures import run as llama_logits
 
 OUT = ROOT / "tests" / "fixtures" / "lora-page"
 MODEL = "smollm2"
@@ -54,17 +55,6 @@ SEED = 43
 
 def sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def llama_logits(path: Path, ids: list[int], lora: Path | None) -> np.ndarray:
-    llm = llama_cpp.Llama(str(path), lora_path=str(lora) if lora else None, n_ctx=64, n_batch=64, logits_all=True,
-                          seed=0, verbose=False, n_threads=2, n_threads_batch=2, type_k=0, type_v=0,
-                          flash_attn=False)
-    llm.reset()
-    llm.eval(ids)
-    out = np.array(llm.scores[:len(ids)], dtype=np.float32)
-    del llm
-    return out
 
 
 def main() -> None:
