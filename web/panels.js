@@ -26,6 +26,13 @@ export const node = (tag, className, text) => {
 };
 export const withTestid = (e, id) => { e.setAttribute("data-testid", id); return e; };
 
+// A card's facts as a definition list: rows of [term, text, data-testid, data-value] (web/training.js,
+// web/tokenizer.js).
+export function factList(dl, rows) {
+  dl.replaceChildren(...rows.flatMap(([k, v, testid, value]) =>
+    [el("dt", { textContent: k }), el("dd", { textContent: v, testid, data: { value } })]));
+}
+
 // A token's text made visible: spaces and newlines would otherwise vanish in labels.
 export function shown(piece) {
   return (piece ?? "").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/ /g, "·") || "∅";

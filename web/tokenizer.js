@@ -12,7 +12,7 @@
 // revoked soon after.
 // Its state is store.tokenizer (freshTokenizer): main.js hands the worker's messages to the update functions below;
 // its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderTokenizer.
-import { shown } from "/web/panels.js";
+import { factList, shown } from "/web/panels.js";
 
 const $ = (id) => document.getElementById(id);
 const KEEP_URL_MS = 10_000;       // as web/export.js: long enough for the download to take the Blob
@@ -177,13 +177,7 @@ function renderFacts(store) {
   const dl = $("tok-facts"), r = store.tokenizer.result;
   dl.hidden = !r;
   if (!r) { dl.replaceChildren(); return; }
-  dl.replaceChildren(...facts(store).flatMap(([k, v, testid, value]) => {
-    const dt = document.createElement("dt"); dt.textContent = k;
-    const dd = document.createElement("dd"); dd.textContent = v;
-    dd.setAttribute("data-testid", testid);
-    dd.dataset.value = value;
-    return [dt, dd];
-  }));
+  factList(dl, facts(store));
 }
 
 // One merge: left + right → the new token, and the pair's count when it was joined.

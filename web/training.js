@@ -11,7 +11,7 @@
 // bytes go straight into a download (a Blob behind an object URL, revoked soon after) and are not kept.
 // Its state is store.training (freshTraining): main.js hands the worker's messages to the update functions below; its
 // `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderTraining.
-import { fmtBytes } from "/web/panels.js";
+import { factList, fmtBytes } from "/web/panels.js";
 
 const $ = (id) => document.getElementById(id);
 const SVG = "http://www.w3.org/2000/svg";
@@ -350,13 +350,7 @@ function renderFacts(s) {
     ["memory", Object.entries(mem).map(([k, v]) => `${k} ${fmtBytes(v)}`).join(" · ")
       + ` (${fmtBytes(Object.values(mem).reduce((a, b) => a + b, 0))} in all)`, "train-memory", ""],
   ];
-  dl.replaceChildren(...rows.flatMap(([k, v, testid, value]) => {
-    const dt = document.createElement("dt"); dt.textContent = k;
-    const dd = document.createElement("dd"); dd.textContent = v;
-    dd.setAttribute("data-testid", testid);
-    dd.dataset.value = value;
-    return [dt, dd];
-  }));
+  factList(dl, rows);
 }
 
 function renderAfter(store) {
