@@ -8,8 +8,11 @@
 # WHAT (default tests,gradcheck,train,torch): the training's kernel and engine tests, `lab gradcheck` on the
 # synthetic Llama 3 and on SmolLM2, `lab train` on SmolLM2 over tests/fixtures/constitution.txt at each CTXS x BATCH,
 # and PyTorch eager on the same (scripts/torch_train_bench.py, where present); `attn` adds the attention backward's
-# variants (scripts/bench_attention_back.py). Results in $OUT (gpu.txt, tests.txt, gradcheck.json, train_*.json,
-# torch_*.json, attention_back.json: at most 8 files come back from a call).
+# variants (scripts/bench_attention_back.py); `full` (WHAT=full alone: a call brings back at most 8 files) full
+# fine-tuning of SmolLM2's F32 copy (`lab f32-copy`, then `lab train --full`, and torch_train_bench.py --full beside
+# it) at each CTXS, and `lab gradcheck --full` on the synthetic Llama 3. Results in $OUT (gpu.txt, tests.txt,
+# gradcheck.json, train_*.json, torch_*.json, attention_back.json, full_*.json, torch_full_*.json,
+# gradcheck_full.json).
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
@@ -26,7 +29,7 @@ if [[ $what == *tests* ]]; then
     tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py tests/kernels/test_backward_attention.py \
     tests/kernels/test_backward_lora.py tests/kernels/test_backward_matmul.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_training.py tests/engine/test_lora_engine.py \
-    tests/engine/test_train_cli.py 2>&1 | tail -8 | tee -a "$OUT/tests.txt"
+    tests/engine/test_train_cli.py tests/engine/test_full_finetune.py 2>&1 | tail -8 | tee -a "$OUT/tests.txt"
 fi
 if [[ $what == *gradcheck* ]]; then
   # both reports in one file: at most 8 files come back from a call
@@ -35,6 +38,12 @@ if [[ $what == *gradcheck* ]]; then
   python3 -c "import json,sys; r = {k: json.load(open(f)) for k, f in zip(('llama3', 'smollm2'), sys.argv[2:])}
 json.dump(r, open(sys.argv[1], 'w'), indent=1); [print(k, v['worst_rel_err']) for k, v in r.items()]" \
     "$OUT/gradcheck.json" "$D/gc_llama3.json" "$D/gc_smollm2.json"
+fi
+if [[ $what == *full* ]]; then
+  timeout 120 python3 -m lab.host.cli gradcheck "$D/synthetic/synthetic-llama3-f32.gguf" --full --json \
+    > "$OUT/gradcheck_full.json"
+  SMOL32=$D/smollm2-f32.gguf
+  [ -e "$SMOL32" ] || timeout 200 python3 -m lab.host.cli f32-copy "$SMOL" --out "$SMOL32"
 fi
 if [[ $what == *attn* ]]; then
   timeout 200 python3 scripts/bench_attention_back.py > "$OUT/attention_back.json"
@@ -47,5 +56,13 @@ for ctx in ${CTXS:-128 512}; do
   if [[ $what == *torch* && -f scripts/torch_train_bench.py ]]; then
     timeout 200 python3 scripts/torch_train_bench.py "$SMOL" --data "$DATA" --ctx "$ctx" --batch "${BATCH:-4}" \
       --rank 8 --alpha 16 --steps "${STEPS:-12}" --warmup-steps 1 | tee "$OUT/torch_smollm2_ctx$ctx.json" | cut -c1-300
+  fi
+  if [[ $what == *full* ]]; then
+    timeout 200 python3 -m lab.host.cli train "$SMOL32" --full --data "$DATA" --ctx "$ctx" --batch "${BATCH:-4}" \
+      --steps "${STEPS:-12}" --out "$D/smol.trained.gguf" --profile --json | tee "$OUT/full_smollm2_ctx$ctx.json" \
+      | cut -c1-300
+    timeout 200 python3 scripts/torch_train_bench.py "$SMOL32" --full --data "$DATA" --ctx "$ctx" \
+      --batch "${BATCH:-4}" --steps "${STEPS:-12}" --warmup-steps 1 | tee "$OUT/torch_full_smollm2_ctx$ctx.json" \
+      | cut -c1-300
   fi
 done

@@ -93,6 +93,7 @@ class Model:
     device: torch.device
     dtype: torch.dtype
     lora: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = field(default_factory=dict)
+    full: bool = False      # every tensor of w a parameter (make_full): `lab train --full`'s peer
     scale: float = 1.0
     sdpa: bool = False
     _rope: dict = field(default_factory=dict)
@@ -102,6 +103,8 @@ class Model:
         return self.w["output.weight"] if "output.weight" in self.w else self.w["token_embd.weight"]
 
     def params(self) -> list[torch.nn.Parameter]:
+        if self.full:
+            return list(self.w.values())
         return [p for pair in self.lora.values() for p in pair]
 
 
@@ -154,6 +157,17 @@ def load_model(path, device=None, dtype=torch.float32, threads: int | None = Non
     for t in w.values():
         t.requires_grad_(False)
     return Model(Path(path), hp, w, device, dtype)
+
+
+def make_full(model: Model) -> None:
+    """Full fine-tuning, as `lab train --full` takes it: every tensor the forward reads a parameter (the matrices, the
+    norms, the embedding table, which a tied head shares: its gradient takes both shares). qwen2's biases are refused
+    (the lab does not train them yet: lab.engine.backward untrainable_full), so both train the same parameters."""
+    if model.hp.arch != "llama":
+        raise Refused(f"torch_train_bench --full: {model.hp.arch} is refused (`lab train --full` trains llama-family "
+                      f"files without biases)")
+    model.w = {n: torch.nn.Parameter(t) for n, t in model.w.items()}
+    model.full = True
 
 
 def add_lora(model: Model, rank: int, alpha: float | None = None, seed: int = 0, targets=TARGETS,
@@ -403,6 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="the weights and activations")
     ap.add_argument("--tf32", action="store_true", help="allow TensorFloat-32 matmuls (float32 on CUDA)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--full", action="store_true", help="full fine-tuning: every weight trained (`lab train --full`'s "
+                                                        "peer; the model should be an F32 file, as the lab's must be)")
     args = ap.parse_args(argv)
 
     from lab.host.loading import read_model
@@ -421,7 +437,11 @@ def main(argv=None) -> int:
         return 2
     model.sdpa = args.sdpa
     alpha = 2.0 * args.rank if args.alpha is None else args.alpha
-    add_lora(model, args.rank, alpha, args.seed)
+    try:
+        make_full(model) if args.full else add_lora(model, args.rank, alpha, args.seed)
+    except Refused as e:
+        print(str(e), file=sys.stderr)
+        return 2
     sync(model.device)
     load_s = time.perf_counter() - t
     r = train(model, wins, steps=args.steps, batch=args.batch, lr=args.lr, warmup_steps=args.warmup_steps,
@@ -429,6 +449,7 @@ def main(argv=None) -> int:
     dev = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else "cpu"
     report = {"peer": "torch-eager", "device": dev, "model": model.path.name, "arch": model.hp.arch,
               "dtype": args.dtype, "attention": "sdpa" if args.sdpa else "matmul", "tf32": args.tf32,
+              "mode": "full" if args.full else "lora",
               "T": args.ctx, "batch": args.batch, "rank": args.rank, "alpha": alpha, "steps": args.steps,
               "warmup_steps": args.warmup_steps, "lr": args.lr, "lr_schedule": args.lr_schedule,
               "losses": r["losses"], "tokens_per_s": r["tokens_per_s"], "step_ms": r["step_ms"],

@@ -234,3 +234,34 @@ def test_main_trains_and_reports(llama3, tmp_path, capsys):
     base = LoraLoss(llama3, {}, 8.0).loss(batch_of(wins, 0, 2))
     assert abs(out["losses"][0] - base) / base < 1e-6
     assert out["losses"][-1] < out["losses"][0]
+
+
+def test_full_gradients_match_the_float64_oracle(llama3):
+    """--full: every tensor a parameter; the largest gradient entry of a matrix, a norm and the tied embedding table
+    (the head's share and the embedding's together) against lab.host.reference.training.ModelLoss's central
+    differences, in float64."""
+    from lab.host.reference.training import ModelLoss
+    m64 = tb.load_model(llama3, CPU, torch.float64)
+    tb.make_full(m64)
+    assert len(m64.params()) == len(m64.w) and all(p.requires_grad for p in m64.params())
+    wins = _windows(m64.hp.n_vocab, 1, 8, seed=3)
+    ids = torch.tensor(wins, dtype=torch.long)
+    loss = tb.loss_of(m64, ids)
+    loss.backward()
+    oracle = ModelLoss(llama3)
+    want = oracle.loss(wins)
+    assert abs(loss.item() - want) / want < 1e-12
+    worst = 0.0
+    for name in ("blk.1.ffn_down.weight", "blk.2.attn_norm.weight", "output_norm.weight", "token_embd.weight"):
+        g = m64.w[name].grad.numpy()
+        idx = np.unravel_index(int(np.argmax(np.abs(g))), g.shape)
+        fd = oracle.central(wins, name, idx, 1e-5)
+        worst = max(worst, abs(g[idx] - fd) / abs(fd))
+        print(f"{name}{idx}: central {fd:+.10e}, torch {g[idx]:+.10e}")
+    assert worst < 1e-6, worst
+
+
+def test_full_refuses_biases(tmp_path):
+    m = tb.load_model(_tiny_qwen2(tmp_path / "q.gguf"), CPU)
+    with pytest.raises(tb.Refused, match="--full: qwen2 is refused"):
+        tb.make_full(m)
