@@ -14,7 +14,8 @@ the trained parameters, as one list of ops in one compute pass.
 
 The gradients are added in (a step of several windows sums them); the caller clears them at a step's start. What
 the blocks' backward needs of the builder: `proj_back` (a projection's input gradient through the quantized base,
-and its LoRA factors' gradients), `stacked_back` (the same over a fused row's parts) and `norm_back`.
+and its LoRA factors' gradients, or in full fine-tuning its own dW), `stacked_back` (the same over a fused row's
+parts) and `norm_back` (and a norm's dw in full fine-tuning).
 
 What it does not know: data, optimizers, files (lab.instruments.training strings the steps together).
 """
@@ -254,7 +255,8 @@ class Backward(Prefill):
     def proj_back(self, name: str, x: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer, *, dy_offset: int = 0,
                   dy_stride: int | None = None, accumulate: bool = False) -> None:
         """Projection `name` (input rows x, compact) given its output's gradient dy: dx (+)= W^T dy through the base
-        as stored, and, where the adapter names it, its factors' gradients and their share of dx."""
+        as stored, and, where the adapter names it, its factors' gradients and their share of dx; in full
+        fine-tuning (ts.full) the weight's own gradient, dW += dy^T x."""
         w, ts = self.weights.matrices[name], self.ts
         self.add(backward_matmul.dx_back(self.dev, self.kernels, w, dy, dx, ts.sums, self.scratch.step,
                                          max_tokens=self.T, accumulate=accumulate, dy_offset=dy_offset,
