@@ -87,8 +87,9 @@ def needs(engine, T: int, rank: int, targets, batch: int = 1, full: bool = False
     table = {t.name: t for t in engine.header.tensors}
     lora = None if full else Lora(dev, choose(table, cfg.n_layer, targets, rank), 1.0, engine.max_batch)
     width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
-    TrainScratch.alloc(dev, cfg, engine.weights, lora, T, width)
-    grads = [b for b in dev.buffers if b.label.startswith(("lora gradients", "grad "))]
+    ts = TrainScratch.alloc(dev, cfg, engine.weights, lora, T, width)
+    grads = [ts.grads] if lora is not None else [
+        *(p.buffer for parts in ts.wgrads.values() for p in parts), *ts.vgrads.values()]
     for g in grads:
         for moment in ("adamw m", "adamw v"):
             dev.buffer(g.size, gpu.CONVERSATION, f"{moment} of {g.label}")
