@@ -108,3 +108,10 @@ class TokenizerTraining:
 
 
 TOKENIZER = TokenizerTraining()
+
+
+# A model trained from scratch (issue #44 part 2, `lab train --scratch`, the Training card's presets): the shapes
+# offered by name, as (layers, width, heads, feed-forward width); the vocabulary is the trained tokenizer's. With a
+# vocabulary of 1,024 they hold 0.28M, 3.7M and 14.6M parameters (the reference lab's "nano" held 0.36M, its largest
+# run 15.7M); lab.format.untrained counts any.
+SCRATCH_PRESETS = {"nano": (4, 64, 4, 192), "4m": (8, 192, 6, 512), "16m": (8, 384, 6, 1024)}

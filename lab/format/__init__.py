@@ -5,6 +5,7 @@ ggml (the tensor types, and which the kernels read) < iq_grids (the i-quants' gr
 architecture reads, ModelError) < config (one frozen Config for every architecture) < arches (one module per
 architecture: its keys, flags, tensors and reading steps; inside it, base < each architecture's module < the registry)
 < checks (every metadata key's type and range, through the registry) < model (from_gguf, and the tensor table a Config
-expects) < adapter (LoRA adapter files: read_adapter against a model's tensor table, decode_f32, write_adapter).
+expects) < adapter (LoRA adapter files: read_adapter against a model's tensor table, decode_f32, write_adapter)
+< untrained (an untrained llama's shape, its GGUF header with a trained vocabulary, its weights' first values' rule).
 Standard library only; imports nothing of the lab above it.
 """

@@ -5,8 +5,9 @@ vocabulary's file with GGUFWriter's byte for byte).
 
     write_gguf([("general.architecture", STRING, "llama"), ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))])
 
-Its users: a LoRA adapter (lab/format/adapter.py `write_adapter`) and a trained tokenizer's vocabulary
-(lab/text/tokenizer/train.py `TrainedBPE.gguf`), both written in the page's worker too, which cannot import gguf-py.
+Its users: a LoRA adapter (lab/format/adapter.py `write_adapter`), a trained tokenizer's vocabulary
+(lab/text/tokenizer/train.py `TrainedBPE.gguf`), an untrained model's header (lab/format/untrained.py) and a trained
+model (lab/instruments/training.py `model_bytes`), all written in the page's worker too, which cannot import gguf-py.
 
 What it does not know: what the keys mean or whether a reader will accept them (its callers say which keys and types).
 """
@@ -47,17 +48,24 @@ def _value(vtype: int, value) -> bytes:
     return struct.pack("<" + _SCALARS[vtype][0], value)
 
 
-def write_gguf(kvs: list[tuple[str, int, object]], tensors: list[tuple[str, tuple[int, ...], int, bytes]] = (),
-               alignment: int = DEFAULT_ALIGNMENT) -> bytes:
-    """A GGUF file: kvs (key, value type, value) in order, then tensors (name, ggml shape ne0 first, ggml type id,
-    data) in order, each tensor's data padded to `alignment`, the tensor data starting at a multiple of it."""
+def gguf_header(kvs: list[tuple[str, int, object]], tensors: list[tuple[str, tuple[int, ...], int, int]] = (),
+                alignment: int = DEFAULT_ALIGNMENT) -> bytes:
+    """A GGUF file's header, padded to where its data starts: kvs (key, value type, value) in order, then the tensor
+    table of tensors (name, ggml shape ne0 first, ggml type id, data bytes), each tensor's data placed at a multiple of
+    `alignment` after the one before."""
     head = [MAGIC, struct.pack("<IQQ", VERSION, len(tensors), len(kvs))]
     head += [_string(key) + struct.pack("<I", vtype) + _value(vtype, value) for key, vtype, value in kvs]
-    data, offset = [], 0
-    for name, shape, type_id, raw in tensors:
+    offset = 0
+    for name, shape, type_id, nbytes in tensors:
         head.append(_string(name) + struct.pack(f"<I{len(shape)}QIQ", len(shape), *shape, type_id, offset))
-        pad = -len(raw) % alignment
-        data.append(bytes(raw) + b"\0" * pad)
-        offset += len(raw) + pad
+        offset += nbytes + (-nbytes % alignment)
     out = b"".join(head)
-    return out + b"\0" * (-len(out) % alignment) + b"".join(data)
+    return out + b"\0" * (-len(out) % alignment)
+
+
+def write_gguf(kvs: list[tuple[str, int, object]], tensors: list[tuple[str, tuple[int, ...], int, bytes]] = (),
+               alignment: int = DEFAULT_ALIGNMENT) -> bytes:
+    """A GGUF file: `gguf_header`'s header, then each tensor's data (name, ggml shape, type id, data) padded to
+    `alignment`."""
+    head = gguf_header(kvs, [(name, shape, type_id, len(raw)) for name, shape, type_id, raw in tensors], alignment)
+    return head + b"".join(bytes(raw) + b"\0" * (-len(raw) % alignment) for _, _, _, raw in tensors)

@@ -4,6 +4,8 @@ lab.host.experiments.Lab, the gradient checker, the tests). Imports are deferred
     read_model(path)                      header, config and tokenizer, validated (nothing on a GPU yet)
     open_engine(path, n_ctx, ...)         (header, tokenizer, engine with its weights uploaded, timing)
     attach_lora(engine, path)             an adapter file checked against the engine's model and set on it
+    open_untrained(shape, vocab, seed, ...)   (header, tokenizer, engine) of a llama model never trained: its weights
+                                          drawn on the GPU (lab.format.untrained; a model trained from scratch)
 """
 
 from __future__ import annotations
@@ -42,6 +44,28 @@ def open_engine(model_path, n_ctx: int, *, disable=(), device=None, model=None, 
         engine.close()
         raise
     return header, tok, engine, {"load_s": time.perf_counter() - t0, "weight_bytes": nbytes}
+
+
+def open_untrained(shape, vocab, seed: int, *, disable=(), device=None, max_batch: int | None = None):
+    """(header, tokenizer, engine): the untrained llama model of `shape` (lab.format.untrained Shape) with the trained
+    vocabulary `vocab` (lab.text.tokenizer.train TrainedBPE), an engine of shape.ctx positions (steps of max_batch
+    rows: shape.ctx unless given), every weight drawn from `seed` on the GPU. Nothing is left allocated when any of
+    it fails."""
+    from lab.engine.engine import Engine
+    from lab.engine.load import validate
+    from lab.format import gguf, untrained
+    from lab.host.native import open_native
+    header = gguf.read(untrained.header_bytes(shape, vocab.kvs()))
+    cfg, tok = validate(header)
+    device = device or open_native(disable=tuple(disable))
+    engine = Engine(device, header, cfg, n_ctx=shape.ctx, max_batch=max_batch or shape.ctx)
+    try:
+        device.run([op.at(1) for op in engine.weights.initialize(engine.kernels, seed,
+                                                                 lambda name: untrained.init_rule(name, shape))])
+    except BaseException:
+        engine.close()
+        raise
+    return header, tok, engine
 
 
 def attach_lora(engine, path: str) -> None:

@@ -2,7 +2,9 @@
 the optimizer, the losses.
 
     windows(tokens, T)                 the text's tokens cut into windows of T at stride T (a last partial one dropped)
+    split(tokens, T, share)            (windows trained on, the last `share` of them held out)
     batch_of(wins, s, B)               step s's B windows, in order from window s * B, wrapping
+    await held_out_loss(tr, held)      the mean loss over held-out windows
     Trainer(engine, ...)               an adapter on the engine (engine.set_lora) and the step's plan
       await .gradients(batch)          the loss at the adapter as it is, its gradients left in `grads`
       await .step(batch)               gradients, then the optimizer: returns the loss the gradients were taken at
@@ -77,6 +79,25 @@ def windows(tokens: list[int], T: int) -> list[list[int]]:
 def batch_of(wins: list[list[int]], s: int, B: int) -> list[list[int]]:
     """Step s's B windows: in order from window s * B, wrapping at the end of the text."""
     return [wins[(s * B + j) % len(wins)] for j in range(B)]
+
+
+def split(ids: list[int], T: int, share: float) -> tuple[list[list[int]], list[list[int]]]:
+    """(the windows trained on, the windows held out): the text's windows of T tokens, the last `share` of them (at
+    least one) held out; share 0: every window trained on, none held out."""
+    if not share:
+        return windows(ids, T), []
+    if len(ids) < 2 * T:
+        raise TrainError(f"the text is {len(ids)} tokens: a context of {T} needs at least {2 * T}, one window to "
+                         f"train on and one held out; choose a longer text or a smaller context")
+    wins = windows(ids, T)
+    held = max(1, round(len(wins) * share))
+    return wins[:-held], wins[-held:]
+
+
+async def held_out_loss(tr: Trainer, held: list[list[int]]) -> float:
+    """The mean loss over the held-out windows, in batches of the step's windows; nothing changes."""
+    n = -(-len(held) // tr.batch)
+    return sum([await tr.loss(batch_of(held, i, tr.batch)) for i in range(n)]) / n
 
 
 def needs(engine, T: int, rank: int, targets, batch: int = 1, full: bool = False) -> list[tuple[str, int]]:

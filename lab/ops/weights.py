@@ -19,7 +19,7 @@ from lab import gpu
 from lab.format.ggml import KERNEL_TYPES, GgmlType
 from lab.format.gguf import GGUFError
 from lab.format.model import expected_tensors, is_flat
-from lab.ops import Weight, WeightPart
+from lab.ops import Op, Weight, WeightPart, init
 
 UPLOAD_CHUNK = 32 << 20     # bytes a loader reads and writes at a time: host memory holds about one chunk
 
@@ -238,6 +238,22 @@ class ModelWeights:
         pieces = [Upload(u.tensor, u.file_offset + s, min(chunk, u.size - s), u.buffer, u.buffer_offset + s)
                   for u in self.uploads for s in range(0, u.size, chunk)]
         return sorted(pieces, key=lambda u: u.file_offset)
+
+    def initialize(self, kernels, seed: int, rule) -> list[Op]:
+        """Ops that fill every weight with its first values instead of a file's (a model trained from scratch): tensor
+        `name` drawn from N(mean, std^2), (mean, std) = rule(name), by lab.ops.init with key(seed, its index in
+        `tensors`), each upload range its own dispatch at the elements it holds (so a stacked or split tensor starts as
+        it would whole). F32 tensors only: there is nothing to draw a quantized block from."""
+        streams = {name: i for i, name in enumerate(self.tensors)}
+        out = []
+        for u in self.uploads:
+            t = self.tensors[u.tensor]
+            if t.type.name != "F32":
+                raise ValueError(f"{u.tensor} is {t.type.name}: only F32 weights are drawn")
+            mean, std = rule(u.tensor)
+            out += init.normal(self.device, kernels, u.buffer, u.size // 4, key=init.key(seed, streams[u.tensor]),
+                               first=(u.file_offset - t.offset) // 4, mean=mean, std=std, dst=u.buffer_offset // 4)
+        return out
 
     def upload_file(self, path, chunk: int = UPLOAD_CHUNK) -> int:
         """Native loader: copy every piece from the file (the browser's is labUpload in web/worker.js)."""

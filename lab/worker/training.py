@@ -54,7 +54,7 @@ from lab.engine.session import Session
 from lab.format import gguf
 from lab.format.adapter import Adapter, decode_f32, read_adapter
 from lab.format.rules import ModelError
-from lab.instruments.training import OPTIMIZERS, Optim, Trainer, adapter_bytes, batch_of, windows
+from lab.instruments.training import OPTIMIZERS, Optim, Trainer, adapter_bytes, batch_of, held_out_loss, split
 from lab.settings import TRAINING, Settings
 from lab.worker.cards import TRAINING as CARD
 from lab.worker.state import Loaded, Worker
@@ -123,17 +123,6 @@ def _number(msg: dict, key: str, kind: type, default, lo, hi, what: str):
         raise TrainError(f"{what}: {v} is out of bounds ({lo} to {hi})" if hi is not None
                          else f"{what}: {v} is below {lo}")
     return v
-
-
-def split(ids: list[int], T: int, share: float = TRAINING.held_out) -> tuple[list[list[int]], list[list[int]]]:
-    """(the windows trained on, the windows held out): the text's windows of T tokens, the last `share` of them (at
-    least one) held out."""
-    if len(ids) < 2 * T:
-        raise TrainError(f"the text is {len(ids)} tokens: a context of {T} needs at least {2 * T}, one window to "
-                         f"train on and one held out; choose a longer text or a smaller context")
-    wins = windows(ids, T)
-    held = max(1, round(len(wins) * share))
-    return wins[:-held], wins[-held:]
 
 
 # -- the card's state -------------------------------------------------------------------------------------------
@@ -212,12 +201,6 @@ def _trained(w: Worker) -> tuple[Loaded, Run]:
     return lo, state
 
 
-async def held_loss(tr: Trainer, held: list[list[int]]) -> float:
-    """The mean loss over the held-out windows, in batches of the step's windows; nothing changes."""
-    n = -(-len(held) // tr.batch)
-    return sum([await tr.loss(batch_of(held, i, tr.batch)) for i in range(n)]) / n
-
-
 # -- the handlers ---------------------------------------------------------------------------------------------
 async def run(msg: dict, w: Worker) -> None:
     """Train a new adapter (the one before, if any, goes first) on the message's text."""
@@ -234,7 +217,7 @@ async def run(msg: dict, w: Worker) -> None:
                          f"in this tab); cut it")
     ids = lo.tokenizer.encode(text)          # as `lab tokenize`: no BOS, special tokens as plain text
     del text
-    train, held = split(ids, ask.ctx)
+    train, held = split(ids, ask.ctx, TRAINING.held_out)
     ids.clear()
     lo.drop(CARD)                            # the adapter trained before: off the engine, its buffers freed
     lo.session.reset()
@@ -268,7 +251,7 @@ async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
     tr, steps = state.trainer, ask.steps
     every = max(1, steps // EVALS)
     w.post(_plan(state, ask, seq))
-    state.before = held = await held_loss(tr, state.held)
+    state.before = held = await held_out_loss(tr, state.held)
     w.post({"type": "train-progress", "seq": seq, "step": 0, "steps": steps, "loss": None, "held": held,
             "lr": tr.optim.lr_at(1), "seconds": 0.0, "tokens_per_s": None, "eta_s": None})
     t0, stepping, done, stopped, diverged = time.perf_counter(), 0.0, 0, False, False
@@ -281,7 +264,7 @@ async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
             await tr.device.flush_errors()   # what the device refused at the first step's submit, named
         stopped, diverged = bool(w.stop_requested()), not math.isfinite(loss)
         last = done == steps or stopped or diverged
-        held = await held_loss(tr, state.held) if done % every == 0 or last else None
+        held = await held_out_loss(tr, state.held) if done % every == 0 or last else None
         seconds = time.perf_counter() - t0
         w.post({"type": "train-progress", "seq": seq, "step": done, "steps": steps, "loss": loss, "held": held,
                 "lr": tr.optim.lr_at(done), "seconds": seconds, "tokens_per_s": done * ask.batch * ask.ctx / stepping,

@@ -19,7 +19,7 @@ LAYERS = ["lab", "lab.settings", "lab.format", "lab.text", "lab.gpu", "lab.ops",
 # (lab.format.arches) the registry of them.
 FORMAT = ["lab.format.ggml", "lab.format.iq_grids", "lab.format.gguf", "lab.format.writer", "lab.format.rules",
           "lab.format.config", "lab.format.arches.base", "lab.format.arches", "lab.format.checks", "lab.format.model",
-          "lab.format.adapter"]
+          "lab.format.adapter", "lab.format.untrained"]
 # The order inside lab.engine, as its package docstring states it (the blocks' base and kinds inside blocks, the
 # package the registry of them, lab.engine.blocks' docstring).
 ENGINE = ["lab.engine.scratch", "lab.engine.lora", "lab.engine.blocks.base", "lab.engine.blocks.attention",

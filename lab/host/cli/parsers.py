@@ -159,13 +159,31 @@ def perplexity(sub, name):
 
 def train(sub, name):
     from lab.engine.lora import DEFAULT_TARGETS
-    s = sub.add_parser(name, help="train a LoRA adapter (llama.cpp's adapter GGUF), or every weight of an F32 model "
-                                  "(--full: a model GGUF), on a text file natively")
-    model_arg(s)
+    from lab.settings import SCRATCH_PRESETS
+    s = sub.add_parser(name, help="train a LoRA adapter (llama.cpp's adapter GGUF), every weight of an F32 model "
+                                  "(--full: a model GGUF), or a llama model from scratch (--scratch), on a text file "
+                                  "natively")
+    s.add_argument("model", nargs="?", help="the GGUF to train (none with --scratch)")
     s.add_argument("--data", required=True, help="a UTF-8 text file, tokenized as `lab tokenize` does")
     s.add_argument("--full", action="store_true",
                    help="full fine-tuning: every weight and norm of an F32 model trained in place, written as a model "
                         "GGUF of the same architecture (the --lora-* flags then do nothing)")
+    g = s.add_argument_group("from scratch", "a llama model of this shape, its weights drawn from --seed, trained "
+                                             "whole and written as a model GGUF with the tokenizer's vocabulary")
+    g.add_argument("--scratch", action="store_true", help="train a new model instead of MODEL")
+    g.add_argument("--tokenizer", metavar="FILE.json", help="its vocabulary: a `lab tokenizer-train` file")
+    g.add_argument("--preset", choices=tuple(SCRATCH_PRESETS),
+                   help="a shape by name (" + ", ".join(f"{k}: {v[0]} layers x {v[1]}, {v[2]} heads, feed-forward "
+                                                        f"{v[3]}" for k, v in SCRATCH_PRESETS.items())
+                        + "); the flags below change it")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--width", type=int, help="the residual stream's width (a multiple of 32)")
+    g.add_argument("--heads", type=int, help="query heads (a head: a multiple of 8 wide, at most 256)")
+    g.add_argument("--kv-heads", type=int, help="key/value heads (default: as many as --heads)")
+    g.add_argument("--ffn", type=int, help="the feed-forward's width (default: 8/3 of --width, up to a multiple of 32)")
+    s.add_argument("--held-out", type=float, default=0.0, metavar="SHARE",
+                   help="the share of the text's windows (its last ones, at least one) held out of training, their "
+                        "loss measured before the first step, every tenth of the run and after the last")
     s.add_argument("--lora-rank", type=int, default=8)
     s.add_argument("--lora-alpha", type=float, default=None, help="default: twice the rank")
     s.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS),
@@ -178,9 +196,11 @@ def train(sub, name):
     s.add_argument("--clip", type=float, default=1.0, help="AdamW: the gradients' global norm clipped to this (0: off)")
     s.add_argument("--ctx", type=int, default=128, help="tokens a training window holds")
     s.add_argument("--batch", type=int, default=1, help="windows a step")
-    s.add_argument("--seed", type=int, default=0, help="the adapter's start (A random, B zero)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="the start: the adapter's (A random, B zero), or with --scratch the model's weights")
     s.add_argument("--out", default=None, help="the adapter file (default: MODEL's name + .lora.gguf, here), or with "
-                                               "--full the model (MODEL's name + .trained.gguf)")
+                                               "--full the model (MODEL's name + .trained.gguf); with --scratch the "
+                                               "model (required; --steps 0 writes it untrained)")
     s.add_argument("--profile", action="store_true", help="also one window's GPU time by kernel family")
     json_flag(s, "print {losses, tokens_per_s, out, ...} as JSON")
     gpu_flags(s)

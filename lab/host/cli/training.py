@@ -1,5 +1,6 @@
-"""`lab train` and `lab gradcheck`: a LoRA adapter trained natively on a text file (lab.instruments.training), and the
-whole model's gradients held to float64 central differences (lab.host.gradcheck)."""
+"""`lab train` and `lab gradcheck`: a LoRA adapter, a full fine-tune or a model from scratch trained natively on a
+text file (lab.instruments.training), and the whole model's gradients held to float64 central differences
+(lab.host.gradcheck)."""
 
 from __future__ import annotations
 
@@ -11,60 +12,124 @@ from pathlib import Path
 
 
 def train(args) -> int:
-    from lab.host import gradcheck as gc
-    from lab.host.loading import read_model
-    from lab.instruments.training import Optim, Trainer, batch_of, windows
+    from lab.instruments.training import Optim, Trainer, model_bytes, split
     if args.backend == "browser":
         return _train_in_page(args)
-    header, cfg, tok = read_model(args.model)
+    if args.scratch:
+        engine, tok, out = _scratch(args)
+    else:
+        engine, tok, out = _model(args)
     with open(args.data, encoding="utf-8") as f:
         ids = tok.encode(f.read())          # as `lab tokenize`: no BOS, no special tokens
-    wins = windows(ids, args.ctx)
-    optim = Optim(args.optimizer, lr=args.lr, steps=args.steps, warmup=args.warmup,
-                  weight_decay=args.weight_decay, clip=args.clip if args.optimizer == "adamw" else 0.0)
-    engine = gc.open_engine(args.model, args.ctx, args.disable)
-    alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
     try:
+        wins, held = split(ids, args.ctx, args.held_out)
+        if args.scratch and args.steps == 0:        # the untrained model, as drawn: what a run from it starts at
+            out.write_bytes(asyncio.run(model_bytes(engine)))
+            print(json.dumps({"out": str(out), "steps": 0}) if args.json else f"{out}: untrained")
+            return 0
+        optim = Optim(args.optimizer, lr=args.lr, steps=args.steps, warmup=args.warmup,
+                      weight_decay=args.weight_decay, clip=args.clip if args.optimizer == "adamw" else 0.0)
+        alpha = 2.0 * args.lora_rank if args.lora_alpha is None else args.lora_alpha
         tr = Trainer(engine, T=args.ctx, batch=args.batch, rank=args.lora_rank, alpha=alpha,
                      targets=tuple(t for t in args.lora_targets.split(",") if t), seed=args.seed, optim=optim,
-                     full=args.full)
+                     full=args.full or args.scratch)
     except BaseException:
         engine.close()
         raise
-    suffix = ".trained.gguf" if args.full else ".lora.gguf"
-    out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + suffix)
-    losses, marks = [], [time.perf_counter()]
-    for s in range(args.steps):
-        losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))     # the loss's read waits for the step
-        marks.append(time.perf_counter())
-        if not args.json:
-            print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}", file=sys.stderr, flush=True)
-    out.write_bytes(asyncio.run(tr.model_bytes() if args.full else tr.adapter_bytes()))
+    losses, held_losses, spent, first_step = _steps(args, tr, wins, held)
+    out.write_bytes(asyncio.run(tr.model_bytes() if tr.full else tr.adapter_bytes()))
     profile = None
     if args.profile:        # one window's pass by kernel family (timestamp queries), after the run
         from lab.instruments.profile import ops_by_family
         profile = asyncio.run(ops_by_family(engine.device, tr.window_ops, args.ctx, tr.writes(wins[0])))
     # tokens/s over the steps after the first (the first one pays for the pipelines' first dispatches)
-    timed = marks[-1] - marks[1] if args.steps > 1 else marks[-1] - marks[0]
+    timed = spent - first_step if args.steps > 1 else spent
     per_step = args.batch * args.ctx
-    report = {"losses": losses, "tokens_per_s": per_step * max(1, args.steps - 1) / timed, "out": str(out),
-              "seconds": marks[-1] - marks[0], "first_step_s": marks[1] - marks[0], "windows": len(wins),
-              "params": tr.n_params, "steps": args.steps, "memory": tr.memory(), "profile": profile,
-              "mode": "full" if args.full else "lora",
+    report = {"losses": losses, "held_out": held_losses, "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
+              "out": str(out), "seconds": spent, "first_step_s": first_step, "windows": len(wins),
+              "held_out_windows": len(held), "params": tr.n_params, "steps": args.steps, "memory": tr.memory(),
+              "profile": profile, "mode": "scratch" if args.scratch else "full" if args.full else "lora",
               "adapter": engine.device.info.name}
     tr.close()
     engine.close()
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-              f"{report['tokens_per_s']:.1f} tokens/s; {tr.n_params:,} parameters in {out}")
+        held_at = f", held out {held_losses[0][1]:.4f} -> {held_losses[-1][1]:.4f}" if held else ""
+        print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+              f"{held_at}, {report['tokens_per_s']:.1f} tokens/s; {tr.n_params:,} parameters in {out}")
     return 0
+
+
+def _steps(args, tr, wins, held):
+    """Run the steps: (losses, [[step, held-out loss], ...], seconds in steps, seconds of the first). The held-out loss
+    before the first step, every tenth of the run and after the last, each its own forward passes outside the timed
+    steps."""
+    from lab.instruments.training import batch_of, held_out_loss
+    every = max(1, args.steps // 10)
+    held_losses = [[0, asyncio.run(held_out_loss(tr, held))]] if held else []
+    losses, spent, first_step = [], 0.0, 0.0
+    for s in range(args.steps):
+        t0 = time.perf_counter()
+        losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))     # the loss's read waits for the step
+        spent += (dt := time.perf_counter() - t0)
+        first_step = dt if s == 0 else first_step
+        if held and ((s + 1) % every == 0 or s + 1 == args.steps):
+            held_losses.append([s + 1, asyncio.run(held_out_loss(tr, held))])
+        if not args.json:
+            at = f", held out {held_losses[-1][1]:.4f}" if held and held_losses[-1][0] == s + 1 else ""
+            print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}{at}", file=sys.stderr, flush=True)
+    return losses, held_losses, spent, first_step
+
+
+def _model(args):
+    """(engine, tokenizer, out path) for training MODEL: a LoRA adapter, or with --full its weights."""
+    from lab.host import gradcheck as gc
+    from lab.host.loading import read_model
+    if not args.model:
+        raise ValueError("no MODEL to train: name a GGUF, or train a new one with --scratch")
+    given = [f for f in _SHAPE if getattr(args, f) is not None]
+    if given or args.tokenizer or args.preset:
+        raise ValueError(f"--{', --'.join(given or ['tokenizer' if args.tokenizer else 'preset'])} shape(s) a model "
+                         f"trained from scratch: add --scratch (and no MODEL)")
+    _, _, tok = read_model(args.model)
+    suffix = ".trained.gguf" if args.full else ".lora.gguf"
+    out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + suffix)
+    return gc.open_engine(args.model, args.ctx, args.disable), tok, out
+
+
+_SHAPE = ("layers", "width", "heads", "kv_heads", "ffn")
+
+
+def _scratch(args):
+    """(engine, tokenizer, out path) for --scratch: the shape (a preset, changed by the flags given) and the trained
+    tokenizer's vocabulary as an untrained llama, its weights drawn from --seed."""
+    from lab.format import untrained
+    from lab.host.loading import open_untrained
+    from lab.settings import SCRATCH_PRESETS
+    from lab.text.tokenizer import train as bpe
+    if args.model:
+        raise ValueError(f"--scratch trains a new model: drop MODEL ({args.model})")
+    if args.full:
+        raise ValueError("--scratch already trains every weight: drop --full")
+    if not args.tokenizer or not args.out:
+        raise ValueError("--scratch needs --tokenizer FILE.json (a `lab tokenizer-train` file) and --out model.gguf")
+    shape = dict(zip(("layers", "width", "heads", "ffn"), SCRATCH_PRESETS[args.preset])) if args.preset else {}
+    shape.update({f: getattr(args, f) for f in _SHAPE if getattr(args, f) is not None})
+    missing = [f for f in ("layers", "width", "heads") if f not in shape]
+    if missing:
+        raise ValueError(f"--scratch needs the model's --{', --'.join(missing)} (or a --preset)")
+    if "ffn" not in shape and isinstance(shape["width"], int):
+        shape["ffn"] = -(-shape["width"] * 8 // 3 // untrained.MULTIPLE) * untrained.MULTIPLE
+    vocab = bpe.load(args.tokenizer)
+    _, tok, engine = open_untrained(untrained.Shape(ctx=args.ctx, **shape), vocab, args.seed, disable=args.disable)
+    return engine, tok, Path(args.out)
 
 
 # What the Training card asks for and what it fixes: a flag set otherwise is refused, not silently dropped.
 _PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "profile": False,
-               "disable": [], "full": False}
+               "disable": [], "full": False, "scratch": False, "held_out": 0.0, "tokenizer": None, "preset": None,
+               "layers": None, "width": None, "heads": None, "kv_heads": None, "ffn": None}
 
 
 def _train_in_page(args) -> int:

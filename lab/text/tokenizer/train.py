@@ -256,13 +256,11 @@ class TrainedBPE:
         with open(path, "wb") as f:
             f.write(self.dumps().encode("utf-8"))
 
-    def gguf(self) -> bytes:
-        """The vocabulary as a GGUF without weights (`metadata()`'s keys after a placeholder llama's hyperparameters),
-        which llama.cpp opens with vocab_only and lab.format.gguf reads back."""
+    def kvs(self) -> list[tuple[str, int, object]]:
+        """`metadata()` as typed GGUF key-values (key, value type, value), in gguf.GGUFWriter's order for its add_*
+        calls: what a vocabulary's file and an untrained model's (lab.format.untrained) hold."""
         md = self.metadata()
-        kvs = [("general.architecture", fmt.STRING, "llama"), ("general.name", fmt.STRING, GGUF_NAME),
-               *_PLACEHOLDER,
-               ("tokenizer.ggml.model", fmt.STRING, md["tokenizer.ggml.model"]),
+        kvs = [("tokenizer.ggml.model", fmt.STRING, md["tokenizer.ggml.model"]),
                ("tokenizer.ggml.pre", fmt.STRING, md["tokenizer.ggml.pre"]),
                ("tokenizer.ggml.tokens", fmt.ARRAY, (fmt.STRING, md["tokenizer.ggml.tokens"])),
                ("tokenizer.ggml.token_type", fmt.ARRAY, (fmt.INT32, md["tokenizer.ggml.token_type"])),
@@ -271,7 +269,13 @@ class TrainedBPE:
         if "tokenizer.ggml.eos_token_id" in md:
             kvs += [("tokenizer.ggml.bos_token_id", fmt.UINT32, md["tokenizer.ggml.bos_token_id"]),
                     ("tokenizer.ggml.eos_token_id", fmt.UINT32, md["tokenizer.ggml.eos_token_id"])]
-        return write_gguf(kvs)
+        return kvs
+
+    def gguf(self) -> bytes:
+        """The vocabulary as a GGUF without weights (`kvs()` after a placeholder llama's hyperparameters), which
+        llama.cpp opens with vocab_only and lab.format.gguf reads back."""
+        return write_gguf([("general.architecture", fmt.STRING, "llama"), ("general.name", fmt.STRING, GGUF_NAME),
+                           *_PLACEHOLDER, *self.kvs()])
 
 
 def from_dict(d: dict) -> TrainedBPE:
