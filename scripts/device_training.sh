@@ -12,7 +12,8 @@
 # fine-tuning of SmolLM2's F32 copy (`lab f32-copy`, then `lab train --full`, and torch_train_bench.py --full beside
 # it) at each CTXS, and `lab gradcheck --full` on the synthetic Llama 3. Results in $OUT (gpu.txt, tests.txt,
 # gradcheck.json, train_*.json, torch_*.json, attention_back.json, full_*.json, torch_full_*.json,
-# gradcheck_full.json).
+# gradcheck_full.json); `scratch` (WHAT=scratch alone) the 16M preset trained from scratch on README.md and docs/*.md by
+# the lab and by PyTorch eager from the same start (scripts/bench_scratch.py: scratch_16m.json).
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
@@ -44,6 +45,11 @@ if [[ $what == *full* ]]; then
     > "$OUT/gradcheck_full.json"
   SMOL32=$D/smollm2-f32.gguf
   [ -e "$SMOL32" ] || timeout 200 python3 -m lab.host.cli f32-copy "$SMOL" --out "$SMOL32"
+fi
+if [[ $what == *scratch* ]]; then
+  timeout 500 python3 scripts/bench_scratch.py --corpus README.md docs/*.md --preset 16m --ctx "${SCRATCH_CTX:-256}" \
+    --batch "${BATCH:-8}" --steps "${STEPS:-300}" --lr 1e-3 --torch-python python3 --out "$D/scratch" \
+    | tee "$OUT/scratch.txt" && cp "$D/scratch/scratch.json" "$OUT/scratch_16m.json"
 fi
 if [[ $what == *attn* ]]; then
   timeout 200 python3 scripts/bench_attention_back.py > "$OUT/attention_back.json"

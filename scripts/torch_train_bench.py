@@ -419,16 +419,18 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--full", action="store_true", help="full fine-tuning: every weight trained (`lab train --full`'s "
                                                         "peer; the model should be an F32 file, as the lab's must be)")
+    ap.add_argument("--held-out", type=float, default=0.0, metavar="SHARE",
+                    help="train on the windows `lab train --held-out SHARE` trains on (its last share left out)")
     args = ap.parse_args(argv)
 
     from lab.host.loading import read_model
-    from lab.instruments.training import windows
+    from lab.instruments.training import split
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(args.seed)
     _, _, tok = read_model(args.model)
     with open(args.data, encoding="utf-8") as f:
-        wins = windows(tok.encode(f.read()), args.ctx)
+        wins = split(tok.encode(f.read()), args.ctx, args.held_out)[0]
     t = time.perf_counter()
     try:
         model = load_model(args.model, args.device, DTYPES[args.dtype])
