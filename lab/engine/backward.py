@@ -29,6 +29,7 @@ from lab.engine.blocks import qkv_width
 from lab.engine.lora import Lora
 from lab.engine.lora import members as lora_members
 from lab.engine.plans import Prefill
+from lab.format.model import expected_tensors
 from lab.ops import WeightPart, backward_attention, backward_head, backward_matmul, elementwise, norm
 from lab.ops.backward import embed_back, rms_norm_back
 
@@ -74,24 +75,22 @@ def untrainable(cfg) -> str | None:
 def untrainable_full(cfg, matrix_types) -> str | None:
     """Why full fine-tuning cannot run on this model (None: it can), besides `untrainable`'s reasons. The weights are
     the master copy the optimizer moves, so every matrix must be F32; the parameters whose gradients are not built
-    yet (biases, the per-head Q/K norms, the post-norms) are refused by name rather than left frozen unsaid."""
+    yet (the Q/K/V biases) are refused by name rather than left frozen unsaid."""
     quant = sorted(set(matrix_types) - {"F32"})
     if quant:
         return (f"full fine-tuning trains the weights themselves in f32, and this file's matrices are {', '.join(quant)}:"
                 f" train a LoRA adapter on it, or train an F32 copy of it (`lab f32-copy`: every tensor dequantized)")
-    parts = [what for flag, what in (("qkv_bias", "the Q/K/V biases"), ("qk_norm", "the per-head Q/K norms"),
-                                     ("post_norms", "the post-norms"))
-             if getattr(cfg, flag)]
-    if parts:
-        return (f"{cfg.arch}: full fine-tuning has no gradient yet for {' and '.join(parts)} (train a LoRA adapter: "
-                f"its gradients cover this model)")
+    if cfg.qkv_bias:
+        return (f"{cfg.arch}: full fine-tuning has no gradient yet for the Q/K/V biases (train a LoRA adapter: its "
+                f"gradients cover this model)")
     return None
 
 
 def trained_vectors(cfg) -> list[str]:
-    """The 1-D parameters full fine-tuning trains: every layer's norms and the final norm (rope_freqs is a constant)."""
-    return [f"blk.{il}.{n}" for il in range(cfg.n_layer) for n in ("attn_norm.weight", cfg.ffn_norm)] + [
-        cfg.output_norm]
+    """The 1-D parameters full fine-tuning trains: every norm's weight (each layer's input norms, the per-head Q/K
+    norms and the post-norms where the architecture has them, the final norm), in the file's order; rope_freqs is a
+    constant."""
+    return [name for name, shape in expected_tensors(cfg).items() if len(shape) == 1 and name.endswith("norm.weight")]
 
 
 @dataclass(frozen=True)
@@ -239,10 +238,10 @@ class Backward(Prefill):
                                          rows_total=self.rows_total))
         self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step,
                                          dw=ts.wgrads[self.weights.head.name] if ts.full else None))
-        self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, self._vgrad(cfg.output_norm), ts.rs,
+        self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, self.vgrad(cfg.output_norm), ts.rs,
                                s.step, cfg.n_embd, cfg.eps))
 
-    def _vgrad(self, name: str) -> gpu.Buffer | None:
+    def vgrad(self, name: str) -> gpu.Buffer | None:
         """A trained vector's gradient buffer in full fine-tuning (None: the vector is not trained)."""
         return self.ts.vgrads[name] if self.ts.full else None
 
@@ -290,11 +289,11 @@ class Backward(Prefill):
             return ts.dx
         self.add(self.mm(name, x, ts.branch))
         self.add(rms_norm_back(self.dev, self.kernels, ts.branch, self.weights.vectors[post_norm], ts.dx, ts.dbranch,
-                               None, ts.rs, self.scratch.step, cfg.n_embd, cfg.eps))
+                               self.vgrad(post_norm), ts.rs, self.scratch.step, cfg.n_embd, cfg.eps))
         return ts.dbranch
 
     def norm_back(self, x: gpu.Buffer, weight: str, dxn: gpu.Buffer) -> None:
         """dx += the gradient through RMSNorm of x (compact rows of n_embd) by `weight`, given dxn."""
         cfg, ts = self.cfg, self.ts
         self.add(rms_norm_back(self.dev, self.kernels, x, self.weights.vectors[weight], dxn, ts.dx,
-                               self._vgrad(weight), ts.rs, self.scratch.step, cfg.n_embd, cfg.eps, accumulate=True))
+                               self.vgrad(weight), ts.rs, self.scratch.step, cfg.n_embd, cfg.eps, accumulate=True))

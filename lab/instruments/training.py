@@ -157,7 +157,7 @@ async def model_bytes(engine) -> bytes:
     rope_freqs, a constant the plans hold, its values. Only F32 files (full fine-tuning's) are written: a quantized
     weight has no F32 master copy to read."""
     w, header, dev = engine.weights, engine.header, engine.device
-    runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header)}
+    runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header, w.tensors)}
     tensors = []
     for t in header.tensors:
         if t.type.name != "F32":
@@ -182,15 +182,18 @@ async def model_bytes(engine) -> bytes:
     return write_gguf(kvs, tensors, alignment=header.alignment)
 
 
-def _run_rows(m, header) -> list[tuple[str, int]]:
-    """(tensor name, first row in the weight) of each file tensor a weight holds: its own, or a stacked run's."""
-    shapes = {t.name: t.shape for t in header.tensors}
+def _run_rows(m, header, views) -> list[tuple[str, int]]:
+    """(file tensor name, first row in the weight) of each file tensor a weight holds whole: its own, each of a
+    stacked run's, or one the engine reads as views (`views`: the weights' tensor table, lab.format.model tensor_views;
+    phi3's fused attn_qkv and ffn_up), whose rows the run holds in the file's order. A file tensor is found by its
+    first byte: the view or tensor that starts where it starts."""
+    starts = {t.offset: t.name for t in header.tensors if t.nbytes}
     out, row = [], 0
     for name in m.name.split("+"):
-        if name not in shapes:
-            return []                                  # a view (phi3's fused attn_qkv seen as three): not a file tensor
-        out.append((name, row))
-        row += shapes[name][1]
+        v = views[name]
+        if v.offset in starts:
+            out.append((starts[v.offset], row))
+        row += v.shape[1]
     return out
 
 

@@ -42,8 +42,8 @@ def llama3(mix: str = "f32"):
     return synthetic_arch.build("llama3", mix, cache_dir() / "synthetic")
 
 
-def _check(device, **kw) -> dict:
-    path = llama3()
+def _check(device, spec: str = "llama3", **kw) -> dict:
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     engine = gradcheck.open_engine(path, 8, device=device)
     try:
         return gradcheck.check(path, T=8, engine=engine, full=True, **kw)
@@ -51,14 +51,24 @@ def _check(device, **kw) -> dict:
         engine.close()
 
 
-def test_every_weights_gradient_matches_central_differences(device):
-    r = _check(device, batch=2, samples=2)
+# Every dense architecture the lab trains in full, by what it adds: llama3 (rope_freqs, the tied head), qwen3 (the
+# per-head Q/K norms); with --slow (gemma's 262,144-token vocabulary makes the float64 differences ~1 min each) gemma3
+# (Q/K norms, post-norms, sliding windows), phi3 (attn_qkv and ffn_up fused in the file, read as views), gemma2
+# (post-norms, soft-capping), smollm3 (layers without RoPE), mistral (GQA 4:1, an untied head).
+FULL_SPECS = ["llama3", "qwen3", *(pytest.param(s, marks=pytest.mark.slow)
+                                  for s in ("gemma3", "phi3", "gemma2", "smollm3", "mistral"))]
+
+
+@pytest.mark.parametrize("spec", FULL_SPECS)
+def test_every_weights_gradient_matches_central_differences(device, spec):
+    r = _check(device, spec, batch=2, samples=2)
     worst = sorted(r["tensors"], key=lambda row: -row["worst_rel_err"])[:3]
-    print(f"\nfull fine-tuning, llama3 f32: loss {r['loss_gpu']:.6f} vs {r['loss_float64']:.6f}, "
+    print(f"\nfull fine-tuning, {spec} f32: loss {r['loss_gpu']:.6f} vs {r['loss_float64']:.6f}, "
           f"{len(r['tensors'])} tensors, worst {worst}")
     assert r["loss_rel_err"] < 1e-5 and r["ok"], worst
-    header = gguf.read_file(llama3())
+    header = gguf.read_file(synthetic_arch.build(spec, "f32", cache_dir() / "synthetic"))
     assert {row["tensor"] for row in r["tensors"]} == {t.name for t in header.tensors} - {"rope_freqs.weight"}
+    assert not r["missing"]
 
 
 def _dw_left_out_for(kind: str):
@@ -132,8 +142,9 @@ def test_one_step_is_the_optimizers(device, kind):
         engine.close()
 
 
-def test_the_untrained_model_is_written_back_byte_for_byte(device):
-    path = llama3()
+@pytest.mark.parametrize("spec", ["llama3", "qwen3", "phi3", pytest.param("gemma3", marks=pytest.mark.slow)])
+def test_the_untrained_model_is_written_back_byte_for_byte(device, spec):
+    path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     engine = gradcheck.open_engine(path, 8, device=device)
     try:
         raw = asyncio.run(model_bytes(engine))
@@ -171,14 +182,12 @@ def test_a_fine_tuned_model_gives_llama_cpps_logits(device, tmp_path, capsys):
     assert np.abs(golden["logits"] - golden["untrained"]).max() > 100 * LLAMA_TOL
 
 
-def test_refusals(device):
+def test_refusals(device, qwen_path):
     cfg = validate(gguf.read_file(llama3()))[0]
     assert untrainable_full(cfg, {"F32"}) is None
     assert "Q4_K" in untrainable_full(cfg, {"F32", "Q4_K"}) and "LoRA" in untrainable_full(cfg, {"Q4_K"})
-    for spec, words in (("qwen3", "per-head Q/K norms"), ("gemma2", "post-norms")):
-        path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
-        why = untrainable_full(validate(gguf.read_file(path))[0], {"F32"})
-        assert words in why and spec in why, why
+    why = untrainable_full(validate(gguf.read_file(qwen_path))[0], {"F32"})
+    assert "Q/K/V biases" in why and "qwen2" in why, why
     engine = gradcheck.open_engine(llama3("q4_k_m"), 8, device=device)
     try:
         with pytest.raises(TrainError, match="full fine-tuning trains the weights themselves in f32"):

@@ -166,6 +166,7 @@ class Attention(Block):
                                        offset=0))
         q.add(elementwise.copy_rows(q.dev, q.kernels, ts.dqkv, ts.dqkv_pre, s.step, W))
         for weight, n, at in (("attn_q_norm.weight", Q, 0), ("attn_k_norm.weight", KV, Q)):
-            q.add(backward.rms_norm_back(q.dev, q.kernels, ts.qkv_pre, vec[b + weight], ts.dqkv, ts.dqkv_pre, None,
-                                         ts.rs, s.step, n, cfg.eps, group=HD, stride=W, offset=at))
+            q.add(backward.rms_norm_back(q.dev, q.kernels, ts.qkv_pre, vec[b + weight], ts.dqkv, ts.dqkv_pre,
+                                         q.vgrad(b + weight), ts.rs, s.step, n, cfg.eps, group=HD, stride=W,
+                                         offset=at))
         return ts.dqkv_pre

@@ -184,6 +184,8 @@ def gradcheck(args) -> int:
     else:
         for row in r["tensors"]:
             print(f"{row['tensor']:48s} {row['worst_rel_err']:.2e}  (largest gradient {row['largest_grad']:.3e})")
+        if r.get("missing"):
+            print(f"no gradient found for {len(r['missing'])} tensors: {', '.join(r['missing'][:4])}")
         print(f"loss {r['loss_gpu']:.6f} (float64 {r['loss_float64']:.6f}); worst relative error "
               f"{r['worst_rel_err']:.2e} over {len(r['tensors'])} tensors, tolerance {r['tolerance']:.0e}: "
               f"{'ok' if r['ok'] else 'FAILED'}")
