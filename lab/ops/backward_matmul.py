@@ -32,6 +32,9 @@ SUM_WG = 64             # chunk_sum's workgroup (fixed in the kernel)
 GEMM_TILE = 8           # gemm's workgroup is GEMM_TILE x GEMM_TILE outputs (fixed in the kernel)
 SPLIT_TILE = 4          # gemm_split's workgroup: SPLIT_TILE x SPLIT_TILE outputs, K over 16 lanes each (the kernel's)
 SPLIT_MIN_K = 64        # gemm's default: gemm_split from this K up on a GPU (below it, a lane would hold < 4 terms)
+TILES = 64              # gemm_tiles' workgroup: TILES x TILES outputs (the kernel's BM and BN)
+TILES_MIN = 64          # gemm's default: gemm_tiles on a GPU where M and N both reach a tile (a dW, the head's, dx)
+KINDS = ("gemm", "split", "tiles")      # gemm's kernels: one invocation an output, K over 16 lanes, 64 x 64 tiles
 # dx_rows' rows a chunk: enough chunks that the grid reaches DX_TARGET invocations (a GPU's memory wants ~1e5 reads in
 # flight, 8 tokens' sums an invocation; the tokens and columns alone give cols / 8 * ceil(t / 8)), but at least
 # CHUNK_MIN rows, so that the 256 bytes of partial sums an invocation writes stay small next to the weights it reads,
@@ -128,25 +131,29 @@ def _check_dx(device: gpu.Device, w: Weight, dy: gpu.Buffer, dx: gpu.Buffer, sum
 
 def gemm(device: gpu.Device, kernels: KernelCache, a: tuple, b: tuple, c: tuple, step: gpu.Buffer,
          m: int, n: int, k: int, *, tok: int = 0, scale: float = 1.0, accumulate: bool = False,
-         label: str = "gemm", split: bool | None = None) -> Op:
+         label: str = "gemm", kind: str | None = None) -> Op:
     """C[i, j] (+)= scale * sum_k A[i, k] B[k, j] (wgsl/backward_gemm.wgsl), each operand a (buffer, offset,
     stride of its first index, stride of its second) in floats, so a transposed operand is only other strides.
     `tok` (TOK_M | TOK_N | TOK_K) names the dimensions that are the step's token count: m, n or k then give their
-    largest value (the buffers are checked against it) and the grid follows the step. `split` picks gemm_split, K
-    over 16 lanes an output (default: on a GPU adapter, from a K of SPLIT_MIN_K up; the kernel's comment says why)."""
+    largest value (the buffers are checked against it) and the grid follows the step. `kind` (KINDS) picks the
+    kernel; by default, on a GPU adapter, gemm_tiles where M and N both reach TILES_MIN, else gemm_split from a K of
+    SPLIT_MIN_K up, else gemm (always gemm on a CPU adapter: the kernel's comments say why)."""
     (ab, a_off, a_si, a_sk), (bb, b_off, b_sk, b_sj), (cb, c_off, c_si, c_sj) = a, b, c
     if cb is ab or cb is bb:
         raise ValueError(f"{label}: C must be a buffer other than A and B")
     _need(ab, a_off + (m - 1) * a_si + (k - 1) * a_sk + 1, f"{label} A")
     _need(bb, b_off + (k - 1) * b_sk + (n - 1) * b_sj + 1, f"{label} B")
     _need(cb, c_off + (m - 1) * c_si + (n - 1) * c_sj + 1, f"{label} C")
-    if split is None:
-        split = not device.info.software and k >= SPLIT_MIN_K
-    tile = SPLIT_TILE if split else GEMM_TILE
+    if kind is None:
+        gpu_ = not device.info.software
+        kind = ("tiles" if gpu_ and min(m, n) >= TILES_MIN else "split" if gpu_ and k >= SPLIT_MIN_K else "gemm")
+    if kind not in KINDS:
+        raise ValueError(f"{label}: kind {kind!r}, not one of {', '.join(KINDS)}")
+    tile = {"gemm": GEMM_TILE, "split": SPLIT_TILE, "tiles": TILES}[kind]
     max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
     if _ceil(m, tile) > max_dim or _ceil(n, tile) > max_dim:
         raise gpu.GpuError(f"{label}: {m} x {n} outputs exceed the grid")
-    kern = kernels.get("backward_gemm", "gemm_split" if split else "gemm")
+    kern = kernels.get("backward_gemm", {"gemm": "gemm", "split": "gemm_split", "tiles": "gemm_tiles"}[kind])
     params = device.uniform(_GEMM.pack(m, n, k, tok, a_off, a_si, a_sk, b_off, b_sk, b_sj, c_off, c_si, c_sj,
                                        int(accumulate), float(scale), 0), label)
 
@@ -160,17 +167,17 @@ def gemm(device: gpu.Device, kernels: KernelCache, a: tuple, b: tuple, c: tuple,
 
 def dw_back(device: gpu.Device, kernels: KernelCache, dw: Sequence[WeightPart], cols: int, x: gpu.Buffer,
             dy: gpu.Buffer, step: gpu.Buffer, *, max_tokens: int, x_offset: int = 0, x_stride: int | None = None,
-            dy_offset: int = 0, dy_stride: int | None = None, split: bool | None = None) -> list[Op]:
+            dy_offset: int = 0, dy_stride: int | None = None, kind: str | None = None) -> list[Op]:
     """dW[r, c] += sum_t dy[t, r] x[t, c] over the step's tokens: the gradient of an F32 weight of rows x cols, held
     as f32 parts of rows (WeightPart: buffer, first_row, n_rows; alloc_weight's split of an F32 weight gives them),
     one GEMM a part. Token t's x at x[x_offset + t * x_stride ...] (stride defaults to cols), its dy at
-    dy[dy_offset + t * dy_stride ...] (stride defaults to the parts' rows in all). `split`: gemm's."""
+    dy[dy_offset + t * dy_stride ...] (stride defaults to the parts' rows in all). `kind`: gemm's."""
     rows = sum(p.n_rows for p in dw)
     xs = cols if x_stride is None else x_stride
     ys = rows if dy_stride is None else dy_stride
     return [gemm(device, kernels, (dy, dy_offset + p.first_row, 1, ys), (x, x_offset, xs, 1), (p.buffer, 0, cols, 1),
                  step, p.n_rows, cols, max_tokens, tok=TOK_K, accumulate=True, label=f"{p.buffer.label}.dw_back",
-                 split=split)
+                 kind=kind)
             for p in dw]
 
 
@@ -185,14 +192,14 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
               x: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer, step: gpu.Buffer, *, n_in: int, n_out: int, rank: int,
               scale: float, max_tokens: int, x_offset: int = 0, x_stride: int | None = None, dy_offset: int = 0,
               dy_stride: int | None = None, dx_offset: int = 0, dx_stride: int | None = None,
-              split: bool | None = None) -> list[Op]:
+              kind: str | None = None) -> list[Op]:
     """Gradients of y = W x + scale * B (A x) with respect to the adapter and the input, for the step's tokens.
     lora = (A, B): f32, A [rank, n_in] and B [n_out, rank] row-major, each a buffer or (buffer, offset in floats);
     grads = (dA, dB) of their shapes, the same way, added into; scratch = (u, du), max_tokens * rank floats each.
     Five GEMMs in order: u = x A^T (the forward's A x again,
     cheaper than keeping it: t x rank x n_in), du = scale * dy B, then dA += du^T x, dB += scale * dy^T u and
     dx += du A, the input's extra gradient, always added: it joins the base projection's dx (dx_back) or another
-    branch's. x, dy, dx rows as dw_back's and dx_back's (strides default to n_in, n_out, n_in). `split` forces
+    branch's. x, dy, dx rows as dw_back's and dx_back's (strides default to n_in, n_out, n_in). `kind` forces
     gemm's choice of kernel for all five (tests; default: gemm's)."""
     (a, ao), (b, bo), (da, dao), (db, dbo) = (_at(v) for v in (*lora, *grads))
     u, du = scratch
@@ -202,13 +209,13 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
     t, r = max_tokens, rank
     return [
         gemm(device, kernels, (x, x_offset, xs, 1), (a, ao, 1, n_in), (u, 0, r, 1), step, t, r, n_in, tok=TOK_M,
-             label="lora_back.u", split=split),
+             label="lora_back.u", kind=kind),
         gemm(device, kernels, (dy, dy_offset, ys, 1), (b, bo, r, 1), (du, 0, r, 1), step, t, r, n_out, tok=TOK_M,
-             scale=scale, label="lora_back.du", split=split),
+             scale=scale, label="lora_back.du", kind=kind),
         gemm(device, kernels, (du, 0, 1, r), (x, x_offset, xs, 1), (da, dao, n_in, 1), step, r, n_in, t, tok=TOK_K,
-             accumulate=True, label="lora_back.dA", split=split),
+             accumulate=True, label="lora_back.dA", kind=kind),
         gemm(device, kernels, (dy, dy_offset, 1, ys), (u, 0, r, 1), (db, dbo, r, 1), step, n_out, r, t, tok=TOK_K,
-             scale=scale, accumulate=True, label="lora_back.dB", split=split),
+             scale=scale, accumulate=True, label="lora_back.dB", kind=kind),
         gemm(device, kernels, (du, 0, r, 1), (a, ao, n_in, 1), (dx, dx_offset, dxs, 1), step, t, n_in, r, tok=TOK_M,
-             accumulate=True, label="lora_back.dx", split=split),
+             accumulate=True, label="lora_back.dx", kind=kind),
     ]

@@ -4,9 +4,11 @@ adapter's dA, dB and input gradient (lora_back) on top of a quantized base's dx 
 y = W x + s B (A x) against the float64 oracle (lab/host/reference/grads.py lora_grad, linear_grad); then broken
 variants the same checks must catch.
 
-Both kernels of the GEMM run each check (`split`: gemm, one invocation an output; gemm_split, K over 16 lanes and a
-tree, the one a GPU takes for long K, which a CPU adapter would otherwise never run). Shapes fill no 8 x 8 or 4 x 4
-tile evenly: rank 5, 67 or 131 output rows, 96 or 768 inputs, 13 tokens (3 for the part split). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
+Every kernel of the GEMM runs each check (`kind`: gemm, one invocation an output; gemm_split, K over 16 lanes and a
+tree, the one a GPU takes for long K; gemm_tiles, 64 x 64 outputs a workgroup over K in chunks of 16, the one a GPU
+takes for a dW; a CPU adapter would otherwise run neither of the last two). Shapes fill no 8 x 8, 4 x 4 or 64 x 64
+tile evenly: rank 5, 67, 131 or 200 output rows, 96, 136, 264 or 768 inputs, 13 tokens (3 for the part split, 37 for three
+chunks of K with a short last one). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
 the inputs' absolute values), tolerances the chain's count of roundings (grads.gemm_tol, dx_back_tol); -s prints
 them in units of 2^-24.
 """
@@ -21,7 +23,7 @@ from lab.format.ggml import BY_NAME
 from lab.host.reference import quant as qo
 from lab.host.reference.grads import U32, dx_back_tol, gemm_tol, linear_grad, lora_grad
 from lab.host.reference.kernels import f32
-from lab.ops.backward_matmul import dw_back, dx_back, dx_chunks, dx_scratch_floats, lora_back
+from lab.ops.backward_matmul import KINDS, dw_back, dx_back, dx_chunks, dx_scratch_floats, lora_back
 from lab.ops.weights import alloc_weight, upload_weight
 
 SENTINEL = 7.0
@@ -40,7 +42,7 @@ def _tokens(rng, t: int, n: int, spare: int, scale: float = 1.0) -> tuple[np.nda
 
 # -- dW of an F32 weight -------------------------------------------------------------------------------------------
 
-def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0, split: bool = False) -> float:
+def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0, kind: str = "gemm") -> float:
     """dw_back for t tokens (two more rows of NaN past the step) into a gradient already holding an earlier
     micro-batch's sum, cut into `parts` as alloc_weight cuts an F32 weight of the shape."""
     dev, rng = env.device, np.random.default_rng(seed)
@@ -52,20 +54,20 @@ def check_dw(env: Env, n_out: int, n_in: int, t: int, parts: int, seed: int = 0,
     assert len(dw.parts) == parts
     upload_weight(dev, dw, dw0.tobytes())
     xb, dyb = upload(dev, xb_host), upload(dev, dyb_host)
-    run(env, dw_back(dev, env.kernels, dw.parts, n_in, xb, dyb, ops_step(env), max_tokens=t + 2, split=split), 0, t)
+    run(env, dw_back(dev, env.kernels, dw.parts, n_in, xb, dyb, ops_step(env), max_tokens=t + 2, kind=kind), 0, t)
     got = np.concatenate([read(dev, p.buffer).reshape(p.n_rows, n_in) for p in dw.parts])
     free(dev, xb, dyb, *(p.buffer for p in dw.parts))
     _, want = linear_grad(np.zeros((n_out, n_in)), x, dy)
     scale = np.abs(dw0) + np.abs(dy).T.astype(np.float64) @ np.abs(x)
-    return within_terms(f"dw_back {n_out}x{n_in} t={t} parts={parts} split={split}", got, dw0 + want, scale,
+    return within_terms(f"dw_back {n_out}x{n_in} t={t} parts={parts} kind={kind}", got, dw0 + want, scale,
                         gemm_tol(t))
 
 
-@pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("n_out,n_in,t,parts", [(67, 264, 13, 1), (131, 96, 3, 3), (67, 264, 1, 2)])
-def test_dw_back(env1, n_out, n_in, t, parts, split):  # noqa: F811
-    e = check_dw(env1, n_out, n_in, t, parts, seed=n_out + t, split=split)
-    print(f"dw_back {n_out}x{n_in} t={t} parts={parts} split={split}: {e:.2f} u "
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_out,n_in,t,parts", [(67, 264, 13, 1), (131, 96, 3, 3), (67, 264, 1, 2), (200, 136, 37, 2)])
+def test_dw_back(env1, n_out, n_in, t, parts, kind):  # noqa: F811
+    e = check_dw(env1, n_out, n_in, t, parts, seed=n_out + t, kind=kind)
+    print(f"dw_back {n_out}x{n_in} t={t} parts={parts} kind={kind}: {e:.2f} u "
           f"(tolerance {gemm_tol(t) / U32:.0f} u)")
 
 
@@ -79,7 +81,7 @@ def _lora_inputs(rng, n_out: int, n_in: int, rank: int) -> dict:
 
 
 def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
-                        seed: int = 0, split: bool = False) -> dict:
+                        seed: int = 0, kind: str = "gemm") -> dict:
     """dx_back through the quantized base (dx written), then lora_back (dA, dB added into, dx added into): the
     whole backward of y = W x + s B (A x) for t tokens. Returns the results read back and the inputs."""
     dev, rng = env.device, np.random.default_rng(seed)
@@ -100,7 +102,7 @@ def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t
                   chunk_rows=16)
     ops += lora_back(dev, env.kernels, (bufs["A"], bufs["B"]), (bufs["dA"], bufs["dB"]), (bufs["u"], bufs["du"]),
                      bufs["x"], bufs["dy"], bufs["dx"], ops_step(env), n_in=n_in, n_out=n_out, rank=rank, scale=s,
-                     max_tokens=mt, split=split)
+                     max_tokens=mt, kind=kind)
     run(env, ops, 0, t)
     c.update(dx=read(dev, bufs["dx"]).reshape(mt, n_in), dA=read(dev, bufs["dA"]).reshape(rank, n_in),
              dB=read(dev, bufs["dB"]).reshape(n_out, rank), chunks=dx_chunks(w, 16))
@@ -109,10 +111,10 @@ def run_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t
 
 
 def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int, t: int, s: float,
-                          seed: int = 0, split: bool = False) -> dict[str, float]:
+                          seed: int = 0, kind: str = "gemm") -> dict[str, float]:
     """run_projection_back against lora_grad: dx (base and adapter), dA0 + dA, dB0 + dB, each per element within its
     chain's roundings (below); dx's rows past the step untouched. Returns the errors in units of 2^-24."""
-    c = run_projection_back(env, name, n_out, n_in, rank, t, s, seed, split)
+    c = run_projection_back(env, name, n_out, n_in, rank, t, s, seed, kind)
     dx, da, db = lora_grad(c["W"], c["A"], c["B"], c["x"], c["dy"], s)
     absolute = [np.abs(c[k]).astype(np.float64) for k in ("W", "A", "B", "x", "dy")]
     sx, sa, sb = lora_grad(*absolute, abs(s))
@@ -120,7 +122,7 @@ def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int,
     # is longer; dA: du's chain then the sum over t tokens; dB: u = x A^T (n_in products) then t tokens.
     longest = min(16, n_out)
     tol_dx = max(dx_back_tol(longest, sum(c["chunks"])), gemm_tol(n_out) + gemm_tol(rank))
-    what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s} split={split}"
+    what = f"projection_back {name} {n_out}x{n_in} rank={rank} t={t} s={s} kind={kind}"
     out = {"dx": within_terms(what + " dx", c["dx"][:t], dx, sx, tol_dx),
            "dA": within_terms(what + " dA", c["dA"], c["dA0"] + da, sa + np.abs(c["dA0"]),
                               gemm_tol(n_out) + gemm_tol(t)),
@@ -136,17 +138,17 @@ def check_projection_back(env: Env, name: str, n_out: int, n_in: int, rank: int,
     ("Q8_0", 67, 96, 5, 3, 0.75),
     ("F16", 67, 264, 8, 1, 0.5),          # one token: the M = t GEMMs one row of tiles
 ])
-@pytest.mark.parametrize("split", [False, True])
-def test_projection_back(env1, name, n_out, n_in, rank, t, s, split):  # noqa: F811
-    e = check_projection_back(env1, name, n_out, n_in, rank, t, s, seed=rank + t, split=split)
-    print(f"projection_back {name} rank={rank} t={t} split={split}: "
+@pytest.mark.parametrize("kind", KINDS)
+def test_projection_back(env1, name, n_out, n_in, rank, t, s, kind):  # noqa: F811
+    e = check_projection_back(env1, name, n_out, n_in, rank, t, s, seed=rank + t, kind=kind)
+    print(f"projection_back {name} rank={rank} t={t} kind={kind}: "
           + ", ".join(f"{k} {v:.2f} u" for k, v in e.items()))
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_lora_bit_reproducible(env1, split):  # noqa: F811
-    a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, split=split)
-    b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, split=split)
+@pytest.mark.parametrize("kind", KINDS)
+def test_lora_bit_reproducible(env1, kind):  # noqa: F811
+    a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, kind=kind)
+    b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, kind=kind)
     assert all(a[k].tobytes() == b[k].tobytes() for k in ("dx", "dA", "dB"))
 
 
@@ -172,6 +174,28 @@ def test_broken_dw_fails(env1, old, new):  # noqa: F811
         check_dw(patched(env1, "backward_gemm", old, new), 131, 96, 3, 3, seed=5)
 
 
+# Broken variants of gemm_tiles: each must fail the dW check on the tiles kernel (three chunks of K, two parts), and
+# the scale's the LoRA check (a dW's scale is 1).
+TILE_BREAKS = [
+    ("let kend = min(BK, kn - k0);", "let kend = min(BK - 1u, kn - k0);"),      # a chunk's last term dropped
+    ("let ka = k0 + e / BM;", "let ka = e / BM;"),                               # every chunk reads A's first
+    ("let tj = (li % 16u) * 4u;", "let tj = (li % 16u) * 3u;"),                   # columns of the tile lost
+    ("if (p.acc != 0u) { v += C[o]; }\n                C[o] = v;", "C[o] = v;"),    # overwritten, not added into
+]
+
+
+@pytest.mark.parametrize("old,new", TILE_BREAKS)
+def test_broken_tiles_fail(env1, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_dw(patched(env1, "backward_gemm", old, new), 200, 136, 37, 2, seed=5, kind="tiles")
+
+
+def test_broken_tiles_scale_fails(env1):  # noqa: F811
+    broken = patched(env1, "backward_gemm", "var v = p.scale * sum[r * 4u + c];", "var v = sum[r * 4u + c];")
+    with pytest.raises(AssertionError, match="exceeds|non-finite|past the step"):
+        check_projection_back(broken, "Q4_K", 131, 768, 5, 13, 2.0, seed=5, kind="tiles")
+
+
 # Broken variants of gemm_split: each must fail the same checks on the split kernel.
 SPLIT_BREAKS = [
     ("var v = p.scale * red[li];", "var v = red[li];"),                          # the LoRA scale s missing
@@ -186,4 +210,4 @@ SPLIT_BREAKS = [
 def test_broken_split_fails(env1, old, new):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite|past the step"):
         check_projection_back(patched(env1, "backward_gemm", old, new), "Q4_K", 131, 768, 5, 13, 2.0, seed=5,
-                              split=True)
+                              kind="split")
