@@ -15,14 +15,11 @@ def train(args) -> int:
     from lab.instruments.training import Optim, Trainer, model_bytes, split
     if args.backend == "browser":
         return _train_in_page(args)
-    if args.scratch:
-        engine, tok, out = _scratch(args)
-    else:
-        engine, tok, out = _model(args)
     with open(args.data, encoding="utf-8") as f:
-        ids = tok.encode(f.read())          # as `lab tokenize`: no BOS, no special tokens
+        text = f.read()
+    engine, tok, out = _scratch(args) if args.scratch else _model(args)
     try:
-        wins, held = split(ids, args.ctx, args.held_out)
+        wins, held = split(tok.encode(text), args.ctx, args.held_out)     # as `lab tokenize`: no BOS, no specials
         if args.scratch and args.steps == 0:        # the untrained model, as drawn: what a run from it starts at
             out.write_bytes(asyncio.run(model_bytes(engine)))
             print(json.dumps({"out": str(out), "steps": 0}) if args.json else f"{out}: untrained")
