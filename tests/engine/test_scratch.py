@@ -7,7 +7,8 @@
    the usual tolerance, the trained model's greedy continuation identical.
 2. The gradients of an untrained model against float64 central differences (every tensor: the drawn weights start
    where no real release does, with GQA and the tied head).
-3. The start: one seed, one model; another seed, another; the norms at one, the residual outputs narrower.
+3. The start: one seed, one model; another seed, another; the norms at one, the residual outputs narrower. A
+   checkpoint's sample (--sample) leaves the run's losses as they were.
 4. What is refused, in words: shapes the kernels cannot run, MODEL and --scratch together, no tokenizer.
 """
 
@@ -97,6 +98,25 @@ def test_a_model_trained_from_scratch_is_llama_cpps(device, tmp_path, capsys, go
     assert np.abs(golden["logits"] - golden["untrained"]).max() > 100 * LLAMA_TOL
     # the untrained model's loss is the uniform guess's: every token about as likely
     assert abs(meta["losses"][0] - math.log(VOCAB)) < 0.1
+
+
+def test_checkpoint_samples_leave_the_run_as_it_was(tmp_path, capsys, meta, tok_file):
+    """--sample: the model's greedy continuation at each checkpoint, generated between steps on the engine the steps
+    use; the losses are the fixture's all the same (each window writes the KV cache afresh)."""
+    assert cli.main([*train_args(tok_file, tmp_path / "m.gguf"), "--sample", "6"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    np.testing.assert_allclose(report["losses"], meta["losses"], rtol=1e-4)
+    assert [s[0] for s in report["samples"]] == [h[0] for h in meta["held_out_losses"]]
+    prompt = bpe.load(tok_file).tokenizer().decode(_held_out_start(tok_file))
+    assert all(text.startswith(prompt) and len(text) > len(prompt) for _, text in report["samples"])
+
+
+def _held_out_start(tok_file) -> list[int]:
+    from lab.host.cli.training import SAMPLE_PROMPT
+    from lab.instruments.training import split
+    tok = bpe.load(tok_file).tokenizer()
+    held = split(tok.encode((FIXTURES / "constitution.txt").read_text()), RUN["ctx"], RUN["held_out"])[1]
+    return held[0][:SAMPLE_PROMPT]
 
 
 def test_an_untrained_models_gradients_match_central_differences(device, tmp_path, capsys, tok_file):

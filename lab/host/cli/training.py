@@ -33,7 +33,7 @@ def train(args) -> int:
     except BaseException:
         engine.close()
         raise
-    losses, held_losses, spent, first_step = _steps(args, tr, wins, held)
+    losses, held_losses, samples, spent, first_step = _steps(args, tr, tok, wins, held)
     out.write_bytes(asyncio.run(tr.model_bytes() if tr.full else tr.adapter_bytes()))
     profile = None
     if args.profile:        # one window's pass by kernel family (timestamp queries), after the run
@@ -42,7 +42,7 @@ def train(args) -> int:
     # tokens/s over the steps after the first (the first one pays for the pipelines' first dispatches)
     timed = spent - first_step if args.steps > 1 else spent
     per_step = args.batch * args.ctx
-    report = {"losses": losses, "held_out": held_losses, "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
+    report = {"losses": losses, "held_out": held_losses, "samples": samples, "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
               "out": str(out), "seconds": spent, "first_step_s": first_step, "windows": len(wins),
               "held_out_windows": len(held), "params": tr.n_params, "steps": args.steps, "memory": tr.memory(),
               "profile": profile, "mode": "scratch" if args.scratch else "full" if args.full else "lora",
@@ -58,25 +58,44 @@ def train(args) -> int:
     return 0
 
 
-def _steps(args, tr, wins, held):
-    """Run the steps: (losses, [[step, held-out loss], ...], seconds in steps, seconds of the first). The held-out loss
-    before the first step, every tenth of the run and after the last, each its own forward passes outside the timed
-    steps."""
+SAMPLE_PROMPT = 8      # tokens of a window a checkpoint's sample continues
+
+
+def _steps(args, tr, tok, wins, held):
+    """Run the steps: (losses, [[step, held-out loss], ...], [[step, sample], ...], seconds in steps, seconds of the
+    first). The held-out loss and the sample (--sample N tokens) before the first step, every tenth of the run and
+    after the last, each its own passes outside the timed steps."""
     from lab.instruments.training import batch_of, held_out_loss
     every = max(1, args.steps // 10)
     held_losses = [[0, asyncio.run(held_out_loss(tr, held))]] if held else []
+    samples = [[0, asyncio.run(_sample(tr, tok, (held or wins)[0], args.sample))]] if args.sample else []
     losses, spent, first_step = [], 0.0, 0.0
     for s in range(args.steps):
         t0 = time.perf_counter()
         losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))     # the loss's read waits for the step
         spent += (dt := time.perf_counter() - t0)
         first_step = dt if s == 0 else first_step
-        if held and ((s + 1) % every == 0 or s + 1 == args.steps):
-            held_losses.append([s + 1, asyncio.run(held_out_loss(tr, held))])
+        at = ""
+        if (s + 1) % every == 0 or s + 1 == args.steps:
+            if held:
+                held_losses.append([s + 1, asyncio.run(held_out_loss(tr, held))])
+                at += f", held out {held_losses[-1][1]:.4f}"
+            if args.sample:
+                samples.append([s + 1, asyncio.run(_sample(tr, tok, (held or wins)[0], args.sample))])
+                at += f", sample {samples[-1][1]!r}"
         if not args.json:
-            at = f", held out {held_losses[-1][1]:.4f}" if held and held_losses[-1][0] == s + 1 else ""
             print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}{at}", file=sys.stderr, flush=True)
-    return losses, held_losses, spent, first_step
+    return losses, held_losses, samples, spent, first_step
+
+
+async def _sample(tr, tok, window: list[int], n: int) -> str:
+    """The model's greedy continuation, n tokens, of a window's first SAMPLE_PROMPT tokens (a held-out one where there
+    are), as the model stands: a checkpoint's sample. Its steps overwrite the KV cache, which each training window
+    writes afresh from position 0, so the run is unchanged by it."""
+    from lab.engine.session import Session
+    from lab.settings import Settings
+    res = await Session(tr.engine, tok).generate(window[:SAMPLE_PROMPT], Settings(greedy=True), n)
+    return tok.decode(window[:SAMPLE_PROMPT]) + res.text
 
 
 def _model(args):
@@ -125,7 +144,8 @@ def _scratch(args):
 
 # What the Training card asks for and what it fixes: a flag set otherwise is refused, not silently dropped.
 _PAGE_FIXED = {"lora_alpha": None, "warmup": 0, "weight_decay": 0.0, "clip": 1.0, "seed": 0, "profile": False,
-               "disable": [], "full": False, "scratch": False, "held_out": 0.0, "tokenizer": None, "preset": None,
+               "disable": [], "full": False, "scratch": False, "held_out": 0.0, "sample": 0, "tokenizer": None,
+               "preset": None,
                "layers": None, "width": None, "heads": None, "kv_heads": None, "ffn": None}
 
 
