@@ -1,6 +1,6 @@
 """An untrained llama model (issue #44 part 2, a model trained from scratch): its shape, the GGUF header of the model
 it makes with a trained vocabulary (every tensor F32, no data yet), and the rule its weights start from. What
-`lab train --scratch` and the Training card's presets load: the engine is made from this header, its weights drawn on
+`lab train --scratch` loads: the engine is made from this header, its weights drawn on
 the GPU (lab.ops.weights ModelWeights.initialize, lab.ops.init), then trained as a full fine-tune is and written whole
 (lab.instruments.training model_bytes), a file llama.cpp loads with its own tokenizer.
 
@@ -37,7 +37,7 @@ STD = 0.02                # GPT-2's: every matrix and the embedding; the residua
 MAX_LAYERS = 64
 MAX_WIDTH = 8192
 MULTIPLE = 32             # widths and the feed-forward's in multiples of 32, as every real release's are
-HEAD_DIMS = (8, 256)      # the attention kernels' tiles want whole vec4s; 256 is the widest head the lab runs
+HEAD_DIMS = (8, 256)      # heads in whole vec4s for the attention kernels' tiles (multiples of 8 here), at most 256
 MAX_CTX = 8192
 
 

@@ -7,10 +7,10 @@ variants the same checks must catch.
 Every kernel of the GEMM runs each check (`kind`: gemm, one invocation an output; gemm_split, K over 16 lanes and a
 tree, the one a GPU takes for long K; gemm_tiles, 64 x 64 outputs a workgroup over K in chunks of 16, the one a GPU
 takes for a dW; a CPU adapter would otherwise run neither of the last two). Shapes fill no 8 x 8, 4 x 4 or 64 x 64
-tile evenly: rank 5, 67, 131 or 200 output rows, 96, 136, 264 or 768 inputs, 13 tokens (3 for the part split, 37 for three
-chunks of K with a short last one). Errors are per element against the sum of the terms' magnitudes through the whole chain (the oracle run on
-the inputs' absolute values), tolerances the chain's count of roundings (grads.gemm_tol, dx_back_tol); -s prints
-them in units of 2^-24.
+tile evenly: rank 5, 67, 131 or 200 output rows, 96, 136, 264 or 768 inputs, 13 tokens (3 for the part split, 37
+for three chunks of K with a short last one). Errors are per element against the sum of the terms' magnitudes
+through the whole chain (the oracle run on the inputs' absolute values), tolerances the chain's count of roundings
+(grads.gemm_tol, dx_back_tol); -s prints them in units of 2^-24.
 """
 
 from __future__ import annotations

@@ -182,9 +182,9 @@ def train(sub, name):
     g.add_argument("--kv-heads", type=int, help="key/value heads (default: as many as --heads)")
     g.add_argument("--ffn", type=int, help="the feed-forward's width (default: 8/3 of --width, up to a multiple of 32)")
     s.add_argument("--sample", type=int, default=0, metavar="N",
-                   help="a checkpoint's sample: the model's greedy continuation, N tokens, of a held-out window's first "
-                        "8 tokens (a training window's without --held-out), before the first step, every tenth of the "
-                        "run and after the last")
+                   help="a checkpoint's sample: the model's greedy continuation, N tokens, of a held-out window's "
+                        "first 8 tokens (a training window's without --held-out), before the first step, every tenth "
+                        "of the run and after the last")
     s.add_argument("--held-out", type=float, default=0.0, metavar="SHARE",
                    help="the share of the text's windows (its last ones, at least one) held out of training, their "
                         "loss measured before the first step, every tenth of the run and after the last")

@@ -42,7 +42,8 @@ def train(args) -> int:
     # tokens/s over the steps after the first (the first one pays for the pipelines' first dispatches)
     timed = spent - first_step if args.steps > 1 else spent
     per_step = args.batch * args.ctx
-    report = {"losses": losses, "held_out": held_losses, "samples": samples, "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
+    report = {"losses": losses, "held_out": held_losses, "samples": samples,
+              "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
               "out": str(out), "seconds": spent, "first_step_s": first_step, "windows": len(wins),
               "held_out_windows": len(held), "params": tr.n_params, "steps": args.steps, "memory": tr.memory(),
               "profile": profile, "mode": "scratch" if args.scratch else "full" if args.full else "lora",
