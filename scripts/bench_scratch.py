@@ -15,7 +15,8 @@ with `--torch-python` (a Python with torch; the CPU here, CUDA there).
 
 Writes DIR/scratch.json: {corpus, vocab, bytes_per_token, shape, params, run, lab: {losses, held_out, tokens_per_s,
 adapter}, torch: {losses, tokens_per_s, device} or null, final: the mean of the last tenth of the steps' losses for
-each and their difference}. Prints a summary line.
+each and their difference}, and DIR/scratch.svg: the two training curves overlaid, the held-out points beside them.
+Prints a summary line. `--plot FILE.json` draws the SVG of an earlier run's JSON (next to it) and does nothing else.
 """
 
 from __future__ import annotations
@@ -38,8 +39,55 @@ def lab(*argv: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def svg(report: dict) -> str:
+    """The run's loss curves as an SVG: the lab's training loss (a line), PyTorch's (a dashed line), the lab's held-out
+    loss (dots), one scale; the title says the model, the run and the final difference."""
+    W, H, L, R, T, B = 720, 360, 56, 16, 48, 40
+    lab, torch = report["lab"]["losses"], (report["torch"] or {}).get("losses") or []
+    held = report["lab"]["held_out"]
+    values = lab + torch + [h for _, h in held]
+    lo, hi = min(values), max(values)
+    steps = len(lab)
+    x = lambda s: L + (W - L - R) * s / max(1, steps)                           # noqa: E731
+    y = lambda v: T + (H - T - B) * (hi - v) / (hi - lo or 1)                   # noqa: E731
+    line = lambda vs: " ".join(f"{x(i + 1):.1f},{y(v):.1f}" for i, v in enumerate(vs))   # noqa: E731
+    f = report["final"]
+    title = (f"{report['preset']}: {report['params']:,} parameters, {report['run']['steps']} steps of "
+             f"{report['run']['batch']} x {report['run']['ctx']} tokens on {report['lab']['adapter'].split(' (')[0]}")
+    sub = f"last tenth: lab {f['lab']:.3f}" + (f", PyTorch {f['torch']:.3f} ({f['difference']:+.4f})" if torch else "")
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{L}" y="18" font-size="13">{title}</text>', f'<text x="{L}" y="34" fill="#555">{sub}</text>',
+           f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#bbb"/>']
+    for v in (lo, (lo + hi) / 2, hi):
+        out.append(f'<text x="{L - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
+    out += [f'<text x="{x(0):.1f}" y="{H - B + 16}">0</text>',
+            f'<text x="{x(steps):.1f}" y="{H - B + 16}" text-anchor="end">{steps}</text>',
+            f'<text x="{(L + W - R) / 2}" y="{H - 8}" text-anchor="middle">step</text>',
+            f'<polyline points="{line(lab)}" fill="none" stroke="#1f5fbf" stroke-width="1.5"/>']
+    if torch:
+        out.append(f'<polyline points="{line(torch)}" fill="none" stroke="#d9730d" stroke-width="1.5" '
+                   f'stroke-dasharray="5,3"/>')
+    out += [f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="3.5" fill="#2a9d4a"/>' for s, v in held]
+    legend = [("#1f5fbf", "", "the lab: training loss"), ("#d9730d", "5,3", "PyTorch eager: training loss")][
+        :2 if torch else 1]
+    for i, (color, dash, text) in enumerate(legend):
+        yy = T + 16 + 16 * i
+        out += [f'<line x1="{W - R - 230}" x2="{W - R - 206}" y1="{yy}" y2="{yy}" stroke="{color}" stroke-width="1.5"'
+                + (f' stroke-dasharray="{dash}"' if dash else "") + "/>",
+                f'<text x="{W - R - 200}" y="{yy + 4}">{text}</text>']
+    yy = T + 16 + 16 * len(legend)
+    out += [f'<circle cx="{W - R - 218}" cy="{yy}" r="3.5" fill="#2a9d4a"/>',
+            f'<text x="{W - R - 200}" y="{yy + 4}">the lab: held-out loss</text>', "</svg>"]
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     from lab.settings import SCRATCH_PRESETS
+    if sys.argv[1:2] == ["--plot"]:
+        src = Path(sys.argv[2])
+        src.with_suffix(".svg").write_text(svg(json.loads(src.read_text())))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", nargs="+", required=True, help="text files, joined in the order given")
     ap.add_argument("--vocab", type=int, default=1024)
@@ -92,6 +140,7 @@ def main() -> None:
               "torch": {k: peer.get(k) for k in ("losses", "tokens_per_s", "device")} if peer else None,
               "final": final}
     (args.out / "scratch.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "scratch.svg").write_text(svg(report))
     held = ours["held_out"]
     print(f"{args.preset}: {ours['params']:,} parameters, {len(trained.tokens)} tokens ({bpt:.2f} bytes each); "
           f"training loss {ours['losses'][0]:.3f} -> {final['lab']:.3f} (last tenth), held out {held[0][1]:.3f} -> "
