@@ -72,6 +72,15 @@ def test_every_weights_gradient_matches_central_differences(device, spec):
     assert not r["missing"]
 
 
+def test_the_post_norms_gradients_match_central_differences(device):
+    """gemma2's post-norms (their dw handed by `branch_back`), by default: the central differences of those tensors
+    alone (the whole check is in the deep set above)."""
+    r = _check(device, "gemma2", batch=1, samples=1, only=("post_",))
+    names = [row["tensor"] for row in r["tensors"]]
+    print(f"\npost-norms, gemma2 f32: {len(names)} tensors, worst {r['worst_rel_err']:.2e}")
+    assert r["ok"] and len(names) == 8 and all("post_" in n for n in names), names
+
+
 def _dw_left_out_for(kind: str):
     real = backward.backward_matmul.dw_back
 
