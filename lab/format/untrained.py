@@ -4,7 +4,7 @@ it makes with a trained vocabulary (every tensor F32, no data yet), and the rule
 the GPU (lab.ops.weights ModelWeights.initialize, lab.ops.init), then trained as a full fine-tune is and written whole
 (lab.instruments.training model_bytes), a file llama.cpp loads with its own tokenizer.
 
-    shape = Shape(layers=4, width=64, heads=4, ffn=192, ctx=128)   # checked; kv_heads defaults to heads
+    shape = Shape(layers=4, width=64, heads=4, ctx=128, ffn=192)   # checked; kv_heads defaults to heads
     shape = preset("nano", ctx=128)                                # lab.settings SCRATCH_PRESETS
     shape.n_params(n_vocab)
     raw = header_bytes(shape, vocab_kvs)        # the header alone: lab.format.gguf.read(raw) gives the model's Header
@@ -46,13 +46,15 @@ class Shape:
     layers: int
     width: int
     heads: int
-    ffn: int
     ctx: int                          # the context it trains at: llama.context_length
+    ffn: int | None = None            # None: 8/3 of the width, up to a multiple of MULTIPLE
     kv_heads: int | None = None       # None: as many as the query heads
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn is None and isinstance(self.width, int):
+            object.__setattr__(self, "ffn", -(-self.width * 8 // 3 // MULTIPLE) * MULTIPLE)
         for k in ("layers", "width", "heads", "ffn", "ctx", "kv_heads"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

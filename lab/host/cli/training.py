@@ -106,9 +106,10 @@ def _model(args):
     if not args.model:
         raise ValueError("no MODEL to train: name a GGUF, or train a new one with --scratch")
     given = [f for f in _SHAPE if getattr(args, f) is not None]
-    if given or args.tokenizer or args.preset:
-        raise ValueError(f"--{', --'.join(given or ['tokenizer' if args.tokenizer else 'preset'])} shape(s) a model "
-                         f"trained from scratch: add --scratch (and no MODEL)")
+    given += [f for f in ("tokenizer", "preset") if getattr(args, f)]
+    if given:
+        named = ", ".join("--" + f.replace("_", "-") for f in given)
+        raise ValueError(f"{named}: for a model trained from scratch; add --scratch (and no MODEL)")
     _, _, tok = read_model(args.model)
     suffix = ".trained.gguf" if args.full else ".lora.gguf"
     out = Path(args.out or Path(args.model).name.removesuffix(".gguf") + suffix)
@@ -136,8 +137,6 @@ def _scratch(args):
     missing = [f for f in ("layers", "width", "heads") if f not in shape]
     if missing:
         raise ValueError(f"--scratch needs the model's --{', --'.join(missing)} (or a --preset)")
-    if "ffn" not in shape and isinstance(shape["width"], int):
-        shape["ffn"] = -(-shape["width"] * 8 // 3 // untrained.MULTIPLE) * untrained.MULTIPLE
     vocab = bpe.load(args.tokenizer)
     _, tok, engine = open_untrained(untrained.Shape(ctx=args.ctx, **shape), vocab, args.seed, disable=args.disable)
     return engine, tok, Path(args.out)
