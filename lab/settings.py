@@ -78,6 +78,8 @@ class Training:
     optimizer: str = "adamw"
     held_out: float = 0.1   # the share of the text's windows (its last ones, at least one) held out of training
     max_new: int = 32       # tokens of the with / without replies
+    preset: str = "nano"    # a model from scratch: its shape (SCRATCH_PRESETS) ...
+    scratch_lr: float = 3e-3    # ... and its learning rate (every weight moves from a random start, not a LoRA's)
     max_rank: int = 64
     max_steps: int = 10_000
     max_batch: int = 16

@@ -33,6 +33,7 @@ from lab.settings import (
     PERPLEXITY_CTX,
     PERPLEXITY_MAX_CTX,
     PERPLEXITY_MIN_CTX,
+    SCRATCH_PRESETS,
     TOKENIZER,
     TRAINING,
     Settings,
@@ -140,6 +141,7 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
             # the perplexity window's default and bounds
             perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX,
             training=TRAINING,          # the Training card's defaults and bounds
+            presets=SCRATCH_PRESETS,    # ... and the shapes of a model from scratch
             tokenizer=TOKENIZER)        # the Tokenizer card's vocabulary bounds and text cap
         return HTMLResponse(html)
 

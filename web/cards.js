@@ -14,7 +14,8 @@
 //   cleared(store, worker)        the conversation was dropped: New chat, Forget, a lost GPU, another file
 //   forgetting(store, worker)     Forget, after `cleared`: what a new chat keeps goes too
 //   forgotten(store, report)      Forget's report came back (what the wipe read back, buffer by buffer)
-//   dropped(store, worker)        the model went, after `cleared`: a lost GPU, another file
+//   dropped(store, worker, how)   the model went, after `cleared`: a lost GPU, another file, Forget of a model trained
+//                                 here; how {made: true}: the Training card's new model replaces it
 //   picked(store, file)           another file was picked, after `dropped`, before its load is asked for
 //   opened(store, worker)         the card is open on a loaded model: after a load while it is open, and when it is
 //                                 opened (web/navigator.js); what a card asks the worker for by itself it asks here,

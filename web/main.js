@@ -475,7 +475,12 @@ const onWorker = {
   booted: (m) => { store.boot = `ready: Python ${m.python} booted in ${(m.ms / 1000).toFixed(1)} s`; },
   gpu: (m) => { if (store.boot === "GPU lost") store.boot = "ready: a new GPU device"; store.gpu = m.info; },
   selftest: (m) => { store.selftest = m.result; },
-  "model-info": (m) => { if (current(m)) { store.model = m.summary; store.error = null; } },
+  "model-info": (m) => {
+    if (!current(m)) return;
+    // a model trained from scratch (the Training card's "new model"): the model before is gone in the worker now
+    if (m.made) madeModel();
+    store.model = m.summary; store.error = null;
+  },
   "load-progress": (m) => { if (current(m)) { store.loading = m; contextUploaded(store.contextLength, m); } },
   loaded: (m) => {
     if (!current(m)) return;
@@ -522,6 +527,8 @@ const onWorker = {
   forget: (m) => {
     store.busy.forget = false; store.forget = m.report; store.kv.after = m.kv;
     store.memory.after = m.memory; store.memory.rev++;
+    // a model trained here was made of the conversation: wiped with it, and unloaded
+    if (m.unloaded) { each("dropped", store, worker); store.loaded = null; store.model = null; }
     each("forgotten", store, m.report);
   },
   // New chat's wipe: the KV and memory cards redrawn from its read-back, as after Forget
@@ -582,6 +589,7 @@ const onWorker = {
   "train-compare": (m) => trainCompared(store.training, m),
   "train-switch": (m) => { trainSwitched(store.training, m); dropKvPicture(); redoPanels(); },
   "train-adapter": (m) => trainAdapter(store.training, m, store.model?.file_name),
+  "train-model": (m) => trainAdapter(store.training, m, store.model?.file_name),
   "train-adapter-file": (m) => { if (trainAdapterFile(store.training, m)) { dropKvPicture(); redoPanels(); } },
   // the tokenizer's training runs in Python alone: nothing of the model or the conversation changes
   "tokenizer-progress": (m) => tokProgress(store.tokenizer, m),
@@ -643,6 +651,8 @@ const onError = {
   "train-adapter": (m) => trainFailed(store.training, m),
   "train-switch": (m) => trainFailed(store.training, m),
   "train-adapter-file": (m) => trainFailed(store.training, m),
+  "train-new": (m) => trainFailed(store.training, m),
+  "train-model": (m) => trainFailed(store.training, m),
   "tokenizer-train": (m) => tokFailed(store.tokenizer, m),
   "experiment-tokens": () => {},     // the prompts' tokens are a courtesy: the run says what is wrong with them
 };
@@ -654,6 +664,14 @@ worker.onmessage = (e) => {
   render();
 };
 worker.onerror = (e) => { store.error = `worker: ${e.message}`; render(); };
+
+// The Training card's new model is arriving (its "model-info"): the page drops the model before as a new file's load
+// does, less the card's own run, which is making the new one (`made`, web/training.js).
+function madeModel() {
+  clearConversation();
+  each("dropped", store, worker, { made: true });
+  store.loaded = null; store.loading = null;
+}
 
 function load(file) {
   if (!file) return;

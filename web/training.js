@@ -7,6 +7,11 @@
 // Or the adapter is a llama.cpp LoRA adapter file the user picks ("Adapter file"): the File goes to the worker, which
 // checks it against the model, reads it in slices and puts it on the engine as the card's adapter; the switch, the
 // replies and the download then work on it as on a trained one. A file refused is one line; the adapter before stays.
+// Or ("a new model from scratch") a llama model of a preset shape on a vocabulary the user trained (the Tokenizer card's,
+// or a tokenizer JSON file), trained on the same text through every weight (lab/worker/scratch.py): the worker checks
+// everything, unloads the model before, then sends model-info (`made`) and loaded under a load seq this card took from
+// the page (store.loadSeq), so main.js drops the old model's state and takes the new one as any load's; the run's own
+// messages follow as a LoRA run's. Its one reply is the model's, and its download is the model itself.
 // The picked text is the user's data: it is kept here only until Forget (or another model) drops it; the adapter's
 // bytes go straight into a download (a Blob behind an object URL, revoked soon after) and are not kept.
 // Its state is store.training (freshTraining): main.js hands the worker's messages to the update functions below; its
@@ -22,6 +27,8 @@ export function freshTraining() {
   return {
     limits: null,       // the loaded model's {refusal, max_ctx} ("loaded" stats.training); null: no model
     file: null,         // the picked text file: {name, text}
+    vocabFile: null,    // a new model's picked tokenizer file: {name, text}
+    making: false,      // a new model's run is in flight: the model it makes is the one being loaded
     seq: 0,             // the newest request; messages of older ones are dropped
     running: false,
     plan: null,         // "train-plan"
@@ -45,13 +52,14 @@ export function freshTraining() {
 }
 
 const noRun = () => ({ running: false, plan: null, curve: [], last: null, result: null, error: null, trained: false,
-                       on: true, compare: null, switching: false, downloading: false, fromFile: null, reading: "" });
+                       on: true, compare: null, switching: false, downloading: false, fromFile: null, reading: "",
+                       making: false });
 
 export function trainPlan(s, m) {
   if (m.seq !== s.seq) return false;
   s.plan = m;
   s.labels = m.labels;
-  s.labelsOf = "training";
+  s.labelsOf = m.made ? "made" : "training";
   if (!$("train-prompt").value.trim()) $("train-prompt").value = s.opening;
   s.trained = true;
   s.on = true;
@@ -67,6 +75,7 @@ export function trainProgress(s, m) {
 export function trainDone(s, m) {
   if (m.seq !== s.seq) return false;
   s.running = false;
+  s.making = false;
   s.result = m;
   return true;
 }
@@ -97,24 +106,25 @@ export function trainSwitched(s, m) {
   s.on = m.on;
 }
 
-// The adapter's bytes: straight into a download, nothing kept.
+// The adapter's bytes (or a new model's, "train-model"): straight into a download, nothing kept.
 export function trainAdapter(s, m, modelName) {
   s.downloading = false;
   const bytes = new Uint8Array(m.bytes.buffer, m.bytes.byteOffset, m.size);
   const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
   const a = document.createElement("a");
   a.href = url;
-  a.download = `${(modelName || "model").replace(/\.gguf$/i, "")}.lora.gguf`;
+  a.download = m.type === "train-model" ? `llm-lab-${s.plan?.made?.preset ?? "new"}.gguf`
+    : `${(modelName || "model").replace(/\.gguf$/i, "")}.lora.gguf`;
   a.click();
   setTimeout(() => URL.revokeObjectURL(url), KEEP_URL_MS);
 }
 
 export function trainFailed(s, m) {
   if (m.seq != null && m.seq !== s.seq) return;
-  if (m.where === "train") s.running = false;
+  if (m.where === "train" || m.where === "train-new") { s.running = false; s.making = false; }
   if (m.where === "train-compare" && s.compare) s.compare.running = false;
   if (m.where === "train-switch") s.switching = false;
-  if (m.where === "train-adapter") s.downloading = false;
+  if (m.where === "train-adapter" || m.where === "train-model") s.downloading = false;
   if (m.where === "train-adapter-file") s.reading = "";
   s.error = m.message;
 }
@@ -134,18 +144,37 @@ function trainingForgotten(s, report) {
 function dropTraining(s, worker) {
   if (s.running || s.compare?.running) worker.postMessage({ type: "stop" });
   s.seq++;
-  Object.assign(s, noRun(), { file: null, wiped: null, opening: "" });
+  Object.assign(s, noRun(), { file: null, vocabFile: null, wiped: null, opening: "" });
   $("train-file").value = "";
+  $("train-vocab-file").value = "";
   $("train-adapter-file").value = "";
   $("train-prompt").value = "";
 }
 
 // ---- events -------------------------------------------------------------------------------------------------------
 const busy = (store) => store.training.running || !!store.training.compare?.running || store.training.switching
-  || !!store.training.reading;
-const refusal = (store) => (!store.loaded ? "load a model first" : store.training.limits?.refusal ?? null);
+  || !!store.training.reading || store.training.downloading;
+const mode = () => (document.querySelector("input[name=train-mode]:checked")?.value ?? "lora");
+// Why Train cannot start now: a LoRA needs a loaded model the worker can train; a new model only a GPU (and a model
+// being loaded is left to finish first).
+function refusal(store) {
+  if (mode() === "new") return !store.gpu ? "no GPU yet" : store.loading ? "a model is loading: wait for it" : null;
+  return !store.loaded ? "load a model first" : store.training.limits?.refusal ?? null;
+}
 const canStart = (store) => !refusal(store) && !store.generating && !busy(store);
 const source = () => (document.querySelector("input[name=train-source]:checked")?.value ?? "file");
+const vocabSource = () => (document.querySelector("input[name=train-vocab]:checked")?.value ?? "card");
+
+// A new model's vocabulary: the Tokenizer card's last result, or the picked file; {name, text} or an error line.
+function vocabulary(store) {
+  const s = store.training;
+  if (vocabSource() === "file") {
+    return s.vocabFile ?? { error: "choose a tokenizer file (.json, from the Tokenizer card or lab tokenizer-train)" };
+  }
+  const t = store.tokenizer;
+  return t?.json ? { name: `the Tokenizer card's vocabulary (${t.result.vocab} tokens)`, text: t.json }
+    : { error: "train a vocabulary in the Tokenizer card first, or choose a tokenizer file" };
+}
 
 // The chat's text so far: what was said, each message on its own, in order.
 const conversationText = (store) => store.messages.map((m) => m.content).filter((t) => t.trim()).join("\n\n");
@@ -160,11 +189,32 @@ function start(store, worker, rerender) {
     return;
   }
   const num = (id) => Number($(id).value);
+  const settings = { text, steps: num("train-steps"), lr: num("train-lr"), ctx: num("train-ctx"),
+                     batch: num("train-batch"), optimizer: $("train-optimizer").value };
+  const opening = text.trim().split(/\s+/).slice(0, 6).join(" ");
+  if (mode() === "new") {
+    const vocab = vocabulary(store);
+    if (vocab.error) { s.error = vocab.error; rerender(); return; }
+    // the new model's messages carry a load seq of the page's: a load given up on is told apart from it
+    Object.assign(s, noRun(), { running: true, making: true, wiped: null, opening });
+    worker.postMessage({ type: "train-new", ...settings, tokenizer: vocab.text, tokenizer_name: vocab.name,
+                         preset: $("train-preset").value, seed: num("train-seed"), seq: ++s.seq,
+                         load_seq: ++store.loadSeq });
+    rerender();
+    return;
+  }
   // the text's first words: the with / without prompt once the run starts, unless one was typed
-  Object.assign(s, noRun(), { running: true, wiped: null, opening: text.trim().split(/\s+/).slice(0, 6).join(" ") });
-  worker.postMessage({ type: "train", text, rank: num("train-rank"), steps: num("train-steps"), lr: num("train-lr"),
-                       ctx: num("train-ctx"), batch: num("train-batch"), optimizer: $("train-optimizer").value,
-                       seq: ++s.seq });
+  Object.assign(s, noRun(), { running: true, wiped: null, opening });
+  worker.postMessage({ type: "train", ...settings, rank: num("train-rank"), seq: ++s.seq });
+  rerender();
+}
+
+// The mode changed: the learning rate's default is each mode's own (a LoRA's moves a small pair from zero, a new
+// model's every weight from a random start), unless the user typed one.
+function modeChanged(store, rerender) {
+  const lr = $("train-lr");
+  if (!lr.dataset.typed) lr.value = mode() === "new" ? lr.dataset.newDefault : lr.dataset.loraDefault;
+  store.training.error = null;
   rerender();
 }
 
@@ -175,6 +225,14 @@ function compare(store, worker, rerender) {
   s.compare = { running: true, without: "", with: "", prompt_tokens: null };
   worker.postMessage({ type: "train-compare", prompt: $("train-prompt").value, max_new: Number($("train-new").value),
                        seq: ++s.seq });
+  rerender();
+}
+
+async function pickVocab(store, file, rerender) {
+  const s = store.training;
+  s.vocabFile = file ? { name: file.name, text: await file.text() } : null;
+  s.error = null;
+  $("train-vocab-file-pick").checked = true;
   rerender();
 }
 
@@ -202,6 +260,15 @@ export function wireTraining(store, worker, rerender) {
   $("train-start").addEventListener("click", () => start(store, worker, rerender));
   $("train-stop").addEventListener("click", () => { if (s.running) worker.postMessage({ type: "stop" }); });
   $("train-file").addEventListener("change", (e) => pickFile(store, e.target.files[0], rerender));
+  $("train-vocab-file").addEventListener("change", (e) => pickVocab(store, e.target.files[0], rerender));
+  for (const r of document.querySelectorAll("input[name=train-mode]")) {
+    r.addEventListener("change", () => modeChanged(store, rerender));
+  }
+  for (const r of document.querySelectorAll("input[name=train-vocab]")) r.addEventListener("change", () => rerender());
+  const lr = $("train-lr");
+  lr.dataset.loraDefault = lr.value;
+  lr.dataset.newDefault = lr.dataset.scratch;
+  lr.addEventListener("input", () => { lr.dataset.typed = "1"; });
   $("train-adapter-file").addEventListener("change", (e) => openAdapter(store, worker, e.target, rerender));
   for (const r of document.querySelectorAll("input[name=train-source]")) r.addEventListener("change", () => rerender());
   $("train-compare").addEventListener("click", () => compare(store, worker, rerender));
@@ -219,6 +286,12 @@ export function wireTraining(store, worker, rerender) {
     worker.postMessage({ type: "train-adapter", seq: s.seq });
     rerender();
   });
+  $("train-download-model").addEventListener("click", () => {
+    if (!s.trained || busy(store)) return;
+    s.downloading = true;
+    worker.postMessage({ type: "train-model", seq: s.seq });
+    rerender();
+  });
 }
 
 // ---- rendering ----------------------------------------------------------------------------------------------------
@@ -234,7 +307,10 @@ function fmtTime(s) {
 function status(store) {
   const s = store.training, p = s.last, r = s.result;
   if (s.running) {
-    if (!s.plan) return { state: "running", text: "tokenizing the text and making the adapter…" };
+    if (!s.plan) {
+      return { state: "running", text: s.making ? "checking the vocabulary and the text, drawing the new model…"
+        : "tokenizing the text and making the adapter…" };
+    }
     if (!p) return { state: "running", text: "scoring the held-out windows before training…" };
     return { state: "running", text: p.step ? `step ${p.step} of ${p.steps}` : "training…" };
   }
@@ -246,7 +322,8 @@ function status(store) {
     if (r.stopped) {
       return { state: "stopped", text: `stopped after step ${r.steps_done} of ${r.steps}: the adapter keeps it` };
     }
-    return { state: "done", text: `done: ${r.steps_done} steps in ${fmtTime(r.seconds)}` };
+    return { state: "done", text: `done: ${r.steps_done} steps in ${fmtTime(r.seconds)}`
+      + (s.plan?.made ? "; the new model is loaded: chat with it, or open any card" : "") };
   }
   return { state: "idle", text: "" };
 }
@@ -340,8 +417,13 @@ function renderFacts(s) {
   const rows = [
     ["text", `${p.tokens.toLocaleString("en")} tokens in ${p.windows} windows of ${p.ctx}: ${p.train} trained on, `
       + `${p.held} held out`, "train-text", p.tokens],
-    ["adapter", `${p.params.toLocaleString("en")} parameters: rank ${p.rank} on ${p.targets} matrices, `
-      + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params],
+    p.made
+      ? ["model", `${p.params.toLocaleString("en")} parameters, every one trained: ${p.made.layers} layers of `
+        + `${p.made.width}, ${p.made.heads} heads, feed-forward ${p.made.ffn}, a vocabulary of `
+        + `${p.made.vocab.toLocaleString("en")} (seed ${p.made.seed}); `
+        + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params]
+      : ["adapter", `${p.params.toLocaleString("en")} parameters: rank ${p.rank} on ${p.targets} matrices, `
+        + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params],
     ["held-out perplexity", heldLine(s), "train-ppl", r && r.ppl_after != null ? r.ppl_after : ""],
     ["speed", last && last.tokens_per_s != null
       ? `${fmtRate(r ? r.tokens_per_s : last.tokens_per_s)} tokens/s · ${fmtTime(r ? r.seconds : last.seconds)}`
@@ -363,6 +445,30 @@ function renderAfter(store) {
   $("train-on").checked = s.switching ? s.want : s.on;
   $("train-on").disabled = !s.trained || busy(store);
   $("train-download").disabled = !s.trained || busy(store) || s.downloading;
+  $("train-download-model").disabled = !s.trained || busy(store) || !store.loaded;
+}
+
+// The mode's own parts of the card: the radio's, and under the replies the run's (what was trained last).
+function renderMode(store) {
+  const s = store.training, chosen = mode(), ran = s.plan?.made ? "new" : "lora";
+  for (const el of $("training").querySelectorAll("[data-mode]")) {
+    el.hidden = el.dataset.mode !== (el.closest("#train-after") ? ran : chosen);
+  }
+  for (const r of document.querySelectorAll("input[name=train-mode]")) r.disabled = busy(store);
+  $("train-new-box").disabled = s.running;
+  const t = store.tokenizer;
+  $("train-vocab-note").textContent = t?.json ? `(${t.result.vocab.toLocaleString("en")} tokens)` : "(none trained yet)";
+  const opt = $("train-preset").selectedOptions[0];
+  const vocab = vocabSource() === "file" ? null : t?.result?.vocab;
+  $("train-preset-note").textContent = opt && vocab
+    ? `${presetParams(opt.dataset.shape, vocab).toLocaleString("en")} parameters with this vocabulary` : "";
+}
+
+// A preset's parameters with a vocabulary of n (lab.format.untrained Shape.n_params: the embedding, tied to the head,
+// each layer's two norms, Q K V O, gate up down, and the final norm; as many key/value heads as query heads).
+function presetParams(shape, n) {
+  const [layers, width, , ffn] = shape.split(",").map(Number);
+  return n * width + layers * (2 * width + 4 * width * width + 3 * width * ffn) + width;
 }
 
 function renderSource(store) {
@@ -396,8 +502,11 @@ function renderWiped(s) {
     ? `Forget did NOT wipe the ${w.of === "file" ? "adapter's" : "training's"} buffers: ${w.after} non-zero words remain`
     : (w.of === "file"
       ? `Forget wiped the adapter file's ${w.buffers} buffers (its A and B, and its step scratch): `
-      : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the text's `
-        + "activations): ") + `${w.before.toLocaleString("en")} non-zero words read back as zero.`;
+      : w.of === "made"
+        ? `Forget wiped the new model's weights and the training's buffers, ${w.buffers} in all (its weights, their `
+          + "gradients and optimizer state, the text's activations), and unloaded it: "
+        : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the `
+          + "text's activations): ") + `${w.before.toLocaleString("en")} non-zero words read back as zero.`;
 }
 
 export function renderTraining(store) {
@@ -412,6 +521,7 @@ export function renderTraining(store) {
   for (const id of ["train-rank", "train-steps", "train-lr", "train-ctx", "train-batch", "train-optimizer", "train-file"]) {
     $(id).disabled = s.running;
   }
+  renderMode(store);
   renderSource(store);
   renderStatus(store);
   renderCurve(s);
@@ -429,8 +539,13 @@ export const card = {
   render: renderTraining,
   wire: (store, worker, page) => wireTraining(store, worker, page.render),
   loaded: (store, stats) => { store.training.limits = stats.training; },
-  summary: (store) => status(store).text || (store.training.trained ? "an adapter is on the model" : "no adapter yet"),
+  summary: (store) => status(store).text || (!store.training.trained ? "nothing trained yet"
+    : store.training.plan?.made ? "a new model, trained here, is loaded" : "an adapter is on the model"),
   forgetting: (store, worker) => dropTraining(store.training, worker),
   forgotten: (store, report) => trainingForgotten(store.training, report),
-  dropped: (store, worker) => { dropTraining(store.training, worker); store.training.limits = null; },
+  // the model the card's own run is making replaces the one before: the run goes on
+  dropped: (store, worker, how) => {
+    if (!(how?.made && store.training.making)) dropTraining(store.training, worker);
+    store.training.limits = null;
+  },
 };

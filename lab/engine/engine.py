@@ -65,7 +65,7 @@ class Engine:
     def __init__(self, device: gpu.Device, header: Header, cfg: Config | None = None, *,
                  n_ctx: int = DEFAULT_CTX, max_batch: int = DEFAULT_BATCH, logits_all: bool = False,
                  host_values: dict[str, bytes] | None = None, int8_prefill: bool = False, kv: str = "f32",
-                 counted: budget.Budget | None = None) -> None:
+                 counted: budget.Budget | None = None, weights_kind: str = gpu.WEIGHTS) -> None:
         """host_values: the raw bytes of the tensors lab.format.model.host_tensors names (llama 3's rope_freqs), read by
         the caller from the file (`read_host_values` natively; one File.slice in the browser worker).
         int8_prefill: prefill's projections of the types lab.ops.matmul.I8_TYPES run on the tensor cores with 8-bit
@@ -73,7 +73,9 @@ class Engine:
         kv: the KV cache's element type, "f32" (exact) or "f16" (half the memory and the bytes attention reads, each
         cached value rounded to f16 as llama.cpp's default cache does; on any adapter: lab/ops/attention.py KV_TYPES).
         counted: the memory budget the caller already counted for these arguments (a page load counts once, to
-        show it on the model card); without it the engine counts its own."""
+        show it on the model card); without it the engine counts its own.
+        weights_kind: the kind of the weights' buffers (lab.ops.weights ModelWeights): CONVERSATION for a model made
+        in the page from the user's text, which Forget wipes."""
         self.device = device
         self.header = header
         self.cfg = cfg = cfg or from_gguf(header)
@@ -109,7 +111,8 @@ class Engine:
         self.lora = None        # a LoRA adapter every plan adds (set_lora), or None
         with device.owning(self):
             try:
-                self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}))
+                self.weights = ModelWeights(device, cfg, tensor_views(cfg, {t.name: t for t in header.tensors}),
+                                            weights_kind)
                 self.scratch = Scratch.alloc(device, cfg, self.blocks, n_ctx, max_batch, logits_all, int8_prefill, kv)
                 self._build_plans()
             except BaseException:

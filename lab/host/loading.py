@@ -51,20 +51,14 @@ def open_untrained(shape, vocab, seed: int, *, disable=(), device=None, max_batc
     vocabulary `vocab` (lab.text.tokenizer.train TrainedBPE), an engine of shape.ctx positions (steps of max_batch
     rows: shape.ctx unless given), every weight drawn from `seed` on the GPU. Nothing is left allocated when any of
     it fails."""
-    from lab.engine.engine import Engine
+    from lab.engine.load import untrained as untrained_engine
     from lab.engine.load import validate
     from lab.format import gguf, untrained
     from lab.host.native import open_native
     header = gguf.read(untrained.header_bytes(shape, vocab.kvs()))
     cfg, tok = validate(header)
     device = device or open_native(disable=tuple(disable))
-    engine = Engine(device, header, cfg, n_ctx=shape.ctx, max_batch=max_batch or shape.ctx)
-    try:
-        device.run([op.at(1) for op in engine.weights.initialize(engine.kernels, seed,
-                                                                 lambda name: untrained.init_rule(name, shape))])
-    except BaseException:
-        engine.close()
-        raise
+    engine = untrained_engine(device, header, cfg, shape, seed, n_ctx=shape.ctx, max_batch=max_batch or shape.ctx)
     return header, tok, engine
 
 

@@ -42,8 +42,9 @@ def check_cols(type: GgmlType, cols: int, name: str) -> None:
 
 
 def alloc_weight(device: gpu.Device, name: str, type: GgmlType, rows: int, cols: int,
-                 max_binding: int | None = None) -> Weight:
-    """Buffers (kind WEIGHTS, zero-filled) for a rows x cols tensor of `type`, split to fit `max_binding`."""
+                 max_binding: int | None = None, kind: str = gpu.WEIGHTS) -> Weight:
+    """Buffers (zero-filled, of `kind`: WEIGHTS but for a model made from the user's text) for a rows x cols tensor
+    of `type`, split to fit `max_binding`."""
     dequant_consts(type)
     check_cols(type, cols, name)
     if rows <= 0:
@@ -59,7 +60,7 @@ def alloc_weight(device: gpu.Device, name: str, type: GgmlType, rows: int, cols:
     for i, first in enumerate(range(0, rows, per_part)):
         n = min(per_part, rows - first)
         label = name if rows <= per_part else f"{name}[{i}]"
-        parts.append(WeightPart(device.buffer(n * row_bytes, gpu.WEIGHTS, label), first, n))
+        parts.append(WeightPart(device.buffer(n * row_bytes, kind, label), first, n))
     return Weight(name, type, rows, cols, tuple(parts))
 
 
@@ -127,10 +128,12 @@ class ModelWeights:
               in_proj alone as stacked["blk.N.in_proj"], so it takes the same normed projection; a delta-net layer's
               four input projections as stacked["blk.N.delta_in"]: `_mixer`); with qkv biases,
               vectors["blk.N.attn_qkv.bias"] holds the three side by side, as the fused row [q | k | v] needs.
-    The stacked rows are the only copy of those tensors (never a second one)."""
+    The stacked rows are the only copy of those tensors (never a second one).
+    kind: the buffers' kind: WEIGHTS for a file's, CONVERSATION for a model trained from scratch in the page (made of
+    the user's text: Forget wipes it and reads it back; lab/worker/scratch.py)."""
 
-    def __init__(self, device: gpu.Device, cfg, tensors: dict) -> None:
-        self.device = device
+    def __init__(self, device: gpu.Device, cfg, tensors: dict, kind: str = gpu.WEIGHTS) -> None:
+        self.device, self.kind = device, kind
         self.tensors = tensors              # name -> gguf.TensorInfo
         self.matrices: dict[str, Weight] = {}
         self.vectors: dict[str, gpu.Buffer] = {}
@@ -144,7 +147,7 @@ class ModelWeights:
                 fused.update(b + n for n in names)
             if cfg.qkv_bias:
                 names = [f"{b}attn_{n}.bias" for n in "qkv"]
-                buf = device.buffer(4 * cfg.q_dim + 8 * cfg.kv_dim, gpu.WEIGHTS, b + "attn_qkv.bias")
+                buf = device.buffer(4 * cfg.q_dim + 8 * cfg.kv_dim, kind, b + "attn_qkv.bias")
                 self.vectors[b + "attn_qkv.bias"] = buf
                 off = 0
                 for n in names:
@@ -163,11 +166,11 @@ class ModelWeights:
                 continue
             t = tensors[name]
             if len(shape) == 1 or is_flat(name):
-                buf = device.buffer(t.nbytes, gpu.WEIGHTS, name)
+                buf = device.buffer(t.nbytes, kind, name)
                 self.vectors[name] = buf
                 self.uploads.append(Upload(name, t.offset, t.nbytes, buf))
             else:
-                w = alloc_weight(device, name, t.type, rows=shape[1], cols=shape[0])
+                w = alloc_weight(device, name, t.type, rows=shape[1], cols=shape[0], kind=kind)
                 self.matrices[name] = w
                 for part, off, size in placements(w):
                     self.uploads.append(Upload(name, t.offset + off, size, part.buffer))
@@ -204,7 +207,7 @@ class ModelWeights:
         for run in runs:
             rows = sum(t.shape[1] for t in run)
             name = "+".join(t.name for t in run)
-            w = alloc_weight(self.device, name, run[0].type, rows=rows, cols=run[0].shape[0])
+            w = alloc_weight(self.device, name, run[0].type, rows=rows, cols=run[0].shape[0], kind=self.kind)
             self.matrices[name] = w
             for tname, t_off, part, p_off, size in concat_placements(w, [(t.name, t.shape[1]) for t in run]):
                 self.uploads.append(Upload(tname, self.tensors[tname].offset + t_off, size, part.buffer, p_off))
@@ -229,6 +232,10 @@ class ModelWeights:
     @property
     def nbytes(self) -> int:
         return sum(u.size for u in self.uploads)
+
+    def buffers(self) -> list[gpu.Buffer]:
+        """Every buffer holding the model's values (each once: a stacked run is one weight), of this object's kind."""
+        return list({id(u.buffer): u.buffer for u in self.uploads}.values())
 
     def pieces(self, chunk: int = UPLOAD_CHUNK) -> list[Upload]:
         """The uploads cut into pieces of at most `chunk` bytes, in file order (so a loader reads the file

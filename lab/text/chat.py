@@ -206,7 +206,20 @@ def builtin_format(tok, md: dict) -> str:
             return "chatml"
         if "<start_of_turn>" in tok.token_to_id:
             return "gemma"
+        # A base model with no turns in its vocabulary (one trained from scratch in the Training card, on plain
+        # text): the conversation is text for it to continue, not turns it never saw.
+        return "plain"
     raise ChatTemplateError("no built-in chat format matches this model's template")
+
+
+def _plain_segments(messages):
+    """Each message's text in order, a blank line between two, nothing after the last: the model continues it."""
+    segs = []
+    for i, m in enumerate(messages):
+        if i:
+            segs.append(("\n\n", False))
+        segs.append((m["content"], False))
+    return segs
 
 
 def _chatml_segments(messages, add_generation_prompt, default_system):
@@ -250,6 +263,8 @@ def _gemma_segments(messages, add_generation_prompt):
 
 def builtin_segments(tok, md: dict, messages, add_generation_prompt: bool = True):
     fmt = builtin_format(tok, md)
+    if fmt == "plain":
+        return _plain_segments(messages)
     if fmt == "chatml":
         return _chatml_segments(messages, add_generation_prompt,
                                 default_system_message(md.get("tokenizer.chat_template")))

@@ -65,6 +65,12 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "train-switch": "{on, seq}: the adapter on or off for the chat, the panels and the cards -> train-switch",
     "train-adapter-file": "{file, seq}: a llama.cpp LoRA adapter file (a File) checked against the model and put on "
                           "it as the Training card's adapter, in place of the one before -> train-adapter-file",
+    "train-new": "{tokenizer (a lab tokenizer JSON file, as text), tokenizer_name, text, preset, steps, lr, ctx, "
+                 "batch, optimizer, seed, seq, load_seq}: the Training card's other mode, a llama model trained from "
+                 "scratch (lab/worker/scratch.py): everything checked, then the model before unloaded, the new one "
+                 "drawn, loaded and trained; its cancel is stop -> model-info, loaded (both with load_seq), "
+                 "train-plan, train-progress..., train-done",
+    "train-model": "{seq}: the model trained here, as a GGUF of F32 tensors llama.cpp loads -> train-model",
     "tokenizer-train": "{files (Files) | text (the chat's), vocab, seq}: the Tokenizer card's training, a byte-level "
                        "BPE vocabulary on the user's text, no model needed (lab/worker/tokenizer.py); its cancel is "
                        "stop -> tokenizer-progress..., tokenizer-done",
@@ -90,20 +96,23 @@ IN = SimpleNamespace(**{name.upper().replace("-", "_"): name for name in INCOMIN
 OUTGOING: dict[str, str] = {      # type -> what it carries
     "gpu": "{info}: the adapter's summary",
     "selftest": "{result}: the self-test's checks",
-    "model-info": "{summary, seq}: the header's summary and the memory budget, for the model card",
-    "loaded": "{seq, stats}: the load's timings, sizes and what the panels need to know of the model",
+    "model-info": "{summary, seq, made?}: the header's summary and the memory budget, for the model card; made (a "
+                  "model trained from scratch, its shape): the model before is gone",
+    "loaded": "{seq, stats}: the load's timings, sizes and what the panels need to know of the model (stats.made: "
+              "its weights were drawn here, not uploaded)",
     "prompt": "{ids, pieces}: the rendered prompt",
     "token": "{id, piece, text, index, kv_used}: one generated token",
     "kv-view": "{start, end, n_layer, norms, ms}: the KV panel's new columns",
     "done": "{result}: the turn's ids, text and timings, kv_used, and reuse_note (what a hybrid's turn continued from)",
-    "reset": "{report, kv, memory}: the conversation is gone: the wipe's proof (None without a device) and the KV "
+    "reset": "{report, kv, memory, unloaded (false)}: the conversation is gone: the wipe's proof (None without a device) and the KV "
              "caches and a hybrid's states as read back after it, as forget's",
     "embedding": "{index, id, piece, values, norm, neighbours, per_layer: null or gemma4's {values, norms, n_layer, "
                  "width, table_bytes}, ...}",
     "inspection": "{n, start, end, attention, residual, lens, pieces, ...}",
     "unloaded": "{report, left}: the unload's wipe (every conversation buffer read back after its clear) and the "
                 "conversation buffers left after the model's were destroyed (the device's zeroed read-back ones)",
-    "forget": "{report, kv, memory}: the wipe's proof, and the KV caches and a hybrid's states as read back after it",
+    "forget": "{report, kv, memory, unloaded}: the wipe's proof, and the KV caches and a hybrid's states as read back "
+              "after it; unloaded: the model was trained here, its weights wiped with the rest, and it is gone",
     "memory-view": "{pos, state_pos, conv {start, end, layers, values} | null, delta (norms [n_delta, H]) | null, "
                    "snaps (the positions the snapshots hold) | null, ms}: "
                    "a hybrid's states for the memory card",
@@ -133,9 +142,10 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "experiment-token": "{seq, which (steered | plain), piece}: one generated token of a steering reply",
     "experiment-result": "{seq, kind, result (lab/instruments/experiments.py's dict, with the prompts' pieces), "
                          "pieces {id: piece}}",
-    "train-plan": "{seq, tokens, windows, train, held, ctx, batch, steps, rank, lr, optimizer, params, targets, "
-                  "memory {adapter, gradients, optimizer, tokens, activations: bytes}, labels (its buffers')}: the "
-                  "run's windows and adapter, before the first step",
+    "train-plan": "{seq, tokens, windows, train, held, ctx, batch, steps, rank (null: every weight), lr, optimizer, "
+                  "params, targets, made (a model from scratch: its shape) | null, memory {adapter | model, "
+                  "gradients, optimizer, tokens, activations: bytes}, labels (its buffers')}: the run's windows and "
+                  "what it trains, before the first step",
     "train-progress": "{seq, step (0: before training), steps, loss | null, held | null, lr, seconds, tokens_per_s, "
                       "eta_s}",
     "train-done": "{seq, steps_done, steps, stopped, diverged, held_before, held_after, ppl_before, ppl_after, "
@@ -144,6 +154,7 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "train-compare": "{seq, prompt_tokens, without, with: {text, tokens, stop}}",
     "train-adapter": "{seq, size, bytes (the GGUF's size bytes, padded to whole words)}",
     "train-switch": "{seq, on}: the adapter is on (or off) for what runs next",
+    "train-model": "{seq, size, bytes (the GGUF's size bytes, padded to whole words)}",
     "train-adapter-file": "{seq, file, name, size, pairs, ranks, alpha, params, types, ignored, memory {adapter, "
                           "activations: bytes}, labels (its buffers')}: the file's adapter is on",
     "tokenizer-progress": "{seq, phase (count | merge | measure), done, total, seconds}",

@@ -24,16 +24,16 @@ from lab.engine import budget
 from lab.engine.engine import Engine
 from lab.engine.load import validate
 from lab.engine.scratch import prefill_batch
-from lab.engine.session import Session
 from lab.format import gguf
 from lab.format.model import host_tensors
 from lab.gpu.browser import open_browser
-from lab.instruments import forget, kvview, memory, probes, selftest
+from lab.instruments import forget, kvview, memory, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import experiments, hooks, perplexity, retrieval, rope, tokenizer, training, verify
+from lab.worker import experiments, hooks, perplexity, retrieval, rope, scratch, tokenizer, training, verify
 from lab.worker.cards import KV_VIEW, MEMORY
+from lab.worker.loading import arrived, unload
 from lab.worker.protocol import IN
 from lab.worker.state import Handler, Loaded, State, Worker, clear_staging
 
@@ -143,13 +143,6 @@ def _count(device, header: gguf.Header, n_ctx: int | None, int8: bool, kv: str =
     return cfg, tok, counted, None
 
 
-def _unload(w: Worker) -> None:
-    old = w.state.loaded
-    w.state = State(w.state.device, None, w.state.check_kernels)
-    if old is not None:
-        old.close()                         # the conversation, every card's state (lab/worker/cards.py), the engine
-
-
 async def _load(msg: dict, w: Worker) -> None:
     """Load a model file; `seq` numbers the page's requests, so a load the page gave up on (another file picked, or
     cancel) is stopped at its next chunk and its messages are told apart."""
@@ -158,7 +151,7 @@ async def _load(msg: dict, w: Worker) -> None:
     device = w.state.device
     if device is None:
         raise RuntimeError("no GPU: the lab cannot load a model without WebGPU")
-    _unload(w)
+    unload(w)
     header, summary = await _header_and_card(file)
     int8 = bool(msg.get("int8")) and device.info.int8_matrix    # offered only there; a stale flag loads exact
     kv = "f16" if msg.get("kv") == "f16" else "f32"      # the f16 KV cache runs on any adapter (attention.KV_TYPES)
@@ -188,27 +181,7 @@ async def _load(msg: dict, w: Worker) -> None:
         engine.close()
         raise
     t2 = time.perf_counter()
-    w.state.loaded = Loaded(engine, header, tok, Session(engine, tok))
-    nbytes = engine.weights.nbytes
-    w.post({"type": "loaded", "seq": seq, "stats": {
-        "weight_bytes": nbytes, "upload_s": round(t2 - t1, 3), "build_s": round(t1 - t0, 3),
-        "upload_mb_s": round(nbytes / 1e6 / max(t2 - t1, 1e-9), 1), "n_ctx": engine.n_ctx,
-        "kv_bytes_per_token": cfg.kv_bytes_per_token(engine.kv_value_bytes),
-        "dispatches_per_token": engine.dispatches_per_step(1), "kv_type": engine.kv_type,
-        "int8_prefill": engine.int8_prefill, "max_batch": engine.max_batch,
-        "kv": {"n_layer": cfg.n_layer, "n_head_kv": cfg.n_head_kv, "head_dim": cfg.head_dim,
-               "bytes_per_value": engine.kv_value_bytes, "kv_type": engine.kv_type,
-               "bytes_per_token": cfg.kv_bytes_per_token(engine.kv_value_bytes), "n_ctx": engine.n_ctx,
-               "layers": list(engine.kv_layers),
-               "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
-        "memory": memory.describe(engine),
-        "n_head": cfg.n_head, "n_embd": cfg.n_embd,
-        "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
-        "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
-                 "arch": cfg.arch, "no_rope": [il for il in range(cfg.n_layer) if not cfg.rotates(il)]},
-        "retrieval": retrieval.defaults(engine.n_ctx),
-        "training": training.defaults(engine),
-        "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}})
+    w.post(arrived(w, engine, header, tok, seq, upload_s=t2 - t1, build_s=t1 - t0))
 
 
 # -- the chat ------------------------------------------------------------------------------------------------
@@ -366,7 +339,10 @@ async def _forget(msg: dict, w: Worker) -> None:
     The cards' states that Forget does not keep (lab/worker/cards.py Forget.WIPE: the retrieval index, the
     Experiments card's runs) go too, in that order: out of the loaded model first, alive through the wipe, so the
     report's read-back covers their buffers (`retrieval.*`, `experiment.*`: non-zero before, zero after), and closed
-    only then (buffers freed, the files' ids and names emptied)."""
+    only then (buffers freed, the files' ids and names emptied).
+
+    A model trained from scratch here (lab/worker/scratch.py: its weights are CONVERSATION, made of the user's text)
+    is wiped and read back with the rest, then unloaded: zeros are no model (`unloaded` true)."""
     w.post({"type": "forget", **await _wipe(msg, w, new_chat=False)})
 
 
@@ -374,7 +350,8 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
     """Forget's and New chat's one way: {report, kv, memory}. The tokenizer's caches and the conversation dropped, the
     loaded model replaced (`Loaded.forgotten` or `renewed`), `forget.wipe` over every CONVERSATION buffer (less what a
     new chat leaves) with the states handed back alive through it and closed after, then the KV and memory pictures
-    drawn from its read-back. Without a device (none ever opened) a new chat has nothing to wipe: report None."""
+    drawn from its read-back. Without a device (none ever opened) a new chat has nothing to wipe: report None.
+    Forget unloads a model whose weights it wiped (`unloaded`); a new chat leaves them (Loaded.left_by_new_chat)."""
     picture, states, rows, held, leave = None, None, 0, [], []
     lo = w.state.loaded
     if lo is not None:
@@ -393,7 +370,7 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
         device = w.state.device
         if device is None:
             if new_chat:
-                return {"report": None, "kv": None, "memory": None}
+                return {"report": None, "kv": None, "memory": None, "unloaded": False}
             raise RuntimeError("no GPU: nothing was ever computed here")
         seen = [c for c in (picture, states) if c is not None]
         report = await forget.wipe(device, on_after=lambda *read: [c(*read) for c in seen], skip=msg.get("skip"),
@@ -401,6 +378,9 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
     finally:
         for card, state in held:
             card.close(state)
+    made = w.state.loaded is not None and w.state.loaded.made_here
+    if made and not new_chat:
+        unload(w)                           # its weights read back as zeros above: nothing left to run
     kv = mem = None
     if picture is not None:
         kv = picture.picture(rows)
@@ -413,7 +393,7 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
             mem["delta"]["norms"] = w.f32(mem["delta"]["norms"])
             if mem["delta"]["head"] is not None:
                 mem["delta"]["head"]["values"] = w.f32(mem["delta"]["head"]["values"])
-    return {"report": report.to_dict(), "kv": kv, "memory": mem}
+    return {"report": report.to_dict(), "kv": kv, "memory": mem, "unloaded": made and not new_chat}
 
 
 async def _unload_tab(msg: dict, w: Worker) -> None:
@@ -473,6 +453,8 @@ ROUTES: dict[str, Handler] = {
     IN.TRAIN_ADAPTER: training.adapter,
     IN.TRAIN_SWITCH: training.switch,
     IN.TRAIN_ADAPTER_FILE: training.open_file,
+    IN.TRAIN_NEW: scratch.run,
+    IN.TRAIN_MODEL: scratch.model,
     IN.TOKENIZER_TRAIN: tokenizer.run,
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab import gpu
 from lab.engine.engine import Engine
 from lab.engine.session import Session
 from lab.format import gguf
@@ -73,9 +74,17 @@ class Loaded:
         the caller holds it alive through the wipe and closes it after (lab/worker/router.py `_reset`)."""
         return self._next(forgetting=False)
 
+    @property
+    def made_here(self) -> bool:
+        """The model was trained from scratch here (lab/worker/scratch.py): its weights are CONVERSATION buffers,
+        made of the user's text."""
+        return self.engine.weights.kind == gpu.CONVERSATION
+
     def left_by_new_chat(self) -> list:
-        """The buffers of the user's files that a new chat's wipe leaves (lab/worker/cards.py `new_chat_leaves`)."""
-        return [b for card, state in self.cards.items() for b in card.left_by_new_chat(state)]
+        """The buffers of the user's work that a new chat's wipe leaves: the user's files' (lab/worker/cards.py
+        `new_chat_leaves`), and a model made here, its weights."""
+        mine = self.engine.weights.buffers() if self.made_here else []
+        return mine + [b for card, state in self.cards.items() for b in card.left_by_new_chat(state)]
 
     def forgotten(self) -> tuple[Loaded, list[tuple[Card, Any]]]:
         """Forget's new chat: as `fresh`, less every card's state Forget does not keep (Forget.WIPE, or one a new

@@ -97,23 +97,22 @@ class Ask:
     optimizer: str
 
     @classmethod
-    def of(cls, msg: dict, engine) -> Ask:
+    def of(cls, msg: dict, top: int, why: str) -> Ask:
+        """The message's settings, each checked; the context at most `top` tokens (`why` says what bounds it)."""
         d = TRAINING
-        top = max_ctx(engine)
-        ctx = _number(msg, "ctx", int, d.ctx, 2, None, "the context")
+        ctx = number(msg, "ctx", int, d.ctx, 2, None, "the context")
         if ctx > top:
-            raise TrainError(f"a context of {ctx} tokens: at most {top} on this engine (a step runs at most "
-                             f"{engine.max_batch} tokens here, and the context holds {engine.n_ctx})")
+            raise TrainError(f"a context of {ctx} tokens: at most {top} {why}")
         optimizer = str(msg.get("optimizer") or d.optimizer)
         if optimizer not in OPTIMIZERS:
             raise TrainError(f"optimizer {optimizer!r}: one of {', '.join(OPTIMIZERS)}")
-        return cls(rank=_number(msg, "rank", int, d.rank, 1, d.max_rank, "the rank"),
-                   steps=_number(msg, "steps", int, d.steps, 1, d.max_steps, "the steps"),
-                   lr=_number(msg, "lr", float, d.lr, 1e-8, 1.0, "the learning rate"), ctx=ctx,
-                   batch=_number(msg, "batch", int, d.batch, 1, d.max_batch, "the batch"), optimizer=optimizer)
+        return cls(rank=number(msg, "rank", int, d.rank, 1, d.max_rank, "the rank"),
+                   steps=number(msg, "steps", int, d.steps, 1, d.max_steps, "the steps"),
+                   lr=number(msg, "lr", float, d.lr, 1e-8, 1.0, "the learning rate"), ctx=ctx,
+                   batch=number(msg, "batch", int, d.batch, 1, d.max_batch, "the batch"), optimizer=optimizer)
 
 
-def _number(msg: dict, key: str, kind: type, default, lo, hi, what: str):
+def number(msg: dict, key: str, kind: type, default, lo, hi, what: str):
     raw = msg.get(key)
     try:
         v = kind(default if raw is None or raw == "" else raw)
@@ -134,8 +133,9 @@ class Run:
     take either the same way."""
 
     def __init__(self, trainer: Trainer | None, train: list[list[int]], held: list[list[int]], *, engine=None,
-                 file: str | None = None, name: str | None = None) -> None:
+                 file: str | None = None, name: str | None = None, made: dict | None = None) -> None:
         self.trainer, self.train, self.held = trainer, train, held
+        self.made = made      # a model trained from scratch (lab/worker/scratch.py): its shape; the Trainer is full
         self.engine = trainer.engine if trainer is not None else engine
         self.lora: Lora | None = trainer.lora if trainer is not None else None    # a file's: set once it is made
         self.file, self.name = file, name
@@ -155,13 +155,20 @@ class Run:
         return [] if self.lora is None else [self.lora.params]
 
     def labels(self) -> list[str]:
-        """The labels of its buffers, for the page to find them in Forget's report."""
-        return sorted({b.label for b in self.engine.device.owned_by(self.owner)})
+        """The labels of its buffers, for the page to find them in Forget's report (a model made here: its weights'
+        too)."""
+        mine = self.engine.device.owned_by(self.owner) + (self.engine.weights.buffers() if self.made else [])
+        return sorted({b.label for b in mine})
 
     def memory(self) -> dict[str, int]:
-        """Bytes of its buffers by what they hold (Trainer.memory; a file's: the adapter and its step scratch)."""
+        """Bytes of its buffers by what they hold (Trainer.memory; a model made here: its weights under "model"; a
+        file's: the adapter and its step scratch)."""
         if self.trainer is not None:
-            return self.trainer.memory()
+            held = self.trainer.memory()
+            if self.made:
+                del held["adapter"]
+                held = {"model": sum(b.size for b in self.engine.weights.buffers()), **held}
+            return held
         return {"adapter": self.lora.params.size, "activations": self.lora.u.size}
 
     def close(self) -> None:
@@ -176,10 +183,10 @@ class Run:
 
     def lost(self) -> None:
         """The device went with every buffer: the text's windows are emptied here (they may be shared)."""
-        _empty(self.train, self.held)
+        empty(self.train, self.held)
 
 
-def _empty(*lists: list[list[int]]) -> None:
+def empty(*lists: list[list[int]]) -> None:
     for wins in lists:
         for w in wins:
             w.clear()
@@ -193,11 +200,14 @@ def _use(lo: Loaded, lora) -> None:
     lo.session.reset()
 
 
-def _trained(w: Worker) -> tuple[Loaded, Run]:
+def _trained(w: Worker, adapter: bool = False) -> tuple[Loaded, Run]:
+    """The card's state; adapter: one with an adapter (not a model trained from scratch, which has none)."""
     lo = w.loaded()
     state = lo.held(CARD)
     if state is None:
         raise TrainError("train an adapter first, or open an adapter file")
+    if adapter and state.made:
+        raise TrainError("a model trained from scratch has no adapter: it is the model itself (download the model)")
     return lo, state
 
 
@@ -208,7 +218,9 @@ async def run(msg: dict, w: Worker) -> None:
     reason = refusal(lo.engine)
     if reason:
         raise TrainError(reason)
-    ask = Ask.of(msg, lo.engine)
+    engine = lo.engine
+    ask = Ask.of(msg, max_ctx(engine), f"on this engine (a step runs at most {engine.max_batch} tokens here, and the "
+                                       f"context holds {engine.n_ctx})")
     text = str(msg.get("text") or "")
     if not text.strip():
         raise TrainError("no text to train on: choose a text file, or chat first and train on this conversation")
@@ -226,13 +238,13 @@ async def run(msg: dict, w: Worker) -> None:
                           optim=Optim(ask.optimizer, lr=ask.lr, steps=ask.steps,
                                       clip=1.0 if ask.optimizer == "adamw" else 0.0))
     except BaseException:
-        _empty(train, held)                  # the windows emptied all the same
+        empty(train, held)                  # the windows emptied all the same
         raise
     state = lo.hold(CARD, Run(trainer, train, held))
     await lo.engine.device.flush_errors()    # a kernel or binding the device refuses, named, before any step
     w.stop_clear()
     try:
-        await _train(state, ask, w, msg.get("seq"))
+        await run_steps(state, ask, w, msg.get("seq"))
     finally:
         lo.session.reset()                   # the steps overwrote the KV cache
 
@@ -242,11 +254,12 @@ def _plan(state: Run, ask: Ask, seq) -> dict:
     n_train, n_held = len(state.train), len(state.held)
     return {"type": "train-plan", "seq": seq, "tokens": (n_train + n_held) * ask.ctx, "windows": n_train + n_held,
             "train": n_train, "held": n_held, "ctx": ask.ctx, "batch": ask.batch, "steps": ask.steps,
-            "rank": ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.lora.n_params,
-            "targets": len(tr.lora.targets), "memory": state.memory(), "labels": state.labels()}
+            "rank": None if tr.full else ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.n_params,
+            "targets": len(tr.pieces()) if tr.full else len(tr.lora.targets), "made": state.made,
+            "memory": state.memory(), "labels": state.labels()}
 
 
-async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
+async def run_steps(state: Run, ask: Ask, w: Worker, seq) -> None:
     """The held-out loss before, the steps with their progress, the held-out loss after."""
     tr, steps = state.trainer, ask.steps
     every = max(1, steps // EVALS)
@@ -273,7 +286,7 @@ async def _train(state: Run, ask: Ask, w: Worker, seq) -> None:
     w.post({"type": "train-done", "seq": seq, "steps_done": done, "steps": steps, "stopped": stopped and done < steps,
             "diverged": diverged, "held_before": state.before, "held_after": held, "ppl_before": _ppl(state.before),
             "ppl_after": _ppl(held), "seconds": seconds, "tokens_per_s": done * ask.batch * ask.ctx / stepping,
-            "memory": tr.memory()})
+            "memory": state.memory()})
 
 
 def _ppl(loss: float | None) -> float | None:
@@ -285,18 +298,19 @@ def _ppl(loss: float | None) -> float | None:
 
 async def compare(msg: dict, w: Worker) -> None:
     """Greedy replies to one prompt without and with the adapter, each from an empty cache of a session of their
-    own; the adapter is left as the switch says, and the chat's session reset."""
+    own; the adapter is left as the switch says, and the chat's session reset. A model trained from scratch has no
+    "without": its one reply is "with" (the model as trained so far)."""
     lo, state = _trained(w)
     seq, tok = msg.get("seq"), lo.tokenizer
     text = str(msg.get("prompt") or "")
     if not text.strip():
         raise TrainError("type a prompt for the two replies")
     ids = tok.encode(text, add_bos=tok.add_bos)      # text to continue, as the adapter was trained
-    max_new = _number(msg, "max_new", int, TRAINING.max_new, 1, lo.engine.n_ctx - len(ids), "the reply's tokens")
+    max_new = number(msg, "max_new", int, TRAINING.max_new, 1, lo.engine.n_ctx - len(ids), "the reply's tokens")
     session, replies = Session(lo.engine, tok), {}
     w.stop_clear()
     try:
-        for which, lora in (("without", None), ("with", state.lora)):
+        for which, lora in (("with", None),) if state.made else (("without", None), ("with", state.lora)):
             def on_token(tid: int, piece: str, which=which) -> None:
                 w.post({"type": "train-token", "seq": seq, "which": which, "piece": piece})
             _use(lo, lora)
@@ -313,7 +327,7 @@ async def compare(msg: dict, w: Worker) -> None:
 
 async def adapter(msg: dict, w: Worker) -> None:
     """The adapter as it is now, as a llama.cpp adapter GGUF, read from the GPU; nothing of it is kept here."""
-    lo, state = _trained(w)
+    lo, state = _trained(w, adapter=True)
     raw = await adapter_bytes(lo.engine, state.lora, name=state.name or f"llm-lab LoRA r{state.lora.max_rank}")
     size = len(raw)
     w.post({"type": "train-adapter", "seq": msg.get("seq"), "size": size, "bytes": w.f32(raw + bytes(-size % 4))})
@@ -321,7 +335,7 @@ async def adapter(msg: dict, w: Worker) -> None:
 
 async def switch(msg: dict, w: Worker) -> None:
     """The adapter on or off for everything the page runs next (the chat, the panels, the cards)."""
-    lo, state = _trained(w)
+    lo, state = _trained(w, adapter=True)
     state.on = bool(msg.get("on"))
     _use(lo, state.lora if state.on else None)
     w.post({"type": "train-switch", "seq": msg.get("seq"), "on": state.on})

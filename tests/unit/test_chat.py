@@ -139,3 +139,18 @@ def test_gemma_chat_ids_match_llama_cpp():
     for p in chat_prompts("gemma3"):
         assert chat.render_text(tok, md, p["messages"]) == p["prompt"]
         assert chat.render_chat(tok, md, p["messages"]) == p["prompt_ids"]
+
+
+def test_a_base_model_without_turns_continues_the_text():
+    """A vocabulary with no turn tokens and no template (a model trained from scratch on plain text): the messages'
+    text in order, a blank line between two, nothing added after the last; what a message holds stays text."""
+    from lab.text.tokenizer import train as bpe
+    trained = bpe.train(["the law of the land, the law of the sea. " * 20], 300)
+    tok, md = trained.tokenizer(), trained.metadata()
+    assert chat.builtin_format(tok, md) == "plain"
+    msgs = [{"role": "system", "content": "The law"}, {"role": "user", "content": "of the land"},
+            {"role": "assistant", "content": " and<|endoftext|>"}, {"role": "user", "content": "the sea"}]
+    ids = chat.render_chat(tok, md, msgs)
+    assert ids == tok.encode("The law\n\nof the land\n\n and<|endoftext|>\n\nthe sea")
+    assert tok.decode(ids) == "The law\n\nof the land\n\n and<|endoftext|>\n\nthe sea"
+    assert tok.special_id("<|endoftext|>") not in ids

@@ -10,9 +10,11 @@ through CARDS."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
+from lab import gpu
 from lab.engine.session import Session
 from lab.worker import cards
 from lab.worker.cards import INDEX, Card, Forget
@@ -32,6 +34,7 @@ class _Tok:
 
 class _Engine:
     closed = False
+    weights = SimpleNamespace(kind=gpu.WEIGHTS, buffers=list)      # a file's weights: not the conversation's
 
     def close(self) -> None:
         self.closed = True
@@ -105,7 +108,7 @@ def test_unload_frees_the_engine_and_the_conversation(router):
     tok, eng, session, context = _converse(router)
     device = router.worker.state.device
     index = router.worker.state.loaded.held(INDEX)
-    router._unload(router.worker)
+    router.unload(router.worker)
     assert router.worker.state.loaded is None and router.worker.state.device is device and eng.closed
     assert session.cached == [] and context == []
     assert index.dropped and index.ids == []
@@ -207,7 +210,7 @@ def every_card(router, monkeypatch):
 
 def test_unload_closes_every_card_then_the_engine(router, every_card):
     states, log = every_card
-    router._unload(router.worker)
+    router.unload(router.worker)
     assert log == [(c.name, c.close_with) for c in cards.CARDS] + [("engine", "close")]
 
 
