@@ -13,7 +13,10 @@
 # it) at each CTXS, and `lab gradcheck --full` on the synthetic Llama 3. Results in $OUT (gpu.txt, tests.txt,
 # gradcheck.json, train_*.json, torch_*.json, attention_back.json, full_*.json, torch_full_*.json,
 # gradcheck_full.json); `scratch` (WHAT=scratch alone) the 16M preset trained from scratch on README.md and docs/*.md by
-# the lab and by PyTorch eager from the same start (scripts/bench_scratch.py: scratch_16m.json).
+# the lab and by PyTorch eager from the same start (scripts/bench_scratch.py: scratch_16m.json); `embedder` the retrieval
+# embedder tuned contrastively (`lab train-embedder`, both stages: STEPS a stage, BATCH pairs a step, QUERIES crops)
+# on SmolLM2 over README.md and docs/*.md, then over tests/fixtures/constitution.txt (embedder_docs.json,
+# embedder_constitution.json; `tests` runs its engine tests too).
 set -uo pipefail
 D=/tmp/devt
 source scripts/device_pieces.sh
@@ -31,7 +34,8 @@ if [[ $what == *tests* ]]; then
     tests/kernels/test_backward_lora.py tests/kernels/test_backward_matmul.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
   # (less the synthetic qwen3's cases: its vocabulary is copied from Qwen2.5's, which does not travel either)
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_training.py tests/engine/test_lora_engine.py \
-    tests/engine/test_train_cli.py tests/engine/test_full_finetune.py tests/engine/test_scratch.py -k "not qwen3" \
+    tests/engine/test_train_cli.py tests/engine/test_full_finetune.py tests/engine/test_scratch.py \
+    tests/engine/test_contrastive.py tests/engine/test_scratch_card.py -k "not qwen3" \
     2>&1 | tail -8 | tee -a "$OUT/tests.txt"
 fi
 if [[ $what == *gradcheck* ]]; then
@@ -52,6 +56,15 @@ if [[ $what == *scratch* ]]; then
   timeout 500 python3 scripts/bench_scratch.py --corpus README.md docs/*.md --preset 16m --ctx "${SCRATCH_CTX:-256}" \
     --batch "${BATCH:-8}" --steps "${STEPS:-300}" --lr 1e-3 --torch-python python3 --out "$D/scratch" \
     | tee "$OUT/scratch.txt" && cp "$D/scratch/scratch.json" "$OUT/scratch_16m.json"
+fi
+if [[ $what == *embedder* ]]; then
+  for corpus in docs constitution; do
+    files=(README.md docs/*.md)
+    [ $corpus = constitution ] && files=("$DATA")
+    timeout 280 python3 -m lab.host.cli train-embedder "$SMOL" "${files[@]}" --steps "${STEPS:-100}" \
+      --batch "${BATCH:-16}" --queries "${QUERIES:-500}" --out "$D/embedder_$corpus.lora.gguf" --json \
+      | tee "$OUT/embedder_$corpus.json" | cut -c1-300
+  done
 fi
 if [[ $what == *attn* ]]; then
   timeout 200 python3 scripts/bench_attention_back.py > "$OUT/attention_back.json"

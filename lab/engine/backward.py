@@ -167,11 +167,15 @@ class TrainScratch:
 class Backward(Prefill):
     """The training step's ops for an engine (prefill plans of at least T rows, an f32 KV cache, the LoRA adapter
     set on it), the scratch `ts` and the fused head `ce` (lab.ops.backward_head.head_ce for T rows).
-    rows_total: the positions with a target in the whole step (all its windows), the loss's divisor."""
+    rows_total: the positions with a target in the whole step (all its windows), the loss's divisor.
+    pooled: no head and no next-token loss; the loss's gradient at the final norm's output (`ts.dxn`, t rows) is
+    the caller's, written before the step runs (a contrastive loss over pooled embeddings: lab.instruments
+    .contrastive), and the step's backward starts from it."""
 
-    def __init__(self, engine, ts: TrainScratch, ce: backward_head.HeadCE, rows_total: int) -> None:
+    def __init__(self, engine, ts: TrainScratch, ce: backward_head.HeadCE | None, rows_total: int,
+                 pooled: bool = False) -> None:
         super().__init__(engine)
-        self.ts, self.ce, self.rows_total = ts, ce, rows_total
+        self.ts, self.ce, self.rows_total, self.pooled = ts, ce, rows_total, pooled
         self.T = ts.T
 
     def loss_ops(self) -> list[ops.Op]:
@@ -230,14 +234,16 @@ class Backward(Prefill):
             self.add(elementwise.copy_rows(self.dev, self.kernels, src, dst, self.scratch.step, widths[name]))
 
     def _head(self) -> None:
-        """The final norm, the loss and its gradient into dx (the residual stream's, written)."""
+        """The final norm, the loss and its gradient into dx (the residual stream's, written); pooled: the norm's
+        backward alone, from the caller's dxn."""
         cfg, s, ts = self.cfg, self.scratch, self.ts
         w = self.weights.vectors[cfg.output_norm]
-        self.add(norm.rms_norm(self.dev, self.kernels, s.x, w, s.xn, s.step, cfg.n_embd, cfg.eps))
-        self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, ts.targets, s.step,
-                                         rows_total=self.rows_total))
-        self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step,
-                                         dw=ts.wgrads[self.weights.head.name] if ts.full else None))
+        if not self.pooled:
+            self.add(norm.rms_norm(self.dev, self.kernels, s.x, w, s.xn, s.step, cfg.n_embd, cfg.eps))
+            self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, ts.targets, s.step,
+                                             rows_total=self.rows_total))
+            self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step,
+                                             dw=ts.wgrads[self.weights.head.name] if ts.full else None))
         self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, self.vgrad(cfg.output_norm), ts.rs,
                                s.step, cfg.n_embd, cfg.eps))
 

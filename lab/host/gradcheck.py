@@ -141,3 +141,53 @@ def open_engine(path, T: int, disable=(), max_batch: int | None = None, device=N
     positions (on `device`, or a native device of its own)."""
     from lab.host.loading import open_engine as opened
     return opened(path, T, disable=disable, device=device, max_batch=max_batch or T, logits_all=logits_all)[2]
+
+
+def check_contrastive(path, *, T: int = 12, pairs: int = 3, rank: int = 4, alpha: float = 8.0, samples: int = 2,
+                      seed: int = 0, temperature: float = 0.05, only: tuple[str, ...] = (), engine=None,
+                      tokenizer=None) -> dict:
+    """The contrastive loss's LoRA gradients (lab/instruments/contrastive.py) against float64 central differences
+    (lab/host/reference/contrastive.py), as `check` does for the next-token loss: random pairs of random ids of
+    mixed lengths (the query side shorter than T, the passage T), the adapter at random A and B. `only`: the
+    adapter's matrices checked (names holding one of these strings), every other's gradient still read.
+    `tokenizer`: only its add_bos and bos_id are read (a test puts a BOS before windows of a vocabulary without)."""
+    from lab.host.loading import open_engine as opened
+    from lab.host.reference.contrastive import ContrastiveLoss
+    from lab.instruments.contrastive import Contrastive
+    if engine is None:
+        _header, tok, engine, _t = opened(path, T + 1, max_batch=T + 1)
+        tokenizer = tokenizer or tok
+    c = Contrastive(engine, tokenizer, T=T, pairs=pairs, rank=rank, alpha=alpha, seed=seed, temperature=temperature)
+    try:
+        rng = random.Random(seed)
+        batch = [([rng.randrange(engine.cfg.n_vocab) for _ in range(rng.randint(2, T - 1))],
+                  [rng.randrange(engine.cfg.n_vocab) for _ in range(T)]) for _ in range(pairs)]
+        lora = c.trainer.lora
+        engine.device.write(lora.params, random_params(lora, seed))
+        loss = asyncio.run(c.gradients(batch))
+        params = adapter_arrays(lora, engine.device.read_sync(lora.params))
+        grads = adapter_arrays(lora, engine.device.read_sync(c.trainer.grads))
+    finally:
+        c.close()
+    bos = tokenizer.bos_id if tokenizer.add_bos and tokenizer.bos_id is not None else None
+    oracle = ContrastiveLoss(path, params, alpha, bos, temperature)
+    loss64 = oracle.loss(batch)
+    pick = np.random.default_rng(seed)
+    rows = []
+    for name in params:
+        if only and not any(o in name for o in only):
+            continue
+        for k, which in enumerate("AB"):
+            g = grads[name][k]
+            entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
+            entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
+            fd = np.array([oracle.central(batch, name, which, e, H) for e in entries])
+            got = np.array([g[e] for e in entries], np.float64)
+            scale = float(np.max(np.abs(fd)))
+            err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
+            rows.append({"tensor": f"{name}.lora_{which.lower()}", "worst_rel_err": err, "largest_grad": scale,
+                         "entries": len(entries)})
+    worst = max(r["worst_rel_err"] for r in rows)
+    return {"model": str(path), "T": T, "pairs": pairs, "rank": rank, "alpha": alpha, "temperature": temperature,
+            "loss_gpu": loss, "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64),
+            "tensors": rows, "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}

@@ -213,11 +213,12 @@ class Trainer:
     fine-tuning: the engine's F32 weights are the master copy the optimizer moves in place; its norms too,
     lab.engine.backward trained_vectors). The engine must have an f32 KV cache and steps of at least T rows.
     `keep`: the forward's rows kept for the backward (lab.engine.backward KEEP_BYTES decides by default; tests force
-    both ways)."""
+    both ways). `pooled`: no next-token loss; each window's gradient at the final norm's output is the caller's
+    (lab.instruments.contrastive: a loss over pooled embeddings), run by `run_pooled`."""
 
     def __init__(self, engine, *, T: int, batch: int = 1, rank: int = 8, alpha: float = 16.0,
                  targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None, keep: bool | None = None,
-                 full: bool = False) -> None:
+                 full: bool = False, pooled: bool = False) -> None:
         cfg, dev = engine.cfg, engine.device
         reason = untrainable(cfg) or (untrainable_full(cfg, {m.type.name for m in engine.weights.matrices.values()})
                                       if full else None)
@@ -243,13 +244,15 @@ class Trainer:
                     dev.write(self.lora.params, self.lora.initial(seed))
                 width = max(qkv_width(cfg, il) for il in range(cfg.n_layer))
                 self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width, keep=keep)
-                self.ce = backward_head.head_ce(dev, engine.weights.head, T, cap=cfg.final_softcap)
+                self.ce = None if pooled else backward_head.head_ce(dev, engine.weights.head, T,
+                                                                    cap=cfg.final_softcap)
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)
-                plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total)     # noqa: E731
+                plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total, pooled)     # noqa: E731
                 self.window_ops = plans().step_ops()       # kept for profiles (lab train --profile)
                 self.window = dev.prepare(ops.dispatches(self.window_ops, T))
-                self.scoring = dev.prepare(ops.dispatches(plans().loss_ops(), T))
+                self._windows = {T: self.window}            # pooled: one prepared list per window length
+                self.scoring = None if pooled else dev.prepare(ops.dispatches(plans().loss_ops(), T))
                 self.update = dev.prepare(ops.dispatches(self._update_ops(), 1))
             except BaseException:
                 engine.set_lora(None)
@@ -292,10 +295,31 @@ class Trainer:
     async def step(self, batch: list[list[int]]) -> float:
         """One optimizer step on these windows: the loss the gradients were taken at."""
         loss = await self.gradients(batch)
+        self.advance()
+        return loss
+
+    def advance(self) -> None:
+        """The optimizer's step on the gradients as they are now, at the next step's learning rate."""
         self.steps_done += 1
         t = self.steps_done
         self.device.run(self.update, [(self.state, 0, optimizer.state_bytes(self.optim.lr_at(t), t))])
-        return loss
+
+    def clear_grads(self) -> None:
+        for _, g, _ in self.pieces():
+            self.device.clear(g)
+
+    def run_pooled(self, ids: list[int], dxn: bytes) -> None:
+        """One window of len(ids) <= T tokens forward and back (pooled=True), the loss's gradient at its final norm's
+        output `dxn` (f32 [len(ids), n_embd]); its gradients added to the trained parameters'."""
+        t, s = len(ids), self.engine.scratch
+        if not 1 <= t <= self.T:
+            raise TrainError(f"a window of {t} tokens: 1 to {self.T} here")
+        self.engine.check_ids(ids, TrainError)
+        prepared = self._windows.get(t)
+        if prepared is None:
+            prepared = self._windows[t] = self.device.prepare(ops.dispatches(self.window_ops, t))
+        self.device.run(prepared, [(s.step, 0, ops.step_bytes(0, t, self.engine.n_ctx)),
+                                   (s.ids, 0, struct.pack(f"<{t}I", *ids)), (self.ts.dxn, 0, dxn)])
 
     async def adapter_bytes(self, name: str = "llm-lab LoRA") -> bytes:
         """The adapter as it is now, as a llama.cpp adapter GGUF (`adapter_bytes` below)."""
@@ -338,8 +362,7 @@ class Trainer:
     async def gradients(self, batch: list[list[int]]) -> float:
         """The step's loss at the adapter as it is, its gradients left in `grads` (cleared first)."""
         self._check(batch)
-        for _, g, _ in self.pieces():
-            self.device.clear(g)
+        self.clear_grads()
         return await self._run(self.window, batch)
 
     async def loss(self, batch: list[list[int]]) -> float:

@@ -35,6 +35,7 @@ LEAST = {
     "index": ["m.gguf", "a.txt", "--out", "i.idx"],
     "ask": ["m.gguf", "--index", "i.idx", "--question", "q"],
     "retrieval-eval": ["m.gguf", "a.txt"],
+    "train-embedder": ["m.gguf", "a.txt", "--out", "e.gguf"],
     "ablate": ["m.gguf", "--prompt", "p", "--target", "t"],
     "patch": ["m.gguf", "--clean", "a", "--corrupt", "b", "--target", "t"],
     "steer": ["m.gguf", "--prompt", "p", "--plus", "a", "--minus", "b", "--layer", "1"],
@@ -43,12 +44,14 @@ LEAST = {
 }
 # Which subcommands open the GPU (--disable), print JSON (--json), make a KV cache (--ctx, with its default),
 # sample (the sampler's flags and -n), and run in the page too (--backend and the browser's options).
-GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "train-embedder",
+       "ablate", "patch", "steer",
        "attribute", "bench"}
-JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "f32-copy", "index", "ask", "retrieval-eval", "ablate", "patch", "steer",
+JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "f32-copy", "index", "ask",
+        "retrieval-eval", "train-embedder", "ablate", "patch", "steer",
         "attribute", "bench"}
 CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gradcheck": 16, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
-       "retrieval-eval": DEFAULT_CTX, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,
+       "retrieval-eval": DEFAULT_CTX, "train-embedder": 65, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,
        "attribute": DEFAULT_CTX}
 SAMPLING = {"generate", "ask", "steer"}
 # The subcommands that run a model natively with a LoRA adapter file (--lora)

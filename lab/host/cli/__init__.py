@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.host.cli import bench, experiments, parsers, retrieval, run, tokenizer, training
+from lab.host.cli import bench, embedder, experiments, parsers, retrieval, run, tokenizer, training
 
 # Each subcommand in `lab --help`'s order: the function that adds its parser (lab/host/cli/parsers.py) and the
 # handler that takes the parsed flags and returns the exit status. The modules import what a handler needs inside
@@ -24,6 +24,7 @@ COMMANDS = {
     "index": (parsers.index, retrieval.index),
     "ask": (parsers.ask, retrieval.ask),
     "retrieval-eval": (parsers.retrieval_eval, retrieval.retrieval_eval),
+    "train-embedder": (parsers.train_embedder, embedder.train_embedder),
     "ablate": (parsers.ablate, experiments.ablate),
     "patch": (parsers.patch, experiments.patch),
     "steer": (parsers.steer, experiments.steer),

@@ -275,9 +275,34 @@ def retrieval_eval(sub, name):
     s.add_argument("--queries", type=int, default=retrieval.RECALL_QUERIES,
                    help=f"random {retrieval.CROP}-token crops asked")
     s.add_argument("--seed", type=int, default=0, help="seed of the crops")
+    s.add_argument("--crop", type=int, default=retrieval.CROP, help="tokens a query crop holds")
     window_flags(s)
     engine_flags(s, "KV cache length in tokens (more than --window)")
     backend_flags(s, "browser: the page in headless Chromium, indexing through the retrieval card")
+    return s
+
+
+def train_embedder(sub, name):
+    from lab.instruments import contrastive, retrieval
+    s = sub.add_parser(name, help="tune the retrieval embedder (the model's mean final-norm state) contrastively on "
+                                  "the files, a LoRA adapter or every weight, with recall before and after")
+    model_arg(s)
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("--stage", choices=(*contrastive.STAGES, "both"), default="both",
+                   help="crops: two random crops of one window; query: a 16-token query inside its window; both: "
+                        "crops, then query")
+    s.add_argument("--steps", type=int, default=100, help="steps a stage")
+    s.add_argument("--batch", type=int, default=16, help="pairs a step (each pair's negatives: the others)")
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--lora-rank", type=int, default=8, help="alpha is twice the rank")
+    s.add_argument("--full", action="store_true", help="every weight of an F32 model instead (a model GGUF out)")
+    s.add_argument("--seed", type=int, default=0, help="the adapter's start, the pairs' and the crops' draws")
+    s.add_argument("--queries", type=int, default=500, help=f"random crops of {retrieval.CROP} and 12 tokens asked")
+    s.add_argument("--out", required=True, help="the adapter (or, --full, model) GGUF written")
+    window_flags(s)
+    ctx_flag(s, retrieval.WINDOW + 1, "KV cache length in tokens (at least --window + 1)")
+    json_flag(s, 'print {"before", "overlap", "stages": [{"stage", "losses", "recall"}], "out", ...}')
+    gpu_flags(s)
     return s
 
 

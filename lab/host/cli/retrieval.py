@@ -140,6 +140,8 @@ def retrieval_eval(args) -> int:
     if args.backend == "browser":
         if args.lora:
             raise ValueError("--lora runs natively: the page takes an adapter in its Training card")
+        if args.crop != retrieval_crop():
+            raise ValueError("--crop runs natively: the page's card asks crops of its own length")
         return _retrieval_eval_in_page(args)
     files, _digests, _unreadable = _read_files(args.files, "lab retrieval-eval")
     _header, tok, engine, _timing = open_engine(args.model, args.ctx, disable=args.disable, lora=args.lora)
@@ -151,7 +153,7 @@ def retrieval_eval(args) -> int:
 
     async def run():
         built, _refused = await _build(index, files, "lab retrieval-eval")
-        recall = await index.recall(args.queries, args.seed, on_progress=progress)
+        recall = await index.recall(args.queries, args.seed, on_progress=progress, crop=args.crop)
         print(file=sys.stderr)
         return built, recall
     try:
@@ -170,6 +172,11 @@ def retrieval_eval(args) -> int:
               f"windows/s)\nrecall@1 {recall.at1:.3f}, recall@5 {recall.at5:.3f} over {recall.queries} random "
               f"{recall.crop}-token crops (seed {recall.seed}), {recall.seconds:,.1f} s")
     return 0
+
+
+def retrieval_crop() -> int:
+    from lab.instruments.retrieval import CROP
+    return CROP
 
 
 def _retrieval_eval_in_page(args) -> int:

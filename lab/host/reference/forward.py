@@ -164,14 +164,16 @@ class Reference:
 
     # -- the forward pass -----------------------------------------------------------------------
     def forward(self, ids, start_pos: int | None = None, trace: bool = False,
-                all_logits: bool = True, keep_dtype: bool = False) -> np.ndarray:
+                all_logits: bool = True, keep_dtype: bool = False, normed: bool = False) -> np.ndarray:
         """Logits [t, n_vocab] for every position of `ids` (causal), float32 (keep_dtype=True: in the reference's
         dtype, for float64 oracles whose differences a float32 rounding would swamp: training's).
 
         start_pos None or 0 starts fresh; start_pos = n keeps the first n cached positions and
         appends. trace=True records the intermediate tensors in self.trace (see the module doc).
         all_logits=False computes the head for the last position only ([1, n_vocab]), like
-        llama.cpp's inp_out_ids: the trace's result_norm / result_output then hold that row only."""
+        llama.cpp's inp_out_ids: the trace's result_norm / result_output then hold that row only.
+        normed=True: result_norm's rows [t, n_embd] instead of logits, in the reference's dtype, no head computed (an
+        embedding's oracle: lab/host/reference/contrastive.py)."""
         hp, dt = self.hp, self.dtype
         ids = np.asarray(list(ids), dtype=np.int64)
         t = len(ids)
@@ -203,7 +205,7 @@ class Reference:
             self._cb("inp_scaled", x)
         if hp.arch == "gemma4":
             x = self._gemma4(ids, x, pos, start)
-            return self._finish(x, n_kv, all_logits, keep_dtype)
+            return self._finish(x, n_kv, all_logits, keep_dtype, normed)
 
         for il in range(hp.n_layer):
             inp = x
@@ -273,9 +275,10 @@ class Reference:
             ffn_inp = self._residual(il, cur, inp, "post_attention_norm.weight", "attn_post_norm", "ffn_inp")
             x = self._feed_forward(il, ffn_inp)
 
-        return self._finish(x, n_kv, all_logits, keep_dtype)
+        return self._finish(x, n_kv, all_logits, keep_dtype, normed)
 
-    def _finish(self, x: np.ndarray, n_kv: int, all_logits: bool, keep_dtype: bool = False) -> np.ndarray:
+    def _finish(self, x: np.ndarray, n_kv: int, all_logits: bool, keep_dtype: bool = False,
+                normed: bool = False) -> np.ndarray:
         """The last layer's output -> result_norm -> logits (the last row only unless all_logits)."""
         hp, dt = self.hp, self.dtype
         self.n_past = n_kv
@@ -283,6 +286,9 @@ class Reference:
             x = x[-1:]
         x = rms_norm(x, self.w.get(hp.output_norm), hp.eps)
         self._cb("result_norm", x)
+        if normed:
+            self._trace_on = False
+            return x
         logits = self._head(x)
         self._cb("result_output", logits)
         self._trace_on = False
