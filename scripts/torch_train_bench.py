@@ -161,11 +161,11 @@ def load_model(path, device=None, dtype=torch.float32, threads: int | None = Non
 
 def make_full(model: Model) -> None:
     """Full fine-tuning, as `lab train --full` takes it: every tensor the forward reads a parameter (the matrices, the
-    norms, the embedding table, which a tied head shares: its gradient takes both shares). qwen2's biases are refused
-    (the lab does not train them yet: lab.engine.backward untrainable_full), so both train the same parameters."""
+    norms, the embedding table, which a tied head shares: its gradient takes both shares). llama files only: qwen2,
+    whose Q/K/V biases `lab train --full` trains too, is not compared here yet."""
     if model.hp.arch != "llama":
-        raise Refused(f"torch_train_bench --full: {model.hp.arch} is refused (`lab train --full` trains llama-family "
-                      f"files without biases)")
+        raise Refused(f"torch_train_bench --full: {model.hp.arch} is refused (this peer compares llama-family files "
+                      f"alone in full)")
     model.w = {n: torch.nn.Parameter(t) for n, t in model.w.items()}
     model.full = True
 

@@ -15,13 +15,14 @@ the trained parameters, as one list of ops in one compute pass.
 The gradients are added in (a step of several windows sums them); the caller clears them at a step's start. What
 the blocks' backward needs of the builder: `proj_back` (a projection's input gradient through the quantized base,
 and its LoRA factors' gradients, or in full fine-tuning its own dW), `stacked_back` (the same over a fused row's
-parts) and `norm_back` (and a norm's dw in full fine-tuning).
+parts), `norm_back` (and a norm's dw in full fine-tuning) and `bias_back` (a bias's gradient, full fine-tuning's).
 
 What it does not know: data, optimizers, files (lab.instruments.training strings the steps together).
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from lab import gpu, ops
@@ -74,23 +75,27 @@ def untrainable(cfg) -> str | None:
 
 def untrainable_full(cfg, matrix_types) -> str | None:
     """Why full fine-tuning cannot run on this model (None: it can), besides `untrainable`'s reasons. The weights are
-    the master copy the optimizer moves, so every matrix must be F32; the parameters whose gradients are not built
-    yet (the Q/K/V biases) are refused by name rather than left frozen unsaid."""
+    the master copy the optimizer moves, so every matrix must be F32. A parameter whose gradient is not built would be
+    refused here by name rather than left frozen unsaid (none is left: the Q/K/V biases' came last)."""
     quant = sorted(set(matrix_types) - {"F32"})
     if quant:
         return (f"full fine-tuning trains the weights themselves in f32, and this file's matrices are {', '.join(quant)}:"
                 f" train a LoRA adapter on it, or train an F32 copy of it (`lab f32-copy`: every tensor dequantized)")
-    if cfg.qkv_bias:
-        return (f"{cfg.arch}: full fine-tuning has no gradient yet for the Q/K/V biases (train a LoRA adapter: its "
-                f"gradients cover this model)")
     return None
 
 
 def trained_vectors(cfg) -> list[str]:
-    """The 1-D parameters full fine-tuning trains: every norm's weight (each layer's input norms, the per-head Q/K
-    norms and the post-norms where the architecture has them, the final norm), in the file's order; rope_freqs is a
-    constant."""
-    return [name for name, shape in expected_tensors(cfg).items() if len(shape) == 1 and name.endswith("norm.weight")]
+    """The 1-D parameters full fine-tuning trains, by the engine's names, in the file's order: every norm's weight
+    (each layer's input norms, the per-head Q/K norms and the post-norms where the architecture has them, the final
+    norm) and, with qkv_bias, each layer's fused [q | k | v] bias (lab.ops.weights: "blk.N.attn_qkv.bias", the file's
+    three biases side by side, in attn_q.bias's place); rope_freqs is a constant."""
+    out = []
+    for name, shape in expected_tensors(cfg).items():
+        if len(shape) == 1 and name.endswith("norm.weight"):
+            out.append(name)
+        elif name.endswith(".attn_q.bias"):
+            out.append(name.removesuffix("attn_q.bias") + "attn_qkv.bias")
+    return out
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class TrainScratch:
     sums: gpu.Buffer        # the input gradients' partial sums (lab.ops.backward_matmul.dx_back)
     stats: gpu.Buffer       # the attention backward's per-row statistics
     targets: gpu.Buffer     # [T] u32 the next token of each position (n_vocab: none)
+    one: gpu.Buffer | None = None       # [1] f32 1.0: a bias's gradient is dy^T 1 (full fine-tuning with qkv_bias)
     du: tuple = ()          # (u, du) [T, max rank] each: the LoRA backward's
     grads: gpu.Buffer | None = None     # the LoRA parameters' gradients, laid out as Lora.params
     wgrads: dict = None     # full fine-tuning: per matrix its gradient in f32 parts of the weight's rows
@@ -161,7 +167,11 @@ class TrainScratch:
                                                     f"{p.n_rows}"), p.first_row, p.n_rows) for p in w.parts)
                   for name, w in weights.matrices.items()}
         vgrads = {name: dev.buffer(weights.vectors[name].size, conv, f"grad {name}") for name in trained_vectors(cfg)}
-        return {"wgrads": wgrads, "vgrads": vgrads}
+        out = {"wgrads": wgrads, "vgrads": vgrads}
+        if cfg.qkv_bias:    # a constant, not the user's data: Forget leaves it (the Trainer is closed after one)
+            out["one"] = dev.buffer(4, gpu.CONSTANT, "train one [1] (a bias's gradient: dy^T 1)")
+            dev.write(out["one"], struct.pack("<f", 1.0))
+        return out
 
 
 class Backward(Prefill):
@@ -286,6 +296,13 @@ class Backward(Prefill):
         """The fused projections `key` (rows of `width` floats of dy, each part from its column): dx written."""
         for i, (w, col) in enumerate(self.weights.stacked[key]):
             self.proj_back(w.name, x, dy, dx, dy_offset=col, dy_stride=width, accumulate=i > 0)
+
+    def bias_back(self, name: str, dy: gpu.Buffer, width: int) -> None:
+        """In full fine-tuning, the fused bias `name`'s gradient: += the column sums of dy (rows of `width` floats, the
+        gradient at the biased projection's output) over the step's tokens. Nothing in LoRA training (a constant)."""
+        if self.ts.full:
+            self.add(backward_matmul.bias_back(self.dev, self.kernels, self.ts.vgrads[name], self.ts.one, dy,
+                                               self.scratch.step, width=width, max_tokens=self.T))
 
     def branch_back(self, name: str, x: gpu.Buffer, post_norm: str) -> gpu.Buffer:
         """The gradient at the output of a branch's projection `name` (input rows x): dx itself, or, where the config

@@ -87,7 +87,8 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
 
 def model_grads(tr) -> dict:
     """{file tensor name: its gradient as numpy shapes it (rows first)} of a full fine-tune's Trainer: each matrix's
-    rows read out of its weight's (a stacked run's tensors each their own rows), each trained vector's."""
+    rows read out of its weight's (a stacked run's tensors each their own rows), each trained vector's (a fused
+    vector's file tensors each their own floats: qwen2's attn_q/k/v.bias)."""
     from lab.instruments.training import _run_rows
     dev, w, header = tr.device, tr.engine.weights, tr.engine.header
     shapes = {t.name: tuple(reversed(t.shape)) for t in header.tensors}
@@ -99,6 +100,11 @@ def model_grads(tr) -> dict:
             out[name] = g[row:row + shapes[name][0]]
     for name, buf in tr.ts.vgrads.items():
         out[name] = np.frombuffer(dev.read_sync(buf), np.float32)
+    inside = w.in_vectors()
+    for name, (vector, offset, size) in inside.items():     # the fused Q/K/V biases: the file's three, each its floats
+        out[name] = out[vector][offset // 4:(offset + size) // 4]
+    for vector, _, _ in inside.values():
+        out.pop(vector, None)
     return out
 
 

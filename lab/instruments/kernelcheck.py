@@ -26,7 +26,7 @@ from lab.ops.attention import attention, kv_write
 from lab.ops.backward import embed_back, glu_back, rms_norm_back, softcap_back
 from lab.ops.backward_attention import attention_back, stats_bytes
 from lab.ops.backward_head import head_back, head_ce, head_loss
-from lab.ops.backward_matmul import dx_back, dx_scratch_floats, lora_back
+from lab.ops.backward_matmul import bias_back, dx_back, dx_scratch_floats, lora_back
 from lab.ops.backward_rope import rope_back
 from lab.ops.deltanet import deltanet
 from lab.ops.embed import get_rows
@@ -246,6 +246,15 @@ def _lora_back(dev, kernels, step, c: _Case):
     return ops
 
 
+def _bias_back(dev, kernels, step, c: _Case):
+    """db [width] (an earlier value, added into and read back), dy [t, stride] with the columns from `offset`, one
+    [1] = 1.0 -> db += the columns' sums over the t rows."""
+    ops = bias_back(dev, kernels, c.input("db"), c.input("one"), c.input("dy"), step, width=c["width"],
+                    max_tokens=c["t"], dy_offset=c["offset"], dy_stride=c["stride"])
+    c.read_back("db", 4 * c["width"])
+    return ops
+
+
 def _rope_back(dev, kernels, step, c: _Case):
     """grad [t, n_head * head_dim] (dy of the rotated rows) turned into dx in place; "factors": the frequency
     factors (n_rot / 2 floats) or none."""
@@ -303,7 +312,8 @@ BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_
             "rms_norm": _rms_norm, "rope": _rope, "attention": _attention, "softmax": _softmax, "glu": _glu,
             "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet,
             "rms_norm_back": _rms_norm_back, "glu_back": _glu_back, "softcap_back": _softcap_back,
-            "embed_back": _embed_back, "dx_back": _dx_back, "lora_back": _lora_back, "rope_back": _rope_back,
+            "embed_back": _embed_back, "dx_back": _dx_back, "lora_back": _lora_back, "bias_back": _bias_back,
+            "rope_back": _rope_back,
             "attention_back": _attention_back, "head_ce": _head_ce, "optimizer": _optimizer}
 
 

@@ -153,17 +153,21 @@ async def adapter_bytes(engine, lora: Lora, name: str = "llm-lab LoRA") -> bytes
 async def model_bytes(engine) -> bytes:
     """The engine's model as it is now (a full fine-tune's weights, read from the GPU), as a GGUF of the same
     architecture: the file's metadata (general.file_type set to all-F32) and every tensor in the file's order, F32 in
-    its file shape. A tensor of a stacked run (lab.ops.weights ModelWeights: q|k|v, gate|up) is its rows of the run;
-    rope_freqs, a constant the plans hold, its values. Only F32 files (full fine-tuning's) are written: a quantized
+    its file shape. A tensor of a stacked run (lab.ops.weights ModelWeights: q|k|v, gate|up) is its rows of the run, a
+    bias of the fused Q/K/V biases its floats of them; rope_freqs, a constant the plans hold, its values. Only F32 files (full fine-tuning's) are written: a quantized
     weight has no F32 master copy to read."""
     w, header, dev = engine.weights, engine.header, engine.device
     runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header, w.tensors)}
+    inside = w.in_vectors()
     tensors = []
     for t in header.tensors:
         if t.type.name != "F32":
             raise TrainError(f"{t.name} is {t.type.name}: only an F32 model (a full fine-tune's) is written whole")
         if t.name in w.vectors:
             raw = await dev.read(w.vectors[t.name], 0, t.nbytes)
+        elif t.name in inside:      # qwen2's attn_q/k/v.bias: its bytes of the fused bias
+            vector, offset, _ = inside[t.name]
+            raw = await dev.read(w.vectors[vector], offset, t.nbytes)
         elif t.name in runs:
             m, row = runs[t.name]
             rows = t.n_elements // t.shape[0]

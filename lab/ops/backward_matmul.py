@@ -4,7 +4,8 @@ lab.ops.matmul's matvec and matmul compute it, and of LoRA adapters on them, y =
 - `dx_back`: the input's gradient dx = W^T dy through a weight in any kernel type, read in place from its GGUF blocks
   (the base stays quantized: wgsl/backward_matmul.wgsl dequantizes with quant.wgsl as the forward does), a weight
   split into parts included; dx written or added into (`accumulate`: a residual stream's gradient sums two branches).
-- `dw_back`: an F32 weight's own gradient, dW += dy^T x summed over the step's tokens (full fine-tuning).
+- `dw_back`: an F32 weight's own gradient, dW += dy^T x summed over the step's tokens (full fine-tuning); `bias_back`
+  a bias's, db += dy^T 1.
 - `lora_back`: dA += s (B^T dy)^T x, dB += s dy^T (A x), and dx += s A^T (B^T dy).
 The last two run on one generic strided f32 GEMM (wgsl/backward_gemm.wgsl, `gemm`): every one of those products is
 "C (+)= scale * A B" with some operand read transposed, and only the strides tell them apart.
@@ -179,6 +180,18 @@ def dw_back(device: gpu.Device, kernels: KernelCache, dw: Sequence[WeightPart], 
                  step, p.n_rows, cols, max_tokens, tok=TOK_K, accumulate=True, label=f"{p.buffer.label}.dw_back",
                  kind=kind)
             for p in dw]
+
+
+def bias_back(device: gpu.Device, kernels: KernelCache, db: gpu.Buffer, one: gpu.Buffer, dy: gpu.Buffer,
+              step: gpu.Buffer, *, width: int, max_tokens: int, dy_offset: int = 0, dy_stride: int | None = None,
+              kind: str | None = None) -> list[Op]:
+    """db[c] += sum_t dy[t, c] for c < width over the step's tokens: the gradient of a bias b in y = W x + b (full
+    fine-tuning: qwen2's fused Q/K/V biases), the column sums of dy. It is gemm's dy^T 1 with the ones read from one
+    float (`one`, holding 1.0) at stride 0, so each sum runs in token order as dW's does (a product by 1 is exact):
+    no kernel of its own. Token t's dy at dy[dy_offset + t * dy_stride ...] (stride defaults to width)."""
+    ys = width if dy_stride is None else dy_stride
+    return [gemm(device, kernels, (dy, dy_offset, 1, ys), (one, 0, 0, 0), (db, 0, 1, 0), step, width, 1, max_tokens,
+                 tok=TOK_K, accumulate=True, label=f"{db.label}.bias_back", kind=kind)]
 
 
 # -- LoRA ------------------------------------------------------------------------------------------------------------

@@ -233,6 +233,14 @@ class ModelWeights:
     def nbytes(self) -> int:
         return sum(u.size for u in self.uploads)
 
+    def in_vectors(self) -> dict[str, tuple[str, int, int]]:
+        """{file tensor: (vector, byte offset, bytes)} of the file's tensors held inside a vector of another name (the
+        fused Q/K/V biases, "blk.N.attn_qkv.bias"), from their uploads: where a trained model's file and its
+        gradients find each of them."""
+        names = {id(buf): name for name, buf in self.vectors.items()}
+        return {u.tensor: (names[id(u.buffer)], u.buffer_offset, u.size) for u in self.uploads
+                if id(u.buffer) in names and names[id(u.buffer)] != u.tensor}
+
     def buffers(self) -> list[gpu.Buffer]:
         """Every buffer holding the model's values (each once: a stacked run is one weight), of this object's kind."""
         return list({id(u.buffer): u.buffer for u in self.uploads}.values())

@@ -150,6 +150,8 @@ class Attention(Block):
         q.add(norm.rms_norm(q.dev, q.kernels, s.x, q.weights.vectors[b + "attn_norm.weight"], s.xn, s.step,
                             cfg.n_embd, cfg.eps))
         grad = self._qk_norm_back(q, il) if cfg.qk_norm else ts.dqkv
+        if cfg.qkv_bias:    # added at the projection's output, before the norms and RoPE: grad is its gradient too
+            q.bias_back(b + "attn_qkv.bias", grad, W)
         q.stacked_back(b + "qkv", s.xn, grad, W, ts.dxn)
         q.norm_back(s.x, b + "attn_norm.weight", ts.dxn)
 

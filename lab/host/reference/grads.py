@@ -175,6 +175,12 @@ def linear_grad(w, x, dy) -> tuple[np.ndarray, np.ndarray]:
     return dy @ w, dy.T @ x
 
 
+def bias_grad(dy) -> np.ndarray:
+    """db of y = x w^T + b: dy's column sums over the tokens, [t, n] -> [n] (full fine-tuning's Q/K/V biases). The
+    GPU takes it as gemm's dy^T 1 (lab.ops.backward_matmul bias_back): gemm_tol(t) of |db0| + sum |dy|."""
+    return _f64(dy).sum(axis=0)
+
+
 def lora(w, a, b, x, scale: float) -> np.ndarray:
     """A projection with a LoRA adapter: y = x w^T + scale * (x a^T) b^T, a [rank, cols], b [rows, rank]."""
     x = _f64(x)

@@ -606,6 +606,25 @@ def lora_back_case(n_in: int, n_out: int, rank: int, t: int, s: float, seed: int
     return Case(f"lora_back_{n_out}x{n_in}_r{rank}_t{t}", spec, check)
 
 
+# A bias's gradient, db += dy^T 1 on the GEMM (bias_back) over a fused row's columns: gemm_tol(t) of each element's
+# |db0| + sum |dy| (grads.bias_grad).
+def bias_back_case(width: int, stride: int, offset: int, t: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    rows = ref.f32(rng.standard_normal((t, stride)) * rng.uniform(0.5, 4.0, (t, 1)))
+    dy = rows[:, offset:offset + width]
+    db0 = ref.f32(rng.standard_normal(width))
+    want = db0 + grads.bias_grad(dy)
+    scale = np.abs(db0) + np.abs(dy).astype(np.float64).sum(axis=0)
+    tol = grads.gemm_tol(t)
+    spec = {"op": "bias_back", "width": width, "stride": stride, "offset": offset, "t": t, "pos": 3,
+            "inputs": {"db": db0.tobytes(), "dy": rows.tobytes(), "one": ref.f32(np.ones(1)).tobytes()}}
+
+    def check(out):
+        got = floats(out["db"])
+        return finite(grads.bound_err(got, want, scale), got), tol
+    return Case(f"bias_back_w{width}_of{stride}_t{t}", spec, check)
+
+
 # RoPE backward: the rotation by -theta with the forward's own angle arithmetic, so the forward's tolerance
 # (rope_back_tol = rope_tol(max |theta|): 1e-6 + 1.5e-7 max |theta| of each head's magnitude) holds for the same
 # reasons (grads_attention.py); dims past n_rot come back bit-identical.
@@ -746,6 +765,7 @@ def make_backward_cases() -> list[Case]:
     cases += [dx_back_case(name, t=13, rows=131, chunk_rows=16, accumulate=i % 2 == 1, seed=107 + i)
               for i, name in enumerate(("F32", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"))]
     cases += [lora_back_case(n_in=200, n_out=131, rank=5, t=13, s=2.0, seed=112),
+              bias_back_case(width=200, stride=237, offset=5, t=37, seed=122),      # a fused row's columns
               rope_back_case("norm", t=5, pos=7, n_head=4, head_dim=64, seed=113),
               rope_back_case("neox", t=3, pos=300, n_head=3, head_dim=80, n_rot=32, seed=114,
                              factors=np.linspace(1.0, 8.0, 16)),                  # llama-3's long-context factors

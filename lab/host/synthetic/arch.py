@@ -303,13 +303,14 @@ _ROLES = {"layer_output_scale": "out_scale", "proj": "per_layer_proj"}
 # The std of the roles not drawn as a matrix of their fan-in: the [n_vocab, width] embeddings (tied heads: logits of
 # std ~4); qwen35's dt bias and A's log (ssm_a = -exp(A_log)); the experts' selection bias, a quarter of the spread of
 # the sigmoid router probabilities on these weights (std 0.21 on the lfm2moe file): it changes 34 of the 108 choices
-# of the F32 file's prompt (4 routed layers, 27 positions)
+# of the F32 file's prompt (4 routed layers, 27 positions); qwen2's Q/K/V biases, small next to the projections' outputs
+# (std ~1) as trained ones are
 _STD = {"token_embd": 0.25, "output": 0.25, "per_layer_token_embd": 0.25, "ssm_dt": 1.0, "ssm_a": 0.5,
-        "exp_probs_b": 0.05}
+        "exp_probs_b": 0.05, "qkv_bias": 0.1}
 # Roles F32 in every mix: a conv kernel (rows of a few taps are no quant block), the router (llama.cpp's quantizer
-# never quantizes ffn_gate_inp: tensor_allows_quantization in src/llama-quant.cpp), the experts' selection bias (a
-# vector)
-_F32_ROLES = {"shortconv_conv", "ffn_gate_inp", "exp_probs_b"}
+# never quantizes ffn_gate_inp: tensor_allows_quantization in src/llama-quant.cpp), the experts' selection bias and
+# qwen2's Q/K/V biases (vectors)
+_F32_ROLES = {"shortconv_conv", "ffn_gate_inp", "exp_probs_b", "qkv_bias"}
 # An expert tensor takes its dense counterpart's type in a mix (src/llama-quant.cpp tensor_get_category: a name holding
 # "ffn_down" is FFN_DOWN, ffn_down_exps too)
 _DENSE_ROLE = {"ffn_gate_exps": "ffn_gate", "ffn_up_exps": "ffn_up", "ffn_down_exps": "ffn_down"}
@@ -320,6 +321,8 @@ def _role(cfg: Config, name: str, shape: tuple[int, ...]) -> str:
     norms of a Config whose q.k is unscaled (their values carry the scale), "shortconv_conv" for a conv kernel (F32 in
     every mix: rows of a few taps are no quant block)."""
     stem = name.split(".", 2)[2] if name.startswith("blk.") else name
+    if stem in ("attn_q.bias", "attn_k.bias", "attn_v.bias"):     # qwen2's: drawn nonzero, so a bias shows in a test
+        return "qkv_bias"
     stem = stem.removesuffix(".weight").removesuffix(".bias")
     if stem in ("attn_q_norm", "attn_k_norm") and cfg.attn_scale == 1.0:
         return "qk_norm"
@@ -405,8 +408,13 @@ def _values(cfg: Config, mix: str, role: str, il: int, shape: tuple[int, ...], s
 
 def build(name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
     """Write (or reuse) the synthetic GGUF of architecture spec `name` in type mix `mix` under out_dir."""
+    return build_spec(SPECS[name], name, mix, out_dir, force)
+
+
+def build_spec(spec: ArchSpec, name: str, mix: str, out_dir: Path, force: bool = False) -> Path:
+    """`build` for a spec outside SPECS (a test's own file: every spec of SPECS needs llama.cpp's fixtures), its
+    values drawn from seeds of `name` as build's are."""
     import gguf
-    spec = SPECS[name]
     path = Path(out_dir) / file_name(name, mix)
     if path.exists() and not force:
         return path

@@ -34,7 +34,10 @@ _BEFORE = ("attn_norm.weight",
            # fused Q/K/V, and a gated delta-net layer (in place of attention) after it
            "attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_beta.weight",
            "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight",
-           "attn_q.weight", "attn_k.weight", "attn_v.weight")
+           "attn_q.weight", "attn_k.weight", "attn_v.weight",
+           # qwen2's biases on Q, K and V (no synthetic spec of SPECS has them: tests build one, lab.host.synthetic.arch
+           # `build_spec`)
+           "attn_q.bias", "attn_k.bias", "attn_v.bias")
 _PLAIN = ("attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight")
 # gated attention (Config.attn_gate) has its Q/K norms after the output projection
 _GATED = ("attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight")
