@@ -31,11 +31,12 @@ if [[ $what == *tests* ]]; then
   # do not travel)
   timeout 300 python3 -m pytest -q -p no:cacheprovider --slow tests/kernels/test_optimizer.py \
     tests/kernels/test_backward_norm.py tests/kernels/test_elementwise.py tests/kernels/test_backward_attention.py \
-    tests/kernels/test_backward_lora.py tests/kernels/test_backward_matmul.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+    tests/kernels/test_backward_lora.py tests/kernels/test_backward_matmul.py tests/kernels/test_backward_bias.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
   # (less the synthetic qwen3's cases: its vocabulary is copied from Qwen2.5's, which does not travel either)
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_training.py tests/engine/test_lora_engine.py \
     tests/engine/test_train_cli.py tests/engine/test_full_finetune.py tests/engine/test_scratch.py \
-    tests/engine/test_contrastive.py tests/engine/test_scratch_card.py -k "not qwen3" \
+    tests/engine/test_contrastive.py tests/engine/test_scratch_card.py tests/engine/test_full_finetune_qwen2.py \
+    -k "not qwen3" \
     2>&1 | tail -8 | tee -a "$OUT/tests.txt"
 fi
 if [[ $what == *gradcheck* ]]; then
