@@ -80,6 +80,8 @@ class Training:
     max_new: int = 32       # tokens of the with / without replies
     preset: str = "nano"    # a model from scratch: its shape (SCRATCH_PRESETS) ...
     scratch_lr: float = 3e-3    # ... and its learning rate (every weight moves from a random start, not a LoRA's)
+    full_lr: float = 1e-4       # every weight of a loaded model (full fine-tuning): AdamW moves each weight by about
+                                # lr a step, all of them at once, where a LoRA moves a small pair beside them
     max_rank: int = 64
     max_steps: int = 10_000
     max_batch: int = 16

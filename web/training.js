@@ -12,6 +12,11 @@
 // everything, unloads the model before, then sends model-info (`made`) and loaded under a load seq this card took from
 // the page (store.loadSeq), so main.js drops the old model's state and takes the new one as any load's; the run's own
 // messages follow as a LoRA run's. Its one reply is the model's, and its download is the model itself.
+// Or ("every weight of the loaded model") full fine-tuning of the loaded F32 file: a LoRA run's message with `full`,
+// its messages a LoRA run's; from its start the model's weights are the user's data (the worker makes them
+// CONVERSATION buffers: New chat keeps them, Forget wipes them and unloads the model). As a new model's, its one
+// reply is the model's and its download is the whole model, named after the file (NAME.trained.gguf, as
+// `lab train --full` names it).
 // The picked text is the user's data: it is kept here only until Forget (or another model) drops it; the adapter's
 // bytes go straight into a download (a Blob behind an object URL, revoked soon after) and are not kept.
 // Its state is store.training (freshTraining): main.js hands the worker's messages to the update functions below; its
@@ -46,7 +51,7 @@ export function freshTraining() {
     want: true,        // ... the state it asked for
     opening: "",        // the first words of the text trained on: the with / without prompt unless one is typed
     labels: [],         // the adapter's buffers' labels, to find them in Forget's report
-    labelsOf: "",       // ... whose: "training" (a run's) or "file" (an adapter file's)
+    labelsOf: "",       // ... whose: a run's (what it trained: "lora", "full", "new"), or "file" (an adapter file's)
     wiped: null,        // those buffers in the last Forget report: {buffers, before, after}
   };
 }
@@ -55,11 +60,14 @@ const noRun = () => ({ running: false, plan: null, curve: [], last: null, result
                        on: true, compare: null, switching: false, downloading: false, fromFile: null, reading: "",
                        making: false });
 
+// What a plan trained: "new" (a model from scratch), "full" (every weight of the loaded one) or "lora" (an adapter).
+const ran = (plan) => (plan?.made ? "new" : plan?.full ? "full" : "lora");
+
 export function trainPlan(s, m) {
   if (m.seq !== s.seq) return false;
   s.plan = m;
   s.labels = m.labels;
-  s.labelsOf = m.made ? "made" : "training";
+  s.labelsOf = ran(m);
   if (!$("train-prompt").value.trim()) $("train-prompt").value = s.opening;
   s.trained = true;
   s.on = true;
@@ -113,8 +121,9 @@ export function trainAdapter(s, m, modelName) {
   const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
   const a = document.createElement("a");
   a.href = url;
-  a.download = m.type === "train-model" ? `llm-lab-${s.plan?.made?.preset ?? "new"}.gguf`
-    : `${(modelName || "model").replace(/\.gguf$/i, "")}.lora.gguf`;
+  const stem = (modelName || "model").replace(/\.gguf$/i, "");
+  a.download = m.type !== "train-model" ? `${stem}.lora.gguf`
+    : s.plan?.made ? `llm-lab-${s.plan.made.preset}.gguf` : `${stem}.trained.gguf`;
   a.click();
   setTimeout(() => URL.revokeObjectURL(url), KEEP_URL_MS);
 }
@@ -155,11 +164,14 @@ function dropTraining(s, worker) {
 const busy = (store) => store.training.running || !!store.training.compare?.running || store.training.switching
   || !!store.training.reading || store.training.downloading;
 const mode = () => (document.querySelector("input[name=train-mode]:checked")?.value ?? "lora");
-// Why Train cannot start now: a LoRA needs a loaded model the worker can train; a new model only a GPU (and a model
+// Why Train cannot start now: a LoRA needs a loaded model the worker can train, full fine-tuning one whose every
+// weight it can train (an F32 file, an f32 KV cache: the worker's own words); a new model only a GPU (and a model
 // being loaded is left to finish first).
 function refusal(store) {
-  if (mode() === "new") return !store.gpu ? "no GPU yet" : store.loading ? "a model is loading: wait for it" : null;
-  return !store.loaded ? "load a model first" : store.training.limits?.refusal ?? null;
+  const m = mode(), limits = store.training.limits;
+  if (m === "new") return !store.gpu ? "no GPU yet" : store.loading ? "a model is loading: wait for it" : null;
+  if (!store.loaded) return "load a model first";
+  return (m === "full" ? limits?.full_refusal : limits?.refusal) ?? null;
 }
 const canStart = (store) => !refusal(store) && !store.generating && !busy(store);
 const source = () => (document.querySelector("input[name=train-source]:checked")?.value ?? "file");
@@ -205,15 +217,18 @@ function start(store, worker, rerender) {
   }
   // the text's first words: the with / without prompt once the run starts, unless one was typed
   Object.assign(s, noRun(), { running: true, wiped: null, opening });
-  worker.postMessage({ type: "train", ...settings, rank: num("train-rank"), seq: ++s.seq });
+  const full = mode() === "full";
+  worker.postMessage({ type: "train", ...settings, ...(full ? { full } : { rank: num("train-rank") }), seq: ++s.seq });
   rerender();
 }
 
 // The mode changed: the learning rate's default is each mode's own (a LoRA's moves a small pair from zero, a new
-// model's every weight from a random start), unless the user typed one.
+// model's every weight from a random start, full fine-tuning's every weight of a trained model), unless the field
+// holds another value than the one the card put there last (the user's: it stays). Compared by value, not by an
+// input event, so a value set back to the default is the default again.
 function modeChanged(store, rerender) {
-  const lr = $("train-lr");
-  if (!lr.dataset.typed) lr.value = mode() === "new" ? lr.dataset.newDefault : lr.dataset.loraDefault;
+  const lr = $("train-lr"), d = lr.dataset;
+  if (lr.value === d.auto) lr.value = d.auto = { new: d.scratch, full: d.full }[mode()] ?? d.lora;
   store.training.error = null;
   rerender();
 }
@@ -266,9 +281,7 @@ export function wireTraining(store, worker, rerender) {
   }
   for (const r of document.querySelectorAll("input[name=train-vocab]")) r.addEventListener("change", () => rerender());
   const lr = $("train-lr");
-  lr.dataset.loraDefault = lr.value;
-  lr.dataset.newDefault = lr.dataset.scratch;
-  lr.addEventListener("input", () => { lr.dataset.typed = "1"; });
+  lr.dataset.lora = lr.dataset.auto = lr.value;     // the template's value: lab/settings.py TRAINING.lr
   $("train-adapter-file").addEventListener("change", (e) => openAdapter(store, worker, e.target, rerender));
   for (const r of document.querySelectorAll("input[name=train-source]")) r.addEventListener("change", () => rerender());
   $("train-compare").addEventListener("click", () => compare(store, worker, rerender));
@@ -319,11 +332,15 @@ function status(store) {
       return { state: "error",
                text: `stopped at step ${r.steps_done}: the loss is not a number (the learning rate is too high)` };
     }
+    const what = ran(s.plan);
     if (r.stopped) {
-      return { state: "stopped", text: `stopped after step ${r.steps_done} of ${r.steps}: the adapter keeps it` };
+      return { state: "stopped", text: `stopped after step ${r.steps_done} of ${r.steps}: the `
+        + `${what === "lora" ? "adapter" : "model"} keeps it` };
     }
     return { state: "done", text: `done: ${r.steps_done} steps in ${fmtTime(r.seconds)}`
-      + (s.plan?.made ? "; the new model is loaded: chat with it, or open any card" : "") };
+      + { new: "; the new model is loaded: chat with it, or open any card",
+          full: "; the loaded model is the trained one now: the chat and every card use it",
+          lora: "" }[what] };
   }
   return { state: "idle", text: "" };
 }
@@ -422,8 +439,12 @@ function renderFacts(s) {
         + `${p.made.width}, ${p.made.heads} heads, feed-forward ${p.made.ffn}, a vocabulary of `
         + `${p.made.vocab.toLocaleString("en")} (seed ${p.made.seed}); `
         + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params]
-      : ["adapter", `${p.params.toLocaleString("en")} parameters: rank ${p.rank} on ${p.targets} matrices, `
-        + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params],
+      : p.full
+        ? ["model", `${p.params.toLocaleString("en")} parameters, every weight of the loaded model trained (every `
+          + `matrix and every norm); ${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`,
+          "train-params", p.params]
+        : ["adapter", `${p.params.toLocaleString("en")} parameters: rank ${p.rank} on ${p.targets} matrices, `
+          + `${p.optimizer === "sgd" ? "SGD" : "AdamW"} at learning rate ${p.lr}`, "train-params", p.params],
     ["held-out perplexity", heldLine(s), "train-ppl", r && r.ppl_after != null ? r.ppl_after : ""],
     ["speed", last && last.tokens_per_s != null
       ? `${fmtRate(r ? r.tokens_per_s : last.tokens_per_s)} tokens/s · ${fmtTime(r ? r.seconds : last.seconds)}`
@@ -449,10 +470,11 @@ function renderAfter(store) {
 }
 
 // The mode's own parts of the card: the radio's, and under the replies the run's (what was trained last).
+// An element's data-mode lists the modes it belongs to ("new full": both).
 function renderMode(store) {
-  const s = store.training, chosen = mode(), ran = s.plan?.made ? "new" : "lora";
+  const s = store.training, chosen = mode(), trained = ran(s.plan);
   for (const el of $("training").querySelectorAll("[data-mode]")) {
-    el.hidden = el.dataset.mode !== (el.closest("#train-after") ? ran : chosen);
+    el.hidden = !el.dataset.mode.split(" ").includes(el.closest("#train-after") ? trained : chosen);
   }
   for (const r of document.querySelectorAll("input[name=train-mode]")) r.disabled = busy(store);
   $("train-new-box").disabled = s.running;
@@ -498,15 +520,18 @@ function renderWiped(s) {
   line.dataset.before = w ? w.before : "";
   line.dataset.after = w ? w.after : "";
   line.dataset.state = !w ? "" : w.after ? "failed" : "wiped";
+  // a new chat before Forget wipes the training's own buffers: the report counts those still holding data
+  const model = { new: "the new model's", full: "the trained model's" }[w?.of];
   line.textContent = !w ? "" : w.after
     ? `Forget did NOT wipe the ${w.of === "file" ? "adapter's" : "training's"} buffers: ${w.after} non-zero words remain`
     : (w.of === "file"
       ? `Forget wiped the adapter file's ${w.buffers} buffers (its A and B, and its step scratch): `
-      : w.of === "made"
-        ? `Forget wiped the new model's weights and the training's buffers, ${w.buffers} in all (its weights, their `
-          + "gradients and optimizer state, the text's activations), and unloaded it: "
+      : model
+        ? `Forget wiped ${model} weights and what the training left in its buffers (gradients, optimizer state, the `
+          + `text's activations), ${w.buffers} buffers holding data in all, and unloaded it: `
         : `Forget wiped the training's ${w.buffers} buffers (the adapter, its gradients and optimizer state, the `
-          + "text's activations): ") + `${w.before.toLocaleString("en")} non-zero words read back as zero.`;
+          + "text's activations): ") + `${w.before.toLocaleString("en")} non-zero words read back as zero.`
+      + (w.of === "full" ? " Load the file again to start over." : "");
 }
 
 export function renderTraining(store) {
@@ -540,7 +565,8 @@ export const card = {
   wire: (store, worker, page) => wireTraining(store, worker, page.render),
   loaded: (store, stats) => { store.training.limits = stats.training; },
   summary: (store) => status(store).text || (!store.training.trained ? "nothing trained yet"
-    : store.training.plan?.made ? "a new model, trained here, is loaded" : "an adapter is on the model"),
+    : { new: "a new model, trained here, is loaded", full: "the loaded model's every weight is trained here",
+        lora: "an adapter is on the model" }[ran(store.training.plan)]),
   forgetting: (store, worker) => dropTraining(store.training, worker),
   forgotten: (store, report) => trainingForgotten(store.training, report),
   // the model the card's own run is making replaces the one before: the run goes on

@@ -80,7 +80,8 @@ def untrainable_full(cfg, matrix_types) -> str | None:
     quant = sorted(set(matrix_types) - {"F32"})
     if quant:
         return (f"full fine-tuning trains the weights themselves in f32, and this file's matrices are {', '.join(quant)}:"
-                f" train a LoRA adapter on it, or train an F32 copy of it (`lab f32-copy`: every tensor dequantized)")
+                f" train a LoRA adapter on it, or make an F32 copy of it and train that (`lab f32-copy MODEL --out FILE`:"
+                f" every tensor dequantized)")
     return None
 
 

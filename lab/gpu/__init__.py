@@ -168,6 +168,23 @@ class Device:
         self.write(buf, bytes(data) + bytes(size - len(data)))
         return buf
 
+    def rekind(self, buffers: list[Buffer], kind: str) -> None:
+        """Give live buffers of this device another kind: a file's weights that full fine-tuning is about to move
+        with the user's text become CONVERSATION (lab/worker/training.py), so Forget finds them by kind, wipes them
+        and reads them back, and `destroy` zeroes them. One way only: a CONVERSATION buffer stays one, since it may
+        already hold the user's data, and any other kind would hide it from Forget. Checked whole before any buffer
+        changes."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown buffer kind {kind!r}")
+        live = {id(b) for b in self.buffers}
+        for b in buffers:
+            if id(b) not in live:
+                raise ValueError(f"{b.label}: not a live buffer of this device")
+            if b.kind == CONVERSATION and kind != CONVERSATION:
+                raise ValueError(f"{b.label}: a CONVERSATION buffer stays one (it may hold the user's data)")
+        for b in buffers:
+            b.kind = kind
+
     def owned_by(self, owner: object) -> list[Buffer]:
         return [b for b in self.buffers if b.owner is owner]
 

@@ -312,7 +312,8 @@ class Index:
             body[batched] = plan.ops[:plan.at("result_norm") + 1]
         self._ops = {(b, name): body[b] + [pool[name]] for b in (True, False) for name in pool}
         self._search = [score] + top
-        self._plans = (eng.prefill, eng.decode)     # the model the index embeds with (Engine.set_lora changes it)
+        self._plans = (eng.prefill, eng.decode)     # the model the index embeds with (Engine.set_lora changes it;
+        # a Trainer sets it, a full fine-tune's included, before its weights move)
 
     def _steps(self, ids: list[int], slot: int, into: str) -> None:
         """Submit the steps that embed `ids` into row `slot` of the index or of the queries: from position 0, behind
@@ -332,8 +333,9 @@ class Index:
         once per (t, into): every window of a file has the same length, so indexing encodes from one list (as the
         engine's steps do, Engine.prepared)."""
         if self._plans[0] is not self.engine.prefill or self._plans[1] is not self.engine.decode:
-            raise RetrievalError("a LoRA adapter went on or off since the files were indexed: the index's windows "
-                                 "were embedded by the other model; index the files again")
+            raise RetrievalError("the model changed since the files were indexed (a LoRA adapter went on or off, or "
+                                 "a training run began): the index's windows were embedded by the other model; index "
+                                 "the files again")
         key = (t, into)
         p = self._prepared.get(key)
         if p is None:

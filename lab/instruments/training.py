@@ -224,8 +224,7 @@ class Trainer:
                  targets=DEFAULT_TARGETS, seed: int = 0, optim: Optim | None = None, keep: bool | None = None,
                  full: bool = False, pooled: bool = False) -> None:
         cfg, dev = engine.cfg, engine.device
-        reason = untrainable(cfg) or (untrainable_full(cfg, {m.type.name for m in engine.weights.matrices.values()})
-                                      if full else None)
+        reason = untrainable(cfg) or (untrainable_full(cfg, engine.weights.matrix_types) if full else None)
         if reason:
             raise TrainError(reason)
         if engine.kv_type != "f32":

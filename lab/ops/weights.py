@@ -130,7 +130,8 @@ class ModelWeights:
               vectors["blk.N.attn_qkv.bias"] holds the three side by side, as the fused row [q | k | v] needs.
     The stacked rows are the only copy of those tensors (never a second one).
     kind: the buffers' kind: WEIGHTS for a file's, CONVERSATION for a model trained from scratch in the page (made of
-    the user's text: Forget wipes it and reads it back; lab/worker/scratch.py)."""
+    the user's text: Forget wipes it and reads it back; lab/worker/scratch.py) or a file's once the page's full
+    fine-tuning trains it (`rekind`)."""
 
     def __init__(self, device: gpu.Device, cfg, tensors: dict, kind: str = gpu.WEIGHTS) -> None:
         self.device, self.kind = device, kind
@@ -244,6 +245,17 @@ class ModelWeights:
     def buffers(self) -> list[gpu.Buffer]:
         """Every buffer holding the model's values (each once: a stacked run is one weight), of this object's kind."""
         return list({id(u.buffer): u.buffer for u in self.uploads}.values())
+
+    @property
+    def matrix_types(self) -> set[str]:
+        """The types of its matrices by name ("F32", "Q4_K"): full fine-tuning trains F32 ones only."""
+        return {m.type.name for m in self.matrices.values()}
+
+    def rekind(self, kind: str) -> None:
+        """Every buffer of the model's values, and this object's kind, now `kind` (lab.gpu Device.rekind): a file's
+        weights become CONVERSATION before full fine-tuning moves them with the user's text (lab/worker/training.py)."""
+        self.device.rekind(self.buffers(), kind)
+        self.kind = kind
 
     def pieces(self, chunk: int = UPLOAD_CHUNK) -> list[Upload]:
         """The uploads cut into pieces of at most `chunk` bytes, in file order (so a loader reads the file

@@ -57,8 +57,10 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                   "loaded model, the chat's KV cache set aside and put back; a sweep over ASK_S waits for confirm; its "
                   "cancel is stop -> experiment-plan, then experiment-progress..., experiment-token... (steer), "
                   "experiment-result",
-    "train": "{text, rank, steps, lr, ctx, batch, optimizer, seq}: the Training card's run, a new LoRA adapter on the "
-             "text (lab/worker/training.py); its cancel is stop -> train-plan, train-progress..., train-done",
+    "train": "{text, rank, steps, lr, ctx, batch, optimizer, full, seq}: the Training card's run, a new LoRA adapter "
+             "on the text, or (full true) every weight of the loaded F32 model trained in place, its weights the "
+             "user's data from then on (lab/worker/training.py); its cancel is stop -> train-plan, "
+             "train-progress..., train-done",
     "train-compare": "{prompt, max_new, seq}: greedy replies without and with the adapter -> train-token..., "
                      "train-compare",
     "train-adapter": "{seq}: the adapter as a llama.cpp adapter GGUF -> train-adapter",
@@ -70,7 +72,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                  "scratch (lab/worker/scratch.py): everything checked, then the model before unloaded, the new one "
                  "drawn, loaded and trained; its cancel is stop -> model-info, loaded (both with load_seq), "
                  "train-plan, train-progress..., train-done",
-    "train-model": "{seq}: the model trained here, as a GGUF of F32 tensors llama.cpp loads -> train-model",
+    "train-model": "{seq}: the model trained here (from scratch, or every weight of a file's), as a GGUF of F32 "
+                   "tensors llama.cpp loads -> train-model",
     "tokenizer-train": "{files (Files) | text (the chat's), vocab, seq}: the Tokenizer card's training, a byte-level "
                        "BPE vocabulary on the user's text, no model needed (lab/worker/tokenizer.py); its cancel is "
                        "stop -> tokenizer-progress..., tokenizer-done",
@@ -112,7 +115,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "unloaded": "{report, left}: the unload's wipe (every conversation buffer read back after its clear) and the "
                 "conversation buffers left after the model's were destroyed (the device's zeroed read-back ones)",
     "forget": "{report, kv, memory, unloaded}: the wipe's proof, and the KV caches and a hybrid's states as read back "
-              "after it; unloaded: the model was trained here, its weights wiped with the rest, and it is gone",
+              "after it; unloaded: the model's weights were the user's (trained here, from scratch or in place), "
+              "wiped with the rest, and it is gone",
     "memory-view": "{pos, state_pos, conv {start, end, layers, values} | null, delta (norms [n_delta, H]) | null, "
                    "snaps (the positions the snapshots hold) | null, ms}: "
                    "a hybrid's states for the memory card",
@@ -143,7 +147,7 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "experiment-result": "{seq, kind, result (lab/instruments/experiments.py's dict, with the prompts' pieces), "
                          "pieces {id: piece}}",
     "train-plan": "{seq, tokens, windows, train, held, ctx, batch, steps, rank (null: every weight), lr, optimizer, "
-                  "params, targets, made (a model from scratch: its shape) | null, memory {adapter | model, "
+                  "params, targets, full (every weight trained), made (a model from scratch: its shape) | null, memory {adapter | model, "
                   "gradients, optimizer, tokens, activations: bytes}, labels (its buffers')}: the run's windows and "
                   "what it trains, before the first step",
     "train-progress": "{seq, step (0: before training), steps, loss | null, held | null, lr, seconds, tokens_per_s, "

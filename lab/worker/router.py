@@ -341,7 +341,8 @@ async def _forget(msg: dict, w: Worker) -> None:
     report's read-back covers their buffers (`retrieval.*`, `experiment.*`: non-zero before, zero after), and closed
     only then (buffers freed, the files' ids and names emptied).
 
-    A model trained from scratch here (lab/worker/scratch.py: its weights are CONVERSATION, made of the user's text)
+    A model whose weights are the user's (Loaded.weights_are_users: trained from scratch here, lab/worker/scratch.py,
+    or a file's every weight trained in place, lab/worker/training.py; CONVERSATION buffers, made of the user's text)
     is wiped and read back with the rest, then unloaded: zeros are no model (`unloaded` true)."""
     w.post({"type": "forget", **await _wipe(msg, w, new_chat=False)})
 
@@ -378,8 +379,8 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
     finally:
         for card, state in held:
             card.close(state)
-    made = w.state.loaded is not None and w.state.loaded.made_here
-    if made and not new_chat:
+    users = w.state.loaded is not None and w.state.loaded.weights_are_users
+    if users and not new_chat:
         unload(w)                           # its weights read back as zeros above: nothing left to run
     kv = mem = None
     if picture is not None:
@@ -393,7 +394,7 @@ async def _wipe(msg: dict, w: Worker, *, new_chat: bool) -> dict:
             mem["delta"]["norms"] = w.f32(mem["delta"]["norms"])
             if mem["delta"]["head"] is not None:
                 mem["delta"]["head"]["values"] = w.f32(mem["delta"]["head"]["values"])
-    return {"report": report.to_dict(), "kv": kv, "memory": mem, "unloaded": made and not new_chat}
+    return {"report": report.to_dict(), "kv": kv, "memory": mem, "unloaded": users and not new_chat}
 
 
 async def _unload_tab(msg: dict, w: Worker) -> None:

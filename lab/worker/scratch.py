@@ -42,7 +42,7 @@ from lab.engine.load import untrained, validate
 from lab.engine.scratch import prefill_batch
 from lab.format import gguf
 from lab.format import untrained as shapes
-from lab.instruments.training import Optim, Trainer, model_bytes, split
+from lab.instruments.training import Trainer, model_bytes
 from lab.settings import SCRATCH_PRESETS, TRAINING
 from lab.text.tokenizer.train import from_dict
 from lab.worker import training
@@ -98,19 +98,12 @@ def _check(msg: dict, device) -> Checked:
     seed = training.number(msg, "seed", int, 0, 0, 2**31 - 1, "the seed")
     name = str(msg.get("tokenizer_name") or "the tokenizer file")
     vocab = _vocabulary(str(msg.get("tokenizer") or ""), name)
-    text = str(msg.get("text") or "")
-    if not text.strip():
-        raise TrainError("no text to train on: choose a text file, or chat first and train on this conversation")
-    if len(text) > training.MAX_TEXT:
-        raise TrainError(f"the text is {len(text):,} characters: at most {training.MAX_TEXT:,} (tokenizing runs in "
-                         f"Python, in this tab); cut it")
+    text = training.text_of(msg)
     shape = shapes.preset(preset, ask.ctx)
     header = gguf.read(shapes.header_bytes(shape, vocab.kvs()))
     cfg, tok = validate(header)
-    ids = tok.encode(text)                   # as `lab train --scratch`: no BOS, special tokens as plain text
+    train, held = training.windows(text, tok, ask.ctx)     # as `lab train --scratch` cuts them
     del text
-    train, held = split(ids, ask.ctx, TRAINING.held_out)
-    ids.clear()
     rows = max(ask.ctx, prefill_batch(device.info))
     counted = budget.count(device.info.limits, header, cfg, shape.ctx, max_batch=rows, int8=False, kv="f32")
     try:
@@ -152,9 +145,7 @@ async def run(msg: dict, w: Worker) -> None:
         await _made(w, c, msg.get("load_seq"))
         lo = w.loaded()
         try:
-            trainer = Trainer(lo.engine, T=ask.ctx, batch=ask.batch, full=True,
-                              optim=Optim(ask.optimizer, lr=ask.lr, steps=ask.steps,
-                                          clip=1.0 if ask.optimizer == "adamw" else 0.0))
+            trainer = Trainer(lo.engine, T=ask.ctx, batch=ask.batch, full=True, optim=ask.optim())
         except TrainError as e:
             raise TrainError(f"{e}; the untrained model stays loaded") from None
     except BaseException:
@@ -170,10 +161,13 @@ async def run(msg: dict, w: Worker) -> None:
 
 
 async def model(msg: dict, w: Worker) -> None:
-    """The loaded model as it is now, a GGUF of every tensor in F32, read from the GPU; nothing of it is kept here."""
+    """The loaded model as it is now, a GGUF of every tensor in F32, read from the GPU; nothing of it is kept here.
+    Its weights must be the user's (Loaded.weights_are_users): a model made here, or a file's every weight trained in
+    place (lab/worker/training.py, full fine-tuning); its metadata is then the file's, general.file_type all-F32."""
     lo = w.loaded()
-    if not lo.made_here:
-        raise TrainError("the model loaded is a file's: only a model trained here is downloaded whole")
+    if not lo.weights_are_users:
+        raise TrainError("the model loaded is a file's as it was read: only a model trained here (from scratch, or "
+                         "every weight of a file's) is downloaded whole")
     raw = await model_bytes(lo.engine)
     size = len(raw)
     w.post({"type": "train-model", "seq": msg.get("seq"), "size": size, "bytes": w.f32(raw + bytes(-size % 4))})

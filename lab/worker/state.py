@@ -75,15 +75,16 @@ class Loaded:
         return self._next(forgetting=False)
 
     @property
-    def made_here(self) -> bool:
-        """The model was trained from scratch here (lab/worker/scratch.py): its weights are CONVERSATION buffers,
-        made of the user's text."""
+    def weights_are_users(self) -> bool:
+        """The model's weights are the user's data, CONVERSATION buffers: a model trained from scratch here
+        (lab/worker/scratch.py), or a file's whose every weight the Training card trained in place
+        (lab/worker/training.py, full fine-tuning). A new chat leaves them; Forget wipes them and unloads the model."""
         return self.engine.weights.kind == gpu.CONVERSATION
 
     def left_by_new_chat(self) -> list:
         """The buffers of the user's work that a new chat's wipe leaves: the user's files' (lab/worker/cards.py
-        `new_chat_leaves`), and a model made here, its weights."""
-        mine = self.engine.weights.buffers() if self.made_here else []
+        `new_chat_leaves`), and weights that are the user's, the model's."""
+        mine = self.engine.weights.buffers() if self.weights_are_users else []
         return mine + [b for card, state in self.cards.items() for b in card.left_by_new_chat(state)]
 
     def forgotten(self) -> tuple[Loaded, list[tuple[Card, Any]]]:

@@ -1,12 +1,12 @@
-"""The worker's side of the Training card (web/training.js): a LoRA adapter trained in the tab on a text the page sends
-(a text file the user picked, or the chat's text so far), then put to use. lab/worker/router.py routes the four
-messages here; the training itself is lab/instruments/training.py.
+"""The worker's side of the Training card (web/training.js): a LoRA adapter (or every weight of the model) trained in
+the tab on a text the page sends (a text file the user picked, or the chat's text so far), then put to use.
+lab/worker/router.py routes the five messages here; the training itself is lab/instruments/training.py.
 
-    train {text, rank, steps, lr, ctx, batch, optimizer, seq}
-        -> "train-plan" {seq, tokens, windows, train, held, params, memory, labels, ...} once the text is tokenized
-           and the adapter made, "train-progress" {seq, step, steps, loss, held, lr, seconds, tokens_per_s, eta_s}
-           (step 0: the held-out loss before training, then after each step; `held` every few steps and after the
-           last, else null), "train-done" {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before,
+    train {text, rank, steps, lr, ctx, batch, optimizer, full, seq}
+        -> "train-plan" {seq, tokens, windows, train, held, params, full, memory, labels, ...} once the text is
+           tokenized and the adapter made (full: every weight of the model instead, rank null), "train-progress"
+           {seq, step, steps, loss, held, lr, seconds, tokens_per_s, eta_s} (step 0: the held-out loss before
+           training, then after each step; `held` every few steps and after the last, else null), "train-done" {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before,
            ppl_after, seconds, tokens_per_s, memory}
     train-compare {prompt, max_new, seq}
         -> "train-token" {seq, which: "without" | "with", piece}..., "train-compare" {seq, without, with,
@@ -31,6 +31,15 @@ Switching the adapter (a run's start, the compare, the switch, Forget) rebuilds 
 the chat left was computed without it (or with it): the chat's session is reset each time, so its next turn prefills
 its whole prompt. The training steps overwrite the KV cache too.
 
+Full fine-tuning (`full`, the card's "every weight of the loaded model"): the same run with no adapter, every weight
+of an F32 file moved in place (Trainer full=True, as `lab train --full`). Refused in one line before anything changes:
+a quantized file (an F32 copy is `lab f32-copy MODEL --out FILE`), an f16 KV cache, the settings' bounds, the text.
+Once the Trainer is made, the engine's weights become CONVERSATION buffers (lab.ops.weights ModelWeights.rekind,
+through lab.gpu Device.rekind): from the first step they are made of the user's text, so a new chat leaves them,
+Forget wipes them, reads them back and unloads the model (lab/worker/state.py Loaded.weights_are_users), and the
+download is the whole model (lab/worker/scratch.py `model`). The one reply is the trained model's; no adapter, no
+switch.
+
 The state over the loaded model is a `Run` (lab/worker/cards.py TRAINING): the Trainer, whose every buffer is kind
 CONVERSATION (the adapter, its gradients and optimizer state, the text's activations), and the text's windows; or,
 for an adapter read from a file, the Lora alone (its two buffers CONVERSATION too, owned by the Run). A new
@@ -48,7 +57,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from lab.engine.backward import TrainError, untrainable
+from lab import gpu
+from lab.engine.backward import TrainError, untrainable, untrainable_full
 from lab.engine.lora import Lora, LoraError
 from lab.engine.session import Session
 from lab.format import gguf
@@ -56,6 +66,7 @@ from lab.format.adapter import Adapter, decode_f32, read_adapter
 from lab.format.rules import ModelError
 from lab.instruments.training import OPTIMIZERS, Optim, Trainer, adapter_bytes, batch_of, held_out_loss, split
 from lab.settings import TRAINING, Settings
+from lab.worker.cards import PROBES
 from lab.worker.cards import TRAINING as CARD
 from lab.worker.state import Loaded, Worker
 
@@ -70,9 +81,11 @@ def max_ctx(engine) -> int:
     return min(engine.max_batch, engine.n_ctx, TRAINING.max_ctx)
 
 
-def refusal(engine) -> str | None:
-    """Why this engine cannot train, in words a user reads (None: it can)."""
-    reason = untrainable(engine.cfg)
+def refusal(engine, full: bool = False) -> str | None:
+    """Why this engine cannot train, in words a user reads (None: it can); full: every weight of it, which the
+    optimizer moves in f32 (lab.engine.backward untrainable_full: a quantized file is refused, pointing at an F32
+    copy)."""
+    reason = untrainable(engine.cfg) or (untrainable_full(engine.cfg, engine.weights.matrix_types) if full else None)
     if reason:
         return reason
     if engine.kv_type != "f32":
@@ -83,7 +96,7 @@ def refusal(engine) -> str | None:
 
 def defaults(engine) -> dict:
     """What the card needs to know of the loaded engine (the "loaded" message's stats.training)."""
-    return {"refusal": refusal(engine), "max_ctx": max_ctx(engine)}
+    return {"refusal": refusal(engine), "full_refusal": refusal(engine, full=True), "max_ctx": max_ctx(engine)}
 
 
 # -- what the user asked --------------------------------------------------------------------------------------
@@ -111,6 +124,10 @@ class Ask:
                    lr=number(msg, "lr", float, d.lr, 1e-8, 1.0, "the learning rate"), ctx=ctx,
                    batch=number(msg, "batch", int, d.batch, 1, d.max_batch, "the batch"), optimizer=optimizer)
 
+    def optim(self) -> Optim:
+        """The optimizer asked for, over these steps (AdamW's gradients clipped to a global norm of 1)."""
+        return Optim(self.optimizer, lr=self.lr, steps=self.steps, clip=1.0 if self.optimizer == "adamw" else 0.0)
+
 
 def number(msg: dict, key: str, kind: type, default, lo, hi, what: str):
     raw = msg.get(key)
@@ -130,7 +147,9 @@ class Run:
     it and every buffer of its training, the text's windows it trains on and those held out, and the held-out loss
     before training), or one read from a file (`trainer` None, no windows: the Lora alone, its buffers this Run's,
     `file` the file's name, `name` its general.name). The switch, the with / without replies, the download and Forget
-    take either the same way."""
+    take either the same way. Or no adapter at all (`whole`): every weight of the model trained, the loaded file's in
+    place (full fine-tuning) or a new model's (`made`: its shape, lab/worker/scratch.py); its weights are then the
+    user's data (lab/worker/state.py Loaded.weights_are_users)."""
 
     def __init__(self, trainer: Trainer | None, train: list[list[int]], held: list[list[int]], *, engine=None,
                  file: str | None = None, name: str | None = None, made: dict | None = None) -> None:
@@ -141,6 +160,11 @@ class Run:
         self.file, self.name = file, name
         self.on = True
         self.before: float | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Every weight of the model is trained (no adapter): full fine-tuning, or a model made here."""
+        return self.trainer is not None and self.trainer.full
 
     @property
     def owner(self) -> object:
@@ -155,17 +179,17 @@ class Run:
         return [] if self.lora is None else [self.lora.params]
 
     def labels(self) -> list[str]:
-        """The labels of its buffers, for the page to find them in Forget's report (a model made here: its weights'
-        too)."""
-        mine = self.engine.device.owned_by(self.owner) + (self.engine.weights.buffers() if self.made else [])
+        """The labels of its buffers, for the page to find them in Forget's report (every weight trained: the
+        model's too)."""
+        mine = self.engine.device.owned_by(self.owner) + (self.engine.weights.buffers() if self.whole else [])
         return sorted({b.label for b in mine})
 
     def memory(self) -> dict[str, int]:
-        """Bytes of its buffers by what they hold (Trainer.memory; a model made here: its weights under "model"; a
+        """Bytes of its buffers by what they hold (Trainer.memory; every weight trained: the model's under "model"; a
         file's: the adapter and its step scratch)."""
         if self.trainer is not None:
             held = self.trainer.memory()
-            if self.made:
+            if self.whole:
                 del held["adapter"]
                 held = {"model": sum(b.size for b in self.engine.weights.buffers()), **held}
             return held
@@ -201,52 +225,69 @@ def _use(lo: Loaded, lora) -> None:
 
 
 def _trained(w: Worker, adapter: bool = False) -> tuple[Loaded, Run]:
-    """The card's state; adapter: one with an adapter (not a model trained from scratch, which has none)."""
+    """The card's state; adapter: one with an adapter (not a run that trained every weight, which has none)."""
     lo = w.loaded()
     state = lo.held(CARD)
     if state is None:
         raise TrainError("train an adapter first, or open an adapter file")
-    if adapter and state.made:
-        raise TrainError("a model trained from scratch has no adapter: it is the model itself (download the model)")
+    if adapter and state.whole:
+        raise TrainError(("a model trained from scratch" if state.made else "every weight of the model was trained: it")
+                         + " has no adapter: it is the model itself (download the model)")
     return lo, state
 
 
 # -- the handlers ---------------------------------------------------------------------------------------------
 async def run(msg: dict, w: Worker) -> None:
-    """Train a new adapter (the one before, if any, goes first) on the message's text."""
+    """Train on the message's text: a new adapter (the one before, if any, goes first), or, with `full`, every weight
+    of the loaded model in place (full fine-tuning of an F32 file). Every refusal comes before anything changes."""
     lo = w.loaded()
-    reason = refusal(lo.engine)
+    engine, full = lo.engine, bool(msg.get("full"))
+    reason = refusal(engine, full)
     if reason:
         raise TrainError(reason)
-    engine = lo.engine
     ask = Ask.of(msg, max_ctx(engine), f"on this engine (a step runs at most {engine.max_batch} tokens here, and the "
                                        f"context holds {engine.n_ctx})")
+    train, held = windows(text_of(msg), lo.tokenizer, ask.ctx)
+    lo.drop(CARD)                            # the adapter trained before: off the engine, its buffers freed
+    lo.session.reset()
+    try:
+        trainer = Trainer(engine, T=ask.ctx, batch=ask.batch, rank=ask.rank, alpha=2.0 * ask.rank, full=full,
+                          optim=ask.optim())
+    except BaseException:
+        empty(train, held)                  # the windows emptied all the same
+        raise
+    if full:
+        # From the first step on the file's weights move with the user's text: they are the user's data, found by
+        # Forget as every CONVERSATION buffer is (wiped, read back, the model then unloaded), left by a new chat.
+        engine.weights.rekind(gpu.CONVERSATION)
+        lo.drop(PROBES)     # the embedding inspector's row norms were the file's rows': made again from the trained
+    state = lo.hold(CARD, Run(trainer, train, held))
+    await engine.device.flush_errors()      # a kernel or binding the device refuses, named, before any step
+    w.stop_clear()
+    try:
+        await run_steps(state, ask, w, msg.get("seq"))
+    finally:
+        lo.session.reset()                   # the steps overwrote the KV cache
+
+
+def text_of(msg: dict) -> str:
+    """The message's text to train on, refused when empty or past MAX_TEXT (both modes, and a new model's)."""
     text = str(msg.get("text") or "")
     if not text.strip():
         raise TrainError("no text to train on: choose a text file, or chat first and train on this conversation")
     if len(text) > MAX_TEXT:
         raise TrainError(f"the text is {len(text):,} characters: at most {MAX_TEXT:,} (tokenizing runs in Python, "
                          f"in this tab); cut it")
-    ids = lo.tokenizer.encode(text)          # as `lab tokenize`: no BOS, special tokens as plain text
-    del text
-    train, held = split(ids, ask.ctx, TRAINING.held_out)
+    return text
+
+
+def windows(text: str, tok, ctx: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The text tokenized as `lab tokenize` does (no BOS, special tokens as plain text), cut into windows of ctx
+    tokens: (trained on, held out); refused when too short for one of each."""
+    ids = tok.encode(text)
+    train, held = split(ids, ctx, TRAINING.held_out)
     ids.clear()
-    lo.drop(CARD)                            # the adapter trained before: off the engine, its buffers freed
-    lo.session.reset()
-    try:
-        trainer = Trainer(lo.engine, T=ask.ctx, batch=ask.batch, rank=ask.rank, alpha=2.0 * ask.rank,
-                          optim=Optim(ask.optimizer, lr=ask.lr, steps=ask.steps,
-                                      clip=1.0 if ask.optimizer == "adamw" else 0.0))
-    except BaseException:
-        empty(train, held)                  # the windows emptied all the same
-        raise
-    state = lo.hold(CARD, Run(trainer, train, held))
-    await lo.engine.device.flush_errors()    # a kernel or binding the device refuses, named, before any step
-    w.stop_clear()
-    try:
-        await run_steps(state, ask, w, msg.get("seq"))
-    finally:
-        lo.session.reset()                   # the steps overwrote the KV cache
+    return train, held
 
 
 def _plan(state: Run, ask: Ask, seq) -> dict:
@@ -255,7 +296,7 @@ def _plan(state: Run, ask: Ask, seq) -> dict:
     return {"type": "train-plan", "seq": seq, "tokens": (n_train + n_held) * ask.ctx, "windows": n_train + n_held,
             "train": n_train, "held": n_held, "ctx": ask.ctx, "batch": ask.batch, "steps": ask.steps,
             "rank": None if tr.full else ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.n_params,
-            "targets": len(tr.pieces()) if tr.full else len(tr.lora.targets), "made": state.made,
+            "targets": len(tr.pieces()) if tr.full else len(tr.lora.targets), "full": tr.full, "made": state.made,
             "memory": state.memory(), "labels": state.labels()}
 
 
@@ -298,8 +339,8 @@ def _ppl(loss: float | None) -> float | None:
 
 async def compare(msg: dict, w: Worker) -> None:
     """Greedy replies to one prompt without and with the adapter, each from an empty cache of a session of their
-    own; the adapter is left as the switch says, and the chat's session reset. A model trained from scratch has no
-    "without": its one reply is "with" (the model as trained so far)."""
+    own; the adapter is left as the switch says, and the chat's session reset. A run that trained every weight has no
+    "without" (the model before it is gone): its one reply is "with" (the model as trained so far)."""
     lo, state = _trained(w)
     seq, tok = msg.get("seq"), lo.tokenizer
     text = str(msg.get("prompt") or "")
@@ -310,7 +351,7 @@ async def compare(msg: dict, w: Worker) -> None:
     session, replies = Session(lo.engine, tok), {}
     w.stop_clear()
     try:
-        for which, lora in (("with", None),) if state.made else (("without", None), ("with", state.lora)):
+        for which, lora in (("with", None),) if state.whole else (("without", None), ("with", state.lora)):
             def on_token(tid: int, piece: str, which=which) -> None:
                 w.post({"type": "train-token", "seq": seq, "which": which, "piece": piece})
             _use(lo, lora)

@@ -99,7 +99,7 @@ def test_a_new_model_is_made_loaded_and_trained(page, vocab_json):
     assert [m["step"] for m in progress] == [0, 1, 2, 3]
     assert done["steps_done"] == 3 and done["held_after"] < done["held_before"]
     lo = page.w.state.loaded
-    assert lo.engine is not page.before and lo.made_here and lo.engine.cfg.n_vocab == VOCAB
+    assert lo.engine is not page.before and lo.weights_are_users and lo.engine.cfg.n_vocab == VOCAB
     assert not dev.owned_by(page.before)                        # the model before: unloaded, every buffer freed
     bufs = lo.engine.weights.buffers()
     assert bufs and all(b.kind == gpu.CONVERSATION for b in bufs)
@@ -194,4 +194,4 @@ def test_a_trainer_refused_leaves_the_untrained_model_and_says_so(page, vocab_js
         page.send(scratch.run, **ask(vocab_json))
     assert [m["type"] for m in page.posted] == ["model-info", "loaded"]
     lo = page.w.state.loaded
-    assert lo.made_here and lo.held(TRAINING) is None and lo.engine is not page.before
+    assert lo.weights_are_users and lo.held(TRAINING) is None and lo.engine is not page.before

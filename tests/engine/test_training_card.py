@@ -168,7 +168,7 @@ def test_refusals_before_a_run(page, model):
     with pytest.raises(RuntimeError, match="load a model first"):
         page.send(training.run, **ASK)
     engine = model[0]
-    assert training.defaults(engine) == {"refusal": None, "max_ctx": 64}
+    assert training.defaults(engine) == {"refusal": None, "full_refusal": None, "max_ctx": 64}
     assert "KV cache in f16" in training.refusal(SimpleNamespace(cfg=engine.cfg, kv_type="f16"))
     lfm2 = from_gguf(gguf.read_file(synthetic_arch.build("lfm2", "f32", cache_dir() / "synthetic")))
     assert "no backward yet" in training.refusal(SimpleNamespace(cfg=lfm2, kv_type="f32"))
