@@ -34,7 +34,7 @@ from tests.conftest import tiny
 SITES = ("blk.0.attn_q", "blk.2.attn_v", "blk.3.ffn_down")
 
 
-@pytest.mark.parametrize("bos", [None, 1])
+@pytest.mark.parametrize("bos", [None, pytest.param(1, marks=pytest.mark.slow)])   # BOS: --slow
 def test_the_gradients_of_the_whole_chain_against_float64(bos):
     tok = None if bos is None else SimpleNamespace(add_bos=True, bos_id=bos)
     r = gradcheck.check_contrastive(tiny("f32"), only=SITES, tokenizer=tok, seed=3 if bos else 0)

@@ -132,6 +132,7 @@ def test_refusals_change_nothing(device, mix, kw, change, says):
         page.close()
 
 
+@pytest.mark.slow      # the reply and download paths are a new model's too, held by test_scratch_card.py by default
 def test_its_reply_and_download_and_the_adapter_it_does_not_have(page):
     page.send(training.run, **ASK)
     engine = page.engine

@@ -55,6 +55,7 @@ def test_the_biases_gradients_match_central_differences(device, qwen2):
     assert sorted(names) == sorted(f"blk.{il}.{b}" for il in range(SPEC.n_layer) for b in BIASES)
 
 
+@pytest.mark.slow      # a trap for the checker itself; the default run holds the gradients
 def test_the_biases_gradient_left_out_fails(device, qwen2, monkeypatch):
     monkeypatch.setattr("lab.engine.backward.backward_matmul.bias_back", lambda *a, **k: [])
     r = _check(device, qwen2, samples=1)
@@ -83,6 +84,7 @@ def _biases(path) -> dict[str, np.ndarray]:
             if t.name.endswith(BIASES)}
 
 
+@pytest.mark.slow      # the round trip of the written file; the untrained one runs by default
 def test_a_trained_models_biases_round_trip(device, qwen2, tmp_path):
     engine = gradcheck.open_engine(qwen2, 8, device=device)
     tr = Trainer(engine, T=8, batch=2, optim=Optim("adamw", lr=1e-2, steps=3), full=True)
