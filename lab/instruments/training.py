@@ -154,8 +154,8 @@ async def model_bytes(engine) -> bytes:
     """The engine's model as it is now (a full fine-tune's weights, read from the GPU), as a GGUF of the same
     architecture: the file's metadata (general.file_type set to all-F32) and every tensor in the file's order, F32 in
     its file shape. A tensor of a stacked run (lab.ops.weights ModelWeights: q|k|v, gate|up) is its rows of the run, a
-    bias of the fused Q/K/V biases its floats of them; rope_freqs, a constant the plans hold, its values. Only F32 files (full fine-tuning's) are written: a quantized
-    weight has no F32 master copy to read."""
+    bias of the fused Q/K/V biases its floats of them; rope_freqs, a constant the plans hold, its values. Only F32
+    files (full fine-tuning's) are written: a quantized weight has no F32 master copy to read."""
     w, header, dev = engine.weights, engine.header, engine.device
     runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header, w.tensors)}
     inside = w.in_vectors()

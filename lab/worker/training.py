@@ -6,8 +6,9 @@ lab/worker/router.py routes the five messages here; the training itself is lab/i
         -> "train-plan" {seq, tokens, windows, train, held, params, full, memory, labels, ...} once the text is
            tokenized and the adapter made (full: every weight of the model instead, rank null), "train-progress"
            {seq, step, steps, loss, held, lr, seconds, tokens_per_s, eta_s} (step 0: the held-out loss before
-           training, then after each step; `held` every few steps and after the last, else null), "train-done" {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before,
-           ppl_after, seconds, tokens_per_s, memory}
+           training, then after each step; `held` every few steps and after the last, else null), "train-done"
+           {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before, ppl_after, seconds,
+           tokens_per_s, memory}
     train-compare {prompt, max_new, seq}
         -> "train-token" {seq, which: "without" | "with", piece}..., "train-compare" {seq, without, with,
            prompt_tokens}: greedy replies to the same prompt without and with the adapter

@@ -90,10 +90,10 @@ def in_four_parts(path, monkeypatch) -> tuple[Engine, object]:
     (E2B's table at 8 bits is over one 2 GB binding, and alloc_weight splits it in row ranges)."""
     alloc = weights_mod.alloc_weight
 
-    def small(device, name, type, rows, cols, max_binding=None):
+    def small(device, name, type, rows, cols, max_binding=None, **kw):
         if name == PER_LAYER:
             max_binding = type.row_bytes(cols) * rows // 4 + 12
-        return alloc(device, name, type, rows, cols, max_binding)
+        return alloc(device, name, type, rows, cols, max_binding, **kw)
     monkeypatch.setattr(weights_mod, "alloc_weight", small)
     eng, tok = engine(open_native(), path)
     assert len(eng.weights.per_layer_embedding.parts) == 4
