@@ -66,23 +66,31 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
         tr.close()
     oracle = LoraLoss(path, params, alpha)
     loss64 = oracle.loss(wins)
-    pick = np.random.default_rng(seed)
-    rows = []
-    for name in params:
-        for k, which in enumerate("AB"):
-            g = grads[name][k]
-            entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
-            entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
-            fd = np.array([oracle.central(wins, name, which, e, H) for e in entries])
-            got = np.array([g[e] for e in entries], np.float64)
-            scale = float(np.max(np.abs(fd)))
-            err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
-            rows.append({"tensor": f"{name}.lora_{which.lower()}", "worst_rel_err": err, "largest_grad": scale,
-                         "entries": len(entries)})
+    rows = _adapter_rows(params, grads, oracle, wins, samples, np.random.default_rng(seed))
     worst = max(r["worst_rel_err"] for r in rows)
     return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "loss_gpu": loss,
             "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows,
             "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
+
+
+def _compared(g: np.ndarray, central, samples: int, pick) -> dict:
+    """One tensor's row of a report: its gradient g at its largest entry and samples - 1 random ones against
+    central(entry), the central difference there; the error is max |g - fd| over them divided by the largest |fd|."""
+    entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
+    entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
+    fd = np.array([central(e) for e in entries])
+    got = np.array([g[e] for e in entries], np.float64)
+    scale = float(np.max(np.abs(fd)))
+    err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
+    return {"worst_rel_err": err, "largest_grad": scale, "entries": len(entries)}
+
+
+def _adapter_rows(params: dict, grads: dict, oracle, batch, samples: int, pick, only: tuple[str, ...] = ()) -> list:
+    """The rows of every adapter matrix's A and B (those whose names hold one of `only`, when given), the oracle's
+    central(batch, name, "A" | "B", entry, H) their reference."""
+    return [{"tensor": f"{name}.lora_{which.lower()}",
+             **_compared(grads[name][k], lambda e, n=name, w=which: oracle.central(batch, n, w, e, H), samples, pick)}
+            for name in params if not only or any(o in name for o in only) for k, which in enumerate("AB")]
 
 
 def model_grads(tr) -> dict:
@@ -122,17 +130,8 @@ def _check_full(path, engine, *, T: int, batch: int, samples: int, seed: int, on
     oracle = ModelLoss(path)
     loss64 = oracle.loss(wins)
     pick = np.random.default_rng(seed)
-    rows = []
-    for name, g in grads.items():
-        if only and not any(o in name for o in only):
-            continue
-        entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
-        entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
-        fd = np.array([oracle.central(wins, name, e, H) for e in entries])
-        got = np.array([g[e] for e in entries], np.float64)
-        scale = float(np.max(np.abs(fd)))
-        err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
-        rows.append({"tensor": name, "worst_rel_err": err, "largest_grad": scale, "entries": len(entries)})
+    rows = [{"tensor": name, **_compared(g, lambda e, name=name: oracle.central(wins, name, e, H), samples, pick)}
+            for name, g in grads.items() if not only or any(o in name for o in only)]
     worst = max(r["worst_rel_err"] for r in rows)
     # every parameter of the file has its gradient checked: one the step trains but this check cannot find is a
     # failure, not a tensor left out of the report
@@ -178,21 +177,7 @@ def check_contrastive(path, *, T: int = 12, pairs: int = 3, rank: int = 4, alpha
     bos = tokenizer.bos_id if tokenizer.add_bos and tokenizer.bos_id is not None else None
     oracle = ContrastiveLoss(path, params, alpha, bos, temperature)
     loss64 = oracle.loss(batch)
-    pick = np.random.default_rng(seed)
-    rows = []
-    for name in params:
-        if only and not any(o in name for o in only):
-            continue
-        for k, which in enumerate("AB"):
-            g = grads[name][k]
-            entries = [np.unravel_index(int(np.argmax(np.abs(g))), g.shape)]
-            entries += [tuple(int(pick.integers(0, n)) for n in g.shape) for _ in range(samples - 1)]
-            fd = np.array([oracle.central(batch, name, which, e, H) for e in entries])
-            got = np.array([g[e] for e in entries], np.float64)
-            scale = float(np.max(np.abs(fd)))
-            err = float(np.max(np.abs(got - fd))) / scale if scale > 0 else float(np.max(np.abs(got)))
-            rows.append({"tensor": f"{name}.lora_{which.lower()}", "worst_rel_err": err, "largest_grad": scale,
-                         "entries": len(entries)})
+    rows = _adapter_rows(params, grads, oracle, batch, samples, np.random.default_rng(seed), only)
     worst = max(r["worst_rel_err"] for r in rows)
     return {"model": str(path), "T": T, "pairs": pairs, "rank": rank, "alpha": alpha, "temperature": temperature,
             "loss_gpu": loss, "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64),

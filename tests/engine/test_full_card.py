@@ -22,42 +22,16 @@ import pytest
 
 from lab import gpu
 from lab.engine.backward import TrainError
-from lab.engine.session import Session
 from lab.format import gguf
-from lab.text.tokenizer import from_metadata
 from lab.worker import scratch, training
 from lab.worker.cards import PROBES, TRAINING
-from lab.worker.state import Loaded, State, Worker
-from tests.conftest import FIXTURES, native_engine, tiny
+from tests.conftest import FIXTURES
+from tests.engine.cardkit import Page, read
 from tests.unit.workerkit import router_over_standins
 
 T = 16
 TEXT = (FIXTURES / "perplexity_text.txt").read_text()[:1200]     # ~250 tokens: 15 windows of 16, 2 held out
 ASK = {"text": TEXT, "steps": 3, "lr": 1e-3, "ctx": T, "batch": 1, "optimizer": "adamw", "full": True, "seq": 3}
-
-
-class Page:
-    """The worker as the page sees it, with a fresh engine of the tiny file (mix) loaded."""
-
-    def __init__(self, device, mix: str = "f32", **kw) -> None:
-        path = tiny(mix)
-        header = gguf.read_file(path)
-        tok = from_metadata(header.metadata)
-        self.engine = native_engine(device, path, n_ctx=64, max_batch=32, **kw)
-        self.posted: list[dict] = []
-        self.w = Worker(post=self.posted.append, f32=bytes, stop_requested=lambda: False, stop_clear=lambda: None,
-                        state=State(device, Loaded(self.engine, header, tok, Session(self.engine, tok))))
-
-    def send(self, handler, **msg) -> list[dict]:
-        start = len(self.posted)
-        asyncio.run(handler(msg, self.w))
-        return self.posted[start:]
-
-    def close(self) -> None:
-        lo = self.w.state.loaded
-        if lo is not None:
-            lo.close()
-        self.engine.close()           # a second close of an unloaded one is harmless
 
 
 @pytest.fixture
@@ -67,15 +41,11 @@ def page(device):
     p.close()
 
 
-def _read(engine, buf) -> bytes:
-    return asyncio.run(engine.device.read(buf, 0, buf.size))
-
-
 def test_a_run_trains_every_weight_in_place(page):
     engine = page.engine
     bufs = engine.weights.buffers()
     assert {b.kind for b in bufs} == {gpu.WEIGHTS}                 # a file's, as loaded
-    before = [_read(engine, b) for b in bufs]
+    before = [read(engine, b) for b in bufs]
     page.w.probes()                                                 # the panels' probes, made on the file's weights
     posted = page.send(training.run, **{**ASK, "steps": 6})      # a random model's windows: 6 steps to see it learn
     kinds = [m["type"] for m in posted]
@@ -91,7 +61,7 @@ def test_a_run_trains_every_weight_in_place(page):
     lo = page.w.state.loaded
     assert lo.engine is engine and lo.weights_are_users and lo.held(TRAINING).whole
     assert all(b.kind == gpu.CONVERSATION for b in bufs)           # the user's data now
-    after = [_read(engine, b) for b in bufs]
+    after = [read(engine, b) for b in bufs]
     assert sum(a != b for a, b in zip(after, before)) == len(bufs)  # every weight buffer moved
     assert lo.held(PROBES) is None      # its embedding row norms were the file's: made again from the trained rows
 
@@ -122,12 +92,12 @@ def test_refusals_change_nothing(device, mix, kw, change, says):
     try:
         lo = page.w.state.loaded
         bufs = page.engine.weights.buffers()
-        before = _read(page.engine, bufs[0])
+        before = read(page.engine, bufs[0])
         with pytest.raises(TrainError, match=says):
             page.send(training.run, **{**ASK, **change})
         assert page.w.state.loaded is lo and lo.held(TRAINING) is None and not page.posted
         assert {b.kind for b in bufs} == {gpu.WEIGHTS} and not lo.weights_are_users
-        assert _read(page.engine, bufs[0]) == before
+        assert read(page.engine, bufs[0]) == before
     finally:
         page.close()
 
@@ -151,7 +121,7 @@ def test_its_reply_and_download_and_the_adapter_it_does_not_have(page):
         t = next(t for t in header.tensors if t.name == name)
         buf = (engine.weights.matrices[name].parts[0].buffer if name in engine.weights.matrices
                else engine.weights.vectors[name])
-        assert raw[t.offset:t.offset + t.nbytes] == _read(engine, buf)[:t.nbytes], name
+        assert raw[t.offset:t.offset + t.nbytes] == read(engine, buf)[:t.nbytes], name
 
 
 def test_a_file_model_is_not_downloaded_whole(page):
@@ -163,12 +133,12 @@ def test_new_chat_leaves_its_weights_and_forget_wipes_them_and_unloads(page, mon
     page.send(training.run, **ASK)
     engine, dev = page.engine, page.engine.device
     bufs = engine.weights.buffers()
-    trained = [_read(engine, b) for b in bufs]
+    trained = [read(engine, b) for b in bufs]
     with router_over_standins(monkeypatch) as router:
         asyncio.run(router._reset({}, page.w))
         (reset,) = [m for m in page.posted if m["type"] == "reset"]
         assert reset["report"]["status"] == "wiped" and not reset["unloaded"]
-        assert [_read(engine, b) for b in bufs] == trained         # the user's model, kept as it was
+        assert [read(engine, b) for b in bufs] == trained         # the user's model, kept as it was
         assert page.w.state.loaded.engine is engine and page.w.state.loaded.held(TRAINING) is not None
         asyncio.run(router._forget({}, page.w))
     (forget,) = [m for m in page.posted if m["type"] == "forget"]

@@ -21,15 +21,13 @@ import pytest
 
 from lab import gpu
 from lab.engine.backward import TrainError
-from lab.engine.session import Session
 from lab.format import gguf
 from lab.format import untrained as shapes
-from lab.text.tokenizer import from_metadata
 from lab.text.tokenizer import train as bpe
 from lab.worker import scratch, training
 from lab.worker.cards import TRAINING
-from lab.worker.state import Loaded, State, Worker
-from tests.conftest import FIXTURES, native_engine, tiny
+from tests.conftest import FIXTURES
+from tests.engine.cardkit import Page, read
 from tests.unit.workerkit import router_over_standins
 
 T = 16
@@ -47,39 +45,11 @@ def ask(vocab_json, **change):
             "lr": 3e-3, "ctx": T, "batch": 2, "optimizer": "adamw", "seed": 7, "seq": 5, "load_seq": 9, **change}
 
 
-class Page:
-    """The worker as the page sees it, with a model loaded before the run (a fresh engine of the tiny file)."""
-
-    def __init__(self, device) -> None:
-        path = tiny("f32")
-        header = gguf.read_file(path)
-        tok = from_metadata(header.metadata)
-        self.before = native_engine(device, path, n_ctx=64, max_batch=32)
-        self.posted: list[dict] = []
-        self.w = Worker(post=self.posted.append, f32=bytes, stop_requested=lambda: False, stop_clear=lambda: None,
-                        state=State(device, Loaded(self.before, header, tok, Session(self.before, tok))))
-
-    def send(self, handler, **msg) -> list[dict]:
-        start = len(self.posted)
-        asyncio.run(handler(msg, self.w))
-        return self.posted[start:]
-
-    def close(self) -> None:
-        lo = self.w.state.loaded
-        if lo is not None:
-            lo.close()
-        self.before.close()           # a second close of the unloaded one is harmless
-
-
 @pytest.fixture
 def page(device):
     p = Page(device)
     yield p
     p.close()
-
-
-def _read(engine, buf) -> bytes:
-    return asyncio.run(engine.device.read(buf, 0, buf.size))
 
 
 def test_a_new_model_is_made_loaded_and_trained(page, vocab_json):
@@ -99,8 +69,8 @@ def test_a_new_model_is_made_loaded_and_trained(page, vocab_json):
     assert [m["step"] for m in progress] == [0, 1, 2, 3]
     assert done["steps_done"] == 3 and done["held_after"] < done["held_before"]
     lo = page.w.state.loaded
-    assert lo.engine is not page.before and lo.weights_are_users and lo.engine.cfg.n_vocab == VOCAB
-    assert not dev.owned_by(page.before)                        # the model before: unloaded, every buffer freed
+    assert lo.engine is not page.engine and lo.weights_are_users and lo.engine.cfg.n_vocab == VOCAB
+    assert not dev.owned_by(page.engine)                        # the model before: unloaded, every buffer freed
     bufs = lo.engine.weights.buffers()
     assert bufs and all(b.kind == gpu.CONVERSATION for b in bufs)
     assert set(b.label for b in bufs) <= set(plan["labels"])
@@ -110,13 +80,13 @@ def test_a_new_model_is_made_loaded_and_trained(page, vocab_json):
 
 def test_the_same_seed_draws_the_same_model(page, vocab_json):
     page.send(scratch.run, **ask(vocab_json, steps=1))
-    first = _read(page.w.state.loaded.engine, page.w.state.loaded.engine.weights.embedding.parts[0].buffer)
+    first = read(page.w.state.loaded.engine, page.w.state.loaded.engine.weights.embedding.parts[0].buffer)
     page.send(scratch.run, **ask(vocab_json, steps=1))      # the model made before is unloaded like any other
     again = page.w.state.loaded.engine
-    assert _read(again, again.weights.embedding.parts[0].buffer) == first
+    assert read(again, again.weights.embedding.parts[0].buffer) == first
     page.send(scratch.run, **ask(vocab_json, steps=1, seed=8))
     other = page.w.state.loaded.engine
-    assert _read(other, other.weights.embedding.parts[0].buffer) != first
+    assert read(other, other.weights.embedding.parts[0].buffer) != first
 
 
 @pytest.mark.parametrize("change, says", [
@@ -135,8 +105,8 @@ def test_refusals_leave_the_model_before(page, vocab_json, change, says):
     lo = page.w.state.loaded
     with pytest.raises((TrainError, ValueError), match=says):
         page.send(scratch.run, **ask(vocab_json, **change))
-    assert page.w.state.loaded is lo and lo.engine is page.before and not page.posted
-    assert page.before.device.owned_by(page.before)              # its buffers are all there
+    assert page.w.state.loaded is lo and lo.engine is page.engine and not page.posted
+    assert page.engine.device.owned_by(page.engine)              # its buffers are all there
 
 
 def test_its_reply_download_and_the_adapter_it_does_not_have(page, vocab_json):
@@ -154,7 +124,7 @@ def test_its_reply_download_and_the_adapter_it_does_not_have(page, vocab_json):
     assert header.metadata["general.architecture"] == "llama" and len(header.metadata["tokenizer.ggml.tokens"]) == VOCAB
     t = next(t for t in header.tensors if t.name == "blk.1.ffn_down.weight")
     w = lo.engine.weights.matrices["blk.1.ffn_down.weight"]
-    assert raw[t.offset:t.offset + t.nbytes] == _read(lo.engine, w.parts[0].buffer)
+    assert raw[t.offset:t.offset + t.nbytes] == read(lo.engine, w.parts[0].buffer)
 
 
 def test_a_file_model_is_not_downloaded_whole(page):
@@ -167,16 +137,16 @@ def test_new_chat_leaves_its_weights_and_forget_wipes_them_and_unloads(page, voc
     lo = page.w.state.loaded
     engine, dev = lo.engine, lo.engine.device
     bufs = engine.weights.buffers()
-    before = [_read(engine, b) for b in bufs]
+    before = [read(engine, b) for b in bufs]
     with router_over_standins(monkeypatch) as router:
         asyncio.run(router._reset({}, page.w))
         (reset,) = [m for m in page.posted if m["type"] == "reset"]
         assert reset["report"]["status"] == "wiped" and not reset["unloaded"]
-        assert [_read(engine, b) for b in bufs] == before        # the user's model, kept as it was
+        assert [read(engine, b) for b in bufs] == before        # the user's model, kept as it was
         assert page.w.state.loaded.engine is engine and page.w.state.loaded.held(TRAINING) is not None
         page.send(training.run, text=TEXT, rank=2, steps=1, lr=1e-3, ctx=T, batch=1, optimizer="adamw", seq=6)
         asyncio.run(router._reset({}, page.w))                   # a LoRA run on it: the model is still left
-        assert [_read(engine, b) for b in bufs] == before
+        assert [read(engine, b) for b in bufs] == before
         asyncio.run(router._forget({}, page.w))
     (forget,) = [m for m in page.posted if m["type"] == "forget"]
     items = {i["label"]: i for i in forget["report"]["items"]}
@@ -194,4 +164,4 @@ def test_a_trainer_refused_leaves_the_untrained_model_and_says_so(page, vocab_js
         page.send(scratch.run, **ask(vocab_json))
     assert [m["type"] for m in page.posted] == ["model-info", "loaded"]
     lo = page.w.state.loaded
-    assert lo.weights_are_users and lo.held(TRAINING) is None and lo.engine is not page.before
+    assert lo.weights_are_users and lo.held(TRAINING) is None and lo.engine is not page.engine
