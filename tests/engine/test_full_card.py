@@ -129,6 +129,7 @@ def test_a_file_model_is_not_downloaded_whole(page):
         page.send(scratch.model, seq=1)
 
 
+@pytest.mark.slow      # the same path as a new model's (Loaded.weights_are_users): test_scratch_card.py runs it
 def test_new_chat_leaves_its_weights_and_forget_wipes_them_and_unloads(page, monkeypatch):
     page.send(training.run, **ASK)
     engine, dev = page.engine, page.engine.device
