@@ -178,15 +178,17 @@ class TrainScratch:
 class Backward(Prefill):
     """The training step's ops for an engine (prefill plans of at least T rows, an f32 KV cache, the LoRA adapter
     set on it), the scratch `ts` and the fused head `ce` (lab.ops.backward_head.head_ce for T rows).
-    rows_total: the positions with a target in the whole step (all its windows), the loss's divisor.
+    rows_total: the positions with a target in the whole step (all its windows), the loss's divisor; loss_params: the
+    loss's uniform (lab.ops.backward_head.loss_params) when the caller rewrites that divisor a step (masked windows).
     pooled: no head and no next-token loss; the loss's gradient at the final norm's output (`ts.dxn`, t rows) is
     the caller's, written before the step runs (a contrastive loss over pooled embeddings: lab.instruments
     .contrastive), and the step's backward starts from it."""
 
     def __init__(self, engine, ts: TrainScratch, ce: backward_head.HeadCE | None, rows_total: int,
-                 pooled: bool = False) -> None:
+                 pooled: bool = False, loss_params: gpu.Buffer | None = None) -> None:
         super().__init__(engine)
         self.ts, self.ce, self.rows_total, self.pooled = ts, ce, rows_total, pooled
+        self.loss_params = loss_params
         self.T = ts.T
 
     def loss_ops(self) -> list[ops.Op]:
@@ -200,7 +202,7 @@ class Backward(Prefill):
         self.add(norm.rms_norm(self.dev, self.kernels, s.x, self.weights.vectors[cfg.output_norm], s.xn, s.step,
                                cfg.n_embd, cfg.eps))
         self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, self.ts.targets, s.step,
-                                         rows_total=self.rows_total))
+                                         rows_total=self.rows_total, params=self.loss_params))
         return self.plan.ops
 
     def step_ops(self) -> list[ops.Op]:
@@ -252,7 +254,7 @@ class Backward(Prefill):
         if not self.pooled:
             self.add(norm.rms_norm(self.dev, self.kernels, s.x, w, s.xn, s.step, cfg.n_embd, cfg.eps))
             self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, ts.targets, s.step,
-                                             rows_total=self.rows_total))
+                                             rows_total=self.rows_total, params=self.loss_params))
             self.add(backward_head.head_back(self.dev, self.kernels, self.ce, s.xn, ts.targets, ts.dxn, s.step,
                                              dw=ts.wgrads[self.weights.head.name] if ts.full else None))
         self.add(rms_norm_back(self.dev, self.kernels, s.x, w, ts.dxn, ts.dx, self.vgrad(cfg.output_norm), ts.rs,

@@ -42,33 +42,36 @@ def random_params(lora, seed: int, b_std: float = 0.05) -> bytes:
 
 
 def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.0, samples: int = 2, seed: int = 0,
-          targets=None, disable=(), engine=None, full: bool = False, only: tuple[str, ...] = ()) -> dict:
+          targets=None, disable=(), engine=None, full: bool = False, only: tuple[str, ...] = (),
+          masked: bool = False) -> dict:
     """The report: the GPU's and the oracle's losses, each tensor's worst relative error and the worst of all.
     full: full fine-tuning's gradients, of every weight and trained norm of the model (an F32 file), at its own
     weights; `only` (full): the central differences taken only for the tensors whose names hold one of these strings
-    (a big vocabulary's float64 forward is slow), every tensor's gradient still required to exist."""
+    (a big vocabulary's float64 forward is slow), every tensor's gradient still required to exist. masked: the loss
+    over an answer's tokens alone (`answer_masks`: chat turns' training, lab.instruments.chatdata)."""
     from lab.engine.lora import DEFAULT_TARGETS
     from lab.host.reference.training import LoraLoss
     from lab.instruments.training import Trainer
     if engine is None:
         engine = open_engine(path, T, disable)
     if full:
-        return _check_full(path, engine, T=T, batch=batch, samples=samples, seed=seed, only=only)
+        return _check_full(path, engine, T=T, batch=batch, samples=samples, seed=seed, only=only, masked=masked)
     tr = Trainer(engine, T=T, batch=batch, rank=rank, alpha=alpha, targets=targets or DEFAULT_TARGETS, seed=seed)
     try:
         rng = random.Random(seed)
         wins = [[rng.randrange(engine.cfg.n_vocab) for _ in range(T)] for _ in range(batch)]
+        masks = answer_masks(rng, T, batch) if masked else None
         engine.device.write(tr.lora.params, random_params(tr.lora, seed))
-        loss = asyncio.run(tr.gradients(wins))
+        loss = asyncio.run(tr.gradients(wins, masks))
         params = adapter_arrays(tr.lora, engine.device.read_sync(tr.lora.params))
         grads = adapter_arrays(tr.lora, engine.device.read_sync(tr.grads))
     finally:
         tr.close()
-    oracle = LoraLoss(path, params, alpha)
+    oracle = LoraLoss(path, params, alpha, masks)
     loss64 = oracle.loss(wins)
     rows = _adapter_rows(params, grads, oracle, wins, samples, np.random.default_rng(seed))
     worst = max(r["worst_rel_err"] for r in rows)
-    return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "loss_gpu": loss,
+    return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "masked": masked, "loss_gpu": loss,
             "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows,
             "worst_rel_err": worst, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss)}
 
@@ -116,18 +119,31 @@ def model_grads(tr) -> dict:
     return out
 
 
-def _check_full(path, engine, *, T: int, batch: int, samples: int, seed: int, only: tuple[str, ...] = ()) -> dict:
+def answer_masks(rng: random.Random, T: int, batch: int) -> list[list[bool]]:
+    """Each window's trained tokens as a chat turn's would be: a prompt untrained, then an answer from a random
+    token to another, then padding untrained; windows of different answers (the step's divisor counts them all)."""
+    out = []
+    for _ in range(batch):
+        a = rng.randrange(1, T - 1)
+        b = rng.randrange(a + 1, T + 1)
+        out.append([a <= i < b for i in range(T)])
+    return out
+
+
+def _check_full(path, engine, *, T: int, batch: int, samples: int, seed: int, only: tuple[str, ...] = (),
+                masked: bool = False) -> dict:
     from lab.host.reference.training import ModelLoss
     from lab.instruments.training import Trainer
     tr = Trainer(engine, T=T, batch=batch, full=True)
     try:
         rng = random.Random(seed)
         wins = [[rng.randrange(engine.cfg.n_vocab) for _ in range(T)] for _ in range(batch)]
-        loss = asyncio.run(tr.gradients(wins))
+        masks = answer_masks(rng, T, batch) if masked else None
+        loss = asyncio.run(tr.gradients(wins, masks))
         grads = model_grads(tr)
     finally:
         tr.close()
-    oracle = ModelLoss(path)
+    oracle = ModelLoss(path, masks)
     loss64 = oracle.loss(wins)
     pick = np.random.default_rng(seed)
     rows = [{"tensor": name, **_compared(g, lambda e, name=name: oracle.central(wins, name, e, H), samples, pick)}
@@ -136,7 +152,7 @@ def _check_full(path, engine, *, T: int, batch: int, samples: int, seed: int, on
     # every parameter of the file has its gradient checked: one the step trains but this check cannot find is a
     # failure, not a tensor left out of the report
     missing = sorted({t.name for t in tr.engine.header.tensors} - set(grads) - {"rope_freqs.weight"})
-    return {"model": str(path), "T": T, "batch": batch, "full": True, "loss_gpu": loss, "loss_float64": loss64,
+    return {"model": str(path), "T": T, "batch": batch, "full": True, "masked": masked, "loss_gpu": loss, "loss_float64": loss64,
             "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows, "worst_rel_err": worst,
             "missing": missing, "tolerance": TOL, "ok": worst <= TOL and math.isfinite(loss) and not missing}
 

@@ -120,10 +120,11 @@ def covered(crop: tuple[int, int], span: tuple[int, int]) -> int:
     return max(0, min(crop[1], span[1]) - max(crop[0], span[0]))
 
 
-def pack_messages(question: str, hits: list[Hit]) -> list[dict]:
-    """The chat messages of a grounded question: the system prompt, then the passages, numbered in rank order with
-    their file and token span, then the question. The caller renders them with the model's own template."""
-    parts = [f"[{i + 1}] {h.file}, tokens {h.start}-{h.end}:\n{h.text.strip()}" for i, h in enumerate(hits)]
+def pack_messages(question: str, hits: list) -> list[dict]:
+    """The chat messages of a grounded question: the system prompt, then the passages (Hits, or anything with a file,
+    a `where` and a text: lab.instruments.grounded's), numbered in rank order with their file and place, then the
+    question. The caller renders them with the model's own template."""
+    parts = [f"[{i + 1}] {h.file}, {h.where}:\n{h.text.strip()}" for i, h in enumerate(hits)]
     user = "Passages:\n\n" + "\n\n".join(parts) + f"\n\nQuestion: {question}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
@@ -138,6 +139,10 @@ class Hit:
     end: int
     score: float            # cosine with the question
     text: str
+
+    @property
+    def where(self) -> str:
+        return f"tokens {self.start}-{self.end}"
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "file": self.file, "window": self.window, "start_token": self.start,

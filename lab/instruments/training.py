@@ -94,10 +94,12 @@ def split(ids: list[int], T: int, share: float) -> tuple[list[list[int]], list[l
     return wins[:-held], wins[-held:]
 
 
-async def held_out_loss(tr: Trainer, held: list[list[int]]) -> float:
-    """The mean loss over the held-out windows, in batches of the step's windows; nothing changes."""
+async def held_out_loss(tr: Trainer, held: list[list[int]], masks: list[list[bool]] | None = None) -> float:
+    """The mean loss over the held-out windows (masks: their trained tokens, `Trainer.targets`), in batches of the
+    step's windows; nothing changes."""
     n = -(-len(held) // tr.batch)
-    return sum([await tr.loss(batch_of(held, i, tr.batch)) for i in range(n)]) / n
+    return sum([await tr.loss(batch_of(held, i, tr.batch), None if masks is None else batch_of(masks, i, tr.batch))
+                for i in range(n)]) / n
 
 
 def needs(engine, T: int, rank: int, targets, batch: int = 1, full: bool = False) -> list[tuple[str, int]]:
@@ -249,9 +251,13 @@ class Trainer:
                 self.ts = TrainScratch.alloc(dev, cfg, engine.weights, self.lora, T, width, keep=keep)
                 self.ce = None if pooled else backward_head.head_ce(dev, engine.weights.head, T,
                                                                     cap=cfg.final_softcap)
+                # the loss's divisor, rewritten each step: the positions with a target in its windows (`masks`)
+                self.loss_params = None if pooled else backward_head.loss_params(dev, self.ce,
+                                                                                 rows_total=self.rows_total)
                 self.losses = dev.buffer(4 * batch, gpu.CONVERSATION, f"train window losses [{batch}]")
                 engine.set_lora(self.lora)
-                plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total, pooled)     # noqa: E731
+                plans = lambda: Backward(engine, self.ts, self.ce, self.rows_total, pooled,     # noqa: E731
+                                         self.loss_params)
                 self.window_ops = plans().step_ops()       # kept for profiles (lab train --profile)
                 self.window = dev.prepare(ops.dispatches(self.window_ops, T))
                 self._windows = {T: self.window}            # pooled: one prepared list per window length
@@ -295,9 +301,10 @@ class Trainer:
                                    weight_decay=o.weight_decay)
         return out
 
-    async def step(self, batch: list[list[int]]) -> float:
-        """One optimizer step on these windows: the loss the gradients were taken at."""
-        loss = await self.gradients(batch)
+    async def step(self, batch: list[list[int]], masks: list[list[bool]] | None = None) -> float:
+        """One optimizer step on these windows: the loss the gradients were taken at. masks: which tokens of each
+        window are predicted and trained (None: every token after the first; `writes`)."""
+        loss = await self.gradients(batch, masks)
         self.advance()
         return loss
 
@@ -356,34 +363,50 @@ class Trainer:
         """The adapter's gradients (LoRA; full fine-tuning's are `pieces`')."""
         return self.ts.grads
 
-    def _check(self, batch: list[list[int]]) -> None:
+    def _check(self, batch: list[list[int]], masks: list[list[bool]] | None) -> None:
         if len(batch) != self.batch or any(len(w) != self.T for w in batch):
             raise TrainError(f"a step takes {self.batch} windows of {self.T} tokens")
+        if masks is not None and (len(masks) != len(batch) or any(len(m) != self.T for m in masks)):
+            raise TrainError(f"a step's masks: one of {self.T} flags for each of its {self.batch} windows")
         for w in batch:
             self.engine.check_ids(w, TrainError)
 
-    async def gradients(self, batch: list[list[int]]) -> float:
+    async def gradients(self, batch: list[list[int]], masks: list[list[bool]] | None = None) -> float:
         """The step's loss at the adapter as it is, its gradients left in `grads` (cleared first)."""
-        self._check(batch)
+        self._check(batch, masks)
         self.clear_grads()
-        return await self._run(self.window, batch)
+        return await self._run(self.window, batch, masks)
 
-    async def loss(self, batch: list[list[int]]) -> float:
+    async def loss(self, batch: list[list[int]], masks: list[list[bool]] | None = None) -> float:
         """The loss of these windows at the adapter as it is (held-out windows): no gradient, nothing changed."""
-        self._check(batch)
-        return await self._run(self.scoring, batch)
+        self._check(batch, masks)
+        return await self._run(self.scoring, batch, masks)
 
-    def writes(self, w: list[int]) -> list[tuple]:
+    def targets(self, w: list[int], mask: list[bool] | None = None) -> list[int]:
+        """Position t's target: token t + 1 where it is trained (mask[t + 1]; without a mask, every one), else
+        NO_TARGET (the last position's: it predicts nothing in the window)."""
+        none = backward_head.NO_TARGET
+        if mask is None:
+            return w[1:] + [none]
+        return [w[t + 1] if mask[t + 1] else none for t in range(len(w) - 1)] + [none]
+
+    def writes(self, w: list[int], mask: list[bool] | None = None) -> list[tuple]:
         """The host's writes of a window's pass: the step, its ids and their targets."""
         s, T = self.engine.scratch, self.T
-        targets = w[1:] + [self.engine.cfg.n_vocab]            # the last position predicts nothing in the window
         return [(s.step, 0, ops.step_bytes(0, T, self.engine.n_ctx)), (s.ids, 0, struct.pack(f"<{T}I", *w)),
-                (self.ts.targets, 0, struct.pack(f"<{T}I", *targets))]
+                (self.ts.targets, 0, struct.pack(f"<{T}I", *self.targets(w, mask)))]
 
-    async def _run(self, prepared, batch: list[list[int]]) -> float:
-        dev = self.device
+    async def _run(self, prepared, batch: list[list[int]], masks: list[list[bool]] | None = None) -> float:
+        dev, none = self.device, backward_head.NO_TARGET
+        targets = [self.targets(w, None if masks is None else masks[j]) for j, w in enumerate(batch)]
+        n = sum(t != none for ts in targets for t in ts)     # the step's divisor: every window's targets
+        if n == 0:
+            raise TrainError("no token of the step's windows is trained: each needs at least one (a mask's answer)")
         for j, w in enumerate(batch):
+            writes = self.writes(w, None if masks is None else masks[j])
+            if j == 0:
+                writes.append(backward_head.rows_total_write(self.loss_params, n))
             # the window's summed -log p (ce.loss: mean, count, 1 / N, sum) kept before the next window overwrites it
-            dev.run(prepared, self.writes(w), [(self.ce.loss, 12, self.losses, 4 * j, 4)])
+            dev.run(prepared, writes, [(self.ce.loss, 12, self.losses, 4 * j, 4)])
         raw = await dev.read(self.losses, 0, 4 * self.batch)
-        return sum(struct.unpack(f"<{self.batch}f", raw)) / self.rows_total
+        return sum(struct.unpack(f"<{self.batch}f", raw)) / n

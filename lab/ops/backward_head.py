@@ -51,6 +51,8 @@ STATS_ROWS = 256          # rows a ce_stats invocation walks twice (a chunk of t
 # 2 x stats_rows, ce_merge 2 x chunks, ce_loss max_tokens
 LOOP_MAX = 32768
 _PARAMS = struct.Struct("<8If3I")   # n_vocab v0 n stride chunk_rows chunk0 chunks t_off, cap, rows_total, _p0 _p1
+ROWS_TOTAL_AT = struct.calcsize("<8If")   # bytes into the loss's uniform of rows_total: a step whose windows' targets
+                                            # vary (a mask) writes its own N there (`rows_total_write`)
 LOSS_FLOATS = 4                     # ce_loss's out: mean, count, 1 / N, sum
 SCRATCH = ("logits", "sums", "stats", "tl", "lse", "nll", "loss")   # HeadCE's buffers, head_layout's sizes
 
@@ -189,23 +191,37 @@ def _check_targets(ce: HeadCE, targets: gpu.Buffer, target_offset: int) -> None:
                          f"{target_offset + ce.max_tokens}")
 
 
+def loss_params(device: gpu.Device, ce: HeadCE, *, rows_total: int = 0, target_offset: int = 0) -> gpu.Buffer:
+    """The uniform of head_loss's merge and mean (its divisor N = rows_total; 0: the rows with a target): made by the
+    caller when a step rewrites N (`rows_total_write`), then given to head_loss as `params`."""
+    return _params(device, ce, f"{ce.w.name}.ce", t_off=target_offset, rows_total=rows_total)
+
+
+def rows_total_write(params: gpu.Buffer, rows_total: int) -> tuple[gpu.Buffer, int, bytes]:
+    """The host's write that makes a step's divisor N = rows_total (the positions with a target in all its windows),
+    into a `loss_params` uniform: a write of the step's first window, before its dispatches read it."""
+    return params, ROWS_TOTAL_AT, struct.pack("<I", rows_total)
+
+
 def head_loss(device: gpu.Device, kernels: KernelCache, ce: HeadCE, xn: gpu.Buffer, targets: gpu.Buffer,
               step: gpu.Buffer, *, rows_total: int = 0, x_offset: int = 0, x_stride: int | None = None,
-              target_offset: int = 0) -> list[Op]:
+              target_offset: int = 0, params: gpu.Buffer | None = None) -> list[Op]:
     """The loss of the step's rows: token t's xn at xn[x_offset + t * x_stride ...] (stride defaults to n_embd), its
     target at targets[target_offset + t] (u32). Leaves lse and nll a row and ce.loss = (mean, count, 1 / N, sum),
-    N = rows_total, or with 0 the count of rows with a target. head_back reads lse and 1 / N."""
+    N = rows_total, or with 0 the count of rows with a target. head_back reads lse and 1 / N. params: the merge's and
+    mean's uniform made by `loss_params` (then rows_total and target_offset are its), made here when None."""
     _check_targets(ce, targets, target_offset)
     k_stats = kernels.get("backward_head", "ce_stats", WG=WG)
     ops = []
     for slab in ce.slabs:
         ops += _slab_logits(device, kernels, ce, slab, xn, step, x_offset, x_stride)
         label = f"{slab.view.name}.ce_stats"
-        params = _params(device, ce, label, t_off=target_offset, slab=slab)
+        slab_params = _params(device, ce, label, t_off=target_offset, slab=slab)
         groups = _ceil(_ceil(slab.view.rows, ce.stats_rows), WG)
-        bound = device.bind(k_stats, [ce.logits, targets, ce.stats, ce.tl, params, step], label)
+        bound = device.bind(k_stats, [ce.logits, targets, ce.stats, ce.tl, slab_params, step], label)
         ops.append(Op(k_stats, bound, lambda t, g=groups: (g, max(1, t), 1)))
-    params = _params(device, ce, f"{ce.w.name}.ce", t_off=target_offset, rows_total=rows_total)
+    if params is None:
+        params = loss_params(device, ce, rows_total=rows_total, target_offset=target_offset)
     k_merge = kernels.get("backward_head", "ce_merge", WG=WG)
     k_loss = kernels.get("backward_head", "ce_loss", WG=WG)
     merge = device.bind(k_merge, [ce.stats, ce.tl, targets, ce.lse, ce.nll, params, step], f"{ce.w.name}.ce_merge")

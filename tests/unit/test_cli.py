@@ -36,6 +36,8 @@ LEAST = {
     "ask": ["m.gguf", "--index", "i.idx", "--question", "q"],
     "retrieval-eval": ["m.gguf", "a.txt"],
     "train-embedder": ["m.gguf", "a.txt", "--out", "e.gguf"],
+    "grounded-data": ["a.txt", "--out", "s.jsonl"],
+    "grounded-eval": ["m.gguf", "--set", "s.heldout.jsonl"],
     "ablate": ["m.gguf", "--prompt", "p", "--target", "t"],
     "patch": ["m.gguf", "--clean", "a", "--corrupt", "b", "--target", "t"],
     "steer": ["m.gguf", "--prompt", "p", "--plus", "a", "--minus", "b", "--layer", "1"],
@@ -45,17 +47,18 @@ LEAST = {
 # Which subcommands open the GPU (--disable), print JSON (--json), make a KV cache (--ctx, with its default),
 # sample (the sampler's flags and -n), and run in the page too (--backend and the browser's options).
 GPU = {"selftest", "generate", "perplexity", "train", "gradcheck", "index", "ask", "retrieval-eval", "train-embedder",
-       "ablate", "patch", "steer",
+       "grounded-eval", "ablate", "patch", "steer",
        "attribute", "bench"}
 JSON = {"generate", "tokenize", "tokenizer-train", "perplexity", "train", "gradcheck", "f32-copy", "index", "ask",
-        "retrieval-eval", "train-embedder", "ablate", "patch", "steer",
+        "retrieval-eval", "train-embedder", "grounded-data", "grounded-eval", "ablate", "patch", "steer",
         "attribute", "bench"}
 CTX = {"generate": DEFAULT_CTX, "perplexity": PERPLEXITY_CTX, "train": 128, "gradcheck": 16, "index": DEFAULT_CTX, "ask": DEFAULT_CTX,
-       "retrieval-eval": DEFAULT_CTX, "train-embedder": 65, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,
+       "retrieval-eval": DEFAULT_CTX, "train-embedder": 65, "grounded-eval": 1024, "ablate": DEFAULT_CTX, "patch": DEFAULT_CTX, "steer": DEFAULT_CTX,
        "attribute": DEFAULT_CTX}
 SAMPLING = {"generate", "ask", "steer"}
 # The subcommands that run a model natively with a LoRA adapter file (--lora)
-LORA = {"generate", "perplexity", "index", "ask", "retrieval-eval", "ablate", "patch", "steer", "attribute"}
+LORA = {"generate", "perplexity", "index", "ask", "retrieval-eval", "grounded-eval", "ablate", "patch", "steer",
+        "attribute"}
 IN_THE_PAGE = {"retrieval-eval", "ablate", "patch", "bench", "train"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.host.cli import bench, embedder, experiments, parsers, retrieval, run, tokenizer, training
+from lab.host.cli import bench, embedder, experiments, grounded, parsers, retrieval, run, tokenizer, training
 
 # Each subcommand in `lab --help`'s order: the function that adds its parser (lab/host/cli/parsers.py) and the
 # handler that takes the parsed flags and returns the exit status. The modules import what a handler needs inside
@@ -25,6 +25,8 @@ COMMANDS = {
     "ask": (parsers.ask, retrieval.ask),
     "retrieval-eval": (parsers.retrieval_eval, retrieval.retrieval_eval),
     "train-embedder": (parsers.train_embedder, embedder.train_embedder),
+    "grounded-data": (parsers.grounded_data, grounded.grounded_data),
+    "grounded-eval": (parsers.grounded_eval, grounded.grounded_eval),
     "ablate": (parsers.ablate, experiments.ablate),
     "patch": (parsers.patch, experiments.patch),
     "steer": (parsers.steer, experiments.steer),

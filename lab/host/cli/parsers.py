@@ -164,7 +164,10 @@ def train(sub, name):
                                   "(--full: a model GGUF), or a llama model from scratch (--scratch), on a text file "
                                   "natively")
     s.add_argument("model", nargs="?", help="the GGUF to train (none with --scratch)")
-    s.add_argument("--data", required=True, help="a UTF-8 text file, tokenized as `lab tokenize` does")
+    s.add_argument("--data", required=True, help="a UTF-8 text file, tokenized as `lab tokenize` does; or a .jsonl of "
+                                                 "chat turns (one {\"messages\": [...]} a line, as `lab grounded-data` "
+                                                 "writes), each a window in the model's chat template trained on its "
+                                                 "assistant's tokens alone")
     s.add_argument("--full", action="store_true",
                    help="full fine-tuning: every weight and norm of an F32 model trained in place, written as a model "
                         "GGUF of the same architecture (the --lora-* flags then do nothing)")
@@ -183,7 +186,8 @@ def train(sub, name):
     g.add_argument("--ffn", type=int, help="the feed-forward's width (default: 8/3 of --width, up to a multiple of 32)")
     s.add_argument("--sample", type=int, default=0, metavar="N",
                    help="a checkpoint's sample: the model's greedy continuation, N tokens, of a held-out window's "
-                        "first 8 tokens (a training window's without --held-out), before the first step, every tenth "
+                        "first 8 tokens (a training window's without --held-out; of a .jsonl, its answer to the "
+                        "conversation's prompt), before the first step, every tenth "
                         "of the run and after the last")
     s.add_argument("--held-out", type=float, default=0.0, metavar="SHARE",
                    help="the share of the text's windows (its last ones, at least one) held out of training, their "
@@ -226,6 +230,8 @@ def gradcheck(sub, name):
                                   "float64 central differences")
     model_arg(s)
     s.add_argument("--full", action="store_true", help="full fine-tuning's gradients, of every weight of an F32 model")
+    s.add_argument("--masked", action="store_true", help="the loss over an answer's tokens alone, as a .jsonl of chat "
+                                                         "turns trains (a random span of each window)")
     s.add_argument("--ctx", type=int, default=16, help="tokens a window holds")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--rank", type=int, default=4)
@@ -263,6 +269,39 @@ def ask(sub, name):
     sampling_flags(s)
     engine_flags(s, "KV cache length in tokens (prompt and answer)",
                  'print {"hits": [{rank, file, window, start_token, end_token, score, text}], "prompt", "answer"}')
+    return s
+
+
+def grounded_data(sub, name):
+    from lab.instruments import grounded
+    s = sub.add_parser(name, help="make question / passages / answer rows from text files by rule (answers quoted "
+                                  "from the passages; some rows shown passages without the answer, to decline): "
+                                  "SET.jsonl to train on and SET.heldout.jsonl to measure")
+    s.add_argument("files", nargs="+", metavar="FILE", help="UTF-8 text or Markdown (its prose: headings, code and "
+                                                            "tables are left out)")
+    s.add_argument("--out", required=True, metavar="SET.jsonl")
+    s.add_argument("--refusals", type=float, default=0.3,
+                   help=f"the share of rows that decline (under {grounded.REFUSALS_MAX})")
+    s.add_argument("--held-out", type=float, default=0.2, help="the share of passages whose questions are held out")
+    s.add_argument("--per-passage", type=int, default=2, help="questions asked of a passage, at most")
+    s.add_argument("--seed", type=int, default=0)
+    json_flag(s)
+    return s
+
+
+def grounded_eval(sub, name):
+    from lab.instruments import retrieval
+    s = sub.add_parser(name, help="a model's greedy replies to a held-out set (`lab grounded-data`): refuses when it "
+                                  "should, refuses when it should not, grounding (five-word sequences of a reply "
+                                  "found verbatim in its passages)")
+    model_arg(s)
+    s.add_argument("--set", required=True, metavar="HELDOUT.jsonl")
+    s.add_argument("--index", metavar="INDEX", help="retrieve each question's passages from this index (`lab index`) "
+                                                    "instead of the row's own")
+    s.add_argument("-k", type=int, default=2, help=f"passages retrieved with --index (at most {retrieval.MAX_K})")
+    s.add_argument("-n", type=int, default=96, help="a reply's tokens, at most")
+    s.add_argument("--limit", type=int, default=0, help="the set's first N rows only (0: all)")
+    engine_flags(s, "KV cache length in tokens (prompt and reply)", ctx=1024)
     return s
 
 

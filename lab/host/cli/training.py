@@ -8,18 +8,19 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
 def train(args) -> int:
-    from lab.instruments.training import Optim, Trainer, model_bytes, split
+    from lab.instruments.training import Optim, Trainer, model_bytes
     if args.backend == "browser":
         return _train_in_page(args)
     with open(args.data, encoding="utf-8") as f:
         text = f.read()
     engine, tok, out = _scratch(args) if args.scratch else _model(args)
     try:
-        wins, held = split(tok.encode(text), args.ctx, args.held_out)     # as `lab tokenize`: no BOS, no specials
+        data = _data(args, text, tok, engine)
         if args.scratch and args.steps == 0:        # the untrained model, as drawn: what a run from it starts at
             out.write_bytes(asyncio.run(model_bytes(engine)))
             print(json.dumps({"out": str(out), "steps": 0}) if args.json else f"{out}: untrained")
@@ -33,19 +34,21 @@ def train(args) -> int:
     except BaseException:
         engine.close()
         raise
-    losses, held_losses, samples, spent, first_step = _steps(args, tr, tok, wins, held)
+    losses, held_losses, samples, spent, first_step = _steps(args, tr, tok, data)
     out.write_bytes(asyncio.run(tr.model_bytes() if tr.full else tr.adapter_bytes()))
     profile = None
     if args.profile:        # one window's pass by kernel family (timestamp queries), after the run
         from lab.instruments.profile import ops_by_family
-        profile = asyncio.run(ops_by_family(engine.device, tr.window_ops, args.ctx, tr.writes(wins[0])))
+        profile = asyncio.run(ops_by_family(engine.device, tr.window_ops, args.ctx, tr.writes(*data.window(0))))
     # tokens/s over the steps after the first (the first one pays for the pipelines' first dispatches)
     timed = spent - first_step if args.steps > 1 else spent
     per_step = args.batch * args.ctx
     report = {"losses": losses, "held_out": held_losses, "samples": samples,
               "tokens_per_s": per_step * max(1, args.steps - 1) / timed,
-              "out": str(out), "seconds": spent, "first_step_s": first_step, "windows": len(wins),
-              "held_out_windows": len(held), "params": tr.n_params, "steps": args.steps, "memory": tr.memory(),
+              "out": str(out), "seconds": spent, "first_step_s": first_step, "windows": len(data.wins),
+              "held_out_windows": len(data.held), "trained_tokens": data.trained_tokens,
+              "data": "chat turns" if data.masks is not None else "text",
+              "params": tr.n_params, "steps": args.steps, "memory": tr.memory(),
               "profile": profile, "mode": "scratch" if args.scratch else "full" if args.full else "lora",
               "adapter": engine.device.info.name}
     tr.close()
@@ -53,7 +56,7 @@ def train(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        held_at = f", held out {held_losses[0][1]:.4f} -> {held_losses[-1][1]:.4f}" if held else ""
+        held_at = f", held out {held_losses[0][1]:.4f} -> {held_losses[-1][1]:.4f}" if data.held else ""
         print(f"{args.steps} steps of {args.batch} x {args.ctx} tokens: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
               f"{held_at}, {report['tokens_per_s']:.1f} tokens/s; {tr.n_params:,} parameters in {out}")
     return 0
@@ -62,41 +65,91 @@ def train(args) -> int:
 SAMPLE_PROMPT = 8      # tokens of a window a checkpoint's sample continues
 
 
-def _steps(args, tr, tok, wins, held):
+@dataclass
+class Data:
+    """A run's windows of --ctx tokens and those held out; from a .jsonl of chat turns, a mask each of the tokens
+    trained (its assistant's: lab.instruments.chatdata), None for a text's windows (every token after the first)."""
+    wins: list
+    held: list
+    masks: list | None = None
+    held_masks: list | None = None
+
+    def window(self, i: int, held: bool = False) -> tuple:
+        wins, masks = (self.held, self.held_masks) if held else (self.wins, self.masks)
+        return wins[i], None if masks is None else masks[i]
+
+    def batch(self, s: int, n: int) -> tuple:
+        from lab.instruments.training import batch_of
+        return batch_of(self.wins, s, n), None if self.masks is None else batch_of(self.masks, s, n)
+
+    @property
+    def trained_tokens(self) -> int:
+        return (sum(len(w) - 1 for w in self.wins) if self.masks is None
+                else sum(sum(m[1:]) for m in self.masks))
+
+
+def _data(args, text: str, tok, engine) -> Data:
+    """The text's windows (as `lab tokenize`: no BOS, no specials), or with a .jsonl file its conversations, one a
+    window padded to --ctx, trained on the assistant's tokens (the last --held-out share of each held out)."""
+    from lab.instruments import chatdata
+    from lab.instruments.training import split
+    if not str(args.data).endswith(".jsonl"):
+        return Data(*split(tok.encode(text), args.ctx, args.held_out))
+    convs = chatdata.conversations(text, str(args.data))
+    exs = chatdata.examples(tok, engine.header.metadata, convs, args.ctx, str(args.data))
+    held = max(1, round(len(exs) * args.held_out)) if args.held_out else 0
+    if held and held >= len(exs):
+        raise chatdata.ChatDataError(f"{args.data}: {len(exs)} conversation(s): at least one to train on and one held "
+                                     f"out")
+    pad = tok.eos_id if tok.eos_id is not None else 0
+    rows = [chatdata.padded(ex, args.ctx, pad) for ex in exs]
+    train, kept = rows[:len(rows) - held], rows[len(rows) - held:]
+    return Data([w for w, _ in train], [w for w, _ in kept], [m for _, m in train], [m for _, m in kept])
+
+
+def _steps(args, tr, tok, data: Data):
     """Run the steps: (losses, [[step, held-out loss], ...], [[step, sample], ...], seconds in steps, seconds of the
     first). The held-out loss and the sample (--sample N tokens) before the first step, every tenth of the run and
     after the last, each its own passes outside the timed steps."""
-    from lab.instruments.training import batch_of, held_out_loss
+    from lab.instruments.training import held_out_loss
     every = max(1, args.steps // 10)
-    held_losses = [[0, asyncio.run(held_out_loss(tr, held))]] if held else []
-    samples = [[0, asyncio.run(_sample(tr, tok, (held or wins)[0], args.sample))]] if args.sample else []
+
+    def checkpoint():
+        return asyncio.run(held_out_loss(tr, data.held, data.held_masks))
+
+    def sample():
+        return asyncio.run(_sample(tr, tok, *data.window(0, held=bool(data.held)), args.sample))
+    held_losses = [[0, checkpoint()]] if data.held else []
+    samples = [[0, sample()]] if args.sample else []
     losses, spent, first_step = [], 0.0, 0.0
     for s in range(args.steps):
         t0 = time.perf_counter()
-        losses.append(asyncio.run(tr.step(batch_of(wins, s, args.batch))))     # the loss's read waits for the step
+        losses.append(asyncio.run(tr.step(*data.batch(s, args.batch))))     # the loss's read waits for the step
         spent += (dt := time.perf_counter() - t0)
         first_step = dt if s == 0 else first_step
         at = ""
         if (s + 1) % every == 0 or s + 1 == args.steps:
-            if held:
-                held_losses.append([s + 1, asyncio.run(held_out_loss(tr, held))])
+            if data.held:
+                held_losses.append([s + 1, checkpoint()])
                 at += f", held out {held_losses[-1][1]:.4f}"
             if args.sample:
-                samples.append([s + 1, asyncio.run(_sample(tr, tok, (held or wins)[0], args.sample))])
+                samples.append([s + 1, sample()])
                 at += f", sample {samples[-1][1]!r}"
         if not args.json:
             print(f"step {s + 1}/{args.steps}: loss {losses[-1]:.4f}{at}", file=sys.stderr, flush=True)
     return losses, held_losses, samples, spent, first_step
 
 
-async def _sample(tr, tok, window: list[int], n: int) -> str:
-    """The model's greedy continuation, n tokens, of a window's first SAMPLE_PROMPT tokens (a held-out one where there
-    are), as the model stands: a checkpoint's sample. Its steps overwrite the KV cache, which each training window
-    writes afresh from position 0, so the run is unchanged by it."""
+async def _sample(tr, tok, window: list[int], mask: list[bool] | None, n: int) -> str:
+    """The model's greedy continuation, n tokens, as the model stands (a checkpoint's sample): of a text window's
+    first SAMPLE_PROMPT tokens, or of a conversation's prompt (its tokens before the first trained one), a held-out
+    one where there are. Its steps overwrite the KV cache, which each training window writes afresh from position 0,
+    so the run is unchanged by it."""
     from lab.engine.session import Session
     from lab.settings import Settings
-    res = await Session(tr.engine, tok).generate(window[:SAMPLE_PROMPT], Settings(greedy=True), n)
-    return tok.decode(window[:SAMPLE_PROMPT]) + res.text
+    cut = SAMPLE_PROMPT if mask is None else mask.index(True)
+    res = await Session(tr.engine, tok).generate(window[:cut], Settings(greedy=True), n)
+    return (tok.decode(window[:cut]) if mask is None else "") + res.text
 
 
 def _model(args):
@@ -195,7 +248,7 @@ def f32_copy(args) -> int:
 def gradcheck(args) -> int:
     from lab.host import gradcheck as gc
     r = gc.check(args.model, T=args.ctx, batch=args.batch, rank=args.rank, samples=args.samples, seed=args.seed,
-                 disable=args.disable, full=args.full)
+                 disable=args.disable, full=args.full, masked=args.masked)
     if args.json:
         print(json.dumps(r))
     else:
