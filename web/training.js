@@ -50,6 +50,7 @@ export function freshTraining() {
     switching: false,  // a switch asked for, its answer not back yet
     want: true,        // ... the state it asked for
     opening: "",        // the first words of the text trained on: the with / without prompt unless one is typed
+    chat: null,         // a run on a .jsonl of chat turns: {system} (its last conversation's system prompt, or "")
     labels: [],         // the adapter's buffers' labels, to find them in Forget's report
     labelsOf: "",       // ... whose: a run's (what it trained: "lora", "full", "new"), or "file" (an adapter file's)
     wiped: null,        // those buffers in the last Forget report: {buffers, before, after}
@@ -153,7 +154,7 @@ function trainingForgotten(s, report) {
 function dropTraining(s, worker) {
   if (s.running || s.compare?.running) worker.postMessage({ type: "stop" });
   s.seq++;
-  Object.assign(s, noRun(), { file: null, vocabFile: null, wiped: null, opening: "" });
+  Object.assign(s, noRun(), { file: null, vocabFile: null, wiped: null, opening: "", chat: null });
   $("train-file").value = "";
   $("train-vocab-file").value = "";
   $("train-adapter-file").value = "";
@@ -188,6 +189,17 @@ function vocabulary(store) {
     : { error: "train a vocabulary in the Tokenizer card first, or choose a tokenizer file" };
 }
 
+// A .jsonl of chat turns: its last conversation's system prompt and last user message, the with / without prompt
+// (the worker checks every line; a line that is not a conversation leaves the prompt empty here).
+function lastTurn(text) {
+  const lines = text.split("\n").filter((l) => l.trim());
+  let msgs = [];
+  try { msgs = JSON.parse(lines[lines.length - 1] ?? "null")?.messages ?? []; } catch { msgs = []; }
+  if (!Array.isArray(msgs)) msgs = [];
+  const content = (role) => String(msgs.filter((m) => m?.role === role).at(-1)?.content ?? "");
+  return { system: content("system"), user: content("user") };
+}
+
 // The chat's text so far: what was said, each message on its own, in order.
 const conversationText = (store) => store.messages.map((m) => m.content).filter((t) => t.trim()).join("\n\n");
 
@@ -201,9 +213,17 @@ function start(store, worker, rerender) {
     return;
   }
   const num = (id) => Number($(id).value);
+  const turns = source() === "file" && /\.jsonl$/i.test(s.file?.name ?? "") ? lastTurn(text) : null;
+  if (turns && mode() === "new") {
+    s.error = "a new model trains on text: pick a text file (a .jsonl of chat turns trains the loaded model)";
+    rerender();
+    return;
+  }
   const settings = { text, steps: num("train-steps"), lr: num("train-lr"), ctx: num("train-ctx"),
-                     batch: num("train-batch"), optimizer: $("train-optimizer").value };
-  const opening = text.trim().split(/\s+/).slice(0, 6).join(" ");
+                     batch: num("train-batch"), optimizer: $("train-optimizer").value, chat: Boolean(turns) };
+  // the with / without prompt: the text's first words, or a chat file's last question (held out of training)
+  const opening = turns ? turns.user : text.trim().split(/\s+/).slice(0, 6).join(" ");
+  s.chat = turns ? { system: turns.system } : null;
   if (mode() === "new") {
     const vocab = vocabulary(store);
     if (vocab.error) { s.error = vocab.error; rerender(); return; }
@@ -239,7 +259,7 @@ function compare(store, worker, rerender) {
   s.error = null;
   s.compare = { running: true, without: "", with: "", prompt_tokens: null };
   worker.postMessage({ type: "train-compare", prompt: $("train-prompt").value, max_new: Number($("train-new").value),
-                       seq: ++s.seq });
+                       chat: Boolean(s.chat), system: s.chat?.system ?? "", seq: ++s.seq });
   rerender();
 }
 
@@ -432,8 +452,12 @@ function renderFacts(s) {
   if (!p) { dl.replaceChildren(); return; }
   const mem = r ? r.memory : p.memory;
   const rows = [
-    ["text", `${p.tokens.toLocaleString("en")} tokens in ${p.windows} windows of ${p.ctx}: ${p.train} trained on, `
-      + `${p.held} held out`, "train-text", p.tokens],
+    p.chat
+      ? ["text", `${p.windows} conversations, each a window of ${p.ctx} tokens: ${p.train} trained on, ${p.held} held `
+        + `out; ${p.trained_tokens.toLocaleString("en")} answer tokens trained (the rest is prompt and padding)`,
+         "train-text", p.tokens]
+      : ["text", `${p.tokens.toLocaleString("en")} tokens in ${p.windows} windows of ${p.ctx}: ${p.train} trained on, `
+        + `${p.held} held out`, "train-text", p.tokens],
     p.made
       ? ["model", `${p.params.toLocaleString("en")} parameters, every one trained: ${p.made.layers} layers of `
         + `${p.made.width}, ${p.made.heads} heads, feed-forward ${p.made.ffn}, a vocabulary of `

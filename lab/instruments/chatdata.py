@@ -6,6 +6,8 @@ assistant's tokens alone.
                                         token, whether it is an assistant's (trained) token
     examples(tok, md, convs, T)         every conversation's Example, each refused with its line when it does not fit T
     padded(ex, T, pad)                  (ids, mask) of T tokens: the example, then `pad` untrained
+    windows(text, tok, md, T, share)    a file's windows and masks, the last `share` of its conversations held out
+                                        (`lab train` and the page's Training card)
 
 A line is a JSON object with "messages" (the roles of lab.text.chat) and anything else the writer keeps (`lab
 grounded-data` keeps whether the passages hold the answer). The rendering is the one the chat uses
@@ -122,3 +124,17 @@ def padded(ex: Example, T: int, pad: int) -> tuple[list[int], list[bool]]:
     if n < 0:
         raise ChatDataError(f"line {ex.line}: {len(ex.ids)} tokens do not fit a window of {T}")
     return list(ex.ids) + [pad] * n, list(ex.mask) + [False] * n
+
+
+def windows(text: str, tok, md: dict, T: int, share: float, source: str = "the data") -> tuple[list, list, list, list]:
+    """(trained windows, held-out windows, their masks, the held-out ones' masks) of a .jsonl file's conversations,
+    each a window of T tokens padded with EOS (or id 0); the last `share` of them (at least one, with share > 0)
+    held out, so that at least one is trained on."""
+    exs = examples(tok, md, conversations(text, source), T, source)
+    held = max(1, round(len(exs) * share)) if share else 0
+    if held and held >= len(exs):
+        raise ChatDataError(f"{source}: {len(exs)} conversation(s): at least one to train on and one held out")
+    pad = tok.eos_id if tok.eos_id is not None else 0
+    rows = [padded(ex, T, pad) for ex in exs]
+    train, kept = rows[:len(rows) - held], rows[len(rows) - held:]
+    return [w for w, _ in train], [w for w, _ in kept], [m for _, m in train], [m for _, m in kept]

@@ -57,11 +57,13 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                   "loaded model, the chat's KV cache set aside and put back; a sweep over ASK_S waits for confirm; its "
                   "cancel is stop -> experiment-plan, then experiment-progress..., experiment-token... (steer), "
                   "experiment-result",
-    "train": "{text, rank, steps, lr, ctx, batch, optimizer, full, seq}: the Training card's run, a new LoRA adapter "
-             "on the text, or (full true) every weight of the loaded F32 model trained in place, its weights the "
+    "train": "{text, rank, steps, lr, ctx, batch, optimizer, full, chat, seq}: the Training card's run, a new LoRA "
+             "adapter on the text (chat true: a .jsonl of chat turns, its assistant's tokens alone trained), or (full "
+             "true) every weight of the loaded F32 model trained in place, its weights the "
              "user's data from then on (lab/worker/training.py); its cancel is stop -> train-plan, "
              "train-progress..., train-done",
-    "train-compare": "{prompt, max_new, seq}: greedy replies without and with the adapter -> train-token..., "
+    "train-compare": "{prompt, max_new, chat, system, seq}: greedy replies without and with the adapter (chat: to "
+                     "the prompt as a user's turn) -> train-token..., "
                      "train-compare",
     "train-adapter": "{seq}: the adapter as a llama.cpp adapter GGUF -> train-adapter",
     "train-switch": "{on, seq}: the adapter on or off for the chat, the panels and the cards -> train-switch",

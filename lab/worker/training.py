@@ -2,14 +2,14 @@
 the tab on a text the page sends (a text file the user picked, or the chat's text so far), then put to use.
 lab/worker/router.py routes the five messages here; the training itself is lab/instruments/training.py.
 
-    train {text, rank, steps, lr, ctx, batch, optimizer, full, seq}
+    train {text, rank, steps, lr, ctx, batch, optimizer, full, chat, seq} (chat: the text is a .jsonl of chat turns)
         -> "train-plan" {seq, tokens, windows, train, held, params, full, memory, labels, ...} once the text is
            tokenized and the adapter made (full: every weight of the model instead, rank null), "train-progress"
            {seq, step, steps, loss, held, lr, seconds, tokens_per_s, eta_s} (step 0: the held-out loss before
            training, then after each step; `held` every few steps and after the last, else null), "train-done"
            {seq, steps_done, stopped, diverged, held_before, held_after, ppl_before, ppl_after, seconds,
            tokens_per_s, memory}
-    train-compare {prompt, max_new, seq}
+    train-compare {prompt, max_new, chat, system, seq} (chat: the prompt a user's turn in the chat template)
         -> "train-token" {seq, which: "without" | "with", piece}..., "train-compare" {seq, without, with,
            prompt_tokens}: greedy replies to the same prompt without and with the adapter
     train-adapter {seq} -> "train-adapter" {seq, size, bytes}: the adapter as a llama.cpp adapter GGUF (size bytes;
@@ -21,7 +21,10 @@ lab/worker/router.py routes the five messages here; the training itself is lab/i
         Lora and put on the engine as the card's adapter (the switch, the replies and the download then take it as
         they take a trained one); a file refused is one line, and the adapter before stays as it was
 
-The text is tokenized as `lab tokenize` and `lab train` do (tok.encode, no BOS), cut into windows of `ctx` tokens
+A .jsonl of chat turns (`chat`, a file the user picked, such as `lab grounded-data` writes) is read as `lab train`
+reads one (lab.instruments.chatdata): each conversation a window of `ctx` tokens in the model's chat template, only
+its assistant's tokens trained, the last tenth of the conversations held out. Otherwise the
+text is tokenized as `lab tokenize` and `lab train` do (tok.encode, no BOS), cut into windows of `ctx` tokens
 (lab.instruments.training.windows); the last tenth of the windows (lab.settings.TRAINING.held_out, at least one) is
 held out: the steps train on the others, in order, wrapping; the held-out loss is the mean over the held-out windows
 (in batches of the step's windows: where their number is not a multiple of the batch, the first ones count again).
@@ -65,8 +68,10 @@ from lab.engine.session import Session
 from lab.format import gguf
 from lab.format.adapter import Adapter, decode_f32, read_adapter
 from lab.format.rules import ModelError
+from lab.instruments import chatdata
 from lab.instruments.training import OPTIMIZERS, Optim, Trainer, adapter_bytes, batch_of, held_out_loss, split
 from lab.settings import TRAINING, Settings
+from lab.text import chat
 from lab.worker.cards import PROBES
 from lab.worker.cards import TRAINING as CARD
 from lab.worker.state import Loaded, Worker
@@ -153,8 +158,10 @@ class Run:
     user's data (lab/worker/state.py Loaded.weights_are_users)."""
 
     def __init__(self, trainer: Trainer | None, train: list[list[int]], held: list[list[int]], *, engine=None,
-                 file: str | None = None, name: str | None = None, made: dict | None = None) -> None:
+                 file: str | None = None, name: str | None = None, made: dict | None = None,
+                 masks: list | None = None, held_masks: list | None = None) -> None:
         self.trainer, self.train, self.held = trainer, train, held
+        self.masks, self.held_masks = masks, held_masks      # chat turns': each window's trained tokens (None: text)
         self.made = made      # a model trained from scratch (lab/worker/scratch.py): its shape; the Trainer is full
         self.engine = trainer.engine if trainer is not None else engine
         self.lora: Lora | None = trainer.lora if trainer is not None else None    # a file's: set once it is made
@@ -208,7 +215,7 @@ class Run:
 
     def lost(self) -> None:
         """The device went with every buffer: the text's windows are emptied here (they may be shared)."""
-        empty(self.train, self.held)
+        empty(self.train, self.held, self.masks or [], self.held_masks or [])
 
 
 def empty(*lists: list[list[int]]) -> None:
@@ -248,21 +255,24 @@ async def run(msg: dict, w: Worker) -> None:
         raise TrainError(reason)
     ask = Ask.of(msg, max_ctx(engine), f"on this engine (a step runs at most {engine.max_batch} tokens here, and the "
                                        f"context holds {engine.n_ctx})")
-    train, held = windows(text_of(msg), lo.tokenizer, ask.ctx)
+    if msg.get("chat"):         # a .jsonl of chat turns: each conversation a window, its assistant's tokens trained
+        train, held, masks, held_masks = chat_windows(text_of(msg), lo, ask.ctx)
+    else:
+        (train, held), masks, held_masks = windows(text_of(msg), lo.tokenizer, ask.ctx), None, None
     lo.drop(CARD)                            # the adapter trained before: off the engine, its buffers freed
     lo.session.reset()
     try:
         trainer = Trainer(engine, T=ask.ctx, batch=ask.batch, rank=ask.rank, alpha=2.0 * ask.rank, full=full,
                           optim=ask.optim())
     except BaseException:
-        empty(train, held)                  # the windows emptied all the same
+        empty(train, held, masks or [], held_masks or [])       # the windows emptied all the same
         raise
     if full:
         # From the first step on the file's weights move with the user's text: they are the user's data, found by
         # Forget as every CONVERSATION buffer is (wiped, read back, the model then unloaded), left by a new chat.
         engine.weights.rekind(gpu.CONVERSATION)
         lo.drop(PROBES)     # the embedding inspector's row norms were the file's rows': made again from the trained
-    state = lo.hold(CARD, Run(trainer, train, held))
+    state = lo.hold(CARD, Run(trainer, train, held, masks=masks, held_masks=held_masks))
     await engine.device.flush_errors()      # a kernel or binding the device refuses, named, before any step
     w.stop_clear()
     try:
@@ -291,10 +301,22 @@ def windows(text: str, tok, ctx: int) -> tuple[list[list[int]], list[list[int]]]
     return train, held
 
 
+def chat_windows(text: str, lo: Loaded, ctx: int) -> tuple[list, list, list, list]:
+    """A .jsonl of chat turns as `lab train` reads it (lab.instruments.chatdata.windows): each conversation a window
+    of ctx tokens in the model's chat template, trained on its assistant's tokens; the last tenth held out. A bad line
+    is refused by its number."""
+    try:
+        return chatdata.windows(text, lo.tokenizer, lo.engine.header.metadata, ctx, TRAINING.held_out, "the file")
+    except (chatdata.ChatDataError, chat.ChatTemplateError) as exc:
+        raise TrainError(str(exc)) from None
+
+
 def _plan(state: Run, ask: Ask, seq) -> dict:
     tr = state.trainer
     n_train, n_held = len(state.train), len(state.held)
     return {"type": "train-plan", "seq": seq, "tokens": (n_train + n_held) * ask.ctx, "windows": n_train + n_held,
+            "chat": state.masks is not None,
+            "trained_tokens": None if state.masks is None else sum(sum(m[1:]) for m in state.masks),
             "train": n_train, "held": n_held, "ctx": ask.ctx, "batch": ask.batch, "steps": ask.steps,
             "rank": None if tr.full else ask.rank, "lr": ask.lr, "optimizer": ask.optimizer, "params": tr.n_params,
             "targets": len(tr.pieces()) if tr.full else len(tr.lora.targets), "full": tr.full, "made": state.made,
@@ -306,20 +328,21 @@ async def run_steps(state: Run, ask: Ask, w: Worker, seq) -> None:
     tr, steps = state.trainer, ask.steps
     every = max(1, steps // EVALS)
     w.post(_plan(state, ask, seq))
-    state.before = held = await held_out_loss(tr, state.held)
+    state.before = held = await held_out_loss(tr, state.held, state.held_masks)
     w.post({"type": "train-progress", "seq": seq, "step": 0, "steps": steps, "loss": None, "held": held,
             "lr": tr.optim.lr_at(1), "seconds": 0.0, "tokens_per_s": None, "eta_s": None})
     t0, stepping, done, stopped, diverged = time.perf_counter(), 0.0, 0, False, False
     while done < steps and not (stopped or diverged):
         t1 = time.perf_counter()
-        loss = await tr.step(batch_of(state.train, done, ask.batch))
+        loss = await tr.step(batch_of(state.train, done, ask.batch),
+                             None if state.masks is None else batch_of(state.masks, done, ask.batch))
         stepping += time.perf_counter() - t1
         done += 1
         if done == 1:
             await tr.device.flush_errors()   # what the device refused at the first step's submit, named
         stopped, diverged = bool(w.stop_requested()), not math.isfinite(loss)
         last = done == steps or stopped or diverged
-        held = await held_out_loss(tr, state.held) if done % every == 0 or last else None
+        held = await held_out_loss(tr, state.held, state.held_masks) if done % every == 0 or last else None
         seconds = time.perf_counter() - t0
         w.post({"type": "train-progress", "seq": seq, "step": done, "steps": steps, "loss": loss, "held": held,
                 "lr": tr.optim.lr_at(done), "seconds": seconds, "tokens_per_s": done * ask.batch * ask.ctx / stepping,
@@ -347,7 +370,15 @@ async def compare(msg: dict, w: Worker) -> None:
     text = str(msg.get("prompt") or "")
     if not text.strip():
         raise TrainError("type a prompt for the two replies")
-    ids = tok.encode(text, add_bos=tok.add_bos)      # text to continue, as the adapter was trained
+    if msg.get("chat"):     # as chat turns trained it: the prompt a user's turn (after the system's, if given)
+        system = str(msg.get("system") or "")
+        turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        try:
+            ids = chat.render_chat(tok, lo.engine.header.metadata, turns)
+        except chat.ChatTemplateError as exc:
+            raise TrainError(str(exc)) from None
+    else:
+        ids = tok.encode(text, add_bos=tok.add_bos)      # text to continue, as the adapter was trained
     max_new = number(msg, "max_new", int, TRAINING.max_new, 1, lo.engine.n_ctx - len(ids), "the reply's tokens")
     session, replies = Session(lo.engine, tok), {}
     w.stop_clear()

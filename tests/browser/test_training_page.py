@@ -13,6 +13,7 @@ reads against the model; the switch turns the adapter off and on; Forget's read-
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -151,6 +152,31 @@ def test_forget_wipes_the_training(lab):
     assert page.input_value('[data-testid="train-prompt"]') == ""
     assert page.inner_text('[data-testid="train-file-note"]') == ""
     _shot(lab, "forgotten")
+    assert not lab.foreign_requests() and not lab.errors()
+
+
+def test_a_jsonl_of_chat_turns_trains_its_answers(lab, texts):
+    """A .jsonl picked (as `lab grounded-data` writes): the facts count conversations and the answers' tokens, the
+    with / without prompt is its last question, asked as a user's turn."""
+    page = lab.page
+    turns = [{"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": f"{w} {w}."}]}
+             for w in ("red", "green", "blue", "black", "white", "grey", "pink", "gold", "teal", "navy", "plum")]
+    (texts / "turns.jsonl").write_text("".join(json.dumps(t) + "\n" for t in turns))
+    page.set_input_files('[data-testid="train-file"]', str(texts / "turns.jsonl"))
+    page.fill('[data-testid="train-ctx"]', "48")
+    page.fill('[data-testid="train-steps"]', "2")
+    page.fill('[data-testid="train-batch"]', "2")
+    page.click('[data-testid="train-start"]')
+    page.wait_for_selector('[data-testid="train-status"][data-state="done"]', timeout=RUN_MS)
+    facts = page.inner_text('[data-testid="train-facts"]')
+    assert "11 conversations, each a window of 48 tokens: 10 trained on, 1 held out" in facts, facts
+    assert "answer tokens trained" in facts
+    assert page.input_value('[data-testid="train-prompt"]') == "Say plum."
+    page.fill('[data-testid="train-new"]', "3")
+    page.click('[data-testid="train-compare"]')
+    page.wait_for_selector('[data-testid="train-with"][data-state="done"]', timeout=RUN_MS)
+    _shot(lab, "chat-turns")
+    forget_wipes_the_card(page)
     assert not lab.foreign_requests() and not lab.errors()
 
 

@@ -11,6 +11,7 @@ with the adapter is what probes made afresh read."""
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -191,3 +192,39 @@ def test_the_panels_probes_follow_the_adapter(page):
         fresh.close()
     assert followed.residual == made_now.residual and followed.attention == made_now.attention
     assert followed.residual != plain
+
+
+TURNS = "".join(json.dumps({"messages": [{"role": "user", "content": f"Say {w}."},
+                                         {"role": "assistant", "content": f"{w} {w}."}]}) + "\n"
+                for w in ("red", "green", "blue", "black", "white", "grey", "pink", "gold", "teal", "navy", "plum"))
+
+
+def test_a_run_on_chat_turns_trains_their_answers_alone(page):
+    """A .jsonl picked in the card (`chat`): each conversation a window, the plan counts the answers' tokens, the
+    steps and the held-out loss take the masks, the with / without prompt is a user's turn, and Forget empties the
+    masks with the windows."""
+    out = page.send(training.run, **{**ASK, "text": TURNS, "chat": True, "ctx": 48, "batch": 2, "steps": 2})
+    (plan,), (done,) = page.of("train-plan", out), page.of("train-done", out)
+    assert plan["chat"] and (plan["train"], plan["held"]) == (10, 1) and plan["windows"] == 11
+    run = page.w.state.loaded.held(TRAINING)
+    assert plan["trained_tokens"] == sum(sum(m[1:]) for m in run.masks) and 3 * 10 <= plan["trained_tokens"] <= 8 * 10
+    assert done["steps_done"] == 2 and done["held_before"] > 0 and done["held_after"] > 0
+    out = page.send(training.compare, prompt="Say red.", max_new=3, chat=True, system="", seq=2)
+    (cmp,) = page.of("train-compare", out)
+    plain = page.send(training.compare, prompt="Say red.", max_new=3, seq=3)
+    assert cmp["prompt_tokens"] > page.of("train-compare", plain)[0]["prompt_tokens"]     # the template's turn
+    masks = run.masks
+    run.close()
+    assert masks == [] and run.held_masks == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"messages": [{"role": "user", "content": "q"}]}\n', "the file line 1: no assistant message"),
+    ("not json\n", "the file line 1: not JSON"),
+    (json.dumps({"messages": [{"role": "user", "content": "word " * 80},
+                              {"role": "assistant", "content": "a"}]}) + "\n", "longer than a window of 48"),
+])
+def test_chat_turns_refused_by_line(page, text, says):
+    with pytest.raises(TrainError, match=says):
+        page.send(training.run, **{**ASK, "text": text, "chat": True, "ctx": 48})
+    assert page.w.state.loaded.held(TRAINING) is None

@@ -95,16 +95,9 @@ def _data(args, text: str, tok, engine) -> Data:
     from lab.instruments.training import split
     if not str(args.data).endswith(".jsonl"):
         return Data(*split(tok.encode(text), args.ctx, args.held_out))
-    convs = chatdata.conversations(text, str(args.data))
-    exs = chatdata.examples(tok, engine.header.metadata, convs, args.ctx, str(args.data))
-    held = max(1, round(len(exs) * args.held_out)) if args.held_out else 0
-    if held and held >= len(exs):
-        raise chatdata.ChatDataError(f"{args.data}: {len(exs)} conversation(s): at least one to train on and one held "
-                                     f"out")
-    pad = tok.eos_id if tok.eos_id is not None else 0
-    rows = [chatdata.padded(ex, args.ctx, pad) for ex in exs]
-    train, kept = rows[:len(rows) - held], rows[len(rows) - held:]
-    return Data([w for w, _ in train], [w for w, _ in kept], [m for _, m in train], [m for _, m in kept])
+    wins, held, masks, held_masks = chatdata.windows(text, tok, engine.header.metadata, args.ctx, args.held_out,
+                                                     str(args.data))
+    return Data(wins, held, masks, held_masks)
 
 
 def _steps(args, tr, tok, data: Data):
