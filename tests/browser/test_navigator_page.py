@@ -216,14 +216,27 @@ def test_what_is_folded_survives_a_reply_and_new_chat(nav):
     for card in fold:
         go(nav, card)
         page.click(f"#{card} [data-testid=fold]")
+        folded_now(nav, [c for c in ORDER if c in fold[:fold.index(card) + 1]])
     want = [c for c in ORDER if c in fold]
     nav.send("And Italy?", max_tokens=2)
-    assert [c for c in ORDER if folded(nav, c)] == want
+    folded_now(nav, want)
     page.click("[data-testid=new-chat]")
-    assert [c for c in ORDER if folded(nav, c)] == want
+    folded_now(nav, want)
     for card in fold:
         page.click(f"#{card} [data-testid=fold]")
-    assert not any(folded(nav, c) for c in ORDER)
+    folded_now(nav, [])
+
+
+def folded_now(lab: Lab, want: list[str]) -> None:
+    """The folded cards are `want` (in the page's order) once the page has drawn what the last action changed: a
+    reply's and a new chat's renders run after the worker's messages, so the state is waited for, not read at once."""
+    try:
+        lab.page.wait_for_function("a => a.order.filter(id => document.getElementById(id).classList.contains("
+                                   "'folded')).join() === a.want.join()", arg={"want": want, "order": ORDER},
+                                   timeout=5_000)
+    except Exception:
+        pass
+    assert [c for c in ORDER if folded(lab, c)] == want
 
 
 def shot(lab: Lab, name: str) -> None:
