@@ -73,7 +73,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# lab.engine.lora.DEFAULT_TARGETS less phi3's fused attn_qkv (this family has none), in its order: the init's order
+# lab.engine.lora.DEFAULT_TARGETS less phi3's fused attn_qkv and lfm2's short-conv projections (this family has none),
+# in its order: the init's order
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 ARCHS = ("llama", "qwen2")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

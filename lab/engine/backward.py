@@ -26,17 +26,19 @@ import struct
 from dataclasses import dataclass
 
 from lab import gpu, ops
-from lab.engine.blocks import qkv_width
+from lab.engine.blocks import MIXERS
+from lab.engine.blocks.feedforward import FeedForward
 from lab.engine.lora import Lora
 from lab.engine.lora import members as lora_members
 from lab.engine.plans import Prefill
-from lab.format.model import expected_tensors
+from lab.format.model import expected_tensors, is_flat
 from lab.ops import WeightPart, backward_attention, backward_head, backward_matmul, elementwise, norm
 from lab.ops.backward import embed_back, rms_norm_back
 
 
-# Kept activations (TrainScratch.kept): per layer its fused [q | k | v] row (Q and K rotated), the attention's output,
-# x after the attention, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
+# Kept activations (TrainScratch.kept): per layer the rows its mixer's backward reads (an attention layer's fused
+# [q | k | v] row with Q and K rotated and its output; a short-conv layer's in_proj row [B | C | x] and C * conv), x
+# after the mixer, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
 # most this many bytes in all; past it the backward computes each layer's forward again (that second forward cost
 # SmolLM2's window on the H100 45.0 against 38.0 ms at T = 128, 87.6 against 71.3 at T = 512: docs/performance.md).
 # SmolLM2 at T = 512 keeps 448 MB, Qwen2.5-0.5B 905 MB; Llama-3.1-8B would keep 4 GB and recomputes.
@@ -44,9 +46,9 @@ KEEP_BYTES = 1 << 30
 
 
 def kept_widths(cfg, il: int) -> dict[str, int]:
-    """Floats a token of each row layer il keeps (the Scratch field each is copied from, ts.mid for "mid")."""
-    return {"qkv": qkv_width(cfg, il), "att": cfg.q_dim_of(il), "mid": cfg.n_embd, "xn": cfg.n_embd,
-            "gate_up": 2 * cfg.n_ff_of(il), "h": cfg.n_ff_of(il)}
+    """Floats a token of each row layer il keeps (the Scratch field each is copied from, ts.mid for "mid"), in the
+    order the forward leaves them: its mixer's (Block.kept), "mid", the feed-forward's."""
+    return {**MIXERS[cfg.mixer(il)].kept(cfg, il), "mid": cfg.n_embd, **FeedForward.kept(cfg, il)}
 
 
 def kept_bytes(cfg, T: int) -> int:
@@ -58,9 +60,14 @@ class TrainError(ValueError):
     """A training run this engine cannot do, in words a user reads."""
 
 
+# The mixers whose blocks have a backward (Block.build_backward): attention, and lfm2's short conv; qwen35's gated
+# delta-net has none yet (its recurrence's backward: the state's gradient carried back through every token).
+TRAINED_MIXERS = ("attention", "shortconv")
+
+
 def untrainable(cfg) -> str | None:
     """Why a model's layers have no backward yet (None: they all have one)."""
-    kinds = sorted({cfg.mixer(il) for il in range(cfg.n_layer)} - {"attention"})
+    kinds = sorted({cfg.mixer(il) for il in range(cfg.n_layer)} - set(TRAINED_MIXERS))
     parts = [f"{k} layers" for k in kinds]
     for flag, what in (("v_norm", "a V norm"), ("attn_gate", "gated attention"), ("block_tail", "per-layer inputs")):
         if getattr(cfg, flag):
@@ -70,7 +77,7 @@ def untrainable(cfg) -> str | None:
     if not parts:
         return None
     return (f"{cfg.arch}: training has no backward yet for its {', '.join(parts)} (llama, qwen2, qwen3, phi3, "
-            f"smollm3, gemma2 and gemma3 have one)")
+            f"smollm3, gemma2, gemma3 and lfm2 have one)")
 
 
 def untrainable_full(cfg, matrix_types) -> str | None:
@@ -86,13 +93,15 @@ def untrainable_full(cfg, matrix_types) -> str | None:
 
 
 def trained_vectors(cfg) -> list[str]:
-    """The 1-D parameters full fine-tuning trains, by the engine's names, in the file's order: every norm's weight
-    (each layer's input norms, the per-head Q/K norms and the post-norms where the architecture has them, the final
-    norm) and, with qkv_bias, each layer's fused [q | k | v] bias (lab.ops.weights: "blk.N.attn_qkv.bias", the file's
-    three biases side by side, in attn_q.bias's place); rope_freqs is a constant."""
+    """The parameters full fine-tuning trains that the engine holds as vectors (ModelWeights.vectors), by the
+    engine's names, in the file's order: every norm's weight (each layer's input norms, the per-head Q/K norms and the
+    post-norms where the architecture has them, the final norm), the conv kernels read whole (lfm2's
+    shortconv.conv.weight [n_embd, l_cache], lab.format.model is_flat) and, with qkv_bias, each layer's fused
+    [q | k | v] bias (lab.ops.weights: "blk.N.attn_qkv.bias", the file's three biases side by side, in attn_q.bias's
+    place); rope_freqs is a constant."""
     out = []
     for name, shape in expected_tensors(cfg).items():
-        if len(shape) == 1 and name.endswith("norm.weight"):
+        if (len(shape) == 1 and name.endswith("norm.weight")) or is_flat(name):
             out.append(name)
         elif name.endswith(".attn_q.bias"):
             out.append(name.removesuffix("attn_q.bias") + "attn_qkv.bias")
@@ -124,6 +133,7 @@ class TrainScratch:
     dqkv_pre: gpu.Buffer | None = None  # [T, qkv_width] ... its gradient
     branch: gpu.Buffer | None = None    # [T, n_embd] a branch's output before its post-norm (post_norms)
     dbranch: gpu.Buffer | None = None   # [T, n_embd] ... its gradient
+    dbcx: gpu.Buffer | None = None      # [T, 3 n_embd] the gradient at a short-conv layer's in_proj row [B | C | x]
     kept: tuple = ()        # per layer {name: buffer [T, kept_widths]}: the forward's rows its backward reads; ()
                             # where they are computed again (recomputation)
 
@@ -143,6 +153,7 @@ class TrainScratch:
               "dqkv_pre": rows(qkv_width, "dqkv before q/k norms")} if cfg.qk_norm else {}
         post = {"branch": rows(E, "branch before post-norm"),
                 "dbranch": rows(E, "dbranch before post-norm")} if cfg.post_norms else {}
+        shortconv = {"dbcx": rows(3 * E, "dbcx")} if any(map(cfg.is_conv, range(cfg.n_layer))) else {}
         saved = tuple(dev.buffer(4 * T * E, conv, f"train layer input {il} [T, {E}]") for il in range(cfg.n_layer))
         if keep is None:
             keep = kept_bytes(cfg, T) <= KEEP_BYTES
@@ -152,7 +163,7 @@ class TrainScratch:
                    mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
                    datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
                    rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
-                   sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post,
+                   sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post, **shortconv,
                    stats=dev.buffer(backward_attention.stats_bytes(T, cfg.n_head), conv, "train attention stats"),
                    targets=dev.buffer(4 * T, conv, "train targets [T] u32"), **cls._grads(dev, cfg, weights, lora, rows))
 
@@ -191,6 +202,12 @@ class Backward(Prefill):
         self.loss_params = loss_params
         self.T = ts.T
 
+    @property
+    def max_rows(self) -> int:
+        """A window's T rows, not the engine's step: the projections the backward computes again write rows of T
+        (ts.qkv_pre, ts.branch) on engines whose steps run more."""
+        return self.T
+
     def loss_ops(self) -> list[ops.Op]:
         """The forward and the loss alone (held-out windows: nothing is kept, no gradient taken)."""
         cfg, s = self.cfg, self.scratch
@@ -212,13 +229,13 @@ class Backward(Prefill):
         for il in range(cfg.n_layer):
             self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved[il], s.step, E))
             blocks.mixers[il].build(self, il)
-            self._keep(il, ("qkv", "att", "mid"))
+            self._keep(il, (*blocks.mixers[il].kept(cfg, il), "mid"))
             blocks.ffn.build(self, il)
-            self._keep(il, ("xn", "gate_up", "h"))
+            self._keep(il, tuple(blocks.ffn.kept(cfg, il)))
         self._head()
         for il in reversed(range(cfg.n_layer)):
             if ts.kept:
-                self._keep(il, ("qkv", "att", "mid", "xn", "gate_up", "h"), back=True)
+                self._keep(il, tuple(kept_widths(cfg, il)), back=True)
             else:
                 self.restore(il)
                 blocks.mixers[il].build(self, il)

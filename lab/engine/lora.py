@@ -22,8 +22,12 @@ from lab.ops import Op
 from lab.ops.backward_matmul import TOK_M, gemm
 
 # The projections a LoRA adapts unless told otherwise: every attention and feed-forward matrix (phi3's fused
-# attn_qkv and gate|up rows included), the targets the issue names and PEFT's usual "all linear" choice.
-DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# attn_qkv and gate|up rows included), the targets the issue names and PEFT's usual "all linear" choice; on lfm2 the
+# short-conv blocks' two projections too, the matrices in attention's place on those layers (llama.cpp multiplies both
+# through build_lora_mm, so its adapters on them load there; the conv kernel between them is no matrix product, and
+# lab.format.adapter refuses a pair on it, as llama.cpp would load it and never apply it).
+DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "shortconv.in_proj", "shortconv.out_proj",
+                   "ffn_gate", "ffn_up", "ffn_down")
 MAX_RANK = 1024
 
 
@@ -67,7 +71,8 @@ def choose(tensors: dict, n_layer: int, kinds=DEFAULT_TARGETS, rank: int = 8) ->
             out.append((name, n_in, n_out, rank))
     missing = [k for k in kinds if k not in found and k not in DEFAULT_TARGETS]
     if missing or not out:
-        have = sorted({n.split(".")[2] for n, t in tensors.items() if n.startswith("blk.") and len(t.shape) == 2})
+        have = sorted({n.split(".", 2)[2].removesuffix(".weight") for n, t in tensors.items()
+                       if n.startswith("blk.") and len(t.shape) == 2})
         raise LoraError(f"LoRA targets {', '.join(missing or kinds)}: this model's layers have none of them "
                         f"(its projections: {', '.join(have)})")
     return out
@@ -152,13 +157,15 @@ class Lora:
         return initial(self.targets, seed)
 
     def forward(self, kernels, name: str, x: gpu.Buffer, y: gpu.Buffer, step: gpu.Buffer, *, x_offset: int = 0,
-                x_stride: int | None = None, y_offset: int = 0, y_stride: int | None = None) -> list[Op]:
+                x_stride: int | None = None, y_offset: int = 0, y_stride: int | None = None,
+                max_tokens: int | None = None) -> list[Op]:
         """y[t, y_offset + o] += scale * sum_k B[o, k] sum_c A[k, c] x[t, c] for the step's tokens: the target's term
-        added to its projection's output rows (strides default to n_out and n_in)."""
+        added to its projection's output rows (strides default to n_out and n_in). max_tokens: the most rows a step
+        runs (default the adapter's; a training window's T where x or y hold T rows)."""
         t = self.targets[name]
         xs = t.n_in if x_stride is None else x_stride
         ys = t.n_out if y_stride is None else y_stride
-        T, r, dev = self.max_tokens, t.rank, self.device
+        T, r, dev = self.max_tokens if max_tokens is None else min(max_tokens, self.max_tokens), t.rank, self.device
         return [gemm(dev, kernels, (x, x_offset, xs, 1), (self.params, t.a, 1, t.n_in), (self.u, 0, r, 1), step,
                      T, r, t.n_in, tok=TOK_M, label=f"{name}.lora_u"),
                 gemm(dev, kernels, (self.u, 0, r, 1), (self.params, t.b, 1, r), (y, y_offset, ys, 1), step,

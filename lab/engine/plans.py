@@ -74,6 +74,13 @@ class PlanBuilder:
         self.starts = {t.offset: t.name for t in engine.header.tensors}     # the file's tensors, where each starts
         self.plan = Plan()
 
+    @property
+    def max_rows(self) -> int:
+        """The most rows a step of this plan runs: the batched projections' inputs and outputs, and the adapter's terms,
+        are checked against it (the engine's step; a training step's window, lab.engine.backward, whose own rows hold
+        no more)."""
+        return self.eng.max_batch
+
     # -- recording ------------------------------------------------------------------------------------------
     def add(self, op_list, name=None, buf=None, width=0, stride=None, offset=0, rows="tokens") -> None:
         self.plan.ops.extend(op_list)
@@ -94,7 +101,7 @@ class PlanBuilder:
         return [op for member, row in lora_members(name, self.weights.tensors, self.starts)
                 if member in self.lora.targets
                 for op in self.lora.forward(self.kernels, member, x, y, self.scratch.step, y_offset=y_offset + row,
-                                            y_stride=stride)]
+                                            y_stride=stride, max_tokens=self.max_rows)]
 
     def lora_on(self, *names: str) -> bool:
         """Whether the adapter names a tensor of these projections (single or stacked runs)."""
@@ -177,10 +184,10 @@ class Prefill(PlanBuilder):
         w, s = self.weights.matrices[name], self.scratch
         if self.eng.int8_prefill and w.type.name in matmul.I8_TYPES:
             base = matmul.matmul_i8(self.dev, self.kernels, w, x, y, s.step, s.xq, s.xd,
-                                    max_tokens=self.eng.max_batch, accumulate=accumulate, y_offset=y_offset,
+                                    max_tokens=self.max_rows, accumulate=accumulate, y_offset=y_offset,
                                     y_stride=y_stride)
         else:
-            base = matmul.matmul(self.dev, self.kernels, w, x, y, s.step, max_tokens=self.eng.max_batch,
+            base = matmul.matmul(self.dev, self.kernels, w, x, y, s.step, max_tokens=self.max_rows,
                                  accumulate=accumulate, y_offset=y_offset, y_stride=y_stride)
         return base + self.adapted(name, x, y, y_offset, y_stride)
 

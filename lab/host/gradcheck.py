@@ -109,8 +109,8 @@ def model_grads(tr) -> dict:
                             for p in tr.ts.wgrads[run]])
         for name, row in _run_rows(m, header, w.tensors):
             out[name] = g[row:row + shapes[name][0]]
-    for name, buf in tr.ts.vgrads.items():
-        out[name] = np.frombuffer(dev.read_sync(buf), np.float32)
+    for name, buf in tr.ts.vgrads.items():     # a norm [n], a conv kernel [n_embd, l_cache] (lfm2) as its file shape
+        out[name] = np.frombuffer(dev.read_sync(buf), np.float32).reshape(shapes.get(name, (-1,)))
     inside = w.in_vectors()
     for name, (vector, offset, size) in inside.items():     # the fused Q/K/V biases: the file's three, each its floats
         out[name] = out[vector][offset // 4:(offset + size) // 4]

@@ -28,6 +28,7 @@ from lab.ops.backward_attention import attention_back, stats_bytes
 from lab.ops.backward_head import head_back, head_ce, head_loss
 from lab.ops.backward_matmul import bias_back, dx_back, dx_scratch_floats, lora_back
 from lab.ops.backward_rope import rope_back
+from lab.ops.backward_shortconv import shortconv_back
 from lab.ops.deltanet import deltanet
 from lab.ops.embed import get_rows
 from lab.ops.glu import glu
@@ -255,6 +256,16 @@ def _bias_back(dev, kernels, step, c: _Case):
     return ops
 
 
+def _shortconv_back(dev, kernels, step, c: _Case):
+    """bcx [t, 3n] (in_proj's rows [B | C | x]), w [n, l_cache], dy [t, n], dw [n, l_cache] (an earlier value, added
+    into and read back) -> dbcx [t, 3n] = [dB | dC | dx], dw += the window's sum (a window from position 0)."""
+    t, n, lc = c["t"], c["n"], c["l_cache"]
+    ops = shortconv_back(dev, kernels, c.input("bcx"), c.input("w"), c.input("dy"), c.output("dbcx", 12 * t * n),
+                         c.input("dw"), step, n=n, l_cache=lc, max_tokens=t)
+    c.read_back("dw", 4 * n * lc)
+    return ops
+
+
 def _rope_back(dev, kernels, step, c: _Case):
     """grad [t, n_head * head_dim] (dy of the rotated rows) turned into dx in place; "factors": the frequency
     factors (n_rot / 2 floats) or none."""
@@ -313,7 +324,7 @@ BUILDERS = {"matvec": _matvec, "matmul": _matmul, "matmul_i8": _matmul_i8, "get_
             "argmax": _argmax, "top_k": _top_k, "shortconv": _shortconv, "deltanet": _deltanet,
             "rms_norm_back": _rms_norm_back, "glu_back": _glu_back, "softcap_back": _softcap_back,
             "embed_back": _embed_back, "dx_back": _dx_back, "lora_back": _lora_back, "bias_back": _bias_back,
-            "rope_back": _rope_back,
+            "shortconv_back": _shortconv_back, "rope_back": _rope_back,
             "attention_back": _attention_back, "head_ce": _head_ce, "optimizer": _optimizer}
 
 

@@ -36,7 +36,8 @@ CASES = {c.name: c for c in make_cases() + make_backward_cases()}
 # The backward kernels' cases are not the verification card's (reference/kernels.json holds the forward ones), so
 # nothing else runs them in the worker by default: one case of each family does here, the rest with --slow.
 BACKWARD_DEFAULT = ["rms_norm_back_n432_group72", "glu_back_geglu", "softcap_back_from_x", "embed_back_50x200_scaled",
-                    "dx_back_Q4_K_t13", "lora_back_131x200_r5_t13", "rope_back_neox_pos300_rot32of80_factors",
+                    "dx_back_Q4_K_t13", "lora_back_131x200_r5_t13", "shortconv_back_t13_n200_l3",
+                    "rope_back_neox_pos300_rot32of80_factors",
                     "attention_back_gqa3_t13_pos7_hd80_cap3", "attention_back_gqa3_t70_pos30_hd64_window20_cap3_tiles",
                     "head_ce_Q4_K_v1000_c256_t3_cap4",
                     "optimizer_adamw_n10007_t700", "optimizer_sgd_n10007_t3"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab.host.reference import grads, ops, quant
+from lab.host.reference import grads, grads_shortconv, ops, quant
 from lab.host.reference.kernels import rel_err
 
 H = 1e-5
@@ -123,4 +123,29 @@ def test_a_wrong_lora_derivation_fails():
     x, dy, s = rng.standard_normal((4, 8)), rng.standard_normal((4, 5)), 0.75
     wrong = (dy @ B).T @ x
     e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * grads.lora(W, v, B, x, s)), A, H))
+    assert e > 1e3 * ORACLE_TOL
+
+
+@pytest.mark.parametrize("t,n,taps", [(6, 4, 3), (2, 3, 3), (5, 2, 4)])
+def test_shortconv(t, n, taps):
+    """dbcx and dw of LFM2's short conv y = C * conv(B * x) over a window from a zero state (t = 2: every output reaches
+    back into the zero rows; taps = 4: Qwen3.5's conv length)."""
+    rng = np.random.default_rng(t * 100 + n * 10 + taps)
+    bcx, w, dy = rng.standard_normal((t, 3 * n)), rng.standard_normal((n, taps)), rng.standard_normal((t, n))
+    dbcx, dw = grads_shortconv.shortconv_grad(bcx, w, dy)
+    _agree(f"shortconv dbcx t={t} n={n} taps={taps}", dbcx,
+           lambda v: np.sum(dy * grads_shortconv.shortconv(v, w)), bcx)
+    _agree(f"shortconv dw t={t} n={n} taps={taps}", dw, lambda v: np.sum(dy * grads_shortconv.shortconv(bcx, v)), w)
+
+
+def test_a_wrong_shortconv_derivation_fails():
+    """And for the short conv: dB taken as if the conv were the identity (du = dy C, the taps forgotten) is far from
+    central differences."""
+    rng = np.random.default_rng(14)
+    bcx, w, dy = rng.standard_normal((5, 9)), rng.standard_normal((3, 3)), rng.standard_normal((5, 3))
+    b, c, x = grads_shortconv.split(bcx)
+    right, _ = grads_shortconv.shortconv_grad(bcx, w, dy)
+    wrong = right.copy()
+    wrong[:, :3] = dy * c * x
+    e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * grads_shortconv.shortconv(v, w)), bcx, H))
     assert e > 1e3 * ORACLE_TOL

@@ -124,6 +124,11 @@ class Attention(Block):
                             kv=eng.kv_type),
                   f"Qcur_rope-{il}", s.qkv, Q, W, 0)
 
+    @staticmethod
+    def kept(cfg, il):
+        """The fused row [q | k | v] with Q and K rotated, and the attention's output."""
+        return {"qkv": qkv_width(cfg, il), "att": cfg.q_dim_of(il)}
+
     def build_backward(self, q, il):
         """Given dx (the loss's gradient after the attention's residual add), right after `build` recomputed the
         layer (the fused row with Q and K rotated, the cache, the attention's output): the output projection,

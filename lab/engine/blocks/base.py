@@ -42,6 +42,13 @@ class Block:
         """Add layer il's ops (and their traced names) to the plan builder p."""
         raise NotImplementedError
 
+    @staticmethod
+    def kept(cfg: Config, il: int) -> dict[str, int]:
+        """The Scratch fields of layer il (floats a token) this block's backward reads as its forward left them: the
+        training step copies them aside in the forward and back before `build_backward`, or runs the forward again
+        where they would not fit (lab.engine.backward kept_widths, KEEP_BYTES)."""
+        return {}
+
     def build_backward(self, q, il: int) -> None:
         """Add layer il's backward to the training step's builder q (lab.engine.backward.Backward): given the loss's
         gradient after this block's residual add (q.ts.dx), right after `build` recomputed the layer, leave the

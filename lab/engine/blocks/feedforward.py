@@ -27,6 +27,11 @@ class FeedForward(Block):
         p.residual(b + "ffn_down.weight", down_in, "post_ffw_norm.weight", il, f"ffn_post_norm-{il}",
                    f"{'pe_in' if cfg.block_tail and cfg.post_norms else 'l_out'}-{il}", f"ffn_out-{il}", **down_opts)
 
+    @staticmethod
+    def kept(cfg, il):
+        """The normed input, the [gate | up] row and the GLU's output."""
+        return {"xn": cfg.n_embd, "gate_up": 2 * cfg.n_ff_of(il), "h": cfg.n_ff_of(il)}
+
     def build_backward(self, q, il):
         """Given dx (the loss's gradient at the layer's output), right after `build` recomputed the layer (xn, the
         [gate | up] row and the GLU output as the forward left them; the input in q.ts.mid): down, the GLU, gate|up

@@ -22,6 +22,7 @@ from lab.host.reference import attention as attn_ref
 from lab.host.reference import grads
 from lab.host.reference import grads_attention as ga
 from lab.host.reference import grads_head as gh
+from lab.host.reference import grads_shortconv
 from lab.host.reference import kernels as ref
 from lab.host.reference import optim
 from lab.host.reference import ops as ref_ops
@@ -625,6 +626,28 @@ def bias_back_case(width: int, stride: int, offset: int, t: int, seed: int) -> C
     return Case(f"bias_back_w{width}_of{stride}_t{t}", spec, check)
 
 
+# LFM2's short conv backward over a window from position 0 (lab/host/reference/grads_shortconv.py): dbcx within
+# dbcx_tol(l_cache) and dw within dw_tol(t) of each element's terms' magnitudes (the oracle on the inputs' absolute
+# values, plus |dw0|), counts of f32 roundings; the worst of error / tolerance.
+def shortconv_back_case(t: int, n: int, l_cache: int, seed: int) -> Case:
+    rng = np.random.default_rng(seed)
+    bcx = ref.f32(rng.standard_normal((t, 3 * n)) * rng.uniform(0.5, 3.0, (1, 3 * n)))
+    w, dy = ref.f32(rng.standard_normal((n, l_cache))), ref.f32(rng.standard_normal((t, n)))
+    dw0 = ref.f32(rng.standard_normal((n, l_cache)) * 3.0)
+    dbcx, dw = grads_shortconv.shortconv_grad(bcx, w, dy)
+    sbcx, sdw = grads_shortconv.shortconv_grad(np.abs(bcx), np.abs(w), np.abs(dy))
+    want = {"dbcx": (dbcx, sbcx, grads_shortconv.dbcx_tol(l_cache)),
+            "dw": (dw0 + dw, sdw + np.abs(dw0), grads_shortconv.dw_tol(t))}
+    spec = {"op": "shortconv_back", "t": t, "n": n, "l_cache": l_cache,
+            "inputs": {"bcx": bcx.tobytes(), "w": w.tobytes(), "dy": dy.tobytes(), "dw": dw0.tobytes()}}
+
+    def check(out):
+        got = {k: floats(out[k], want[k][0].shape) for k in want}
+        e = _frac([(grads.bound_err(got[k], v, sc), tol) for k, (v, sc, tol) in want.items()])
+        return finite(e, np.concatenate([g.ravel() for g in got.values()])), 1.0
+    return Case(f"shortconv_back_t{t}_n{n}_l{l_cache}", spec, check)
+
+
 # RoPE backward: the rotation by -theta with the forward's own angle arithmetic, so the forward's tolerance
 # (rope_back_tol = rope_tol(max |theta|): 1e-6 + 1.5e-7 max |theta| of each head's magnitude) holds for the same
 # reasons (grads_attention.py); dims past n_rot come back bit-identical.
@@ -766,6 +789,7 @@ def make_backward_cases() -> list[Case]:
               for i, name in enumerate(("F32", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"))]
     cases += [lora_back_case(n_in=200, n_out=131, rank=5, t=13, s=2.0, seed=112),
               bias_back_case(width=200, stride=237, offset=5, t=37, seed=122),      # a fused row's columns
+              shortconv_back_case(t=13, n=200, l_cache=3, seed=123),                # lfm2's conv, from position 0
               rope_back_case("norm", t=5, pos=7, n_head=4, head_dim=64, seed=113),
               rope_back_case("neox", t=3, pos=300, n_head=3, head_dim=80, n_rot=32, seed=114,
                              factors=np.linspace(1.0, 8.0, 16)),                  # llama-3's long-context factors
