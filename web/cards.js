@@ -29,11 +29,12 @@ import { card as verify } from "/web/verify.js";
 import { card as rope } from "/web/rope.js";
 import { card as perplexity } from "/web/perplexity.js";
 import { card as retrieval } from "/web/retrieval.js";
+import { card as grounded } from "/web/grounded.js";
 import { card as experiments } from "/web/experiments.js";
 import { card as training } from "/web/training.js";
 import { card as tokenizer } from "/web/tokenizer.js";
 
-export const CARDS = [verify, rope, perplexity, retrieval, experiments, training, tokenizer];
+export const CARDS = [verify, rope, perplexity, retrieval, grounded, experiments, training, tokenizer];
 
 // Every card's `hook`, in CARDS order, with these arguments.
 export function each(hook, ...args) {

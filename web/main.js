@@ -1,6 +1,6 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
 // The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js,
-// perplexity.js, retrieval.js, experiments.js, training.js, tokenizer.js) keep it here, under their key: each module makes its key, changes only
+// perplexity.js, retrieval.js, grounded.js, experiments.js, training.js, tokenizer.js) keep it here, under their key: each module makes its key, changes only
 // that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
 // moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
 // Which cards are folded and on screen is web/navigator.js's (store.nav); a card's request goes to the worker only
@@ -29,6 +29,7 @@ import {
   trainToken,
 } from "/web/training.js";
 import { tokDone, tokFailed, tokProgress } from "/web/tokenizer.js";
+import { groundedEval, groundedFailed, groundedRow, groundedSet } from "/web/grounded.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
 } from "/web/context.js";
@@ -573,6 +574,9 @@ const onWorker = {
   "retrieval-token": (m) => retrievalToken(store.retrieval, m),
   "retrieval-answer": (m) => retrievalAnswer(store.retrieval, m),
   "retrieval-recall": (m) => retrievalRecall(store.retrieval, m),
+  "grounded-set": (m) => groundedSet(store.grounded, m),
+  "grounded-row": (m) => { if (groundedRow(store.grounded, m)) dropKvPicture(); },
+  "grounded-eval": (m) => groundedEval(store.grounded, m),
   // "retrieval-dropped" needs nothing: Clear emptied the card when it was pressed
   // an experiment puts the chat's KV cache back as it was: the chat's KV picture stays
   "experiment-tokens": (m) => experimentTokens(store.experiments, m),
@@ -644,6 +648,8 @@ const onError = {
   "retrieval-index": (m) => retrievalFailed(store.retrieval, m),
   "retrieval-ask": (m) => retrievalFailed(store.retrieval, m),
   "retrieval-recall": (m) => retrievalFailed(store.retrieval, m),
+  "grounded-set": (m) => groundedFailed(store.grounded, m),
+  "grounded-eval": (m) => groundedFailed(store.grounded, m),
   "retrieval-drop": (m) => retrievalFailed(store.retrieval, m),
   experiment: (m) => experimentFailed(store.experiments, m),
   train: (m) => trainFailed(store.training, m),

@@ -12,6 +12,7 @@ from the user's files by rule (never written by a model), and the measure of wha
                                         with its answer quoted and its passage named, or, where the passages shown do
                                         not hold the answer, REFUSAL; the held-out rows' questions come from passages
                                         no training row asks about
+    held_rows(text)                     a held-out .jsonl's rows, each checked (`lab grounded-eval`, the page)
     is_refusal(reply)                   whether a reply declines (REFUSAL, or a phrase of REFUSAL_PHRASES)
     grounding(reply, sources)           the share of the reply's five-word sequences found verbatim in the sources
     Score                               refuses when it should, refuses when it should not, grounding: a model's
@@ -30,6 +31,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from lab.instruments.chatdata import conversations
 from lab.instruments.retrieval import pack_messages
 
 REFUSAL = "The passages do not hold the answer."
@@ -234,6 +236,19 @@ def make_set(files: list[tuple[str, str]], *, seed: int = 0, refusals: float = 0
     if not sets[0] or not sets[1]:
         raise GroundedDataError("the files make no training or no held-out row: add prose, or change --held-out")
     return sets
+
+
+def held_rows(text: str, source: str = "the set") -> list[dict]:
+    """A held-out .jsonl's rows (lab.instruments.chatdata.conversations), each refused by its line unless `make_set`
+    wrote it (answerable, question, answer, passages)."""
+    rows = conversations(text, source)
+    for r in rows:
+        if (not isinstance(r.get("answerable"), bool) or not isinstance(r.get("question"), str)
+                or not isinstance(r.get("passages"), list) or not all(isinstance(p, str) for p in r["passages"])
+                or r["messages"][-1]["role"] != "assistant"):
+            raise GroundedDataError(f"{source} line {r['line']}: not a `lab grounded-data` row (answerable, question, "
+                                    f"answer, passages, its reply last)")
+    return rows
 
 
 def is_refusal(reply: str) -> bool:

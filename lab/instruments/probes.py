@@ -2,7 +2,9 @@
 
 - `embedding(token_id)`: the token's embedding row (the table's own get_rows, dequantized on the GPU), its L2 norm,
   and its nearest neighbours by cosine over the whole quantized table: a matvec of the table with the row gives
-  every dot product; row norms come from one kernel run once per model (wgsl/row_norms.wgsl); the cosine kernel
+  every dot product; row norms come from one kernel run once per model (wgsl/row_norms.wgsl; at every query where
+  training moves the weights, a model made or fully fine-tuned in the tab, whose norms are then its kind too,
+  CONVERSATION); the cosine kernel
   divides, and the sampler's top_k picks the best. A model with per-layer embeddings (gemma4) also gets the token's
   row of `per_layer_token_embd` by the same get_rows (from whichever part of the split table holds it), with each
   layer slice's L2 norm; no neighbours over that table: it is n_layer x width wide (5.8x the main table for E2B),
@@ -206,8 +208,10 @@ class Probes:
         self.q_row = dev.buffer(4 * E, conv, "probe.query row [n_embd]")
         self.sims = dev.buffer(4 * V, conv, "probe.cosine [n_vocab]")
         self.nb = dev.buffer(8 * NEIGHBOURS, conv, "probe.neighbours [k] (u32, f32)")
-        # Derived from the weights alone (no user data): not wiped by Forget, made once per model.
-        self.norms = dev.buffer(4 * V, gpu.WEIGHTS, "probe.embedding row norms [n_vocab]")
+        # Derived from the weights alone: the weights' kind. A file's (WEIGHTS): not wiped by Forget, made once per
+        # model. Weights that training moves (a model made or fully fine-tuned here: CONVERSATION, the user's data):
+        # wiped with them, and made again at every query, since each step changes them (`_norm_ops`).
+        self.norms = dev.buffer(4 * V, eng.weights.kind, "probe.embedding row norms [n_vocab]")
         max_dim = dev.info.limits["max_compute_workgroups_per_dimension"]
         k = kc.get("row_norms", WG=WG, DQ=dequant_consts(table.type)["DQ"])
         norm_ops = []
@@ -217,6 +221,7 @@ class Probes:
             bound = dev.bind(k, [part.buffer, self.norms, params], f"{part.buffer.label}.row_norms")
             norm_ops.append(gpu.Dispatch(k, bound, ops.groups_1d(part.n_rows, WG, max_dim)))
         dev.run(norm_ops)
+        self._norm_ops = norm_ops if eng.weights.kind == gpu.CONVERSATION else []
         kcos = kc.get("probes", "cosine", WG=WG)
         params = dev.uniform(_PARAMS.pack(V, 0xFF800000, 0, 0), "probe.cosine.params")   # V, -inf as bits
         cos = ops.Op(kcos, dev.bind(kcos, [self.sims, self.norms, self.q_id, params], "probe.cosine"),
@@ -239,6 +244,8 @@ class Probes:
             self._build_embedding()
             await dev.flush_errors()         # the browser reports shader problems late: name them now
         t0 = time.perf_counter()
+        if self._norm_ops:                   # weights that training moves: their norms as they are now
+            dev.run(self._norm_ops)
         dev.run(ops.dispatches(self._emb, 1),
                 eng.step_writes(None, 0, 1) + [(self.q_id, 0, struct.pack("<I", token_id))])
         values = await dev.read(self.q_row)

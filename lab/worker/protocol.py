@@ -76,6 +76,10 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                  "train-plan, train-progress..., train-done",
     "train-model": "{seq}: the model trained here (from scratch, or every weight of a file's), as a GGUF of F32 "
                    "tensors llama.cpp loads -> train-model",
+    "grounded-set": "{seq}: the retrieval card's indexed files made into a grounded set by rule (answers quoted, "
+                    "rows to decline; lab/worker/grounded.py) -> grounded-set",
+    "grounded-eval": "{held (a held-out .jsonl), max_new, seq}: each held-out row's greedy reply without and with the "
+                     "Training card's adapter, scored; its cancel is stop -> grounded-row..., grounded-eval",
     "tokenizer-train": "{files (Files) | text (the chat's), vocab, seq}: the Tokenizer card's training, a byte-level "
                        "BPE vocabulary on the user's text, no model needed (lab/worker/tokenizer.py); its cancel is "
                        "stop -> tokenizer-progress..., tokenizer-done",
@@ -163,6 +167,10 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "train-model": "{seq, size, bytes (the GGUF's size bytes, padded to whole words)}",
     "train-adapter-file": "{seq, file, name, size, pairs, ranks, alpha, params, types, ignored, memory {adapter, "
                           "activations: bytes}, labels (its buffers')}: the file's adapter is on",
+    "grounded-set": "{seq, files, train, held (.jsonl texts), rows, refusals, held_rows, held_refusals}",
+    "grounded-row": "{seq, which (without | with), done, total, answerable, refused, grounding}: one held-out reply",
+    "grounded-eval": "{seq, without, with (each {refuses_when_it_should, refuses_when_it_should_not, grounding, "
+                     "rows_should_refuse, rows_should_answer, replies_grounded} or null), stopped}",
     "tokenizer-progress": "{seq, phase (count | merge | measure), done, total, seconds}",
     "tokenizer-done": "{seq, result (lab/worker/tokenizer.py summary), json (the CLI's --out file, as text), gguf (the "
                       "vocabulary-only GGUF, padded to whole words), gguf_size}",

@@ -2,7 +2,7 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py, training.py, tokenizer.py) and the tests'
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, experiments.py, training.py, grounded.py, tokenizer.py) and the tests'
 and benchmarks' (lab/worker/hooks.py).
 Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
 to JS.
@@ -31,7 +31,7 @@ from lab.instruments import forget, kvview, memory, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import experiments, hooks, perplexity, retrieval, rope, scratch, tokenizer, training, verify
+from lab.worker import experiments, grounded, hooks, perplexity, retrieval, rope, scratch, tokenizer, training, verify
 from lab.worker.cards import KV_VIEW, MEMORY
 from lab.worker.loading import arrived, unload
 from lab.worker.protocol import IN
@@ -456,6 +456,8 @@ ROUTES: dict[str, Handler] = {
     IN.TRAIN_ADAPTER_FILE: training.open_file,
     IN.TRAIN_NEW: scratch.run,
     IN.TRAIN_MODEL: scratch.model,
+    IN.GROUNDED_SET: grounded.make_set,
+    IN.GROUNDED_EVAL: grounded.measure,
     IN.TOKENIZER_TRAIN: tokenizer.run,
     IN.KV_ROWS: hooks.kv_rows,
     IN.STATE_BYTES: hooks.state_bytes,

@@ -225,7 +225,7 @@ def empty(*lists: list[list[int]]) -> None:
         wins.clear()
 
 
-def _use(lo: Loaded, lora) -> None:
+def use_adapter(lo: Loaded, lora) -> None:
     """Every step from now on with this adapter (None: without); the chat's cache is stale either way."""
     if lo.engine.lora is not lora:
         lo.engine.set_lora(lora)
@@ -386,14 +386,14 @@ async def compare(msg: dict, w: Worker) -> None:
         for which, lora in (("with", None),) if state.whole else (("without", None), ("with", state.lora)):
             def on_token(tid: int, piece: str, which=which) -> None:
                 w.post({"type": "train-token", "seq": seq, "which": which, "piece": piece})
-            _use(lo, lora)
+            use_adapter(lo, lora)
             session.reset()
             res = await session.generate(ids, Settings(greedy=True), max_new, on_token=on_token,
                                          should_stop=w.stop_requested)
             replies[which] = {"text": res.text, "tokens": len(res.ids), "stop": res.stop}
     finally:
         session.reset()
-        _use(lo, state.lora if state.on else None)
+        use_adapter(lo, state.lora if state.on else None)
     w.post({"type": "train-compare", "seq": seq, "prompt_tokens": len(ids), "without": replies.get("without"),
             "with": replies.get("with")})
 
@@ -410,7 +410,7 @@ async def switch(msg: dict, w: Worker) -> None:
     """The adapter on or off for everything the page runs next (the chat, the panels, the cards)."""
     lo, state = _trained(w, adapter=True)
     state.on = bool(msg.get("on"))
-    _use(lo, state.lora if state.on else None)
+    use_adapter(lo, state.lora if state.on else None)
     w.post({"type": "train-switch", "seq": msg.get("seq"), "on": state.on})
 
 
@@ -478,7 +478,7 @@ async def open_file(msg: dict, w: Worker) -> None:
     state.lora = lora
     lo.drop(CARD)                           # the adapter before: off the engine, its buffers freed
     lo.hold(CARD, state)
-    _use(lo, lora)
+    use_adapter(lo, lora)
     ranks = sorted({t.rank for t in lora.targets.values()})
     w.post({"type": "train-adapter-file", "seq": msg.get("seq"), "file": label, "name": adapter.name,
             "size": int(file.size), "pairs": len(adapter.pairs), "ranks": ranks, "alpha": adapter.alpha,

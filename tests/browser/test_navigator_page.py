@@ -32,7 +32,7 @@ GROUPS = {
     "inside": ["embedding", "residual", "attention", "lens", "kv", "rope"],
     "change": ["experiments", "training"],
     "trust": ["verify", "perplexity", "forget-card", "gpu"],
-    "files": ["retrieval", "tokenizer"],
+    "files": ["retrieval", "grounded", "tokenizer"],
 }
 ORDER = [c for cards in GROUPS.values() for c in cards]
 # what each card asks the worker for by itself: none of it may go while the card is folded

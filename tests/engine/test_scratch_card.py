@@ -165,3 +165,30 @@ def test_a_trainer_refused_leaves_the_untrained_model_and_says_so(page, vocab_js
     assert [m["type"] for m in page.posted] == ["model-info", "loaded"]
     lo = page.w.state.loaded
     assert lo.weights_are_users and lo.held(TRAINING) is None and lo.engine is not page.engine
+
+
+def test_the_embedding_inspector_follows_the_trained_rows(page, vocab_json):
+    """A made model's embedding row norms are its weights' kind (CONVERSATION: Forget wipes them) and are made again
+    at each query: after more steps they are the trained rows' norms, not the drawn ones'."""
+    import math
+
+    from lab.instruments.probes import Probes
+    page.send(scratch.run, **ask(vocab_json, steps=1))
+    lo = page.w.state.loaded
+    engine, run = lo.engine, lo.held(TRAINING)
+    probes = Probes(engine)
+    table = engine.weights.embedding
+    try:
+        def row_norm(tid: int) -> float:
+            (part,) = table.parts
+            raw = engine.device.read_sync(part.buffer, 4 * tid * table.cols, 4 * table.cols)
+            return math.sqrt(sum(v * v for v in memoryview(raw).cast("f")))
+        first = asyncio.run(probes.embedding(5)).norm
+        assert probes.norms.kind == gpu.CONVERSATION and first == pytest.approx(row_norm(5), rel=1e-5)
+        run.trainer.optim = run.trainer.optim.__class__(lr=0.5, steps=10)     # steps large enough to show
+        for _ in range(2):
+            asyncio.run(run.trainer.step(run.train[:run.trainer.batch]))
+        moved = asyncio.run(probes.embedding(5)).norm
+        assert moved != pytest.approx(first, rel=1e-4) and moved == pytest.approx(row_norm(5), rel=1e-5)
+    finally:
+        probes.close()

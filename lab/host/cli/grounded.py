@@ -42,13 +42,8 @@ def grounded_data(args) -> int:
 def grounded_eval(args) -> int:
     from lab.host import index_file
     from lab.host.loading import open_engine, read_model
-    from lab.instruments import chatdata, grounded
-    rows = chatdata.conversations(Path(args.set).read_text(encoding="utf-8"), args.set)
-    bad = [r["line"] for r in rows if not isinstance(r.get("answerable"), bool) or not isinstance(r.get("question"), str)
-           or not isinstance(r.get("passages"), list)]
-    if bad:
-        raise grounded.GroundedDataError(f"{args.set} line {bad[0]}: not a `lab grounded-data` row (answerable, "
-                                         f"question, passages)")
+    from lab.instruments import grounded
+    rows = grounded.held_rows(Path(args.set).read_text(encoding="utf-8"), args.set)
     rows = rows[:args.limit] if args.limit else rows
     model = read_model(args.model)
     saved = index_file.load(args.index, index_file.model_info(args.model, model[0], model[1])) if args.index else None
