@@ -1,6 +1,7 @@
 """What a user chooses, and the defaults and bounds of each: the context, a turn's length, the sampler, the
-perplexity window, the Training card's run, the Tokenizer card's vocabulary and text. One home for each of these numbers: the engine, the worker, the CLI and
-the page (through the server's template) read them here.
+perplexity window, the Training card's run, the Retrieval card's tuning of its embedder, the Tokenizer card's vocabulary
+and text. One home for each of these numbers: the engine, the worker, the CLI and the page (through the server's
+template) read them here.
 
 What it does not know: the model or the GPU (a model's own context bounds the context: `context_for`). Standard
 library only: the asset server imports it for the page's defaults without importing the engine.
@@ -89,6 +90,30 @@ class Training:
 
 
 TRAINING = Training()
+
+
+@dataclass(frozen=True)
+class EmbedderTuning:
+    """The Retrieval card's "Tune on these files": its embedder trained contrastively on the indexed files
+    (lab/instruments/contrastive.py; lab/worker/embedder.py checks these, the page's inputs start at them through the
+    template). Its windows are the index's, bounded by the engine's step (its max_batch rows), which only the loaded
+    model knows; its recall is measured on the card's own number of queries. `lab train-embedder` keeps its flags'
+    defaults, sized for a GPU (docs/retrieval.md)."""
+    stages: tuple[str, ...] = ("crops", "query")    # the pairs of each stage, in the order "both" runs them: two
+                                                    # crops of one window, then a short query inside its window
+    stage: str = "both"         # the card's choice: one of `stages`, or both in that order on one adapter
+    steps: int = 30             # steps a stage
+    pairs: int = 8              # pairs a step (each pair's negatives are the others: at least 2)
+    rank: int = 8               # the LoRA's rank (alpha twice it), or every weight of an F32 model
+    lr: float = 1e-3
+    full_lr: float = 1e-4       # every weight (as TRAINING.full_lr: each weight moves by about lr a step)
+    max_steps: int = 10_000
+    max_pairs: int = 64         # a step's host part (the loss over the pairs' embeddings) is O(pairs^2 n_embd) in
+                                # plain Python, in the tab's worker
+    max_rank: int = 64
+
+
+EMBEDDER = EmbedderTuning()
 
 
 @dataclass(frozen=True)

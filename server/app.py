@@ -27,6 +27,7 @@ from starlette.routing import Route
 from lab import __version__
 from lab.settings import (
     DEFAULT_CTX,
+    EMBEDDER,
     MAX_CANDIDATES,
     MAX_NEW,
     MIN_CTX,
@@ -142,6 +143,7 @@ def create_app(model_path: Path, *, web_dir: Path | None = None, wgsl_dir: Path 
             perplexity_ctx=PERPLEXITY_CTX, perplexity_min_ctx=PERPLEXITY_MIN_CTX, perplexity_max_ctx=PERPLEXITY_MAX_CTX,
             training=TRAINING,          # the Training card's defaults and bounds
             presets=SCRATCH_PRESETS,    # ... and the shapes of a model from scratch
+            embedder=EMBEDDER,          # the Retrieval card's tuning: its defaults and bounds
             tokenizer=TOKENIZER)        # the Tokenizer card's vocabulary bounds and text cap
         return HTMLResponse(html)
 

@@ -18,8 +18,9 @@ import { verifyFailed, verifyKernels, verifyProgress, verifyResult } from "/web/
 import { ropeAnswer, ropeFailed } from "/web/rope.js";
 import { pplFailed, pplProgress, pplResult } from "/web/perplexity.js";
 import {
-  retrievalAnswer, retrievalFailed, retrievalHits, retrievalPlan, retrievalProgress, retrievalReady, retrievalRecall,
-  retrievalToken,
+  retrievalAnswer, retrievalDropped, retrievalFailed, retrievalHits, retrievalPlan, retrievalProgress, retrievalReady,
+  retrievalRecall, retrievalToken, retrievalTuneDone, retrievalTuneDownload, retrievalTuneFailed, retrievalTunePlan,
+  retrievalTuneProgress, retrievalTuneSwitched, retrievalTuneTable,
 } from "/web/retrieval.js";
 import {
   experimentFailed, experimentPlan, experimentProgress, experimentResult, experimentToken, experimentTokens,
@@ -577,7 +578,16 @@ const onWorker = {
   "grounded-set": (m) => groundedSet(store.grounded, m),
   "grounded-row": (m) => { if (groundedRow(store.grounded, m)) dropKvPicture(); },
   "grounded-eval": (m) => groundedEval(store.grounded, m),
-  // "retrieval-dropped" needs nothing: Clear emptied the card when it was pressed
+  // Clear emptied the card when it was pressed; a tuning that failed after its start dropped the index
+  "retrieval-dropped": (m) => retrievalDropped(store.retrieval, m),
+  // tuning the embedder embeds windows and runs steps over the KV cache: the chat's KV picture is dropped; tuning every
+  // weight changes the model the panels read (read again), an adapter of the card's own does not
+  "retrieval-tune-plan": (m) => { if (retrievalTunePlan(store.retrieval, m)) dropKvPicture(); },
+  "retrieval-tune-progress": (m) => retrievalTuneProgress(store.retrieval, m),
+  "retrieval-tune-table": (m) => retrievalTuneTable(store.retrieval, m),
+  "retrieval-tune-done": (m) => { if (retrievalTuneDone(store.retrieval, m)) redoPanels(); },
+  "retrieval-tune-switch": (m) => { if (retrievalTuneSwitched(store.retrieval, m)) dropKvPicture(); },
+  "retrieval-tune-download": (m) => retrievalTuneDownload(store.retrieval, m, store.model?.file_name),
   // an experiment puts the chat's KV cache back as it was: the chat's KV picture stays
   "experiment-tokens": (m) => experimentTokens(store.experiments, m),
   "experiment-plan": (m) => experimentPlan(store.experiments, m),
@@ -651,6 +661,9 @@ const onError = {
   "grounded-set": (m) => groundedFailed(store.grounded, m),
   "grounded-eval": (m) => groundedFailed(store.grounded, m),
   "retrieval-drop": (m) => retrievalFailed(store.retrieval, m),
+  "retrieval-tune": (m) => retrievalTuneFailed(store.retrieval, m),
+  "retrieval-tune-switch": (m) => retrievalTuneFailed(store.retrieval, m),
+  "retrieval-tune-download": (m) => retrievalTuneFailed(store.retrieval, m),
   experiment: (m) => experimentFailed(store.experiments, m),
   train: (m) => trainFailed(store.training, m),
   "train-compare": (m) => trainFailed(store.training, m),

@@ -6,11 +6,15 @@
 // text (textContent), never parsed as HTML: a file may hold <script> or <img onerror=...>, and they show as written.
 // The files are conversation-like data: the File objects are held only until Index sends them, nothing is stored, and
 // dropRetrieval (Forget, a new model, a lost GPU) empties the card and stops what runs; a new chat keeps the index.
+// "Tune on these files" trains the card's embedder on the indexed files' windows in the worker (lab/worker/embedder.py:
+// the stages, the recall table before and after each, the index embedded again with it), then offers its switch and
+// its file as a download. The tuned embedder is the worker's, as the index is: New chat keeps it, Forget wipes it.
 // Its state is store.retrieval (freshRetrieval): main.js hands the worker's messages to the update functions below;
 // its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderRetrieval.
-import { node as el, withTestid as testid } from "/web/panels.js";
+import { fmtBytes, node as el, withTestid as testid } from "/web/panels.js";
 
 const $ = (id) => document.getElementById(id);
+const KEEP_URL_MS = 10_000;       // as web/export.js: long enough for the download to take the Blob
 
 // ---- the card's state: store.retrieval --------------------------------------------------------------------------
 // What a new question empties.
@@ -34,12 +38,30 @@ const NOTHING = {
   wiped: null,        // the index's buffers in the last Forget report: {buffers, before, after, labels}
 };
 
+// The tuned embedder as the card shows it; a new run, Forget and another model start it again.
+const NO_TUNE = () => ({
+  plan: null,         // "retrieval-tune-plan": {stages, steps, pairs, window, windows, rank | null, full, lr, ...}
+  last: null,         // the last "retrieval-tune-progress": {phase (measure | train | index), row, stage, done, ...}
+  table: null,        // {columns, rows [[name, recall@1, recall@5 (24), recall@1, recall@5 (12)]]}: as it grows
+  result: null,       // "retrieval-tune-done"
+  tuned: false,       // the worker holds a tuned embedder for this model
+  full: false,        // ... every weight of the model (no adapter)
+  on: true,           // ... the index embeds with it
+  want: true,         // the switch asked for, its answer not back yet
+  downloading: false,
+  error: null,        // one line: a refusal or a failure
+});
+
 export function freshRetrieval() {
   return {
     seq: 0,             // the newest request; messages of older ones are dropped
-    busy: null,         // what runs: null | "index" | "ask" | "recall"
+    busy: null,         // what runs: null | "index" | "ask" | "recall" | "tune" | "switch"
     defaults: null,     // the inputs' defaults and bounds, from the "loaded" message (lab/worker/retrieval.py defaults)
+    limits: null,       // why the model cannot be tuned ("loaded" stats.embedder: lab/worker/embedder.py defaults)
     picked: [],         // File objects picked or dropped, sent (and let go) by Index
+    tune: NO_TUNE(),
+    tuneLabels: [],     // the tuned embedder's buffers' labels, to find them in Forget's report (kept past a drop)
+    tuneWiped: null,    // those buffers in the last Forget report: {buffers, before, after, full}
     ...NOTHING,
   };
 }
@@ -48,6 +70,7 @@ const mine = (s, m) => m.seq === s.seq;
 
 export function retrievalLoaded(s, stats) {
   s.defaults = stats.retrieval;
+  s.limits = stats.embedder;
 }
 
 export function retrievalPlan(s, m) {
@@ -103,20 +126,94 @@ export function retrievalFailed(s, m) {
   s.error = m.message;
 }
 
-// Forget's report: the index's own buffers (labelled retrieval.*), as read back before and after the wipe.
-export function retrievalForgotten(s, report) {
-  const items = report.items.filter((i) => i.label.startsWith("retrieval."));
-  const sum = (key) => items.reduce((a, i) => a + i[key], 0);
-  s.wiped = items.length
-    ? { buffers: items.length, before: sum("before"), after: sum("after"), labels: items.map((i) => i.label) } : null;
+// ---- the tuning's messages (lab/worker/embedder.py) --------------------------------------------------------------
+// Its plan: true, since its steps and measurements overwrite the KV cache (main.js drops the chat's KV picture).
+export function retrievalTunePlan(s, m) {
+  if (!mine(s, m)) return false;
+  s.tune.plan = m;
+  return true;
 }
 
-// Forget, a new model, a lost GPU: the index is gone in the worker, so is everything the card shows of it; what runs
-// is stopped, and its remaining messages are dropped (seq).
+export function retrievalTuneProgress(s, m) {
+  if (mine(s, m)) s.tune.last = m;
+}
+
+export function retrievalTuneTable(s, m) {
+  if (mine(s, m)) s.tune.table = { columns: m.columns, rows: m.rows };
+}
+
+// The run's end: the index was embedded again (with the tuned embedder, or, after a divergence, without). True when
+// every weight was tuned: the model the panels read changed (main.js reads them again).
+export function retrievalTuneDone(s, m) {
+  if (!mine(s, m)) return false;
+  s.busy = null;
+  Object.assign(s.tune, { result: m, table: m.table, tuned: m.tuned, full: m.full, on: m.on, want: m.on,
+                          before: null });
+  s.tuneLabels = m.labels;
+  s.built = m.built;
+  s.progress = null;      // the bar was the index before's: the status line says how the new one was built
+  return m.full;
+}
+
+// The switch's answer: the index was embedded again (true: it overwrote the KV cache).
+export function retrievalTuneSwitched(s, m) {
+  if (!mine(s, m)) return false;
+  s.busy = null;
+  s.tune.on = s.tune.want = m.on;
+  if (m.built) { s.built = m.built; s.progress = null; }
+  return true;
+}
+
+// The adapter's bytes (or, every weight tuned, the model's): straight into a download, nothing kept.
+export function retrievalTuneDownload(s, m, modelName) {
+  s.tune.downloading = false;
+  const bytes = new Uint8Array(m.bytes.buffer, m.bytes.byteOffset, m.size);
+  const url = URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" }));
+  const a = document.createElement("a");
+  a.href = url;
+  const stem = (modelName || "model").replace(/\.gguf$/i, "");
+  a.download = m.full ? `${stem}.embedder.gguf` : `${stem}.embedder.lora.gguf`;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(url), KEEP_URL_MS);
+}
+
+export function retrievalTuneFailed(s, m) {
+  if (m.seq != null && m.seq !== s.seq) return;
+  if (m.where !== "retrieval-tune-download") s.busy = null;
+  // a run refused before it started leaves the tuned embedder before as it was (a failure after its start came
+  // with "retrieval-dropped", which let it go)
+  if (m.where === "retrieval-tune" && s.tune.before) s.tune = { ...s.tune.before, before: null };
+  Object.assign(s.tune, { downloading: false, want: s.tune.on, error: m.message });
+}
+
+// A run that failed after its start: the worker dropped the index and the tuned embedder (its error follows).
+export function retrievalDropped(s, m) {
+  if (!mine(s, m) || s.busy !== "tune") return;
+  Object.assign(s, NOTHING, { busy: null, tune: NO_TUNE(), tuneLabels: [] });
+}
+
+// Forget's report: the index's own buffers (labelled retrieval.*) and the tuned embedder's, each as read back before
+// and after the wipe.
+export function retrievalForgotten(s, report) {
+  const sum = (items, key) => items.reduce((a, i) => a + i[key], 0);
+  const tuned = new Set(s.tuneLabels);
+  const items = report.items.filter((i) => i.label.startsWith("retrieval.") && !tuned.has(i.label));
+  s.wiped = items.length ? { buffers: items.length, before: sum(items, "before"), after: sum(items, "after"),
+                             labels: items.map((i) => i.label) } : null;
+  const mine_ = report.items.filter((i) => tuned.has(i.label));
+  s.tuneWiped = mine_.length ? { buffers: mine_.length, before: sum(mine_, "before"), after: sum(mine_, "after"),
+                                 labels: mine_.map((i) => i.label),
+                                 full: s.tuneLabels.some((l) => !l.startsWith("retrieval.")) } : null;
+  s.tuneLabels = [];
+}
+
+// Forget, a new model, a lost GPU: the index is gone in the worker, and the tuned embedder with it, so is everything
+// the card shows of them; what runs is stopped, and its remaining messages are dropped (seq). The tuned embedder's
+// labels stay for Forget's report (retrievalForgotten).
 export function dropRetrieval(s, worker) {
   if (s.busy) worker.postMessage({ type: "stop" });
   s.seq++;
-  Object.assign(s, NOTHING, { busy: null, picked: [] });
+  Object.assign(s, NOTHING, { busy: null, picked: [], tune: NO_TUNE(), tuneWiped: null });
   $("rag-files").value = "";
   $("rag-question").value = "";
 }
@@ -170,6 +267,65 @@ function clear(store, worker, rerender) {
   rerender();
 }
 
+// ---- tuning the embedder ------------------------------------------------------------------------------------------
+const tuneMode = () => (document.querySelector("input[name=tune-mode]:checked")?.value ?? "lora");
+// Why Tune cannot start on this model: the worker's words ("loaded" stats.embedder, the Training card's own).
+function tuneRefusal(store) {
+  const l = store.retrieval.limits;
+  if (!store.loaded || !l) return null;
+  return (tuneMode() === "full" ? l.full_refusal : l.refusal) ?? null;
+}
+const canTune = (store) => idle(store) && indexed(store.retrieval) && !tuneRefusal(store);
+
+function startTune(store, worker, rerender) {
+  if (!canTune(store)) return;
+  const s = store.retrieval, num = (id) => Number($(id).value), full = tuneMode() === "full";
+  // the tuned embedder stays the worker's until the run starts: a refusal puts it back here (retrievalTuneFailed)
+  s.tune = { ...NO_TUNE(), before: s.tune };
+  s.busy = "tune";
+  worker.postMessage({ type: "retrieval-tune", stage: $("tune-stage").value, steps: num("tune-steps"),
+                       pairs: num("tune-pairs"), lr: num("tune-lr"), queries: num("rag-queries"),
+                       ...(full ? { full } : { rank: num("tune-rank") }), seq: ++s.seq });
+  rerender();
+}
+
+// The mode changed: the learning rate's default is each mode's own (a LoRA's moves a small pair from zero, every
+// weight's all of a trained model's at once), unless the field holds a value the user typed (it stays), as the
+// Training card's.
+function tuneModeChanged(store, rerender) {
+  const lr = $("tune-lr"), d = lr.dataset;
+  if (lr.value === d.auto) lr.value = d.auto = tuneMode() === "full" ? d.full : d.lora;
+  store.retrieval.tune.error = null;
+  rerender();
+}
+
+function wireTune(store, worker, rerender) {
+  const s = store.retrieval;
+  $("tune-start").addEventListener("click", () => startTune(store, worker, rerender));
+  $("tune-stop").addEventListener("click", () => {
+    if (s.busy === "tune" || s.busy === "switch") worker.postMessage({ type: "stop" });
+  });
+  const lr = $("tune-lr");
+  lr.dataset.lora = lr.dataset.auto = lr.value;      // the template's value: lab/settings.py EMBEDDER.lr
+  for (const r of document.querySelectorAll("input[name=tune-mode]")) {
+    r.addEventListener("change", () => tuneModeChanged(store, rerender));
+  }
+  $("tune-on").addEventListener("change", (e) => {
+    if (!s.tune.tuned || s.tune.full || !idle(store)) { e.target.checked = s.tune.on; return; }
+    s.busy = "switch";
+    s.tune.want = e.target.checked;
+    s.tune.error = null;
+    worker.postMessage({ type: "retrieval-tune-switch", on: e.target.checked, seq: ++s.seq });
+    rerender();
+  });
+  $("tune-download").addEventListener("click", () => {
+    if (!s.tune.tuned || s.tune.downloading || s.busy) return;
+    s.tune.downloading = true;
+    worker.postMessage({ type: "retrieval-tune-download", seq: s.seq });
+    rerender();
+  });
+}
+
 // sampling(): {settings, max_new} from the chat's Sampling inputs, which the answers use too.
 export function wireRetrieval(store, worker, rerender, sampling) {
   $("rag-files").addEventListener("change", (e) => pick(store, e.target.files, rerender));
@@ -194,6 +350,7 @@ export function wireRetrieval(store, worker, rerender, sampling) {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); ask(store, worker, rerender, sampling); }
   });
   $("rag-recall").addEventListener("click", () => measure(store, worker, rerender));
+  wireTune(store, worker, rerender);
 }
 
 // ---- rendering ----------------------------------------------------------------------------------------------------
@@ -226,6 +383,8 @@ function status(store) {
   }
   if (s.busy === "ask") return { state: "asking", text: s.hits ? "answering…" : "searching the index…" };
   if (s.busy === "recall") return { state: "recalling", text: "measuring recall…" };
+  if (s.busy === "tune") return { state: "tuning", text: "tuning the embedder (below)…" };
+  if (s.busy === "switch") return { state: "indexing", text: "embedding the index again (below)…" };
   if (s.error) return { state: "error", text: s.error };
   const b = s.built;
   if (b) {
@@ -341,6 +500,129 @@ function renderWiped(s) {
       + `(${w.labels.join(", ")}) read back as zero.`;
 }
 
+// The tuning's line: what runs, or how the last run ended.
+function tuneStatus(store) {
+  const s = store.retrieval, t = s.tune, p = t.last;
+  if (s.busy === "tune") {
+    if (!t.plan) return { state: "running", text: "making the adapter and checking the settings…" };
+    if (!p || p.phase === "measure") {
+      return { state: "running", text: `measuring recall ${p?.row ?? "untuned"}: a fresh index of the files` };
+    }
+    if (p.phase === "train") return { state: "running", text: `stage ${p.stage}: training` };
+    return { state: "running", text: "embedding the index with the tuned embedder, then measuring its recall" };
+  }
+  if (s.busy === "switch") {
+    return { state: "running", text: `embedding the index ${t.want ? "with" : "without"} the tuned embedder` };
+  }
+  const r = t.result;
+  if (r) {
+    if (r.diverged) {
+      return { state: "error", text: `stopped after ${r.steps_done} steps: the embeddings are no numbers any more (the `
+        + "learning rate is too high)" + (r.full ? "; the model's weights are lost: load the file again"
+          : "; the adapter is dropped and the index embedded untuned") };
+    }
+    const head = r.stopped ? `stopped after ${r.steps_done} steps` : `done: ${r.steps_done} steps`;
+    return { state: r.stopped ? "stopped" : "done", text: `${head} in ${secs(r.seconds)}; `
+      + (t.full ? "the model itself is tuned: the index, the chat and every card use it"
+        : t.on ? "the index and the questions are embedded with the tuned adapter"
+          : "the index is embedded without it (switched off)") };
+  }
+  if (!indexed(s)) return { state: "idle", text: "index some files first, then Tune" };
+  return { state: "idle", text: "" };
+}
+
+function renderTuneProgress(s) {
+  const running = s.busy === "tune" || s.busy === "switch", p = s.tune.last;
+  $("tune-progress-row").hidden = !running;
+  $("tune-bar").value = running && p && p.total ? p.done / p.total : 0;
+  const t = $("tune-progress-text");
+  t.dataset.phase = running && p ? p.phase : "";
+  t.dataset.done = running && p ? p.done : "";
+  t.textContent = !running || !p ? "" : p.phase === "train"
+    ? `step ${p.done} of ${p.total} · loss ${p.loss.toFixed(4)} · ${secs(p.seconds)}`
+    : `${p.done} / ${p.total} windows embedded`;
+}
+
+// The table `lab train-embedder` prints (lab/instruments/embedder.py rows), as it grows, and what the run was.
+function renderTuneTable(s) {
+  const t = s.tune.table, table = $("tune-table"), plan = s.tune.plan;
+  table.hidden = !t;
+  if (table.rendered === t && table.planned === plan) return;
+  table.rendered = t;
+  table.planned = plan;
+  if (!t) { $("tune-head").replaceChildren(); $("tune-rows").replaceChildren(); table.deleteCaption(); return; }
+  $("tune-head").replaceChildren(el("th", null, ""), ...t.columns.map((c) => el("th", null, c)));
+  $("tune-rows").replaceChildren(...t.rows.map(([name, ...cells]) => {
+    const tr = testid(el("tr", null), "tune-row");
+    tr.dataset.name = name;
+    tr.append(el("td", null, name), ...cells.map((v) => {
+      const td = el("td", "num", v.toFixed(3));
+      td.dataset.value = v;
+      return td;
+    }));
+    return tr;
+  }));
+  if (!plan) { table.deleteCaption(); return; }
+  const memory = Object.values(plan.memory).reduce((a, b) => a + b, 0);
+  table.createCaption().textContent = `${plan.windows} windows of ${plan.window} tokens side by side, ${plan.pairs} `
+    + `pairs a step, ${plan.steps} steps a stage; `
+    + (plan.full ? "every weight of the model" : `a LoRA adapter of rank ${plan.rank}`)
+    + ` (${plan.params.toLocaleString("en")} parameters), AdamW at learning rate ${plan.lr}, `
+    + `${fmtBytes(memory)} of training buffers; recall on ${plan.queries} random crops of each length (seed 0)`;
+}
+
+function renderTuneAfter(store) {
+  const s = store.retrieval, t = s.tune;
+  $("tune-after").hidden = !t.tuned || s.busy === "tune";
+  for (const e of $("tune-after").querySelectorAll("[data-tune=lora]")) e.hidden = t.full;
+  $("tune-on").checked = s.busy === "switch" ? t.want : t.on;
+  $("tune-on").disabled = !idle(store) && s.busy !== "switch";
+  $("tune-download").disabled = !t.tuned || !!s.busy || t.downloading;
+  $("tune-download").textContent = t.full ? "Download the model (.gguf)" : "Download the adapter (.gguf)";
+  const hint = $("tune-file-hint");
+  hint.hidden = !t.tuned || s.busy === "tune";
+  hint.textContent = t.full
+    ? "The loaded file's metadata and vocabulary with every tensor as tuned, in F32: llama.cpp and this page load it "
+      + "like any model file."
+    : "A llama.cpp LoRA adapter of this model: lab index, lab ask and lab retrieval-eval take it with --lora.";
+}
+
+function renderTuneWiped(s) {
+  const w = s.tuneWiped, line = $("tune-wiped");
+  line.hidden = !w;
+  line.dataset.before = w ? w.before : "";
+  line.dataset.after = w ? w.after : "";
+  line.dataset.state = !w ? "" : w.after ? "failed" : "wiped";
+  line.textContent = !w ? "" : w.after
+    ? `Forget did NOT wipe the tuned embedder: ${w.after} non-zero words remain in its buffers`
+    : w.full
+      ? `Forget wiped the tuned model's weights, ${w.buffers} buffers holding data (${w.before.toLocaleString("en")} `
+        + "non-zero words read back as zero), and unloaded it."
+      : `Forget wiped the tuned embedder: ${w.before.toLocaleString("en")} non-zero words in its ${w.buffers} `
+        + `buffers (${w.labels.join(", ")}) read back as zero.`;
+}
+
+function renderTune(store) {
+  const s = store.retrieval, why = s.tune.error || tuneRefusal(store), line = $("tune-refusal");
+  line.hidden = !why;
+  line.textContent = why || "";
+  line.dataset.kind = s.tune.error ? "error" : why ? "refusal" : "";
+  $("tune-start").disabled = !canTune(store);
+  $("tune-stop").disabled = s.busy !== "tune" && s.busy !== "switch";
+  const full = tuneMode() === "full";
+  for (const id of ["tune-stage", "tune-steps", "tune-pairs", "tune-lr", "tune-mode-lora", "tune-mode-full"]) {
+    $(id).disabled = !!s.busy;
+  }
+  $("tune-rank").disabled = !!s.busy || full;
+  const st = tuneStatus(store), status = $("tune-status");
+  status.dataset.state = st.state;
+  status.textContent = st.text;
+  renderTuneProgress(s);
+  renderTuneTable(s);
+  renderTuneAfter(store);
+  renderTuneWiped(s);
+}
+
 export function renderRetrieval(store) {
   const s = store.retrieval;
   renderInputs(store);
@@ -364,6 +646,7 @@ export function renderRetrieval(store) {
   renderAnswers(s);
   renderRecall(s);
   renderWiped(s);
+  renderTune(store);
 }
 
 // ---- folded (web/navigator.js): the card in one line ----------------------------------------------------------------
@@ -371,7 +654,9 @@ export function renderRetrieval(store) {
 function retrievalLine(store) {
   const s = store.retrieval, st = status(store), pct = (x) => `${(100 * x).toFixed(1)} %`;
   const recall = s.recall ? ` · recall@1 ${pct(s.recall.recall_at_1)}, @5 ${pct(s.recall.recall_at_5)}` : "";
-  return (st.text || "no files indexed") + recall;
+  const t = s.tune, tuned = !t.tuned ? "" : t.full ? " · every weight tuned" : t.on ? " · tuned embedder on"
+    : " · tuned embedder off";
+  return (st.text || "no files indexed") + recall + tuned;
 }
 
 // ---- its place in the page (web/cards.js): a new chat keeps the index (the user's files, not the conversation);

@@ -138,6 +138,20 @@ class Engine:
         """Every step from now on with this LoRA adapter's terms (lab.engine.lora.Lora, made on this engine's device
         for steps of max_batch rows), or without any (None). The plans are built again; the KV cache the earlier
         steps left was computed without it, so a caller starts the conversation again (the session does)."""
+        self._check_lora(lora)
+        self.lora = lora
+        with self.device.owning(self):      # the plans' uniforms are the engine's, whoever asks for the adapter
+            self._build_plans()
+
+    def plans_with(self, lora) -> tuple[Plan, Plan]:
+        """(prefill, decode) plans with this adapter's terms (None: none), the engine's own plans and adapter left as
+        they are: for a caller that runs the model with an adapter the chat does not use (the retrieval card's tuned
+        embedder, lab.instruments.retrieval `Index(adapter=)`). The buffers the plans make (uniforms, attention
+        scratch) belong to the caller's `device.owning`."""
+        self._check_lora(lora)
+        return Prefill(self, lora).build(), Decode(self, lora).build()
+
+    def _check_lora(self, lora) -> None:
         if lora is not None and lora.max_tokens < self.max_batch:
             raise EngineError(f"the adapter was made for steps of {lora.max_tokens} rows, this engine runs "
                               f"{self.max_batch}")
@@ -147,9 +161,6 @@ class Engine:
                 raise EngineError(f"the adapter adapts {missing[0]}" + (f" and {len(missing) - 1} more tensors"
                                   if len(missing) > 1 else "") + ": the lab adapts the layers' projections only (not "
                                   "the output head or the embedding yet)")
-        self.lora = lora
-        with self.device.owning(self):      # the plans' uniforms are the engine's, whoever asks for the adapter
-            self._build_plans()
 
     def _read_host_values(self, host_values: dict[str, bytes]) -> None:
         """The values of the tensors the plans take as constants: rope_freqs' [n_rot/2] frequency factors

@@ -117,9 +117,11 @@ def initial(targets: dict[str, Target], seed: int) -> bytes:
 
 class Lora:
     """The adapter's parameters on `device` for steps of up to max_tokens rows (made inside the caller's
-    `device.owning`)."""
+    `device.owning`); `label` begins its buffers' labels (the retrieval card's tuned embedder's are its own, so that
+    Forget's report tells them from the Training card's adapter)."""
 
-    def __init__(self, device: gpu.Device, shapes: list[tuple], alpha: float, max_tokens: int) -> None:
+    def __init__(self, device: gpu.Device, shapes: list[tuple], alpha: float, max_tokens: int,
+                 label: str = "lora") -> None:
         if not (math.isfinite(alpha) and alpha > 0):
             raise LoraError(f"LoRA alpha {alpha}: a positive number")
         self.device = device
@@ -129,8 +131,13 @@ class Lora:
         at = self.n_params
         self.max_rank = max(t.rank for t in self.targets.values())
         conv = gpu.CONVERSATION
-        self.params = device.buffer(4 * at, conv, f"lora A|B [{at}]")
-        self.u = device.buffer(4 * max_tokens * self.max_rank, conv, "lora u = x A^T [tokens, r]")
+        self.params = device.buffer(4 * at, conv, f"{label} A|B [{at}]")
+        self.u = device.buffer(4 * max_tokens * self.max_rank, conv, f"{label} u = x A^T [tokens, r]")
+
+    @property
+    def shapes(self) -> list[tuple]:
+        """(name, n_in, n_out, rank) of each target, in order: another Lora of these shapes has this one's layout."""
+        return [(t.name, t.n_in, t.n_out, t.rank) for t in self.targets.values()]
 
     @classmethod
     def shapes_of(cls, adapter) -> list[tuple]:

@@ -60,17 +60,24 @@ class Plan:
         raise KeyError(f"no traced tensor {name!r} in this plan")
 
 
+ENGINES = object()      # a builder's `lora` by default: the engine's own adapter (Engine.set_lora), or none
+
+
 class PlanBuilder:
+    """One step's plan over the engine's weights and scratch, with `lora`'s terms after the projections it names: by
+    default the engine's own adapter; another (or None) makes a plan for a caller of its own, the engine's plans left
+    as they are (the retrieval card's tuned embedder, lab/instruments/retrieval.py `Index(adapter=)`)."""
     batched: bool
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, lora=ENGINES) -> None:
         self.eng = engine
         self.cfg = engine.cfg
         self.dev = engine.device
         self.kernels = engine.kernels
         self.scratch = engine.scratch
         self.weights = engine.weights
-        self.lora = engine.lora         # a LoRA adapter whose terms follow the projections it names, or None
+        # a LoRA adapter whose terms follow the projections it names, or None
+        self.lora = engine.lora if lora is ENGINES else lora
         self.starts = {t.offset: t.name for t in engine.header.tensors}     # the file's tensors, where each starts
         self.plan = Plan()
 

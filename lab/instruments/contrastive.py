@@ -38,12 +38,17 @@ from lab.engine.lora import DEFAULT_TARGETS
 from lab.instruments.training import Optim, Trainer
 from lab.ops.pool import POOL
 from lab.ops.pool import pool as pool_op
+from lab.settings import EMBEDDER
 
 TEMPERATURE = 0.05      # the reference system's: sharp enough that the hardest in-batch negatives carry the gradient
 QUERY = 16              # tokens of a query inside its passage (stage 2)
 MIN_CROP = 0.5          # a crop (stage 1) keeps at least this share of its window
-MAX_PAIRS = 64          # pairs a step (the host's part is O(pairs^2 n_embd) in plain Python)
-STAGES = ("crops", "query")
+MAX_PAIRS = EMBEDDER.max_pairs     # pairs a step (the host's part is O(pairs^2 n_embd) in plain Python)
+STAGES = EMBEDDER.stages           # ("crops", "query"): what a user chooses, so lab/settings.py names them
+
+
+class Diverged(TrainError):
+    """A window's pooled state is not a number: the parameters left the numbers (too high a learning rate)."""
 
 
 # -- the loss on the host -------------------------------------------------------------------------------------
@@ -75,6 +80,8 @@ def info_nce(a: list, b: list, temperature: float = TEMPERATURE) -> tuple[float,
 def normalized(p: list) -> tuple[list, float]:
     """(p / |p|, |p|)."""
     norm = math.sqrt(math.fsum(x * x for x in p))
+    if not math.isfinite(norm):
+        raise Diverged("the embeddings are not numbers any more: the training diverged (too high a learning rate)")
     if not norm > 0:
         raise TrainError("a window's pooled state is zero: its embedding has no direction")
     return [x / norm for x in p], norm

@@ -22,6 +22,9 @@ recall. Everything runs on the engine that chats; nothing is trained.
   score -inf, which the top-k never picks.
 - **Recall** (`Index.recall`): random CROP-token crops of the indexed files, each embedded as a question; a hit is a
   retrieved window of the same file covering at least half of the crop; recall@1 and recall@5 over the queries.
+- **A tuned embedder** (`Index(adapter=)`, lab/instruments/embedder.py): the windows and questions run through plans
+  of the index's own with that LoRA adapter's terms (Engine.plans_with), so the chat, which runs the engine's plans,
+  never uses it. `adopt` takes files another index prepared, for a fresh index of the same files.
 
 Running windows overwrites the engine's KV cache from position 0, as a perplexity run does: a caller with a chat
 session must drop what it believed the cache held (lab/worker/retrieval.py, lab/host/cli/retrieval.py do).
@@ -204,9 +207,12 @@ class Index:
     `restore` (embeddings from a saved index); then `search` and `recall`. `close` frees (and, being CONVERSATION,
     zeroes) every buffer; `drop` also empties the CPU's copies of the files."""
 
-    def __init__(self, engine, tokenizer, *, window: int = WINDOW, stride: int = STRIDE) -> None:
+    def __init__(self, engine, tokenizer, *, window: int = WINDOW, stride: int = STRIDE, adapter=None) -> None:
         check_shape(window, stride, engine.n_ctx)
         self.engine = engine
+        # a LoRA adapter the index embeds with through plans of its own (Engine.plans_with), whatever the engine's
+        # own plans add: the retrieval card's tuned embedder, which the chat does not use; None: the engine's plans
+        self.adapter = adapter
         self.device = engine.device
         self.tokenizer = tokenizer
         self.window = window
@@ -247,6 +253,25 @@ class Index:
         self.capacity_check(len(p.spans))
         self.prepared = p
         return p
+
+    def adopt(self, p: Prepared) -> Prepared:
+        """Take files another index prepared as this one's, nothing read or tokenised again (the tuning's fresh
+        indexes of the files already indexed, lab/instruments/embedder.py): their windows must be those this index
+        cuts. The Prepared is shared, not copied: `close` (not `drop`) every index but the one that keeps it."""
+        if self.ready or self._ops is not None:
+            raise RetrievalError("this index is built: make a new one for other files")
+        if not p.spans:
+            raise RetrievalError("nothing prepared: add files first")
+        self._check_spans(p)
+        self.capacity_check(len(p.spans))
+        self.prepared = p
+        return p
+
+    def _check_spans(self, p: Prepared) -> None:
+        want = [(f, a, b) for f, ids in enumerate(p.ids) for a, b in windows_of(len(ids), self.window, self.stride)]
+        if p.spans != want or len(p.names) != len(p.ids):
+            raise RetrievalError(f"the saved windows are not those of its files at window {self.window} and stride "
+                                 f"{self.stride}: the index is damaged")
 
     def capacity_check(self, n: int) -> None:
         """RetrievalError when an index of n windows would pass one storage binding of this GPU."""
@@ -309,16 +334,18 @@ class Index:
             score = score_op(dev, kc, self.table, self.queries, self.scores, s.step, score_p, n, "retrieval.score")
             top = sample.top_k(dev, kc, self.scores, self.top, s.step, n, self.k,
                                rows=Rows.per_token(self.query_rows))
-        # the engine's own plans up to the final norm (found by the name the plans trace): prefill for a step of
-        # several tokens, decode's for a lone one; what follows there (the head, the sampler's tail) is not run
-        body = {}
-        for batched in (True, False):
-            plan = eng.plan_for(batched)
-            body[batched] = plan.ops[:plan.at("result_norm") + 1]
+            # the engine's own plans, or, with an adapter of the index's own, plans of its own (their buffers this
+            # index's, freed with it)
+            plans = {True: eng.prefill, False: eng.decode} if self.adapter is None else \
+                dict(zip((True, False), eng.plans_with(self.adapter)))
+        # the plans up to the final norm (found by the name the plans trace): prefill for a step of several tokens,
+        # decode's for a lone one; what follows there (the head, the sampler's tail) is not run
+        body = {b: plan.ops[:plan.at("result_norm") + 1] for b, plan in plans.items()}
         self._ops = {(b, name): body[b] + [pool[name]] for b in (True, False) for name in pool}
         self._search = [score] + top
-        self._plans = (eng.prefill, eng.decode)     # the model the index embeds with (Engine.set_lora changes it;
-        # a Trainer sets it, a full fine-tune's included, before its weights move)
+        # the engine's plans as the windows are embedded (Engine.set_lora builds them again; a Trainer sets it, a full
+        # fine-tune's included, before its weights move): `_stale` compares them
+        self._plans = (eng.prefill, eng.decode)
 
     def _steps(self, ids: list[int], slot: int, into: str) -> None:
         """Submit the steps that embed `ids` into row `slot` of the index or of the queries: from position 0, behind
@@ -337,7 +364,7 @@ class Index:
         """The backend's prepared dispatch list of a step of t tokens pooled `into` the index or the queries, made
         once per (t, into): every window of a file has the same length, so indexing encodes from one list (as the
         engine's steps do, Engine.prepared)."""
-        if self._plans[0] is not self.engine.prefill or self._plans[1] is not self.engine.decode:
+        if self._stale():
             raise RetrievalError("the model changed since the files were indexed (a LoRA adapter went on or off, or "
                                  "a training run began): the index's windows were embedded by the other model; index "
                                  "the files again")
@@ -348,6 +375,16 @@ class Index:
                 self._prepared.clear()
             p = self._prepared[key] = self.device.prepare(ops.dispatches(self._ops[t > 1, into], t))
         return p
+
+    def _stale(self) -> bool:
+        """The model changed since the windows were embedded. An index on the engine's plans: they were built again
+        (an adapter on or off, a training run's start). An index with an adapter of its own runs plans of its own, which
+        the engine's adapter does not reach: only weights trained in place change it (they are then the user's,
+        CONVERSATION, and any rebuild of the engine's plans since may have come with a run that moved them)."""
+        eng = self.engine
+        if self._plans[0] is eng.prefill and self._plans[1] is eng.decode:
+            return False
+        return self.adapter is None or eng.weights.kind == gpu.CONVERSATION
 
     async def build(self, on_progress=None, should_stop=None) -> Built:
         """Embed every prepared window into the index. on_progress(done, total, seconds) after each block of windows
@@ -402,12 +439,8 @@ class Index:
         `windows_of` cuts at this index's window and stride), and its embeddings, f32 [n_windows, n_embd]."""
         if self.ready or self._ops is not None:
             raise RetrievalError("this index is built: make a new one to restore another")
-        want = [(f, a, b) for f, ids in enumerate(prepared.ids)
-                for a, b in windows_of(len(ids), self.window, self.stride)]
-        if prepared.spans != want or len(prepared.names) != len(prepared.ids):
-            raise RetrievalError(f"the saved windows are not those of its files at window {self.window} and stride "
-                                 f"{self.stride}: the index is damaged")
-        n, E = len(want), self.engine.cfg.n_embd
+        self._check_spans(prepared)
+        n, E = len(prepared.spans), self.engine.cfg.n_embd
         if len(embeddings) != 4 * n * E:
             raise RetrievalError(f"{len(embeddings):,} bytes of embeddings for {n:,} windows of {E:,} floats "
                                  f"({4 * n * E:,} bytes)")

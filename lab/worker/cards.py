@@ -5,8 +5,9 @@ runs the events over CARDS; lab/worker/router.py says when (new chat, Forget, un
 A card's state is made on first use, by the handler that needs it (`Loaded.made`, `Loaded.hold`), never at load. Then:
 - a new chat (`Loaded.renewed`) keeps it, or takes it out and hands it to router.py `_reset`, which holds it alive
   through the same `forget.wipe` as Forget's and closes it after (`new_chat` False: the Experiments card's runs). The
-  wipe leaves the buffers a kept state names in `new_chat_leaves` (the user's files: the retrieval index, a trained
-  adapter's parameters) and clears and reads back every other CONVERSATION buffer, kept states' included;
+  wipe leaves the buffers a kept state names in `new_chat_leaves` (the user's files: the retrieval index and its
+  tuned embedder's parameters, a trained adapter's parameters) and clears and reads back every other CONVERSATION
+  buffer, kept states' included;
 - Forget (`Loaded.forgotten`) keeps it (Forget.KEEP), or takes it out of the loaded model and hands it to router.py
   `_forget`, which holds it alive through `forget.wipe`, so that the wipe's read-back covers its CONVERSATION buffers
   (non-zero before, zero after), and closes it after the wipe (Forget.WIPE; a state a new chat closes goes that way too);
@@ -76,6 +77,9 @@ EXPERIMENTS: Card[Experiments] = Card("experiments", lost_with="close", forget=F
                                       new_chat=False)
 TRAINING: Card = Card("training", lost_with="lost", forget=Forget.WIPE,   # lab.worker.training.Run: the adapter
                       new_chat_leaves="adapter_buffers")
+EMBEDDER: Card = Card("embedder", forget=Forget.WIPE,     # lab.worker.embedder.Tuned: the retrieval card's tuned
+                      new_chat_leaves="adapter_buffers")  # embedder, made of the user's files as the index is
 
-# Every card's state a loaded model may hold, in the order an unload, a lost device and Forget go through them.
-CARDS: tuple[Card, ...] = (INDEX, EXPERIMENTS, TRAINING, PROBES, KV_VIEW, MEMORY)
+# Every card's state a loaded model may hold, in the order an unload, a lost device and Forget go through them (the
+# index before the tuned embedder, whose adapter the index's plans run).
+CARDS: tuple[Card, ...] = (INDEX, EMBEDDER, EXPERIMENTS, TRAINING, PROBES, KV_VIEW, MEMORY)

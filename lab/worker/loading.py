@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lab.engine.session import Session
 from lab.instruments import memory, probes
-from lab.worker import retrieval, training
+from lab.worker import embedder, retrieval, training
 from lab.worker.state import Loaded, State, Worker
 
 
@@ -46,5 +46,6 @@ def arrived(w: Worker, engine, header, tok, seq, *, upload_s: float, build_s: fl
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,
                  "arch": cfg.arch, "no_rope": [il for il in range(cfg.n_layer) if not cfg.rotates(il)]},
         "retrieval": retrieval.defaults(engine.n_ctx),
+        "embedder": embedder.defaults(engine),
         "training": training.defaults(engine),
         "eog": sorted(tok.eos_ids), "add_bos": tok.add_bos}}

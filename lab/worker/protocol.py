@@ -26,7 +26,8 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
             "its picture at the turn's end, absent: none)}: one turn -> prompt, token..., kv-view..., memory-view..., "
             "done",
     "reset": "{head?}: new chat: the conversation dropped and wiped as Forget wipes it, less the user's files (the "
-             "retrieval index, a trained adapter's parameters); the model kept -> reset",
+             "retrieval index and its tuned embedder's parameters, a trained adapter's parameters); the model kept "
+             "-> reset",
     "probe-embedding": "{id (a token id), index}: its embedding row and neighbours -> embedding",
     "probe-inspect": "{start, end, attention, residual, lens}: the panels' pass over the conversation -> inspection",
     "forget": "{skip?, head?}: wipe and check every conversation buffer (skip: tests, one buffer left; head: the "
@@ -51,6 +52,15 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
     "retrieval-recall": "{queries, seed, seq}: recall@1 and @5 of the index on random crops of its files; its cancel "
                         "is stop -> retrieval-progress..., retrieval-recall",
     "retrieval-drop": "{seq}: the index dropped (the card's Clear) -> retrieval-dropped",
+    "retrieval-tune": "{stage (crops | query | both), steps, pairs, rank, full, lr, queries, seq}: the retrieval "
+                      "card's embedder tuned contrastively on the indexed files' windows, recall measured before and "
+                      "after each stage, then the index embedded again with it (lab/worker/embedder.py); its cancel "
+                      "is stop -> retrieval-tune-plan, retrieval-tune-progress..., retrieval-tune-table..., "
+                      "retrieval-tune-done (retrieval-dropped, then error, when it fails after its start)",
+    "retrieval-tune-switch": "{on, seq}: the tuned adapter on or off for the card's search, the index embedded again "
+                             "-> retrieval-tune-progress..., retrieval-tune-switch",
+    "retrieval-tune-download": "{seq}: the tuned adapter as a llama.cpp adapter GGUF (every weight tuned: the model) "
+                               "-> retrieval-tune-download",
     "experiment-tokens": "{texts {name: text}, seq}: the Experiments card's prompts as tokens, while typed "
                          "(lab/worker/experiments.py) -> experiment-tokens",
     "experiment": "{kind (ablate | patch | steer | attribute), its inputs, confirm, seq}: one experiment on the "
@@ -143,6 +153,17 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "retrieval-answer": "{seq, rag, plain | null}: the answers' text and timings (lab.engine.session.Result)",
     "retrieval-recall": "{seq, recall {queries, recall_at_1, recall_at_5, seconds, crop, seed}}",
     "retrieval-dropped": "{seq}: the index is gone",
+    "retrieval-tune-plan": "{seq, stages, steps, pairs, window, windows (the training's), tokens, rank (null: every "
+                           "weight), full, lr, params, queries, memory {what: bytes}}: the run, before its first "
+                           "measurement",
+    "retrieval-tune-progress": "{seq, phase (measure | train | index), row (measure: the table's row it measures), "
+                               "stage (train), done, total, loss (train), seconds}",
+    "retrieval-tune-table": "{seq, columns, rows [[name, recall@1, recall@5 (24-token crops), recall@1, recall@5 "
+                            "(12)]]}: the table so far (lab/instruments/embedder.py rows)",
+    "retrieval-tune-done": "{seq, table, stopped, diverged, steps_done, seconds, built (the index embedded again), "
+                           "tuned (an embedder is kept), full, on, params, labels (its buffers')}",
+    "retrieval-tune-switch": "{seq, on, built | null}: the index is embedded with (or without) the tuned adapter",
+    "retrieval-tune-download": "{seq, size, full, bytes (the GGUF's size bytes, padded to whole words)}",
     "experiment-tokens": "{seq, tokens {name: [piece, ...]}}: each prompt's tokens, BOS included where the "
                          "vocabulary adds one",
     "experiment-plan": "{seq, kind, runs, seconds_per_run, estimate_s, ask, ask_s, slow, fit_layers, fit_runs}: the "
@@ -190,8 +211,8 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
 
 # web/worker.js takes these itself, since Python is busy (a load, a turn) when they matter.
 BY_WORKER_JS: dict[str, str] = {
-    "stop": "in: end the turn, the perplexity run, the retrieval card's build, recall or answer, the training at "
-            "its next step, or the tokenizer's training at its next slice of merges (labStopRequested)",
+    "stop": "in: end the turn, the perplexity run, the retrieval card's build, recall or answer, its tuning or the "
+            "training at their next step, or the tokenizer's training at its next slice of merges (labStopRequested)",
     "cancel-load": "in: stop every load asked for so far at its next chunk",
     "memory": "in and out: the wasm heap's size and the call counts",
     "count-calls": "in: start counting WebGPU and lab* calls (lab bench --backend browser)",

@@ -11,10 +11,11 @@ card is web/retrieval.js; the index itself is lab/instruments/retrieval.py).
         "retrieval-recall" {seq, recall}
     retrieval-drop {seq}  ->  "retrieval-dropped" {seq}
 
-The index belongs to the loaded model (its state `cards.INDEX` in `Loaded.cards`): a new chat keeps it (the user's
-files are not the conversation), Forget wipes it with the rest and then drops it (router.py `_forget`), a new load, an
-unload and a lost device drop it (lab/worker/cards.py says so). A new index replaces the old one, which is dropped
-before the new files are read.
+The index belongs to the loaded model (its state `cards.INDEX` in `Loaded.cards`), embedded by the card's tuned
+embedder while it is on ("Tune on these files": lab/worker/embedder.py, `cards.EMBEDDER`): a new chat keeps it (the
+user's files are not the conversation), Forget wipes it with the rest and then drops it (router.py `_forget`), a new
+load, an unload and a lost device drop it (lab/worker/cards.py says so). A new index replaces the old one, which is
+dropped before the new files are read.
 
 Embedding windows and questions overwrites the engine's KV cache from position 0, as a perplexity run does, so the
 chat session is told its cache holds nothing (`session.reset()`) before each build, search and recall. The answer
@@ -46,7 +47,7 @@ from lab.instruments.retrieval import (
 )
 from lab.settings import MAX_NEW, Settings
 from lab.text import chat
-from lab.worker.cards import INDEX
+from lab.worker.cards import EMBEDDER, INDEX
 from lab.worker.state import Loaded, Worker
 
 NO_INDEX = "no index: index some files first (pick or drop text files above, then press Index)"
@@ -87,7 +88,9 @@ async def index(msg: dict, w: Worker) -> None:
     lo = w.loaded()
     seq = msg.get("seq")
     lo.drop(INDEX)                      # the new files replace the old ones, whatever becomes of them
-    new = Index(lo.engine, lo.tokenizer, window=_int(msg, "window", WINDOW), stride=_int(msg, "stride", STRIDE))
+    tuned = lo.held(EMBEDDER)           # the card's tuned embedder while it is on (lab/worker/embedder.py)
+    new = Index(lo.engine, lo.tokenizer, window=_int(msg, "window", WINDOW), stride=_int(msg, "stride", STRIDE),
+                adapter=None if tuned is None else tuned.adapter)
     files = []
     for f in msg.get("files") or []:
         files.append((str(f.name), (await f.arrayBuffer()).to_bytes()))

@@ -1,6 +1,6 @@
 """The worker as the page sees it, natively, for the Training card's tests (tests/engine/test_full_card.py,
-test_scratch_card.py): a fresh engine of the small synthetic Llama 3 (tests/conftest.py `tiny`) loaded, what the
-handlers post in a list, and a GPU buffer read back."""
+test_scratch_card.py) and the Retrieval card's tuning (test_tune_card.py): a fresh engine of the small synthetic
+Llama 3 (tests/conftest.py `tiny`) loaded, what the handlers post in a list, and a GPU buffer read back."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from tests.conftest import native_engine, tiny
 
 
 class Page:
-    """A fresh engine of the tiny file (mix; kw to the engine) loaded as the page's model; `posted`, what the
-    handlers sent."""
+    """A fresh engine of the tiny file (mix; or the file at `path`; kw to the engine) loaded as the page's model;
+    `posted`, what the handlers sent."""
 
-    def __init__(self, device, mix: str = "f32", **kw) -> None:
-        path = tiny(mix)
+    def __init__(self, device, mix: str = "f32", path=None, **kw) -> None:
+        path = tiny(mix) if path is None else path
         header = gguf.read_file(path)
         tok = from_metadata(header.metadata)
         self.engine = native_engine(device, path, n_ctx=64, max_batch=32, **kw)
