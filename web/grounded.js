@@ -111,6 +111,7 @@ export function wireGrounded(store, worker, rerender) {
 
 // ---- rendering ----------------------------------------------------------------------------------------------------
 const pct = (x) => (x == null ? "—" : `${Math.round(100 * x)}%`);
+const count = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
 function status(store) {
   const s = store.grounded, p = s.progress, r = s.result;
@@ -120,7 +121,12 @@ function status(store) {
       : `reply ${p.done} of ${p.total} ${p.which === "with" ? "with the adapter" : "without the adapter"}` };
   }
   if (s.error) return { state: "error", text: s.error };
-  if (r) return { state: r.stopped ? "stopped" : "done", text: r.stopped ? "stopped: the rows replied so far" : "done" };
+  if (r) {
+    const by = r.with && r.without ? "without and with the adapter"
+      : r.with ? "by the model as trained" : "by the model as loaded";
+    return { state: r.stopped ? "stopped" : "done", text: r.stopped ? "stopped: the rows replied so far"
+      : `done: ${count(p ? p.total : 0, "held-out row", "held-out rows")}, each replied ${by}` };
+  }
   return { state: "idle", text: store.loaded ? "" : "load a model first" };
 }
 
@@ -140,14 +146,18 @@ function renderScores(s) {
   table.hidden = !r;
   const body = table.tBodies[0];
   if (!r) { body.replaceChildren(); return; }
-  const rows = [["without", "the model as loaded"], ["with", "with the Training card's adapter"]]
+  const rows = [["without", "the model as loaded"], ["with", r.without ? "with the Training card's adapter"
+    : "the model as trained"]]
     .filter(([key]) => r[key]);
   body.replaceChildren(...rows.map(([key, name]) => {
     const tr = document.createElement("tr");
     tr.dataset.which = key;
     const sc = r[key];
-    for (const [text, cls] of [[name, ""], [pct(sc.refuses_when_it_should), "should"],
-                               [pct(sc.refuses_when_it_should_not), "should-not"], [pct(sc.grounding), "grounding"]]) {
+    const of = (x, n, one, many) => `${pct(x)} of ${count(n, one, many)}`;
+    const cells = [[name, ""], [of(sc.refuses_when_it_should, sc.rows_should_refuse, "row", "rows"), "should"],
+                   [of(sc.refuses_when_it_should_not, sc.rows_should_answer, "row", "rows"), "should-not"],
+                   [of(sc.grounding, sc.replies_grounded, "reply", "replies"), "grounding"]];
+    for (const [text, cls] of cells) {
       const td = document.createElement("td");
       td.textContent = text;
       if (cls) td.dataset.col = cls;
