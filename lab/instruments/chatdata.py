@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from lab.engine.session import common_prefix
 from lab.text import chat
 
 MAX_LINES = 100_000     # conversations a file may hold
@@ -77,15 +78,6 @@ def conversations(text: str, source: str = "the data") -> list[dict]:
     return out
 
 
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def example(tok, md: dict, messages: list[dict], line: int = 0) -> Example:
     """The conversation's ids in the model's chat template and its assistant tokens (the module's docstring)."""
     whole = chat.render_chat(tok, md, messages, add_generation_prompt=False)
@@ -93,8 +85,8 @@ def example(tok, md: dict, messages: list[dict], line: int = 0) -> Example:
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = _shared(chat.render_chat(tok, md, messages[:k], add_generation_prompt=True), whole)
-        end = _shared(chat.render_chat(tok, md, messages[:k + 1], add_generation_prompt=False), whole)
+        start = common_prefix(chat.render_chat(tok, md, messages[:k], add_generation_prompt=True), whole)
+        end = common_prefix(chat.render_chat(tok, md, messages[:k + 1], add_generation_prompt=False), whole)
         for i in range(start, end):
             mask[i] = True
     if not any(mask):

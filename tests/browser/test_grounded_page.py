@@ -7,27 +7,14 @@ Screenshots: $LAB_SHOTS (default /tmp/llm-lab-shots), grounded-*.png."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from lab.instruments import grounded
 from tests.browser.conftest import take
-from tests.browser.test_layout import PINNED
+from tests.browser.test_layout import shot
 from tests.engine.test_chat_training import TEXT
 
 SLOW = 600_000
-SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
-
-
-def _shot(lab, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = 'hidden'; }})")
-    try:
-        lab.page.locator("#grounded").screenshot(path=str(SHOTS / f"grounded-{name}.png"))
-    finally:
-        lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = ''; }})")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +66,7 @@ def test_a_set_from_the_indexed_file_measured_then_forgotten(lab, tmp_path):
     cells = page.evaluate("[...document.querySelectorAll('[data-testid=gr-scores] tbody td[data-col]')]"
                           ".map(td => td.textContent)")
     assert len(cells) == 3 and all(" of " in c for c in cells), cells
-    _shot(lab, "measured")
+    shot(lab, "grounded-measured", card="grounded", doc=False)
     page.click('[data-testid="forget"]')
     page.wait_for_selector('[data-testid="forget-status"][data-state="wiped"]', timeout=SLOW)
     assert page.locator('[data-testid="gr-set"]').is_hidden() and page.locator('[data-testid="gr-scores"]').is_hidden()

@@ -47,10 +47,11 @@ CARDS = "main .card"
 PINNED = "['column-chat', 'navigator'].map(id => document.getElementById(id))"
 
 
-def shot(lab: Lab, name: str, card: str | None = None) -> None:
-    """The viewport (or one card) as it is now, to $LAB_SHOTS and (LAB_DOC_SHOTS=1) docs/screenshots/. Never the
-    full page: the right column is several screens tall, and a learner sees a screen at a time."""
-    dirs = [SHOTS] + ([DOC_SHOTS] if DOC else [])
+def shot(lab: Lab, name: str, card: str | None = None, doc: bool = True) -> None:
+    """The viewport (or one card) as it is now, to $LAB_SHOTS and (LAB_DOC_SHOTS=1, unless doc is False)
+    docs/screenshots/. Never the full page: the right column is several screens tall, and a learner sees a screen at a
+    time."""
+    dirs = [SHOTS] + ([DOC_SHOTS] if DOC and doc else [])
     lab.page.mouse.move(0, 0)                          # no hover left on a token or a button by the last click
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)

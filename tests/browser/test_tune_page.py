@@ -15,33 +15,24 @@ $LAB_SHOTS (default /tmp/llm-lab-shots), tune-*.png, and docs/screenshots/retrie
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from lab.format import gguf
 from lab.format.adapter import read_adapter_file
 from lab.format.model import from_gguf
 from tests.browser.conftest import take
-from tests.browser.test_layout import PINNED, shot
+from tests.browser.test_layout import shot
 from tests.conftest import FIXTURES
 
 SLOW = 600_000            # ms: a build, a run or a measurement on SwiftShader with the machine's two cores shared
 TEXT = (FIXTURES / "perplexity_text.txt").read_text()[:600]       # about 130 tokens: 8 windows of 16
 STEPS, PAIRS, QUERIES = 2, 2, 4
 ROWS = ["token overlap", "untuned", "after crops", "after query"]
-SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
 
 
 def _shot(lab, name: str) -> None:
-    """The card as it is now, to $LAB_SHOTS only (the one docs/retrieval.md shows goes through test_layout's `shot`)."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = 'hidden'; }})")
-    try:
-        lab.page.locator("#retrieval").screenshot(path=str(SHOTS / f"tune-{name}.png"))
-    finally:
-        lab.page.evaluate(f"{PINNED}.forEach(e => {{ e.style.visibility = ''; }})")
+    """The card as it is now, to $LAB_SHOTS only (the one docs/retrieval.md shows is taken with doc=True)."""
+    shot(lab, f"tune-{name}", card="retrieval", doc=False)
 
 
 @pytest.fixture(scope="module")
