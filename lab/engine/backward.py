@@ -198,7 +198,7 @@ class Backward(Prefill):
         blocks.embedding.build(self)
         for il in range(cfg.n_layer):
             blocks.mixers[il].build(self, il)
-            blocks.ffn.build(self, il)
+            blocks.ffn_of(il).build(self, il)
         self.add(norm.rms_norm(self.dev, self.kernels, s.x, self.weights.vectors[cfg.output_norm], s.xn, s.step,
                                cfg.n_embd, cfg.eps))
         self.add(backward_head.head_loss(self.dev, self.kernels, self.ce, s.xn, self.ts.targets, s.step,
@@ -213,7 +213,7 @@ class Backward(Prefill):
             self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.saved[il], s.step, E))
             blocks.mixers[il].build(self, il)
             self._keep(il, ("qkv", "att", "mid"))
-            blocks.ffn.build(self, il)
+            blocks.ffn_of(il).build(self, il)
             self._keep(il, ("xn", "gate_up", "h"))
         self._head()
         for il in reversed(range(cfg.n_layer)):
@@ -223,8 +223,8 @@ class Backward(Prefill):
                 self.restore(il)
                 blocks.mixers[il].build(self, il)
                 self.add(elementwise.copy_rows(self.dev, self.kernels, s.x, ts.mid, s.step, E))
-                blocks.ffn.build(self, il)
-            blocks.ffn.build_backward(self, il)
+                blocks.ffn_of(il).build(self, il)
+            blocks.ffn_of(il).build_backward(self, il)
             blocks.mixers[il].build_backward(self, il)
         if ts.full:     # dx is the loss's gradient at the embedding's output now: into the table's rows of the ids
             self.add(embed_back(self.dev, self.kernels, ts.wgrads[self.weights.embedding.name], E, s.ids, ts.dx,
