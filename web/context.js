@@ -114,5 +114,8 @@ export function renderContext(store) {
     + (budget.state_bytes ? `; its recurrent and conv states ${fmtBytes(budget.conv_state_bytes + budget.delta_state_bytes)}`
        + ` whatever the length (buffers ${fmtBytes(budget.state_bytes)} with the snapshots and rings)` : "")
     + (n === budget.n_ctx && !budget.fits ? " (does not fit: see the error)" : "")
+    + (budget.experts ? `; experts: ${budget.experts.n_expert} a layer on ${budget.experts.layers} routed layers,`
+       + ` ${budget.experts.n_expert_used} a token (${fmtBytes(budget.experts.bytes)} of weights, all resident;`
+       + ` ${fmtBytes(budget.experts.bytes_a_token)} of them read a token)` : "")
     + (budget.skipped?.length ? `. Left out on purpose: ${budget.skipped.join("; ")}` : "");
 }

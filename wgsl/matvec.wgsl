@@ -10,6 +10,8 @@
 //           ROPE only: {{B_RP}} rp (uniform RopeParams), {{B_STEP}} step (uniform Step), {{B_KC}} k_cache and
 //             {{B_VC}} v_cache (read_write [n_ctx, n_kv * head_dim] values: f32, or f16 two to a u32 word as
 //             wgsl/kv.wgsl lays them out, each value rounded as it is stored)
+//           EXPERT only: {{B_IDS}} ids (read: array<u32>, the chosen expert of each (token, slot) pair, pair-major),
+//             {{B_EP}} ep (uniform ExpertParams)
 // Math: y[y_off + r] = (acc ? y[y_off + r] : 0) + sum_c W[r, c] * in(c) (+ bias[bias_off + r]),  r < n_rows,
 //   where in(c) is, by prologue ({{IN}}):
 //     in_plain: x[x_off + c]
@@ -25,7 +27,13 @@
 //   even; NeoX: `rope_rows` picks them, parts start on a head), so the partner's sum is at hand. With write_kv,
 //   the K columns (rotated) and the V columns after them also go to cache row pos (not at or past n_ctx). Saves
 //   rope.wgsl's dispatch a layer.
-// Uniform fields: n_rows (rows of this part), cols, gpr (groups of 8 values per row = cols / 8),
+// Option EXPERT (a routed layer's experts, lab/ops/moe.py): W is a part of a stack of experts of n_rows rows each
+//   (the part holds experts ep.first .. ep.first + ep.count - 1, whole); grid y is the (token, slot) pair q, whose
+//   expert e = ids[q] (read once by the workgroup, workgroupUniformLoad, so the early return and the reductions stay
+//   in uniform control flow): a part without e returns at once, so only the chosen experts' rows are read. The
+//   pair's input starts at x_off + (q / ep.x_div) * ep.x_stride (x_div: the slots a token has, for the token's own
+//   row; 1 for a row per pair), its output at y_off + q * ep.y_stride. No NORM, BIAS or ROPE with it.
+// Uniform fields: n_rows (rows of this part; EXPERT: of one expert), cols, gpr (groups of 8 values per row = cols / 8),
 //   row_bytes, x_off, y_off (floats; y_off already includes the part's first row), acc (0 or 1),
 //   write_xn, eps, xn_off, bias_off (already includes the part's first row), up_off.
 // Organisation: one workgroup of WG threads per 4 rows (vec4 accumulator, one lane per row); every
@@ -43,7 +51,9 @@
 //   without the subgroups feature rejects any subgroup builtin even in dead code); SG_ENABLE:
 //   "enable subgroups;" where the WGSL compiler wants it (browser), "" for naga, which refuses it. KV32 / KV16: "" or
 //   "// ", the KV cache's f32 or f16 lines (lab/ops/attention.py kv_consts; ROPE only, else the f32 ones).
-// Grid: groups_1d(ceil(n_rows / 4)): workgroup index = wid.x + wid.y * num_workgroups.x.
+//   EXPERT: k (unused by the kernel: the caller's slots), x_stride, y_stride, first, count, x_div.
+// Grid: groups_1d(ceil(n_rows / 4)): workgroup index = wid.x + wid.y * num_workgroups.x; EXPERT: (ceil(n_rows / 4),
+//   pairs, 1), workgroup index wid.x.
 {{SG_ENABLE}}
 
 struct Params { n_rows: u32, cols: u32, gpr: u32, row_bytes: u32, x_off: u32, y_off: u32, acc: u32,
@@ -63,6 +73,11 @@ struct RopeParams { n_q: u32, n_kv: u32, head_dim: u32, n_rot: u32, n_ctx: u32, 
 {{ROPE}}{{KV32}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<f32>;
 {{ROPE}}{{KV16}}@group(0) @binding({{B_KC}}) var<storage, read_write> k_cache: array<u32>;
 {{ROPE}}{{KV16}}@group(0) @binding({{B_VC}}) var<storage, read_write> v_cache: array<u32>;
+struct ExpertParams { k: u32, x_stride: u32, y_stride: u32, first: u32, count: u32, x_div: u32, _p0: u32, _p1: u32 };
+{{EXPERT}}@group(0) @binding({{B_IDS}}) var<storage, read> ids: array<u32>;
+{{EXPERT}}@group(0) @binding({{B_EP}}) var<uniform> ep: ExpertParams;
+{{EXPERT}}var<workgroup> chosen: u32;
+var<private> x_base: u32;   // where this workgroup's input starts (x_off; EXPERT: its pair's row)
 
 //!include common.wgsl
 //!include rotary.wgsl
@@ -173,15 +188,26 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 {{SG}}        , @builtin(subgroup_size) sgs: u32, @builtin(subgroup_invocation_id) sgl: u32
         ) {
 {{SG}}    sg_lane = sgl; sg_size = sgs;
-    let wg_index = wid.x + wid.y * nwg.x;
+    var wg_index = wid.x + wid.y * nwg.x;
+{{EXPERT}}    wg_index = wid.x;
     let row0 = wg_index * 4u;
     if (row0 >= p.n_rows) { return; }
     var rows = vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u);
 {{ROPE}}    rows = rope_rows(row0);
+    x_base = p.x_off;
+    var y_base = p.y_off;
+    var w_base = 0u;        // EXPERT: the byte offset of the chosen expert's rows in this part
+{{EXPERT}}    let pair = wid.y;
+{{EXPERT}}    if (lid == 0u) { chosen = ids[pair]; }
+{{EXPERT}}    let e = workgroupUniformLoad(&chosen);
+{{EXPERT}}    if (e < ep.first || e >= ep.first + ep.count) { return; }
+{{EXPERT}}    w_base = (e - ep.first) * p.n_rows * p.row_bytes;
+{{EXPERT}}    x_base += (pair / ep.x_div) * ep.x_stride;
+{{EXPERT}}    y_base += pair * ep.y_stride;
 
     // Rows past the end repeat the last row (valid memory, no branch); their sums are not written.
     let last = p.n_rows - 1u;
-    let rb = min(rows, vec4<u32>(last)) * p.row_bytes;
+    let rb = min(rows, vec4<u32>(last)) * p.row_bytes + vec4<u32>(w_base);
 
     let acc = accumulate(rb, lid);
     var sums = wg_sum(acc, lid);
@@ -195,7 +221,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var total = sums[lid];
 {{BIAS}}        total += bias[p.bias_off + rows[lid]];
 {{ROPE}}        total = rope_out(rows, lid, sums);
-        let o = p.y_off + rows[lid];
+        let o = y_base + rows[lid];
         if (p.acc != 0u) { total += y[o]; }
         y[o] = total;
     }

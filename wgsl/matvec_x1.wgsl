@@ -4,9 +4,9 @@
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 {{NORM}}@group(0) @binding({{B_NW}}) var<storage, read> nw: array<f32>;
 
-fn in_plain(c: u32) -> f32 { return x[p.x_off + c]; }
-{{NORM}}fn in_norm(c: u32) -> f32 { let v = x[p.x_off + c]; ss += v * v; return v * nw[c]; }
-fn in_glu(c: u32) -> f32 { return {{ACT}}(x[p.x_off + c]) * x[p.x_off + p.up_off + c]; }
+fn in_plain(c: u32) -> f32 { return x[x_base + c]; }
+{{NORM}}fn in_norm(c: u32) -> f32 { let v = x[x_base + c]; ss += v * v; return v * nw[c]; }
+fn in_glu(c: u32) -> f32 { return {{ACT}}(x[x_base + c]) * x[x_base + p.up_off + c]; }
 
 // Four input values from element e.
 fn in4(e: u32) -> vec4<f32> {

@@ -5,11 +5,11 @@
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 {{NORM}}@group(0) @binding({{B_NW}}) var<storage, read> nw: array<vec4<f32>>;
 
-fn in_plain(e: u32) -> vec4<f32> { return x[(p.x_off + e) >> 2u]; }
-{{NORM}}fn in_norm(e: u32) -> vec4<f32> { let v = x[(p.x_off + e) >> 2u]; ss += dot(v, v); return v * nw[e >> 2u]; }
+fn in_plain(e: u32) -> vec4<f32> { return x[(x_base + e) >> 2u]; }
+{{NORM}}fn in_norm(e: u32) -> vec4<f32> { let v = x[(x_base + e) >> 2u]; ss += dot(v, v); return v * nw[e >> 2u]; }
 fn in_glu(e: u32) -> vec4<f32> {
-    let g = x[(p.x_off + e) >> 2u];
-    return vec4<f32>({{ACT}}(g.x), {{ACT}}(g.y), {{ACT}}(g.z), {{ACT}}(g.w)) * x[(p.x_off + p.up_off + e) >> 2u];
+    let g = x[(x_base + e) >> 2u];
+    return vec4<f32>({{ACT}}(g.x), {{ACT}}(g.y), {{ACT}}(g.z), {{ACT}}(g.w)) * x[(x_base + p.up_off + e) >> 2u];
 }
 
 // Four input values from element e (a multiple of 4).

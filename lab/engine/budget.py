@@ -140,7 +140,18 @@ class Budget:
                 # (l_cache - 1 conv rows a layer; a delta-net's d_k x d_v per value head), flat in the context
                 "state_bytes": self.total("state"), "conv_state_bytes": cfg.conv_state_bytes(),
                 "delta_state_bytes": cfg.delta_state_bytes(),
-                "skipped": cfg.skipped}     # what the file holds that the lab leaves out on purpose, and why
+                "skipped": cfg.skipped,     # what the file holds that the lab leaves out on purpose, and why
+                "experts": self.experts(cfg)}
+
+    def experts(self, cfg: Config) -> dict | None:
+        """A mixture of experts' card line (None for a dense model): experts a routed layer and a token, the routed
+        layers, the experts' weight bytes (every expert is resident: counted among the weights) and the part of them a
+        token reads (its n_expert_used of n_expert, the decode kernels reading the chosen experts' rows only)."""
+        if not cfg.n_expert:
+            return None
+        held = sum(n.size for n in self.needs if n.kind == gpu.WEIGHTS and "_exps" in n.label)
+        return {"n_expert": cfg.n_expert, "n_expert_used": cfg.n_expert_used, "layers": len(cfg.routed_layers),
+                "bytes": held, "bytes_a_token": held * cfg.n_expert_used // cfg.n_expert}
 
 
 def _fmt(n: int) -> str:

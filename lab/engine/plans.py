@@ -149,7 +149,7 @@ class PlanBuilder:
             blocks.tail.inputs(self)
         for il in range(self.cfg.n_layer):
             blocks.mixers[il].build(self, il)
-            blocks.ffn.build(self, il)
+            blocks.ffn_of(il).build(self, il)
             if blocks.tail:
                 blocks.tail.build(self, il)
         blocks.head.build(self)

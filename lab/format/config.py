@@ -9,7 +9,10 @@ Hybrids. lfm2: `shortconv` says per layer whether it is a short-convolution bloc
 of B*x, `conv_state_bytes`). qwen35: `delta` says per layer whether it is a gated delta-net layer (linear attention:
 a conv over its q, k, v channels, then a recurrent state of ssm_head_dim x ssm_head_dim per value head,
 `delta_state_bytes`), the others gated full attention (an output gate per head in the second half of each head's Q
-rows: `attn_gate`). A qwen35 file's multi-token-prediction blocks (`nextn_predict_layers`, after the model's own) are
+rows: `attn_gate`). Mixtures of experts (Mixtral-style llama, qwen3moe, lfm2moe): on a routed layer (`routed`) the FFN is a router
+(n_expert logits of the normed x), a gating function (`gating`) and the top n_expert_used experts, each an FFN of
+n_ff_exp, their outputs summed with the chosen probabilities renormalised to 1; `probs_bias` adds a per-expert bias to
+the probabilities for the choice only. A qwen35 file's multi-token-prediction blocks (`nextn_predict_layers`, after the model's own) are
 skipped on purpose and said so (`Config.skipped`).
 
 What it does not know: GGUF (lab.format.gguf), the keys a value came from (lab.format.model), tensors.
@@ -77,6 +80,13 @@ class Config:
     rope_freqs_full: bool = False       # gemma4: rope_freqs (proportional RoPE) read by the full layers only
     v_is_k: tuple[bool, ...] = ()       # gemma4: per layer True where the file has no attn_v: V is K's projection
                                         # (attention_k_eq_v; llama.cpp: "if v_proj is not present, use k_proj")
+    # mixtures of experts: the routed layers' FFN (lab.format.arches.base.read_experts)
+    n_expert: int = 0                   # experts of a routed layer (expert_count); 0: every FFN is dense
+    n_expert_used: int = 0              # experts each token is routed to (expert_used_count)
+    n_ff_exp: int = 0                   # an expert's hidden width
+    n_dense_lead: int = 0               # the first layers keep a dense FFN of n_ff (leading_dense_block_count)
+    gating: str = ""                    # "softmax" or "sigmoid": the router's probabilities from its logits
+    probs_bias: bool = False            # blk.N.exp_probs_b.bias [n_expert] added to the probabilities for the choice
 
     def head_dim_of(self, il: int) -> int:
         """Layer il's head size (key = value length): gemma4's sliding layers have their own."""
@@ -96,6 +106,14 @@ class Config:
 
     def kv_dim_of(self, il: int) -> int:
         return self.n_head_kv_of(il) * self.head_dim_of(il)
+
+    def routed(self, il: int) -> bool:
+        """Whether layer il's FFN is routed experts (llama.cpp: il >= n_layer_dense_lead where the model has experts)."""
+        return self.n_expert > 0 and il >= self.n_dense_lead
+
+    @property
+    def routed_layers(self) -> tuple[int, ...]:
+        return tuple(il for il in range(self.n_layer) if self.routed(il))
 
     def has_kv(self, il: int) -> bool:
         """Whether layer il projects and caches its own K/V (llama_hparams::has_kv)."""

@@ -30,17 +30,19 @@ import math
 from dataclasses import replace
 
 from lab.format.arches import ARCHITECTURES, REFUSED, REGISTRY
-from lab.format.arches.base import Arch
+from lab.format.arches.base import Arch, read_experts
 from lab.format.checks import check_config
 from lab.format.config import Config
 from lab.format.ggml import KERNEL_TYPES, SUPPORTED, type_name
 from lab.format.gguf import Header, TensorInfo
 from lab.format.rules import ModelError, show
 
-# Every other mixture-of-experts file (an architecture named *moe, or any with {arch}.expert_count or a router tensor:
-# Mixtral is "llama" with experts) and a multimodal projector (llama.cpp's mmproj files are "clip") are refused by these.
+# A mixture-of-experts file of an architecture whose experts this lab does not run (an architecture named *moe, or any
+# with {arch}.expert_count or a router tensor, where its Arch has no `experts`) and a multimodal projector (llama.cpp's
+# mmproj files are "clip") are refused by these.
 MOE = ("a mixture-of-experts model: its routed expert FFNs (a router, ffn_gate_inp, and stacked experts) are not run "
-       "by this lab; its dense models are")
+       "by this lab for this architecture; the experts it runs are those of "
+       + ", ".join(a.name for a in REGISTRY.values() if a.experts))
 PROJECTOR = ("a multimodal projector (mmproj) file: the image / audio encoder that sits beside a language model's GGUF, "
              "not a language model; load the text model's own GGUF (this lab runs text models only)")
 # Tensors (by name within a block) uploaded as one flat f32 buffer that their kernel reads whole (lab.ops.weights).
@@ -91,6 +93,7 @@ def _config(header: Header, whole_table: bool) -> tuple[Config, dict[str, str]]:
     n_ff = kv["feed_forward_length"]
     why["n_ff"] = f"{arch.name}.feed_forward_length = {show(n_ff)}"
     sizes = arch.layer_sizes(kv, n_layer, n_head, tensors, why) if arch.layer_sizes else {}    # gemma4: per layer
+    experts = read_experts(arch, kv, n_layer, n_ff, why) if arch.experts else {}     # the routed layers' FFN
     n_rot, rope_scale, rope_base = _rope(arch, kv, head_dim, tensors, why)
     if arch.check_rope:
         arch.check_rope(kv, n_rot)
@@ -109,7 +112,7 @@ def _config(header: Header, whole_table: bool) -> tuple[Config, dict[str, str]]:
         sliding=sliding,
         attn_softcap=attn_cap,
         final_softcap=final_cap,
-        mtp_layers=mtp, **_flags(arch, tensors, n_layer, n_embd), **kinds, **sizes,
+        mtp_layers=mtp, **_flags(arch, tensors, n_layer, n_embd), **kinds, **sizes, **experts,
     )
     return cfg, why
 
@@ -129,7 +132,7 @@ def _architecture(header: Header) -> Arch:
     experts = md.get(f"{name}.expert_count") if isinstance(name, str) else None
     why_moe = f"tensor {router}" if router else f"{name}.expert_count = {show(experts)}" if experts \
         else f"general.architecture = {show(name)}"
-    if (arch is None or not arch.moe_refusal) and (isinstance(name, str) and name.replace("-", "").replace(
+    if (arch is None or not (arch.moe_refusal or arch.experts)) and (isinstance(name, str) and name.replace("-", "").replace(
             "_", "").endswith("moe") or router or experts):
         raise ModelError(f"{why_moe}: {MOE} ({', '.join(ARCHITECTURES)})")
     if arch is None:
@@ -137,6 +140,8 @@ def _architecture(header: Header) -> Arch:
                          f"{', '.join(ARCHITECTURES)}")
     if arch.moe_refusal and (router or experts):
         raise ModelError(f"{why_moe}: {arch.moe_refusal}")
+    if arch.experts and router and not experts:
+        raise ModelError(f"tensor {router}: a mixture-of-experts router, but {name}.expert_count is absent or 0")
     return arch
 
 

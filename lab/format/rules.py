@@ -9,7 +9,8 @@ something this engine does not, or silently substitute a default:
 * sizes are integers in 1..2^32-1 (llama.cpp reads u32), never bools or floats;
 * floats are finite, and positive where the math divides by them or takes their logarithm; every
   float that reaches a shader fits an f32 (a uniform holds f32: 1e300 would become inf);
-* keys the engine cannot honour (YaRN/LongRoPE scaling, a RoPE attention factor, experts) are refused.
+* keys the engine cannot honour (YaRN/LongRoPE scaling, a RoPE attention factor, experts where the architecture has
+  none, shared experts, a scale of the expert weights) are refused.
 
 Every message names the key and shows its value (`show`: long arrays and strings abbreviated). `ModelError` is the
 error of every check of lab.format.
@@ -137,6 +138,35 @@ def _no_experts(v: int) -> str | None:
     return None if v == 0 else "mixture-of-experts models are not supported by this lab"
 
 
+# The router kernel (wgsl/moe.wgsl) walks a token's experts in one invocation: bounds that keep that walk short. The
+# releases routed here have 8 (Mixtral), 32 (LFM2-8B-A1B) and 128 (Qwen3-30B-A3B) experts, 2 to 8 a token.
+MAX_EXPERTS = 1024
+MAX_EXPERTS_USED = 64
+
+
+def _expert_count(v: int) -> str | None:
+    return None if v <= MAX_EXPERTS else f"must be at most {MAX_EXPERTS} (the experts the router kernel walks)"
+
+
+def _experts_used(v: int) -> str | None:
+    return None if 1 <= v <= MAX_EXPERTS_USED else f"must be in 1..{MAX_EXPERTS_USED}"
+
+
+def _gating(v: int) -> str | None:
+    # llama_expert_gating_func_type (src/llama-hparams.h): 1 softmax, 2 sigmoid; 0 (none) makes build_moe_ffn abort
+    return None if v in (GATING_SOFTMAX, GATING_SIGMOID) else \
+        f"must be {GATING_SOFTMAX} (softmax) or {GATING_SIGMOID} (sigmoid): the gating functions llama.cpp runs"
+
+
+def _weights_scale(v: float) -> str | None:
+    # llama.cpp scales the chosen weights by it where a graph asks (not qwen3moe's, llama's or lfm2's): 1 is no scale
+    return None if v in (0.0, 1.0) else "a scale of the expert weights other than 1 is not run by this lab"
+
+
+def _no_shared_experts(v: int) -> str | None:
+    return None if v == 0 else "shared experts (run beside the routed ones) are not run by this lab"
+
+
 def _softcap(v: float) -> str | None:
     # c * tanh(s / c): a subnormal c flushes to 0 on a GPU, and 0 / 0 is NaN.
     return None if v == 0 or F32_MIN_NORMAL <= v <= F32_MAX else \
@@ -169,7 +199,7 @@ COMMON_KEYS: dict[str, Rule] = {        # read as f"{general.architecture}.{name
     "rope.scaling.factor": Rule("float", check=_scale_factor),
     "rope.scale_linear": Rule("float", check=_scale_factor),      # the older name of the factor
     "rope.scaling.attn_factor": Rule("float", check=_attn_factor),
-    "expert_count": Rule("uint", check=_no_experts),
+    "expert_count": Rule("uint", check=_no_experts),   # an architecture with experts reads EXPERT_COUNT instead
     "vocab_size": Rule("count"),                       # when present: the embedding rows
 }
 
@@ -185,3 +215,16 @@ ATTN_SOFTCAP = Rule("float", check=_softcap)
 FINAL_SOFTCAP = Rule("float", check=_softcap)
 # one count per layer (0 where the layer has no attention), or a scalar: every layer's (get_key_or_arr)
 PER_LAYER_COUNTS = Rule("counts", check=_per_layer_counts)
+
+# The routed experts (llama.cpp's keys, LLM_KV_NAMES; what they mean: lab.format.arches.base.read_experts). An
+# architecture with experts reads these in place of the common expert_count.
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2     # "{arch}.expert_gating_func" values (llama_expert_gating_func_type)
+EXPERT_KEYS: dict[str, Rule] = {
+    "expert_count": Rule("uint", check=_expert_count),             # experts of a routed layer (0: none)
+    "expert_used_count": Rule("uint", check=_experts_used),        # experts each token is routed to
+    "expert_feed_forward_length": Rule("count"),                   # an expert's hidden width
+    "leading_dense_block_count": Rule("uint"),                     # the first layers keep a dense FFN
+    "expert_gating_func": Rule("uint", check=_gating),             # softmax or sigmoid of the router's logits
+    "expert_weights_scale": Rule("float", check=_weights_scale),
+    "expert_shared_count": Rule("uint", check=_no_shared_experts),
+}

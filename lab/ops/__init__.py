@@ -77,6 +77,20 @@ class Weight:
         return self.type.row_bytes(self.cols)
 
 
+@dataclass(frozen=True)
+class Experts:
+    """A stack of n_expert matrices of `per` rows each (a routed layer's experts: GGUF [cols, per, n_expert]) held as
+    one Weight of n_expert x per rows, expert e's rows e * per ..; its parts hold whole experts (alloc_weight's
+    row_group), so an expert's rows are in one binding."""
+    weight: Weight
+    n_expert: int
+    per: int
+
+    def experts_of(self, part: WeightPart) -> tuple[int, int]:
+        """(first expert, experts) a part holds."""
+        return part.first_row // self.per, part.n_rows // self.per
+
+
 def groups_1d(n: int, per_group: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
     """Workgroups for n items at per_group each, folded into y when x would pass the per-dimension limit."""
     g = max(1, -(-n // per_group))

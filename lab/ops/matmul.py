@@ -210,11 +210,12 @@ def _check_matvec(w: Weight, x: gpu.Buffer, y: gpu.Buffer, *, x_offset: int, y_o
 
 
 def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bias: bool,
-                   rope: bool) -> tuple[dict, bool, str]:
+                   rope: bool, expert: bool = False) -> tuple[dict, bool, str]:
     """matvec.wgsl's constants for one variant, whether its loop binds W a second time, wider (B_W4), and the
     grid it binds (a name of IQ_GRID's, or ""). Bindings: 0 W, 1 x, 2 y, 3 params, then only those the variant has, in
     this order: the norm's weight and xn, the bias, W's wider view or the grid, the rotary epilogue's parameters,
-    step, K cache and V cache."""
+    step, K cache and V cache; or, for a stack of experts (expert, lab.ops.moe), the chosen experts and their
+    parameters."""
     loop, loop_consts = (MATVEC_LOOPS if x4 else {}).get(type_name, ("matvec_groups.wgsl", {}))
     w4 = loop in WIDE_VIEW
     table = IQ_GRID[type_name] if loop == "matvec_iq.wgsl" else ""
@@ -226,7 +227,7 @@ def _matvec_consts(type_name: str, x4: bool, *, norm: bool, glu: str | None, bia
               **loop_consts, "LOOP": loop, "XVIEW": "matvec_x4.wgsl" if x4 else "matvec_x1.wgsl",
               **({"B_W4": b_loop} if w4 else {}), **({"B_GRID": b_loop} if table else {}),
               "ROPE": "" if rope else "// ", "B_RP": b_rope, "B_STEP": b_rope + 1, "B_KC": b_rope + 2,
-              "B_VC": b_rope + 3}
+              "B_VC": b_rope + 3, "EXPERT": "" if expert else "// ", "B_IDS": b_rope, "B_EP": b_rope + 1}
     return consts, w4, table
 
 

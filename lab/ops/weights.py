@@ -6,7 +6,9 @@ is as full as the limit allows), one buffer per part, each padded to a multiple 
 `placements` is the pure byte-range mapping loaders use (native file reads, browser File.slice).
 
 `ModelWeights` places a whole model: every tensor the config expects, projections that share an input
-stacked into one weight, and the list of file byte ranges (`Upload`) that fill them. It never holds
+stacked into one weight, a routed layer's experts as `Experts` (gate and up interleaved per expert where their types
+agree, so one dispatch computes an expert's [gate | up] row), and the list of file byte ranges (`Upload`) that fill
+them. It never holds
 weight bytes: the native loader (`upload_file`) and the browser's `labUpload` (web/worker.js) move them.
 """
 
@@ -19,7 +21,7 @@ from lab import gpu
 from lab.format.ggml import KERNEL_TYPES, GgmlType
 from lab.format.gguf import GGUFError
 from lab.format.model import expected_tensors, is_flat
-from lab.ops import Op, Weight, WeightPart, init
+from lab.ops import Experts, Op, Weight, WeightPart, init
 
 UPLOAD_CHUNK = 32 << 20     # bytes a loader reads and writes at a time: host memory holds about one chunk
 
@@ -42,9 +44,10 @@ def check_cols(type: GgmlType, cols: int, name: str) -> None:
 
 
 def alloc_weight(device: gpu.Device, name: str, type: GgmlType, rows: int, cols: int,
-                 max_binding: int | None = None, kind: str = gpu.WEIGHTS) -> Weight:
+                 max_binding: int | None = None, kind: str = gpu.WEIGHTS, row_group: int = 1) -> Weight:
     """Buffers (zero-filled, of `kind`: WEIGHTS but for a model made from the user's text) for a rows x cols tensor
-    of `type`, split to fit `max_binding`."""
+    of `type`, split to fit `max_binding`; every part but the last a whole number of `row_group` rows (a stack of
+    experts: whole experts a part)."""
     dequant_consts(type)
     check_cols(type, cols, name)
     if rows <= 0:
@@ -52,9 +55,11 @@ def alloc_weight(device: gpu.Device, name: str, type: GgmlType, rows: int, cols:
     limit = device.info.limits["max_storage_buffer_binding_size"] if max_binding is None else max_binding
     limit = min(limit, device.info.limits["max_buffer_size"]) & ~3
     row_bytes = type.row_bytes(cols)
-    per_part = limit // row_bytes            # whole rows; padding to 4 never passes a 4-aligned limit
+    per_part = limit // row_bytes // row_group * row_group   # whole rows (of whole groups); padding to 4 never
+                                                             # passes a 4-aligned limit
     if per_part == 0:
-        raise gpu.GpuError(f"{name}: one row is {row_bytes:,} bytes, over this GPU's storage binding "
+        what = "one row" if row_group == 1 else f"one group of {row_group} rows (an expert)"
+        raise gpu.GpuError(f"{name}: {what} is {row_bytes * row_group:,} bytes, over this GPU's storage binding "
                            f"limit ({limit:,} bytes)")
     parts = []
     for i, first in enumerate(range(0, rows, per_part)):
@@ -123,6 +128,10 @@ class ModelWeights:
     matrices: 2-D weights by name ("blk.3.attn_output.weight"), each split into binding-sized row ranges.
     vectors:  1-D f32 tensors (norm weights, biases) by name, and the flat ones a kernel reads whole
               (lab.format.model.FLAT_TENSORS: lfm2's conv kernel [n_embd, l_cache]).
+    experts:  a routed layer's experts by key, each a list of (Experts, first output column) as stacked's:
+              experts["blk.N.gate_up"] (the [gate | up] row of an expert: one Experts of 2 n_ff_exp rows an expert,
+              gate's then up's, where their types agree, else one each), experts["blk.N.down"]; the router joins
+              stacked as stacked["blk.N.router"], so it takes the normed projection the dense FFN's gate_up takes.
     stacked:  projections that read the same input, run as one matvec/matmul over their rows stacked:
               stacked["blk.N.qkv"] / ["blk.N.gate_up"] = [(weight, first output column), ...] (a short-conv layer's
               in_proj alone as stacked["blk.N.in_proj"], so it takes the same normed projection; a delta-net layer's
@@ -139,11 +148,16 @@ class ModelWeights:
         self.matrices: dict[str, Weight] = {}
         self.vectors: dict[str, gpu.Buffer] = {}
         self.stacked: dict[str, list[tuple[Weight, int]]] = {}
+        self.experts: dict[str, list[tuple[Experts, int]]] = {}
         self.uploads: list[Upload] = []
         fused = set()
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
-            for key, names in (self._mixer(cfg, il), ("gate_up", ("ffn_gate.weight", "ffn_up.weight"))):
+            ffn = ("router", ("ffn_gate_inp.weight",)) if cfg.routed(il) else \
+                ("gate_up", ("ffn_gate.weight", "ffn_up.weight"))
+            if cfg.routed(il):
+                fused.update(self._experts(cfg, il))
+            for key, names in (self._mixer(cfg, il), ffn):
                 self.stacked[b + key] = self._stack([b + n for n in names])
                 fused.update(b + n for n in names)
             if cfg.qkv_bias:
@@ -192,6 +206,40 @@ class ModelWeights:
             return "qkv", (*(f"attn_q.weight#q{h}" for h in range(cfg.n_head)), "attn_k.weight", "attn_v.weight",
                            *(f"attn_q.weight#g{h}" for h in range(cfg.n_head)))
         return "qkv", ("attn_q.weight", "attn_k.weight", "attn_v.weight")
+
+    def _experts(self, cfg, il: int) -> list[str]:
+        """Place layer il's experts (experts["blk.N.gate_up"], ["blk.N.down"]); returns the tensors placed. gate and
+        up are interleaved an expert at a time ([gate_e | up_e] rows, so one dispatch makes an expert's [gate | up]
+        row) where their types agree and an expert's rows are whole words (each upload then starts on a word and
+        never pads into its neighbour); else each is its own Experts, up's columns after gate's."""
+        b, ff, n = f"blk.{il}.", cfg.n_ff_exp, cfg.n_expert
+        gate, up, down = (self.tensors[b + f"ffn_{k}_exps.weight"] for k in ("gate", "up", "down"))
+        if gate.type == up.type and gate.type.row_bytes(cfg.n_embd) * ff % 4 == 0:
+            e = self._expert_weight(f"{b}ffn_gate_exps+up_exps", gate.type, n, 2 * ff, cfg.n_embd)
+            rb = e.weight.row_bytes
+            for x in range(n):
+                for k, t in enumerate((gate, up)):
+                    row = x * 2 * ff + k * ff
+                    part = next(p for p in e.weight.parts if p.first_row <= row < p.first_row + p.n_rows)
+                    self.uploads.append(Upload(t.name, t.offset + x * ff * rb, ff * rb, part.buffer,
+                                               (row - part.first_row) * rb))
+            self.experts[b + "gate_up"] = [(e, 0)]
+        else:
+            self.experts[b + "gate_up"] = [(self._expert_tensor(t, n, ff, cfg.n_embd), k * ff)
+                                           for k, t in enumerate((gate, up))]
+        self.experts[b + "down"] = [(self._expert_tensor(down, n, cfg.n_embd, ff), 0)]
+        return [gate.name, up.name, down.name]
+
+    def _expert_weight(self, name: str, type, n: int, per: int, cols: int) -> Experts:
+        w = alloc_weight(self.device, name, type, rows=n * per, cols=cols, kind=self.kind, row_group=per)
+        return Experts(w, n, per)
+
+    def _expert_tensor(self, t, n: int, per: int, cols: int) -> Experts:
+        """One stacked expert tensor as it lies in the file (expert after expert), and its uploads."""
+        e = self._expert_weight(t.name, t.type, n, per, cols)
+        for part, off, size in placements(e.weight):
+            self.uploads.append(Upload(t.name, t.offset + off, size, part.buffer))
+        return e
 
     def _stack(self, names: list[str]) -> list[tuple[Weight, int]]:
         """Runs of consecutive tensors of one type, each run allocated as one weight of stacked rows.

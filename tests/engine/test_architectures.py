@@ -1,6 +1,6 @@
 """Each architecture against llama.cpp, natively, on synthetic GGUFs (lab.host.synthetic.arch): llama 3 (rope_freqs),
 Mistral-style llama, qwen3, phi3, gemma2, gemma3 1B-shaped, lfm2 (the first hybrid: short-conv and attention layers),
-each in F32, Q8_0 and a Q4_K_M-like mix.
+the mixtures of experts (a Mixtral-style llama, qwen3moe, lfm2moe: docs/moe.md), each in F32, Q8_0 and K-quant mixes.
 
 The fixtures (tests/fixtures/arch/<spec>-<mix>.json) are llama.cpp's answers, made by
 scripts/make_arch_fixtures.py (never in CI) with an F32 KV cache and flash attention off; the files are rebuilt
@@ -54,7 +54,7 @@ NEAR_TIE = 0.01         # F32: top-2 gap under which llama.cpp's top-1 is a tie
 QUANT_NEAR_TIE = 0.5    # quantized: llama.cpp's 8-bit activations move logits by up to ~1; gaps this small are ties
 REF_TOL = 1e-3          # engine vs numpy reference, relative to max |ref| (measured ~1e-5)
 # The default run: the F32 files with SmolLM2's 49152-token vocabulary (llama 3 with rope_freqs, Mistral-style,
-# phi3, smollm3, lfm2), ~1 min on lavapipe with the cores to itself (lfm2: 6 s). qwen3 (151936 tokens) and the gemmas
+# phi3, smollm3, lfm2, the three mixtures of experts), ~1 min on lavapipe with the cores to itself (lfm2: 6 s). qwen3 (151936 tokens) and the gemmas
 # (262144 tokens, 270 MB of F32 weights) and every quantized mix are behind --slow (the gemma2 file alone took 9 min on
 # a loaded machine).
 DEFAULT = {(spec, "f32") for spec in SMALL_VOCAB_SPECS}

@@ -41,8 +41,11 @@ def test_each_block_owns_its_layers_and_buffers(spec):
     made = blocks.for_config(cfg)
     assert [type(m) for m in made.mixers] == [blocks.MIXERS[cfg.mixer(il)] for il in range(cfg.n_layer)]
     assert all(il in m.layers for il, m in enumerate(made.mixers))
-    assert sorted(il for b in made.all[:-1 if made.tail else None] if b is not made.ffn for il in b.layers) \
-        == list(range(cfg.n_layer))
+    assert sorted(il for b in made.all[:-1 if made.tail else None] if b not in (made.ffn, made.moe)
+                  for il in b.layers) == list(range(cfg.n_layer))
+    # each layer's feed-forward: the dense block's or, on a routed layer, the experts' (lab.engine.blocks.moe)
+    assert sorted(made.ffn.layers + (made.moe.layers if made.moe else ())) == list(range(cfg.n_layer))
+    assert all(made.ffn_of(il) is (made.moe if cfg.routed(il) else made.ffn) for il in range(cfg.n_layer))
     dev = budget._Counting(LIMITS)
     s = Scratch.alloc(dev, cfg, made, 96, 8, False)
     assert {b.kind for b in dev.buffers} == {gpu.CONVERSATION}

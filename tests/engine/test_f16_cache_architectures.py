@@ -10,6 +10,12 @@ the largest difference over the prompt's positions relative to the largest logit
 tests/engine/test_f16_cache.py); LOGIT_TOL = 1e-2, as there, stays far under what a cache of the wrong layer or type
 gives (the logits of another computation: order 1). Greedy: the same ids (all 8 were, on every file) until the f32
 engine's own top-2 gap is under NEAR_TIE (after a near-tie the two may rightly part).
+
+The mixtures of experts (docs/moe.md): a router's choice is not continuous. Where llama.cpp's fixture records a choice
+whose margin (the last chosen expert's selection value less the best unchosen one's) is under ROUTER_TIE, the f16
+cache's rounding may pick the other expert, which moves that position's logits, and through the cache every later
+one's, by O(1) (mixtral's F32 prompt: layer 1, position 5, margin 4e-5: from there on up to 5.6 apart, greedy still
+identical). The logits are held to LOGIT_TOL up to the first such position; greedy as for every file.
 """
 
 from __future__ import annotations
@@ -31,6 +37,13 @@ SPECS = SMALL_VOCAB_SPECS
 LOGIT_TOL = 1e-2
 NEAR_TIE = 0.05
 GREEDY = 8
+ROUTER_TIE = 1e-3       # a router choice this close (in probability) may flip under the f16 cache's rounding
+
+
+def comparable(fx: dict, t: int) -> int:
+    """The prompt positions whose logits the f16 cache must keep: those before the first router near-tie."""
+    margins = fx.get("router", {}).get("margin", [])
+    return min([t] + [p for layer in margins for p, m in enumerate(layer) if m < ROUTER_TIE])
 
 
 def run(eng: Engine, ids: list[int]) -> tuple[np.ndarray, list[int], list[float]]:
@@ -70,7 +83,8 @@ def test_f16_cache_follows_the_f32_cache(device, spec):
         finally:
             eng.close()
     (l32, ids32, gaps, _), (l16, ids16, _, _) = got["f32"], got["f16"]
-    err = float(np.abs(l16.astype(np.float64) - l32).max() / np.abs(l32).max())
+    upto = comparable(fx, len(l32))     # every position but a mixture of experts' after a router near-tie
+    err = float(np.abs(l16[:upto].astype(np.float64) - l32[:upto]).max() / np.abs(l32).max())
     print(f"\n{spec}: f16 cache vs f32, prefill logits within {err:.2e} of the largest; greedy "
           f"{'identical' if ids16 == ids32 else f'{ids16} vs {ids32}'}")
     assert err <= LOGIT_TOL

@@ -251,7 +251,8 @@ def test_an_lfm2_adapter_file_has_llama_cpps_names_and_its_function(device, tmp_
     assert err < FORWARD_TOL and moved > 100 * FORWARD_TOL
 
 
-@pytest.mark.parametrize("spec,words", [("gemma4", "per-layer inputs"), ("qwen35", "deltanet layers")])
+@pytest.mark.parametrize("spec,words", [("gemma4", "per-layer inputs"), ("qwen35", "deltanet layers"),
+                                        ("mixtral", "routed experts"), ("lfm2moe", "routed experts")])
 def test_models_without_a_backward_are_refused(spec, words):
     cfg, _ = validate(gguf.read_file(synthetic(spec)))
     reason = backward.untrainable(cfg)

@@ -112,7 +112,7 @@ def test_phi3_long_context_factors_refused(which):
 
 
 def test_unknown_architecture_and_foreign_tensors_refused():
-    with pytest.raises(ModelError, match="unsupported architecture 'phi2'.*llama, smollm3, qwen2, qwen3, phi3, gemma2, gemma3, lfm2"):
+    with pytest.raises(ModelError, match="unsupported architecture 'phi2'.*llama, smollm3, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, lfm2"):
         model.from_gguf(dataclasses.replace(header("phi3"), metadata={**header("phi3").metadata,
                                                                        "general.architecture": "phi2"}))
     # rope_freqs on an arch llama.cpp does not read it for, and gemma2's output.weight: refused, not ignored

@@ -14,7 +14,8 @@ from lab.format import arches
 from lab.format.arches.base import Arch
 
 FORMAT = Path(__file__).resolve().parents[2] / "lab" / "format"
-ORDER = ("llama", "smollm3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "lfm2", "qwen35", "gemma4")
+ORDER = ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "lfm2", "lfm2moe", "qwen35",
+         "gemma4")
 
 
 def test_every_architecture_has_its_module():

@@ -24,6 +24,7 @@ FORMAT = ["lab.format.ggml", "lab.format.iq_grids", "lab.format.gguf", "lab.form
 # package the registry of them, lab.engine.blocks' docstring).
 ENGINE = ["lab.engine.scratch", "lab.engine.lora", "lab.engine.blocks.base", "lab.engine.blocks.attention",
           "lab.engine.blocks.shortconv", "lab.engine.blocks.deltanet", "lab.engine.blocks.feedforward",
+          "lab.engine.blocks.moe",
           "lab.engine.blocks.perlayer", "lab.engine.blocks.ends", "lab.engine.blocks", "lab.engine.plans",
           "lab.engine.backward", "lab.engine.budget", "lab.engine.engine", "lab.engine.load", "lab.engine.sampler",
           "lab.engine.session"]

@@ -11,6 +11,8 @@ from lab.ops.backward import glu_back
 
 class FeedForward(Block):
     def alloc(self, dev, n_ctx, B, kv):
+        if not self.layers:     # every layer routed (lab.engine.blocks.moe)
+            return {}
         ff, conv = self.cfg.n_ff, gpu.CONVERSATION      # n_ff: the widest layer's
         return {"gate_up": dev.buffer(4 * B * 2 * ff, conv, "gate|up [B, 2 n_ff]"),
                 "h": dev.buffer(4 * B * ff, conv, "glu out [B, n_ff]")}

@@ -8,7 +8,8 @@ delta-net layers), its per-layer sizes (gemma4), its sliding windows and soft-ca
 architecture does not have; `sliding`, `softcaps` and `block_tensors` default to the plain decoder's.
 
 Shared here, parametrised by the Config or the caller rather than by a name: the attention block's tensors
-(`attention_block`), the periodic sliding pattern (`swa_pattern`), and MAX_L_CACHE.
+(`attention_block`), a block's FFN tensors, dense or routed (`ffn_tensors`), the reading of the routed experts' keys
+(`read_experts`, by the Arch's `experts` fields), the periodic sliding pattern (`swa_pattern`), and MAX_L_CACHE.
 
 What it does not know: the order of the architectures or which exist (lab.format.arches), the generic reading steps
 (lab.format.model), GGUF.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from lab.format.config import Config
-from lab.format.rules import COMMON_KEYS, Rule
+from lab.format.rules import COMMON_KEYS, GATING_SIGMOID, GATING_SOFTMAX, ModelError, Rule, show
 
 MAX_L_CACHE = 8     # the longest conv a shortconv kernel holds in registers (LFM2 releases: 3; Qwen3.5: 4)
 
@@ -53,12 +54,8 @@ def attention_block(cfg: Config, b: str, il: int, stored: bool) -> Shapes:
         shapes[b + "attn_qkv.weight"] = (e, "qkv_rows")
     else:
         shapes.update({b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv)})
-    shapes.update({b + "attn_output.weight": (q, e), b + "ffn_norm.weight": (e,)})
-    if stored and cfg.fused_gate_up:
-        shapes[b + "ffn_up.weight"] = (e, "gate_up_rows")
-    else:
-        shapes.update({b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff)})
-    shapes[b + "ffn_down.weight"] = (ff, e)
+    shapes[b + "attn_output.weight"] = (q, e)
+    shapes.update(ffn_tensors(cfg, b, il, stored, ff))
     if cfg.qkv_bias:
         shapes.update({b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,)})
     if cfg.qk_norm:
@@ -66,6 +63,88 @@ def attention_block(cfg: Config, b: str, il: int, stored: bool) -> Shapes:
     if cfg.post_norms:
         shapes.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
     return shapes
+
+
+def ffn_tensors(cfg: Config, b: str, il: int, stored: bool, ff: str = "n_ff") -> Shapes:
+    """A block's FFN: its norm, then SwiGLU / GeGLU of width `ff` (phi3's fused [gate | up] where stored), or on a
+    routed layer (Config.routed) the router and the stacked experts in ggml order, as llama.cpp's loaders create them
+    (src/models/qwen3moe.cpp, llama.cpp, lfm2.cpp: router {n_embd, n_expert}; gate and up {n_embd, n_ff_exp,
+    n_expert}; down {n_ff_exp, n_embd, n_expert}; exp_probs_b.bias {n_expert} where the architecture has it)."""
+    e = "n_embd"
+    shapes: Shapes = {b + "ffn_norm.weight": (e,)}
+    if cfg.routed(il):
+        shapes.update({b + "ffn_gate_inp.weight": (e, "n_expert"),
+                       b + "ffn_gate_exps.weight": (e, "n_ff_exp", "n_expert"),
+                       b + "ffn_down_exps.weight": ("n_ff_exp", e, "n_expert"),
+                       b + "ffn_up_exps.weight": (e, "n_ff_exp", "n_expert")})
+        if cfg.probs_bias:
+            shapes[b + "exp_probs_b.bias"] = ("n_expert",)
+        return shapes
+    if stored and cfg.fused_gate_up:
+        shapes[b + "ffn_up.weight"] = (e, "gate_up_rows")
+    else:
+        shapes.update({b + "ffn_gate.weight": (e, ff), b + "ffn_up.weight": (e, ff)})
+    shapes[b + "ffn_down.weight"] = (ff, e)
+    return shapes
+
+
+def read_experts(arch: Arch, kv: dict, n_layer: int, n_ff: int, why: dict[str, str]) -> dict:
+    """The Config fields of the routed experts, as llama.cpp's loader and graph read them for `arch` (its `experts`
+    fields): expert_count (none or 0: every FFN dense, where experts are optional), expert_used_count (1..count), an
+    expert's width (its key, or llama's n_ff, or qwen3moe's n_ff / n_used where the key is absent), the leading dense
+    blocks, the gating function (the key's, or the graph's fixed softmax: a key saying otherwise is refused), and the
+    selection bias. Keys llama.cpp does not read for this architecture are refused where they would change the
+    result."""
+    a = arch.name + "."
+    n_expert = kv.get("expert_count", 0)
+    if not n_expert:
+        if arch.experts == "required":
+            raise ModelError(f"{a}expert_count is {'missing' if 'expert_count' not in kv else 0}: a {arch.name} model "
+                             f"routes its FFNs over experts")
+        for key in ("expert_used_count", "expert_feed_forward_length", "leading_dense_block_count"):
+            if kv.get(key, 0):
+                raise ModelError(f"{a}{key} = {show(kv[key])}, but {a}expert_count is absent or 0: no experts")
+        return {}
+    n_used = kv.get("expert_used_count")
+    if n_used is None:
+        raise ModelError(f"{a}expert_used_count is missing: {a}expert_count = {n_expert} needs it")
+    if n_used > n_expert:
+        raise ModelError(f"{a}expert_used_count = {n_used} is more than {a}expert_count = {n_expert}")
+    if arch.expert_width == "key":
+        if "expert_feed_forward_length" not in kv:
+            raise ModelError(f"{a}expert_feed_forward_length is missing: a {arch.name} model's experts are that wide")
+        n_ff_exp = kv["expert_feed_forward_length"]
+        why["n_ff_exp"] = f"{a}expert_feed_forward_length = {n_ff_exp}"
+    elif arch.expert_width == "key_or_split" and "expert_feed_forward_length" not in kv:
+        # llama_model_qwen3moe::load_arch_tensors: n_ff_exp = n_ff / n_expert_used where the key is absent
+        n_ff_exp = n_ff // n_used
+        why["n_ff_exp"] = (f"{a}expert_feed_forward_length absent, so {a}feed_forward_length {n_ff} / "
+                           f"{a}expert_used_count {n_used}")
+    elif arch.expert_width == "key_or_split":
+        n_ff_exp = kv["expert_feed_forward_length"]
+        why["n_ff_exp"] = f"{a}expert_feed_forward_length = {n_ff_exp}"
+    else:       # "n_ff": llama's experts are feed_forward_length wide; it reads no width of its own
+        n_ff_exp = n_ff
+        why["n_ff_exp"] = f"{a}feed_forward_length = {n_ff} (a {arch.name} model's experts are that wide)"
+        if kv.get("expert_feed_forward_length", n_ff) != n_ff:
+            raise ModelError(f"{a}expert_feed_forward_length = {kv['expert_feed_forward_length']}: a {arch.name} "
+                             f"model's experts are {a}feed_forward_length = {n_ff} wide (llama.cpp reads no other)")
+    lead = kv.get("leading_dense_block_count", 0)
+    if lead and not arch.dense_lead:
+        raise ModelError(f"{a}leading_dense_block_count = {lead}: llama.cpp routes every layer of a {arch.name} "
+                         f"model (it does not read this key)")
+    if lead > n_layer:
+        raise ModelError(f"{a}leading_dense_block_count = {lead} is more than {why['n_layer']}")
+    gating = kv.get("expert_gating_func")
+    if arch.gating_key and gating is None:
+        raise ModelError(f"{a}expert_gating_func is missing: a {arch.name} model's router takes its gating function "
+                         f"from it (llama.cpp aborts without one)")
+    if not arch.gating_key and gating not in (None, GATING_SOFTMAX):
+        raise ModelError(f"{a}expert_gating_func = {gating}: llama.cpp's {arch.name} graph routes by softmax "
+                         f"({GATING_SOFTMAX}) whatever the key says; this lab refuses the disagreement")
+    why.update(n_expert=f"{a}expert_count = {n_expert}", n_expert_used=f"{a}expert_used_count = {n_used}")
+    return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": n_ff_exp, "n_dense_lead": lead,
+            "gating": "sigmoid" if gating == GATING_SIGMOID else "softmax", "probs_bias": arch.expert_bias}
 
 
 @dataclass(frozen=True)
@@ -101,6 +180,14 @@ class Arch:
     # -- what is refused by name
     refused_variants: dict[str, str] = field(default_factory=dict)  # general.architecture -> why (its MoE sizes)
     moe_refusal: str = ""           # its own reason for a router tensor or expert_count; "": the generic one
+    # -- its routed experts (read_experts; their keys: lab.format.rules.EXPERT_KEYS in `keys`)
+    experts: str = ""               # "": none (a router or expert_count is refused); "optional" (llama: Mixtral-style
+                                    # files); "required"
+    expert_width: str = "key"       # an expert's width: "key" (expert_feed_forward_length), "key_or_split" (else
+                                    # n_ff / expert_used_count: qwen3moe), "n_ff" (llama)
+    dense_lead: bool = False        # reads leading_dense_block_count (lfm2moe)
+    gating_key: bool = False        # the gating function from expert_gating_func (lfm2moe); else softmax, fixed
+    expert_bias: bool = False       # each routed layer holds exp_probs_b.bias, added for the choice only (lfm2moe)
     # -- its own reading steps, run by from_gguf at their place (None: it has no such step)
     # (kv, n_layer, mtp, why) -> Config fields of the layer kinds (shortconv / delta, l_cache, ...)
     layer_kinds: Callable[[dict, int, int, dict], dict] | None = None

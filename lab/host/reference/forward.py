@@ -39,6 +39,11 @@ against llama.cpp's own callback tensors on an all-F32 GGUF: every one agrees to
     ffn_swiglu-il       [t, n_ff]       the GLU's output, ffn_down's input (ffn_geglu-il for GeGLU models)
     ffn_out-il          [t, n_embd]     FFN output before the residual add
     ffn_post_norm-il    [t, n_embd]     gemma3 only
+  a routed layer (mixtures of experts), in place of ffn_swiglu:
+    ffn_moe_logits-il   [t, n_expert]   the router's logits
+    ffn_moe_probs-il    [t, n_expert]   softmax or sigmoid of them
+    ffn_moe_weights_norm-il [t, k]      the chosen experts' probabilities over their sum, in the order chosen
+    ffn_moe_out-il      [t, n_embd]     the weighted sum of the chosen experts' outputs (llama.cpp: ffn_moe_out)
     l_out-il            [t, n_embd]     residual after the layer
     result_norm         [t, n_embd]
     result_output       [t, n_vocab]    logits (after softcapping, if the model has it)
@@ -67,6 +72,7 @@ from lab.host.reference.ops import (
     l2_norm,
     rms_norm,
     rope,
+    route,
     sigmoid,
     silu,
     softcap,
@@ -410,6 +416,9 @@ class Reference:
         hp = self.hp
         cur = rms_norm(ffn_inp, self._lw(il, hp.ffn_norm), hp.eps)
         self._cb(f"ffn_norm-{il}", cur)
+        if hp.routed(il):
+            cur = self._cb(f"ffn_moe_out-{il}", self._experts(il, cur))
+            return self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", out_name)
         if f"blk.{il}.ffn_gate.weight" in self.w:
             gate = self._linear(cur, il, "ffn_gate")
             up = self._linear(cur, il, "ffn_up")
@@ -420,6 +429,23 @@ class Reference:
         cur = self._linear(glu, il, "ffn_down")
         self._cb(f"ffn_out-{il}", cur)
         return self._residual(il, cur, ffn_inp, "post_ffw_norm.weight", "ffn_post_norm", out_name)
+
+    def _experts(self, il: int, cur: np.ndarray) -> np.ndarray:
+        """build_moe_ffn (src/llama-graph.cpp): the router's logits, the gating, the top n_expert_used experts (the
+        selection bias exp_probs_b chooses, never weighs), their weights renormalised; each chosen expert's
+        down(silu(gate . x) * (up . x)) times its weight, summed in the order chosen."""
+        hp, b = self.hp, f"blk.{il}."
+        logits = self._cb(f"ffn_moe_logits-{il}", self._mm(cur, b + "ffn_gate_inp.weight"))
+        ids, w, probs = route(logits, hp.gating, hp.n_expert_used, self._lw(il, "exp_probs_b.bias"))
+        self._cb(f"ffn_moe_probs-{il}", probs)
+        self._cb(f"ffn_moe_weights_norm-{il}", w)
+        gate, up, down = (self.w.get(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        out = np.zeros_like(cur)
+        for t in range(cur.shape[0]):
+            for s, e in enumerate(ids[t]):
+                h = silu(gate[e] @ cur[t]) * (up[e] @ cur[t])
+                out[t] += w[t, s] * (down[e] @ h)
+        return out
 
     # -- generation and the lab panels ----------------------------------------------------------
     def greedy(self, ids, n: int, stop: set[int] | None = None) -> list[int]:

@@ -100,3 +100,52 @@ def topk_ref(row, k):
     order = idx[np.lexsort((idx, -v[idx].astype(np.float64)))][:k]
     pairs = [(int(i), float(v[i])) for i in order]
     return pairs + [(ops.NONE, float(np.float32(-3.4028234663852886e38)))] * (k - len(pairs))
+
+
+# A routed layer's kernels (wgsl/moe.wgsl, matvec.wgsl's EXPERT variant). route: the choice is exact (a comparison of
+# f32 values, the same order as float64's wherever two values are further apart than f32's rounding of them: the
+# tests draw logits whose top k + 1 are apart by far more); each weight is an exp (2 ulp), a sum of n_expert terms
+# and one or two divisions, so 2e-6 of the weight covers it (lavapipe measures a few 1e-8); combine: k products summed,
+# then one add, 1e-6 of the largest output; the expert products are the matvec's own sums, held to quant.py's DOT_TOL
+# per element against its sum |W||x|, as test_quant_types holds the matvec.
+ROUTE_TOL = 2e-6
+COMBINE_TOL = 1e-6
+
+
+def route_ref(logits, gating: str, k: int, bias=None, norm: bool = True):
+    """(ids [t, k], weights [t, k]) of route for logits [t, n_expert] in float64 (ops.route: llama.cpp's choice)."""
+    ids, w, _ = ops.route(np.asarray(logits, np.float64), gating, k,
+                          None if bias is None else np.asarray(bias, np.float64), norm)
+    return ids, w
+
+
+def route_margin(logits, gating: str, k: int, bias=None) -> float:
+    """The smallest gap between a token's k-th and (k+1)-th selection value: how far the choice is from a tie."""
+    lg = np.asarray(logits, np.float64)
+    probs = ops.softmax(lg) if gating == "softmax" else ops.sigmoid(lg)
+    sel = np.sort(probs + (0 if bias is None else np.asarray(bias, np.float64)), axis=-1)[:, ::-1]
+    return float(np.min(sel[:, k - 1] - sel[:, k])) if sel.shape[1] > k else float("inf")
+
+
+def expert_matvec_ref(W, x, ids, x_div: int, glu: str | None = None):
+    """Each pair q's output [pairs, per]: W[ids[q]] (W: [n_expert, per, cols] float64) times its input row x[q //
+    x_div] (x: [rows, cols], or [rows, 2 cols] [gate | up] with glu), in float64."""
+    W, x = np.asarray(W, np.float64), np.asarray(x, np.float64)
+    cols = W.shape[2]
+    out = []
+    for q, e in enumerate(np.ravel(ids)):
+        row = x[q // x_div]
+        if glu is not None:
+            act = ops.silu if glu == "swiglu" else ops.gelu_tanh
+            row = act(row[:cols]) * row[cols:2 * cols]
+        out.append(W[e] @ row[:cols])
+    return np.array(out)
+
+
+def combine_ref(down, weights, y0=None):
+    """y [t, n] = (y0 or 0) + sum_s weights[t, s] * down[t k + s] in float64 (down: [t k, n], weights [t, k])."""
+    w = np.asarray(weights, np.float64)
+    t, k = w.shape
+    d = np.asarray(down, np.float64).reshape(t, k, -1)
+    out = np.einsum("ts,tsn->tn", w, d)
+    return out if y0 is None else out + np.asarray(y0, np.float64)

@@ -146,3 +146,19 @@ def gated_delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
             s[h] += np.outer(kh, d)
             o[j, h] = (qh @ s[h]) * scale
     return o, s
+
+
+def route(logits: np.ndarray, gating: str, k: int, bias: np.ndarray | None = None,
+          norm: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llm_graph_context::build_moe_ffn's choice (src/llama-graph.cpp) for each row of logits [t, n_expert]: probs by
+    the gating function (softmax or sigmoid), the k experts of largest probs (+ bias: the selection bias chooses, it
+    never weighs) in descending order, ties to the lower expert (ggml's CPU top_k, a std::partial_sort comparing by >,
+    keeps the earlier of equal values), their probs divided by their sum where `norm`. Returns (ids [t, k] int64,
+    weights [t, k], probs [t, n_expert]) in the logits' dtype."""
+    probs = softmax(logits) if gating == "softmax" else sigmoid(logits)
+    sel = probs + bias if bias is not None else probs
+    ids = np.argsort(-sel, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return ids, w, probs

@@ -26,8 +26,8 @@ from gguf.quants import dequantize
 # adjacent values (x[2i], x[2i+1]); qwen2 and the gemma family use "NEOX", rotating (x[i], x[i+n_rot/2]).
 # The llama GGUF converter permutes the rows of Q and K from HF's half-split layout into the
 # interleaved one, which is why adjacent pairing is right for a llama GGUF.
-ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "phi3": "neox", "gemma2": "neox",
-             "gemma3": "neox", "lfm2": "neox", "qwen35": "neox", "gemma4": "neox"}     # qwen35: IMROPE, NEOX's rotation for text
+ROPE_TYPE = {"llama": "norm", "smollm3": "norm", "qwen2": "neox", "qwen3": "neox", "qwen3moe": "neox", "phi3": "neox",
+             "gemma2": "neox", "gemma3": "neox", "lfm2": "neox", "lfm2moe": "neox", "qwen35": "neox", "gemma4": "neox"}     # qwen35: IMROPE, NEOX's rotation for text
 SUPPORTED_ARCHS = tuple(ROPE_TYPE)
 
 
@@ -145,6 +145,14 @@ class Hparams:
     kv_from_start: int = -1       # gemma4: layers il >= this have no K/V of their own (-1: every layer has)
     n_embd_per_layer: int = 0     # gemma4: width of one layer's slice of the per-layer token embedding
     v_norm: bool = False          # gemma4: V RMS-normed per head, without a weight
+    # mixtures of experts (llama with expert_count, qwen3moe, lfm2moe): build_moe_ffn in src/llama-graph.cpp
+    n_expert: int = 0             # expert_count (0: dense)
+    n_expert_used: int = 0        # expert_used_count
+    n_dense_lead: int = 0         # lfm2moe: leading_dense_block_count (the first layers dense)
+    gating: str = "softmax"       # lfm2moe: expert_gating_func 2 is sigmoid; qwen3moe's and llama's graphs fix softmax
+
+    def routed(self, il: int) -> bool:
+        return self.n_expert > 0 and il >= self.n_dense_lead
 
     def is_conv(self, il: int) -> bool:
         return bool(self.conv_layers and self.conv_layers[il])
@@ -237,9 +245,18 @@ class Hparams:
             # llama_model_smollm3::load_arch_hparams: n_no_rope_layer_step = 4, fixed (no key); src/models/smollm3.cpp
             # rotates Q and K only where (il + 1) % 4 != 0, the rest is llama's graph
             hp.no_rope_step = 4
-        if arch == "qwen3":
-            hp.qk_norm = True            # src/models/qwen3.cpp: attn_q_norm / attn_k_norm per head, before RoPE
-        if arch == "lfm2":
+        if arch in ("qwen3", "qwen3moe"):
+            hp.qk_norm = True            # src/models/qwen3.cpp, qwen3moe.cpp: attn_q_norm / attn_k_norm per head, before RoPE
+        if arch in ("llama", "qwen3moe", "lfm2moe"):
+            # build_moe_ffn's arguments: llama's MoE branch (a layer with ffn_gate_inp) and qwen3moe route every layer
+            # by softmax; lfm2moe (src/models/lfm2.cpp) the layers from leading_dense_block_count on, by the file's
+            # gating function, with exp_probs_b; norm_w true in all three, no expert weight scale
+            hp.n_expert = int(k("expert_count", 0, required=False) or 0)
+            hp.n_expert_used = int(k("expert_used_count", 0, required=False) or 0)
+            if arch == "lfm2moe":
+                hp.n_dense_lead = int(k("leading_dense_block_count", 0, required=False) or 0)
+                hp.gating = "sigmoid" if int(k("expert_gating_func")) == 2 else "softmax"
+        if arch in ("lfm2", "lfm2moe"):
             # llama_model_lfm2::load_arch_hparams: a layer is recurrent (a short-conv block) where head_count_kv[il]
             # is 0 (get_key_or_arr: a scalar is every layer's); l_cache from shortconv.l_cache. src/models/lfm2.cpp:
             # per-head q/k norms before NEOX RoPE, kq_scale 1/sqrt(head size), the final norm stored as token_embd_norm

@@ -13,8 +13,8 @@ leaves out (the head where tied, rope_freqs unless llama 3's, V where K stands f
 also keeps the files' tensor order. What is this module's own: each tensor's role (its type in a mix, `MIXES`), the
 std its values are drawn with, and the rules for the values that are not drawn as a matrix (norms, rope_freqs, ...).
 
-Mixture-of-experts files too, which the lab does not run yet (a spec with a `Moe` and a `not_run` reason: qwen3moe, a
-Mixtral-style llama, lfm2moe; issue #48): the registry gives the layout of the spec's dense architecture, whose FFN on
+Mixture-of-experts files too (a spec with a `Moe`: qwen3moe, a Mixtral-style llama, lfm2moe; docs/moe.md): the
+registry gives the layout of the spec's dense architecture, whose FFN on
 each routed layer lab.host.synthetic.moe replaces by the router and stacked experts llama.cpp's loaders create (3-D
 tensors: [n_expert, rows, cols] here, ne = [cols, rows, n_expert] in the file). The router stays F32 in every mix, and
 an expert tensor takes its dense counterpart's type, as llama.cpp's quantizer does.
@@ -168,12 +168,8 @@ SPECS: dict[str, ArchSpec] = {
 SPECS["gemma4kv"] = replace(SPECS["gemma4"], v_is_k=True)
 
 # Mixture-of-experts files (lab.host.synthetic.moe: the router and stacked experts, with the llama.cpp source of each
-# fact): built, and held to llama.cpp by their fixtures, before the lab runs them; lab.format refuses them by their
-# router today, and tests/engine/test_architectures.py skips their fixtures with this reason. In each, n_embd (256),
-# an expert's width (512) and a dense FFN's width differ, so that a swapped dimension shows in a shape; every width is
-# whole K-quant blocks of 256.
-_MOE_NOT_RUN = ("issue #48: the engine has no routed-expert FFN yet (router, top-k, stacked experts); lab.format "
-                "refuses the file by its router")
+# fact), held to llama.cpp by their fixtures (docs/moe.md). In each, n_embd (256), an expert's width (512) and a dense
+# FFN's width differ, so that a swapped dimension shows in a shape; every width is whole K-quant blocks of 256.
 SPECS.update({
     # Qwen3-30B-A3B-shaped (Qwen/Qwen3-30B-A3B config.json: hidden 2048, 48 layers, 32 query heads over 4 KV heads of
     # 128, so q is twice n_embd wide; 128 experts of moe_intermediate_size 768, 8 a token, norm_topk_prob true, no
@@ -183,7 +179,7 @@ SPECS.update({
     # 1 KV head of 64 (the release's 8:1, and q twice n_embd wide as in it), 8 experts of 512, 2 a token;
     # feed_forward_length 1024 = 2 x 512, the release's relation (6144 = 8 x 768; llama.cpp reads it only where
     # expert_feed_forward_length is absent); SmolLM2's vocabulary
-    "qwen3moe": ArchSpec("qwen3moe", "smollm2", 4, 8, 1, 64, 1024, tied=False, not_run=_MOE_NOT_RUN,
+    "qwen3moe": ArchSpec("qwen3moe", "smollm2", 4, 8, 1, 64, 1024, tied=False,
                          moe=Moe("qwen3", n_expert=8, n_expert_used=2, n_ff_exp=512),
                          extra={"rope.freq_base": 1000000.0, "context_length": 40960, "attention.key_length": 64,
                                 "attention.value_length": 64}),
@@ -192,7 +188,7 @@ SPECS.update({
     # (src/models/llama.cpp: a layer with ffn_gate_inp; softmax, norm_w true, experts feed_forward_length wide, no
     # expert_feed_forward_length key). Here: 4 layers of 256, 4 query heads over 1 KV head of 64, 8 experts of 512, 2 a
     # token; SmolLM2's vocabulary
-    "mixtral": ArchSpec("llama", "smollm2", 4, 4, 1, 64, 512, tied=False, not_run=_MOE_NOT_RUN,
+    "mixtral": ArchSpec("llama", "smollm2", 4, 4, 1, 64, 512, tied=False,
                         moe=Moe("llama", n_expert=8, n_expert_used=2),
                         extra={"rope.freq_base": 1000000.0, "context_length": 32768}),
     # LFM2-8B-A1B-shaped (transformers' Lfm2MoeConfig, whose defaults are that model's: hidden 2048, 32 query heads over
@@ -205,7 +201,6 @@ SPECS.update({
     # short-conv, attention, short-conv, short-conv, attention), the first 2 dense (n_ff 1024, twice an expert; the
     # release's are 4 times), the other 4 routed (both layer kinds) over 8 experts of 512, 2 a token
     "lfm2moe": ArchSpec("lfm2moe", "smollm2", 6, 4, 2, 64, 1024, tied=True, kv_per_layer=(0, 0, 2, 0, 0, 2),
-                        not_run=_MOE_NOT_RUN,
                         moe=Moe("lfm2", n_expert=8, n_expert_used=2, n_ff_exp=512, n_dense_lead=2, gating=SIGMOID,
                                 probs_bias=True),
                         extra={"rope.freq_base": 1000000.0, "context_length": 128000, "shortconv.l_cache": 3}),

@@ -24,8 +24,8 @@ Facts, each from the llama.cpp that llama-cpp-python 0.3.36 vendors (vendor/llam
   probability weighs); the chosen weights divided by their sum (norm_w, true in all three graphs); each chosen expert's
   down(silu(gate . x) * (up . x)) weighted and summed. No shared experts in any of the three.
 
-What it does not know: the tensors' values or types (lab.host.synthetic.arch), and the engine, which refuses these
-files by their router (lab.format.model: issue #48 asks for them to run).
+What it does not know: the tensors' values or types (lab.host.synthetic.arch), and the engine that runs these files
+(lab.engine.blocks.moe; docs/moe.md).
 """
 
 from __future__ import annotations
