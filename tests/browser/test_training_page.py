@@ -155,6 +155,7 @@ def test_forget_wipes_the_training(lab):
     assert not lab.foreign_requests() and not lab.errors()
 
 
+@pytest.mark.slow      # natively by default: tests/engine/test_training_card.py
 def test_a_jsonl_of_chat_turns_trains_its_answers(lab, texts):
     """A .jsonl picked (as `lab grounded-data` writes): the facts count conversations and the answers' tokens, the
     with / without prompt is its last question, asked as a user's turn."""

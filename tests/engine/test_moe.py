@@ -18,7 +18,7 @@ from tests.engine.hybrids import engine_on, prompt_ids, run, traced_names_matchi
 REF_TOL = 1e-3      # engine vs numpy reference, relative to max |ref| (tests/engine/test_architectures.py's)
 
 
-@pytest.mark.parametrize("spec", MOE_SPECS)
+@pytest.mark.parametrize("spec", [s if s == "qwen3moe" else pytest.param(s, marks=pytest.mark.slow) for s in MOE_SPECS])
 def test_every_traced_tensor_matches_the_reference(spec):
     path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     eng, tok = engine_on(path, 96)
@@ -30,7 +30,7 @@ def test_every_traced_tensor_matches_the_reference(spec):
         eng.close()
 
 
-@pytest.mark.parametrize("mix", ["f32", "q4_k_m"])
+@pytest.mark.parametrize("mix", ["f32", pytest.param("q4_k_m", marks=pytest.mark.slow)])
 def test_the_experts_split_over_bindings(mix, monkeypatch):
     """Each stack of 8 experts over 4 bindings (a binding of a third of the stack holds 2 whole experts, not 2.67): a
     part returns at once for a pair whose expert it does not hold, and the logits still match the reference."""

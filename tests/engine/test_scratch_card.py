@@ -167,6 +167,7 @@ def test_a_trainer_refused_leaves_the_untrained_model_and_says_so(page, vocab_js
     assert lo.weights_are_users and lo.held(TRAINING) is None and lo.engine is not page.engine
 
 
+@pytest.mark.slow
 def test_the_embedding_inspector_follows_the_trained_rows(page, vocab_json):
     """A made model's embedding row norms are its weights' kind (CONVERSATION: Forget wipes them) and are made again
     at each query: after more steps they are the trained rows' norms, not the drawn ones'."""

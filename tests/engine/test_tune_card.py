@@ -257,6 +257,7 @@ def test_the_switch_embeds_the_index_without_and_with_it(page):
     assert lo.held(INDEX).adapter is state.lora and np.array_equal(rows_of(lo.held(INDEX)), tuned)
 
 
+@pytest.mark.slow
 def test_stop_ends_the_steps_and_the_stages_after(page, monkeypatch):
     polls = []
     monkeypatch.setattr(page.w, "stop_requested", lambda: polls.append(1) or len(polls) >= 1)
@@ -314,6 +315,7 @@ def test_a_stage_ends_where_the_embeddings_stop_being_numbers():
         "after crops (diverged after 2 steps, loss 1.000 -> 0.500)"
 
 
+@pytest.mark.slow
 def test_every_weight_tuned_is_the_model_itself(device, monkeypatch):
     """full: no adapter; the model's weights move and become the user's data (CONVERSATION), the index is embedded
     by the model as tuned, there is no switch, the download is the model, and Forget wipes the weights and unloads."""
