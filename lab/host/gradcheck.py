@@ -46,8 +46,8 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
           masked: bool = False) -> dict:
     """The report: the GPU's and the oracle's losses, each tensor's worst relative error and the worst of all.
     full: full fine-tuning's gradients, of every weight and trained norm of the model (an F32 file), at its own
-    weights; `only` (full): the central differences taken only for the tensors whose names hold one of these strings
-    (a big vocabulary's float64 forward is slow), every tensor's gradient still required to exist. masked: the loss
+    weights; `only`: the central differences taken only for the tensors whose names hold one of these strings (a big
+    vocabulary's float64 forward is slow; full fine-tuning still requires every tensor's gradient to exist). masked: the loss
     over an answer's tokens alone (`answer_masks`: chat turns' training, lab.instruments.chatdata)."""
     from lab.engine.lora import DEFAULT_TARGETS
     from lab.host.reference.training import LoraLoss
@@ -69,7 +69,7 @@ def check(path, *, T: int = 16, batch: int = 1, rank: int = 4, alpha: float = 8.
         tr.close()
     oracle = LoraLoss(path, params, alpha, masks)
     loss64 = oracle.loss(wins)
-    rows = _adapter_rows(params, grads, oracle, wins, samples, np.random.default_rng(seed))
+    rows = _adapter_rows(params, grads, oracle, wins, samples, np.random.default_rng(seed), only)
     worst = max(r["worst_rel_err"] for r in rows)
     return {"model": str(path), "T": T, "batch": batch, "rank": rank, "alpha": alpha, "masked": masked, "loss_gpu": loss,
             "loss_float64": loss64, "loss_rel_err": abs(loss - loss64) / abs(loss64), "tensors": rows,

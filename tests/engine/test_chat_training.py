@@ -33,7 +33,10 @@ def test_masked_gradients_match_central_differences(device, model):
     loss, two windows of different answers (the divisor counts both)."""
     engine = gradcheck.open_engine(model, 12, device=device)
     try:
-        r = gradcheck.check(model, T=12, batch=2, samples=1, engine=engine, masked=True)
+        # the mask reaches every gradient through the head's dlogits alone: a layer's first and the last layer's
+        # last adapted matrices are enough to catch it, and the float64 forward is the test's cost
+        r = gradcheck.check(model, T=12, batch=2, samples=1, engine=engine, masked=True,
+                            only=("blk.0.attn_q.", "blk.3.ffn_down."))
     finally:
         engine.close()
     assert r["masked"] and r["ok"], sorted(r["tensors"], key=lambda t: -t["worst_rel_err"])[:3]

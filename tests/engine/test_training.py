@@ -54,7 +54,9 @@ SLOW = pytest.mark.slow
 
 @pytest.mark.parametrize("spec,mix,batch,samples", [
     ("llama3", "f32", 2, 2), ("llama3", "q4_k_m", 1, 1), ("phi3", "f32", 1, 1), ("smollm3", "f32", 1, 1),
-    ("lfm2", "f32", 1, 1),      # short-conv blocks (the conv's backward, in_proj and out_proj adapted), Q/K norms
+    # short-conv blocks (the conv's backward, in_proj and out_proj adapted), Q/K norms; by default its conv tensors'
+    # full fine-tuning check (test_full_finetune.py) and its adapter file (below)
+    pytest.param("lfm2", "f32", 1, 1, marks=SLOW),
     pytest.param("mistral", "f32", 1, 2, marks=SLOW),
     pytest.param("qwen3", "f32", 1, 1, marks=SLOW),         # per-head Q/K norms (151,936 tokens: slow)
     pytest.param("gemma2", "f32", 1, 1, marks=SLOW),        # post-norms, attention and final soft-caps, GeGLU
