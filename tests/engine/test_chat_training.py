@@ -65,6 +65,7 @@ def _made(tmp_path, capsys):
     return docs, sets, tmp_path / "set.heldout.jsonl"
 
 
+@pytest.mark.slow      # by default the Training card's chat-turn run (test_training_card.py) takes the same path
 def test_train_on_chat_turns(model, tmp_path, capsys):
     """`lab train` on a .jsonl: each conversation a window, its answers' tokens alone counted and trained, the held-out
     loss over the held-out conversations' answers."""

@@ -33,7 +33,9 @@ from lab.format import gguf
 from lab.host.synthetic import arch as synthetic_arch
 from tests.conftest import SMALL_VOCAB_SPECS
 
-SPECS = SMALL_VOCAB_SPECS
+# qwen3moe's by default; the other two mixtures of experts (Mixtral-style, lfm2moe) with --slow, as in
+# test_architectures.py
+SPECS = [s if s not in ("mixtral", "lfm2moe") else pytest.param(s, marks=pytest.mark.slow) for s in SMALL_VOCAB_SPECS]
 LOGIT_TOL = 1e-2
 NEAR_TIE = 0.05
 GREEDY = 8
