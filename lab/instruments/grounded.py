@@ -93,9 +93,12 @@ def _words(text: str) -> list[str]:
 
 
 def _prose(par: str) -> bool:
-    """A paragraph of sentences: not a heading, code, a table, a list of links or an image."""
-    first = par.lstrip()
-    return bool(first) and not first.startswith(("#", "```", "|", "![", "<", "    ")) and "```" not in par
+    """A paragraph of sentences: not a heading, code (fenced, or indented four spaces or a tab: Markdown's other
+    code block, README's command list), a table, a list of links or an image."""
+    lines = par.lstrip("\n")
+    first = lines.lstrip()
+    return (bool(first) and not lines.startswith(("    ", "\t"))
+            and not first.startswith(("#", "```", "|", "![", "<")) and "```" not in par)
 
 
 def passages(name: str, text: str) -> list[Passage]:
@@ -116,6 +119,9 @@ def passages(name: str, text: str) -> list[Passage]:
             cur.append(sent)
         if cur:
             pieces.append(" ".join(cur))
+    # a "sentence" longer than a passage is no prose (a command list, a run-on table): left out, never a passage
+    # that passes WORDS_MAX
+    pieces = [p for p in pieces if len(p.split()) <= WORDS_MAX]
     out, cur = [], ""
     for p in pieces:
         joined = f"{cur} {p}".strip()

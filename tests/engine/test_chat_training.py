@@ -110,6 +110,15 @@ def test_grounded_eval_with_an_index(model, tmp_path, capsys):
     assert all(r["answerable"] in (True, False) for r in e["replies"])
 
 
+def test_grounded_eval_refuses_a_prompt_over_the_context_by_its_line(model, tmp_path, capsys):
+    """Every prompt is measured before the first reply: the longest's line and the --ctx that fits, in one line."""
+    _docs, _sets, held = _made(tmp_path, capsys)
+    rc = main(["grounded-eval", str(model), "--set", str(held), "--ctx", "64", "-n", "8"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert " line " in err and "more than the context of 64: run with --ctx " in err and "1/" not in err, err
+
+
 @pytest.mark.parametrize("line,words", [
     ('{"messages": [{"role": "user", "content": "q"}]}', "line 1: no assistant message"),
     ('{"messages": [{"role": "user", "content": "' + "word " * 400 + '"}, {"role": "assistant", "content": "a"}]}',

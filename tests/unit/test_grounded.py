@@ -41,6 +41,24 @@ def test_passages_leave_out_code_tables_and_headings():
     assert "The list holds items of its own." in joined
 
 
+def test_passages_leave_out_indented_code_and_run_on_lines():
+    """Markdown's indented code block (README's command list) and a "sentence" longer than a passage are no prose:
+    neither reaches a passage, and no passage passes WORDS_MAX words."""
+    long = " ".join(f"lab cmd{i} MODEL [--flag]" for i in range(40))
+    text = ("The cache holds the keys and the values of every layer for each position of the chat so far in the "
+            "conversation.\n\n    lab serve   # the page holds the model\n    lab ask MODEL FILES\n\n"
+            f"\tThe tab holds code too.\n\n{long}\n")
+    ps = grounded.passages("f.md", text)
+    joined = " ".join(p.text for p in ps)
+    assert "The cache holds" in joined and "lab serve" not in joined and "tab holds" not in joined
+    assert "cmd1" not in joined and all(len(p.text.split()) <= grounded.WORDS_MAX for p in ps)
+
+
+def test_no_passage_of_the_docs_passes_words_max(docs):
+    for name, text in docs:
+        assert all(len(p.text.split()) <= grounded.WORDS_MAX for p in grounded.passages(name, text)), name
+
+
 def test_every_answer_is_quoted_from_a_passage_shown(sets):
     for rows in sets:
         for r in rows:

@@ -66,32 +66,41 @@ def grounded_eval(args) -> int:
 
 async def _replies(args, rows, header, tok, engine, saved):
     """Each row's greedy reply (at most -n tokens) to its prompt: its own passages, or with an index the question's
-    -k retrieved ones (then it should answer when one of them holds its answer); scored (grounded.Score)."""
+    -k retrieved ones (then it should answer when one of them holds its answer); scored (grounded.Score). Every
+    prompt is rendered and measured against the context before the first reply, so a row too long is refused by its
+    line before any time is spent."""
     from lab.engine.session import Session
     from lab.instruments import grounded
     from lab.instruments.retrieval import Index, pack_messages
     from lab.settings import Settings
     from lab.text import chat
-    score, out = grounded.Score(), []
+    asks = []
     index = None
     if saved is not None:
         index = Index(engine, tok, window=saved.window, stride=saved.stride)
         await index.restore(saved.prepared(), saved.embeddings.tobytes())
     try:
-        for i, r in enumerate(rows):
+        for r in rows:
             if index is None:
                 messages, sources, answerable = r["messages"][:-1], r["passages"], r["answerable"]
             else:
                 hits = await index.search(tok.encode(r["question"]), args.k)
                 messages, sources = pack_messages(r["question"], hits), [h.text for h in hits]
                 answerable = r["answer"] is not None and any(grounded.holds(s, r["answer"]) for s in sources)
-            prompt = chat.render_chat(tok, header.metadata, messages)
-            res = await Session(engine, tok).generate(prompt, Settings(greedy=True), args.n)
-            out.append({"line": r["line"], "answerable": answerable, "reply": res.text,
-                        **score.add(answerable, res.text, sources)})
-            print(f"\rlab grounded-eval: {i + 1}/{len(rows)}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+            asks.append((r, chat.render_chat(tok, header.metadata, messages), sources, answerable))
     finally:
         if index is not None:
             index.close()
+    r, prompt, _s, _a = max(asks, key=lambda a: len(a[1]))
+    if len(prompt) + args.n > engine.n_ctx:
+        raise grounded.GroundedDataError(
+            f"{args.set} line {r['line']}: its prompt is {len(prompt)} tokens, with -n {args.n} for the reply more "
+            f"than the context of {engine.n_ctx}: run with --ctx {len(prompt) + args.n} or more")
+    score, out = grounded.Score(), []
+    for i, (r, prompt, sources, answerable) in enumerate(asks):
+        res = await Session(engine, tok).generate(prompt, Settings(greedy=True), args.n)
+        out.append({"line": r["line"], "answerable": answerable, "reply": res.text,
+                    **score.add(answerable, res.text, sources)})
+        print(f"\rlab grounded-eval: {i + 1}/{len(rows)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
     return score, out
