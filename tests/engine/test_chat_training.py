@@ -116,7 +116,7 @@ def test_grounded_eval_refuses_a_prompt_over_the_context_by_its_line(model, tmp_
     rc = main(["grounded-eval", str(model), "--set", str(held), "--ctx", "64", "-n", "8"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
-    assert " line " in err and "more than the context of 64: run with --ctx " in err and "1/" not in err, err
+    assert " line " in err and "more than the context of 64: run with --ctx " in err and "grounded-eval: 1/" not in err, err
 
 
 @pytest.mark.parametrize("line,words", [

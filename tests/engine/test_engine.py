@@ -191,9 +191,12 @@ def leading_equal(a: list[int], b: list[int]) -> int:
 
 # -- 1. against the numpy reference, tensor by tensor -------------------------------------------
 
-def test_trace_prefill_and_decode_match_reference(m):
+def test_trace_prefill_and_decode_match_reference(m, request):
     """A 10-token prefill (every position, result_output included: logits_all), then two decode
     steps at positions 10 and 11 continuing from the cache both sides built."""
+    if m.name == "qwen2.5" and not request.config.getoption("--slow"):
+        pytest.skip("slow: run with --slow (qwen2.5's trace, the default run's slowest test; its biases are held by "
+                    "default by test_greedy_matches_llama_cpp_f32[qwen2.5-quick])")
     ids = m.f32["prompts"][1]["prompt_ids"][:12]
     assert len(ids) == 12
     eng, ref = m.eng_all, m.ref

@@ -115,7 +115,8 @@ def test_the_per_layer_table_split_over_bindings(path, monkeypatch):
         eng.close()
 
 
-@pytest.mark.parametrize("mix", ["f32", "q8_0"])
+# q8_0's table with --slow: the row read from a part is the same code path, its dequantization held by get_rows' tests
+@pytest.mark.parametrize("mix", ["f32", pytest.param("q8_0", marks=pytest.mark.slow)])
 def test_the_embedding_inspector_reads_the_per_layer_row(mix, monkeypatch):
     """The embedding inspector (lab/instruments/probes.py) shows a token's row of per_layer_token_embd as stored:
     read on the GPU from whichever of the table's 4 parts holds it, it is gguf's dequantization of the file's tensor

@@ -324,7 +324,20 @@ def _must_catch(name: str, fn: str, file: str) -> set[str]:
 _GOOD: dict[str, dict] = {}      # type -> its checks' errors on the unmodified source (the same for each of its traps)
 
 
-@pytest.mark.parametrize("trap", TRAPS, ids=[t[0] for t in TRAPS])
+def _by_default(traps: list[tuple]) -> list:
+    """The first trap of each type in each file it touches by default (the harness's power to fail on every
+    type's code), the other traps with --slow: a trap proves the checks, not the kernel, and the checks run by
+    default in test_get_rows / test_matmul."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for t in traps:
+        where = (t[1], t[5] if len(t) > 5 else "quant.wgsl")
+        out.append(t if where not in seen else pytest.param(t, marks=pytest.mark.slow, id=t[0]))
+        seen.add(where)
+    return out
+
+
+@pytest.mark.parametrize("trap", _by_default(TRAPS), ids=[t[0] for t in TRAPS])
 def test_trap_is_caught(device, tmp_path, trap):
     _, name, fn, old, new, *file = trap
     file = file[0] if file else "quant.wgsl"
