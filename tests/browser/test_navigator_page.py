@@ -29,7 +29,7 @@ SLOW = 300_000                  # ms: a reply or a probe on SwiftShader, the mac
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
 # the cards in the template's order, by group, with the short name the navigator shows
 GROUPS = {
-    "inside": ["embedding", "residual", "attention", "lens", "kv", "rope"],
+    "inside": ["embedding", "residual", "attention", "lens", "kv", "rope", "router"],
     "change": ["experiments", "training"],
     "trust": ["verify", "perplexity", "forget-card", "gpu"],
     "files": ["retrieval", "grounded", "tokenizer"],
@@ -37,7 +37,8 @@ GROUPS = {
 ORDER = [c for cards in GROUPS.values() for c in cards]
 # what each card asks the worker for by itself: none of it may go while the card is folded
 ASKS = {"embedding": {"probe-embedding"}, "residual": {"probe-inspect"}, "attention": {"probe-inspect"},
-        "lens": {"probe-inspect"}, "kv": {"kv-picture", "memory-head"}, "experiments": {"experiment-tokens"}}
+        "lens": {"probe-inspect"}, "kv": {"kv-picture", "memory-head"}, "router": {"router", "router-ablate"},
+        "experiments": {"experiment-tokens"}}
 CARD_MESSAGES = set().union(*ASKS.values())
 
 # Every message the page posts to its worker, as {type, kv_view, attention, lens, residual}: Worker.prototype.postMessage
