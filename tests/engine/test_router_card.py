@@ -32,9 +32,9 @@ from lab.instruments.interventions import Intervention, InterventionError
 from lab.settings import Settings
 from lab.worker import routing
 from lab.worker.experiments import bench
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, MOE_SPECS
 from tests.engine.cardkit import Page
-from tests.engine.hybrids import TRACE_TOL
+from tests.engine.hybrids import TRACE_TOL, engine_on, prompt_ids
 from tests.unit.workerkit import router_over_standins
 
 GENERATED = 8           # greedy tokens after the fixture's prompt: 35 in all, two steps of Page's 32
@@ -101,6 +101,7 @@ def test_the_card_shows_the_engines_choices(page, fixture, ref_trace):
     entropy = np.frombuffer(m["entropy"], np.float32).reshape(L, t)
     router = fixture["router"]
     n = len(fixture["prompt_ids"])
+    worst = [0.0, 0.0]
     for i, il in enumerate(m["layers"]):
         # llama.cpp's choices at every prompt position (its order within the k: slot 0 the larger)
         assert experts[i, :n].tolist() == router["experts"][router["layers"].index(il)], f"layer {il}"
@@ -110,10 +111,13 @@ def test_the_card_shows_the_engines_choices(page, fixture, ref_trace):
         p = np.asarray(ref_trace[f"ffn_moe_probs-{il}"], np.float64)
         want = -(p * np.log2(p)).sum(axis=1)
         assert np.abs(entropy[i] - want).max() <= TRACE_TOL * math.log2(E), f"layer {il}"
+        worst = [max(worst[0], float(np.abs(weights[i] - ref_trace[f"ffn_moe_weights_norm-{il}"]).max())),
+                 max(worst[1], float(np.abs(entropy[i] - want).max()))]
         assert m["load"][i] == np.bincount(experts[i].ravel(), minlength=E).tolist()
         assert sum(m["load"][i]) == t * k and abs(sum(m["share"][i]) - t) <= 1e-3
         assert abs(m["mean_entropy"][i] - float(entropy[i].mean())) <= 1e-5
-    print(f"\nrouting of {t} tokens read in {m['seconds']:.2f} s; mean entropy "
+    print(f"\nrouting of {t} tokens read in {m['seconds']:.2f} s: the experts the reference's, weights within "
+          f"{worst[0]:.2g}, entropies within {worst[1]:.2g} bits; mean entropy "
           f"{[round(h, 3) for h in m['mean_entropy']]} bits of {math.log2(E):.0f}")
 
 
@@ -225,3 +229,31 @@ def test_a_dense_model_has_no_router(device):
             bench(p.w.state.loaded).runner.check([Intervention("expert", 0, experts=(0,))])
     finally:
         p.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", MOE_SPECS)
+def test_the_reading_is_what_the_chats_own_steps_chose(spec):
+    """The card reads the conversation again in prefill steps of max_batch tokens; the chat ran its prompt in one step
+    and each generated token in a decode step of its own (another kernel for the router's logits): the choices agree
+    on every token of a 27-token prompt and 40 greedy tokens, every routed layer, each of the three files."""
+    eng, tok = engine_on(synthetic_arch.build(spec, "f32", cache_dir() / "synthetic"), 256)
+    try:
+        cfg, k = eng.cfg, eng.cfg.n_expert_used
+        names = [f"ffn_moe_topk-{il}" for il in cfg.routed_layers]
+        ids = prompt_ids(tok)
+        seq, step = list(ids), ids
+        chat = {n: [] for n in names}
+        for _ in range(41):                 # the prompt, then 40 tokens a step each, as the chat runs them
+            raw = asyncio.run(eng.traced(step, len(seq) - len(step), names + ["result_output"]))
+            for n in names:
+                chat[n] += np.frombuffer(raw[n], np.uint32).reshape(-1, k).tolist()
+            step = [int(np.argmax(np.frombuffer(raw["result_output"], np.float32)[-cfg.n_vocab:]))]
+            seq += step
+        seq = seq[:-1]                      # the last token chosen was never run
+        r = asyncio.run(routing_reading.read(eng, seq))
+        for i, il in enumerate(r.layers):
+            got = np.asarray(r.experts[i]).reshape(-1, k)
+            assert [sorted(x) for x in got.tolist()] == [sorted(x) for x in chat[f"ffn_moe_topk-{il}"]], il
+    finally:
+        eng.close()
