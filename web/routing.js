@@ -65,7 +65,8 @@ export function routerFailed(s, m, contextLength) {
 
 // Forget's report: the router's rows and the ablation's runs, as read back before and after the wipe.
 export function routerForgotten(s, report) {
-  const items = report.items.filter((i) => ROWS.some((p) => i.label.startsWith(p)) || RUNS.some((p) => i.label.startsWith(p)));
+  const ours = (label) => ROWS.some((p) => label.startsWith(p)) || RUNS.some((p) => label.startsWith(p));
+  const items = report.items.filter((i) => ours(i.label));
   const sum = (key) => items.reduce((a, i) => a + i[key], 0);
   s.wiped = items.length
     ? { buffers: items.length, before: sum("before"), after: sum("after"), labels: items.map((i) => i.label) } : null;
@@ -191,7 +192,8 @@ function heatmap(d, L) {
         c.style.background = rgba(BLUE, w);
         if (numbers) { c.textContent = w.toFixed(2); if (w > DARK) c.classList.add("dark"); }
       }
-      c.title = `#${j} ${shown(d.tokens[j])}, expert ${e}: ${w == null ? "not chosen" : `weight ${w.toFixed(4)}`}; click: without it`;
+      c.title = `#${j} ${shown(d.tokens[j])}, expert ${e}: ${w == null ? "not chosen" : `weight ${w.toFixed(4)}`}; `
+        + "click: without it";
       g.append(c);
     }
     const h = testid(el("div", "router-h", L.entropy[j].toFixed(2)), "router-token-entropy");
@@ -217,8 +219,8 @@ function entropyBars(d, chosen) {
     row.append(el("span", "exp-bar-label", `L${layer}`), track, el("span", "exp-bar-value", bits(d.mean_entropy[i])));
     box.append(row);
   });
-  return [box, el("p", "muted hint", `mean over the ${d.tokens.length} tokens; the full bar is ${bits(max)}, log₂ ${d.n_expert}: `
-    + "every expert alike to the router. Click a layer to show it.")];
+  return [box, el("p", "muted hint", `mean over the ${d.tokens.length} tokens; the full bar is ${bits(max)}, `
+    + `log₂ ${d.n_expert}: every expert alike to the router. Click a layer to show it.`)];
 }
 
 const piece = (a, id) => shown(a.pieces[String(id)]);
@@ -230,8 +232,9 @@ function top5Table(a) {
     el("th", null, "log p"));
   t.append(head);
   for (let i = 0; i < 5; i++) {
-    const tr = el("tr");
+    const tr = testid(el("tr"), "router-top5-row");
     const [b, bp] = a.top5_before[i] || [null, null], [c, cp] = a.top5_after[i] || [null, null];
+    Object.assign(tr.dataset, { before: b ?? "", after: c ?? "" });
     tr.append(el("td", "muted", String(i + 1)), el("td", null, b == null ? "" : piece(a, b)),
       el("td", null, bp == null ? "" : bp.toFixed(3)), el("td", null, c == null ? "" : piece(a, c)),
       el("td", null, cp == null ? "" : cp.toFixed(3)));
@@ -290,7 +293,9 @@ function status(store) {
   if (!experts(store)) return { state: "none", text: "" };
   if (s.busy === "read") return { state: "running", text: "reading the router's choices over the conversation…" };
   if (s.error) return { state: "error", text: s.error };
-  if (!s.data) return { state: "idle", text: store.context.length ? "" : "chat first: the card reads the conversation" };
+  if (!s.data) {
+    return { state: "idle", text: store.context.length ? "" : "chat first: the card reads the conversation" };
+  }
   const stale = s.data.tokens.length !== store.context.length;
   return { state: "done", text: `${s.data.tokens.length} tokens read in ${s.data.seconds.toFixed(2)} s`
     + (stale ? " (the conversation has changed since: it is read again once the card is on screen)" : "") };
@@ -357,14 +362,15 @@ export function routerLine(store) {
     + `entropy ${bits(L.mean)} of ${bits(Math.log2(d.n_expert))}`;
 }
 
-// ---- export: the routing and the last ablation as JSON, the shown layer's picture as PNG -----------------------------
+// ---- export: the routing and the last ablation as JSON, the shown layer's picture as PNG ---------------------------
 export function routerJson(store) {
   const s = store.router, d = s.data;
   if (!d) return null;
   const layers = d.layers.map((_, i) => {
     const L = layerOf(d, i);
-    return { layer: L.layer, experts: L.picks.map((p) => p.map(([e]) => e)), weights: L.picks.map((p) => p.map(([, w]) => w)),
-             entropy_bits: L.entropy, load: L.load, share: L.share, mean_entropy_bits: L.mean };
+    return { layer: L.layer, experts: L.picks.map((p) => p.map(([e]) => e)),
+             weights: L.picks.map((p) => p.map(([, w]) => w)), entropy_bits: L.entropy, load: L.load, share: L.share,
+             mean_entropy_bits: L.mean };
   });
   return {
     card: "router", model: store.model ? store.model.file_name : null, n_expert: d.n_expert, k: d.k, gating: d.gating,
@@ -383,21 +389,25 @@ export function drawRouter(canvas, store) {
     cols, rows: d.tokens.map(shown), cellW: E <= NUMBERS_UP_TO ? 34 : 12, cellH: 15,
     colour: (r, c) => (c === E ? [255, 255, 255] : BLUE),
     alpha: (r, c) => (c === E ? 0 : values[r][c] ?? 0),
-    text: E <= NUMBERS_UP_TO ? (r, c) => (c === E ? L.entropy[r].toFixed(2) : values[r][c] == null ? "" : values[r][c].toFixed(2)) : null,
+    text: E <= NUMBERS_UP_TO
+      ? (r, c) => (c === E ? L.entropy[r].toFixed(2) : values[r][c] == null ? "" : values[r][c].toFixed(2)) : null,
   };
   const size = heatmapSize(spec);
   const bars = d.layers.map((l) => `L${l}`);
   const abl = s.ablation ? [
-    `expert ${s.ablation.expert} of layer ${s.ablation.layer} left out (not renormalised): KL ${s.ablation.kl_bits.toFixed(4)} bits`,
+    `expert ${s.ablation.expert} of layer ${s.ablation.layer} left out (not renormalised): `
+      + `KL ${s.ablation.kl_bits.toFixed(4)} bits`,
     `with it:    ${s.ablation.greedy_before.map((i) => piece(s.ablation, i)).join(" ")}`,
     `without it: ${s.ablation.greedy_after.map((i) => piece(s.ablation, i)).join(" ")}`] : [];
   const load = `load (the tokens that chose it), expert:tokens  ${L.load.map((n, e) => `${e}:${n}`).join("  ")}`;
-  const caption = `the router's mean entropy by layer, bits (a full bar: ${Math.log2(E).toFixed(2)}, every expert alike)`;
+  const full = Math.log2(E).toFixed(2);
+  const caption = `the router's mean entropy by layer, bits (a full bar: ${full}, every expert alike)`;
   const W = Math.max(size.width, 420, textWidth([load, caption, ...abl], MONO));
   const H = size.height + 10 + linesHeight(2) + 10 + bars.length * 14 + 10 + linesHeight(abl.length);
   const ctx = sheet(canvas, W, H, `Router: layer ${L.layer}, ${d.tokens.length} tokens x ${E} experts (${d.k} a token)`,
     ["cell: the expert's weight at the token (blank: not chosen); H: the router's entropy at the token, bits",
-     `entropy of the router's whole distribution over the ${E} experts; the bars below: its mean by layer, full at ${Math.log2(E).toFixed(2)} bits`]);
+     `entropy of the router's whole distribution over the ${E} experts; the bars below: its mean by layer, full at `
+       + `${full} bits`]);
   let y = drawHeatmap(ctx, 0, spec) + 10;
   y += drawLines(ctx, y, [load, caption]) + 10;
   y += drawBars(ctx, y, bars, d.mean_entropy, W, BLUE, 2, Math.log2(E)) + 10;
