@@ -20,6 +20,8 @@
 //   opened(store, worker)         the card is open on a loaded model: after a load while it is open, and when it is
 //                                 opened (web/navigator.js); what a card asks the worker for by itself it asks here,
 //                                 so a folded card asks for nothing
+//   changed(store, worker)        what is open or on screen changed, or a turn ended: a card that reads the conversation
+//                                 asks for what it now lacks (only while web/navigator.js `computes` it)
 //   summary(store)                its current result in one line, shown while it is folded (web/navigator.js)
 //
 // What a card's own messages mean for the rest of the store (a run that overwrote the KV cache) stays in main.js's
@@ -30,11 +32,12 @@ import { card as rope } from "/web/rope.js";
 import { card as perplexity } from "/web/perplexity.js";
 import { card as retrieval } from "/web/retrieval.js";
 import { card as grounded } from "/web/grounded.js";
+import { card as router } from "/web/routing.js";
 import { card as experiments } from "/web/experiments.js";
 import { card as training } from "/web/training.js";
 import { card as tokenizer } from "/web/tokenizer.js";
 
-export const CARDS = [verify, rope, perplexity, retrieval, grounded, experiments, training, tokenizer];
+export const CARDS = [verify, rope, router, perplexity, retrieval, grounded, experiments, training, tokenizer];
 
 // Every card's `hook`, in CARDS order, with these arguments.
 export function each(hook, ...args) {

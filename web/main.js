@@ -1,5 +1,5 @@
 // The page: one store, a worker that does all the work, and panels that only render (web/panels.js).
-// The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js,
+// The cards with state of their own (web/context.js, and those web/cards.js registers: verify.js, rope.js, routing.js,
 // perplexity.js, retrieval.js, grounded.js, experiments.js, training.js, tokenizer.js) keep it here, under their key: each module makes its key, changes only
 // that key through the functions main.js calls with it (the worker's messages, and for the registered cards the
 // moments of a model's life, through web/cards.js each) and its own event handlers, and renders from the store.
@@ -30,6 +30,7 @@ import {
   trainToken,
 } from "/web/training.js";
 import { tokDone, tokFailed, tokProgress } from "/web/tokenizer.js";
+import { routerAblation, routerData, routerFailed } from "/web/routing.js";
 import { groundedEval, groundedFailed, groundedRow, groundedSet } from "/web/grounded.js";
 import {
   contextFileLoaded, contextUploaded, freshContextLength, int8Prefill, kvType, renderContext, wireContext,
@@ -65,7 +66,8 @@ const store = {
   busy: { embedding: false, inspect: 0, forget: false, wiped: false },
   // The cards with state of their own: each module owns the shape of its key and the functions that update it.
   contextLength: freshContextLength(),                   // web/context.js: the context the next load makes, its budget
-  // web/cards.js's: verify (the llama.cpp checks), rope (the RoPE demo), perplexity (a pasted text's perplexity),
+  // web/cards.js's: verify (the llama.cpp checks), rope (the RoPE demo), router (a mixture of experts' routing),
+  // perplexity (a pasted text's perplexity),
   // retrieval (the index of the user's files, the asks), experiments (ablation, patching, steering, attribution),
   // training (a LoRA adapter), tokenizer (a BPE vocabulary trained on the user's text)
   ...Object.fromEntries(CARDS.map((card) => [card.key, card.fresh()])),
@@ -380,6 +382,7 @@ function cardsChanged() {
   requestInspect();
   requestMemoryHead();
   requestKvPicture();
+  each("changed", store, worker);
   render();
 }
 
@@ -515,6 +518,7 @@ const onWorker = {
     requestInspect();
     requestMemoryHead();
     requestKvPicture();           // the memory card folded when the turn began, open now
+    each("changed", store, worker);   // a card that reads the conversation (the router) reads it again
   },
   embedding: (m) => {
     store.busy.embedding = false;
@@ -594,6 +598,9 @@ const onWorker = {
   "experiment-progress": (m) => experimentProgress(store.experiments, m),
   "experiment-token": (m) => experimentToken(store.experiments, m),
   "experiment-result": (m) => experimentResult(store.experiments, m),
+  // the router card's runs put the chat's KV cache back as it was, as the experiments do: the KV picture stays
+  router: (m) => routerData(store.router, m),
+  "router-ablation": (m) => routerAblation(store.router, m),
   // training overwrites the KV cache and puts the adapter on: the chat's KV picture and the panels' readings go (they
   // are read again with the adapter); so do the with / without replies and the switch
   "train-plan": (m) => { if (trainPlan(store.training, m)) dropKvPicture(); },
@@ -665,6 +672,8 @@ const onError = {
   "retrieval-tune-switch": (m) => retrievalTuneFailed(store.retrieval, m),
   "retrieval-tune-download": (m) => retrievalTuneFailed(store.retrieval, m),
   experiment: (m) => experimentFailed(store.experiments, m),
+  router: (m) => routerFailed(store.router, m, store.context.length),
+  "router-ablate": (m) => routerFailed(store.router, m, store.context.length),
   train: (m) => trainFailed(store.training, m),
   "train-compare": (m) => trainFailed(store.training, m),
   "train-adapter": (m) => trainFailed(store.training, m),

@@ -116,8 +116,9 @@ export function drawHeatmap(ctx, y0, spec) {
 // ---- horizontal bars: a label, a bar of length value / max, the value ------------------------------------------
 export const barsHeight = (n) => n * (LINE - 2);
 
-export function drawBars(ctx, y0, labels, values, width, colour, digits = 2) {
-  const max = Math.max(...values, 1e-30);
+// `full`: the value a full bar stands for (default: the largest value).
+export function drawBars(ctx, y0, labels, values, width, colour, digits = 2, full = null) {
+  const max = full ?? Math.max(...values, 1e-30);
   const texts = values.map((v) => v.toFixed(digits));
   const left = textWidth(labels, MONO) + 8, right = textWidth(texts, MONO) + 8;
   const h = LINE - 2;

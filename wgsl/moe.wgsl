@@ -1,4 +1,5 @@
-// A routed layer's two kernels of its own (lab/ops/moe.py); the experts' products are matvec.wgsl's EXPERT variant.
+// A routed layer's kernels of its own (lab/ops/moe.py): `route`, `combine`, and the experiments' `mute`; the experts'
+// products are matvec.wgsl's EXPERT variant.
 //
 // Entry `route`: the router's gating and choice, one invocation a token (n_expert values walked in order: small).
 // Bindings: 0 logits (read: [t, n_expert] router logits)  1 bias (read: [n_expert] selection bias; any buffer when
@@ -25,6 +26,19 @@
 //   order from slot 0 (llama.cpp adds the weighted experts' views one by one, then the sum to the residual).
 // Combine { n, k, acc, _p0: u32 }
 // Grid: (ceil(n / {{WG}}), t, 1).
+//
+// Entry `mute`: one expert left out of the weighted sum, or its share scaled (the experiments' "expert" site,
+//   lab/instruments/interventions.py), run right after `route` in a copy of a step's ops: the weight of every (token,
+//   slot) pair of the step that chose expert m.expert at a position in [m.r0, m.r1) is zeroed (m.op 0) or scaled by
+//   m.scale (m.op 3); the other pairs' weights stay as `route` left them, so `combine` then adds the other experts
+//   with their own weights, not renormalised.
+// Bindings: 0 idm (read: array<u32> [t, k] the chosen experts)  1 wm (read_write: [t, k] their weights)
+//           2 step (uniform Step)  3 m (uniform Mute)
+// Math, pair q = j k + s, row j at position step.pos + j:
+//   wm[q] = (m.op == 0 ? 0 : wm[q] * m.scale)   where idm[q] == m.expert and m.r0 <= step.pos + j < m.r1
+// Mute { k, expert, _c1, r0, r1, op, _vec: u32, scale: f32 }: lab/ops/intervene.py's Params, one intervention slot's
+//   uniform, read with stride = k and c0 = the expert.
+// Grid: (ceil(t k / {{WG}}), 1, 1).
 
 //!include common.wgsl
 
@@ -32,6 +46,7 @@ const WG: u32 = {{WG}}u;
 
 struct Route { n_expert: u32, k: u32, gating: u32, bias: u32, norm: u32, _p0: u32, _p1: u32, _p2: u32 };
 struct Combine { n: u32, k: u32, acc: u32, _p0: u32 };
+struct Mute { k: u32, expert: u32, _c1: u32, r0: u32, r1: u32, op: u32, _vec: u32, scale: f32 };
 
 {{ROUTE}}@group(0) @binding(0) var<storage, read> logits: array<f32>;
 {{ROUTE}}@group(0) @binding(1) var<storage, read> bias: array<f32>;
@@ -42,6 +57,9 @@ struct Combine { n: u32, k: u32, acc: u32, _p0: u32 };
 {{COMBINE}}@group(0) @binding(1) var<storage, read> wc: array<f32>;
 {{COMBINE}}@group(0) @binding(2) var<storage, read_write> y: array<f32>;
 {{COMBINE}}@group(0) @binding(3) var<uniform> c: Combine;
+{{MUTE}}@group(0) @binding(0) var<storage, read> idm: array<u32>;
+{{MUTE}}@group(0) @binding(1) var<storage, read_write> wm: array<f32>;
+{{MUTE}}@group(0) @binding(3) var<uniform> m: Mute;
 @group(0) @binding({{B_STEP}}) var<uniform> step: Step;
 
 {{ROUTE}}// Expert e's probability of token row `base` (mx, inv: the softmax's max and 1 / sum).
@@ -106,3 +124,12 @@ struct Combine { n: u32, k: u32, acc: u32, _p0: u32 };
 {{COMBINE}}    if (c.acc != 0u) { acc = y[o] + acc; }
 {{COMBINE}}    y[o] = acc;
 {{COMBINE}}}
+
+{{MUTE}}@compute @workgroup_size(WG)
+{{MUTE}}fn mute(@builtin(global_invocation_id) gid: vec3<u32>) {
+{{MUTE}}    let q = gid.x;
+{{MUTE}}    if (q >= step.n_tokens * m.k) { return; }
+{{MUTE}}    let pos = step.pos + q / m.k;
+{{MUTE}}    if (idm[q] != m.expert || pos < m.r0 || pos >= m.r1) { return; }
+{{MUTE}}    if (m.op == 0u) { wm[q] = 0.0; } else { wm[q] = wm[q] * m.scale; }
+{{MUTE}}}

@@ -386,8 +386,8 @@ class Engine:
         return [(i, v) for i, v in pairs if i != sample.NONE]
 
     async def traced(self, ids: list[int], pos: int, names=None) -> dict[str, bytes]:
-        """Run one step op by op and read every traced activation (or those in `names`): {name: raw f32 bytes,
-        [rows, width]}."""
+        """Run one step op by op and read every traced activation (or those in `names`): {name: raw bytes, [rows,
+        width] of the trace's dtype (f32; u32 for a routed layer's chosen experts)}."""
         t = len(ids)
         self.check_step(ids, pos)
         op_list, trace = self.ops_for(t, pos=pos), self.step_plan(t, pos).trace
@@ -415,8 +415,9 @@ class Engine:
     async def first_nonfinite(self, ids: list[int], pos: int) -> str | None:
         """Replay a step of `ids` at `pos` op by op and name the first traced tensor, in plan order, that holds a NaN
         or an infinity (None if all are finite): where a broken weight or setting first shows."""
+        u32 = {tr.name for tr in self.step_plan(len(ids), pos).trace if tr.dtype != "f32"}    # ids hold no floats
         for name, raw in (await self.traced(ids, pos)).items():
-            if not all(map(math.isfinite, array("f", raw))):
+            if name not in u32 and not all(map(math.isfinite, array("f", raw))):
                 return name
         return None
 

@@ -33,6 +33,7 @@ class Traced:
     stride: int             # floats between rows
     offset: int = 0         # floats before the first element of row 0
     rows: str = "tokens"    # "tokens" (t rows) or "one" (a single row)
+    dtype: str = "f32"      # what the words hold: "f32", or "u32" (a routed layer's chosen experts, ffn_moe_topk-L)
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,9 @@ class PlanBuilder:
         if name:
             self.trace(name, buf, width, stride, offset, rows)
 
-    def trace(self, name, buf, width, stride=None, offset=0, rows="tokens") -> None:
+    def trace(self, name, buf, width, stride=None, offset=0, rows="tokens", dtype="f32") -> None:
         """Record `name` as complete after the last op added so far."""
-        self.plan.trace.append(Traced(name, len(self.plan.ops) - 1, buf, width, stride or width, offset, rows))
+        self.plan.trace.append(Traced(name, len(self.plan.ops) - 1, buf, width, stride or width, offset, rows, dtype))
 
     def adapted(self, name: str, x: gpu.Buffer, y: gpu.Buffer, y_offset: int = 0,
                 y_stride: int | None = None) -> list[ops.Op]:

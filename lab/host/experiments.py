@@ -75,11 +75,12 @@ class Lab:
 
     def trace(self, ids: list[int], names: list[str] | None = None) -> dict[str, np.ndarray]:
         """Activations of a plain run under llama.cpp's names (`attn_norm-0`, `kqv_out-3`, `l_out-29`, ...; None:
-        every traced one): {name: float32 [rows, width]}."""
+        every traced one): {name: float32 [rows, width]} (a routed layer's chosen experts, ffn_moe_topk-L: uint32)."""
         eng = self.engine
         raw = asyncio.run(eng.traced(list(ids), 0, names))
-        widths = {tr.name: tr.width for tr in eng.step_plan(len(ids), 0).trace}
-        return {n: np.frombuffer(b, np.float32).reshape(-1, widths[n]).copy() for n, b in raw.items()}
+        plan = {tr.name: tr for tr in eng.step_plan(len(ids), 0).trace}
+        types = {"f32": np.float32, "u32": np.uint32}
+        return {n: np.frombuffer(b, types[plan[n].dtype]).reshape(-1, plan[n].width).copy() for n, b in raw.items()}
 
     def generate(self, ids: list[int], max_new: int = 32, settings: Settings | None = None) -> Result:
         """A plain generation from an empty cache (greedy unless `settings` say otherwise)."""

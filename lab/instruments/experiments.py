@@ -373,6 +373,60 @@ class Experiments:
                 "layers": layers, "recovery": recovery, "sanity": sanity, "runs": ran, "seconds": seconds,
                 "stopped": ran < len(cells)}
 
+    # -- an expert's ablation (the Router card) ---------------------------------------------------------------------
+    async def continuation(self, ids: list[int], ivs: list[Intervention], max_new: int,
+                           stop: set[int] = frozenset()) -> tuple[bytes, float, list[int]]:
+        """`ids` from position 0 with `ivs` in place at every step (none: a plain run), the prompt in steps of at most
+        max_batch tokens, then up to max_new greedy tokens one step each (stopping after one in `stop`): (the logits
+        row after the prompt, f32 [n_vocab] bytes, its log-normaliser, the greedy ids)."""
+        eng = self.engine
+        if not ids:
+            raise InterventionError("no tokens to continue: chat first")
+        eng.check_ids(ids, InterventionError)
+        if len(ids) + max_new > eng.n_ctx:
+            raise InterventionError(f"{len(ids)} tokens and {max_new} more pass the context of {eng.n_ctx}")
+        edit = self.runner.editor(ivs) if ivs else None
+        for start in range(0, len(ids), eng.max_batch):
+            chunk = ids[start:start + eng.max_batch]
+            eng.step(chunk, start, edit=edit)
+        raw = await self.device.read(eng.scratch.logits, 4 * logits_row(eng, len(chunk)), 4 * self.cfg.n_vocab)
+        row = [v for v in array("f", raw) if math.isfinite(v)]
+        mx = max(row)
+        lse = mx + math.log(math.fsum(math.exp(v - mx) for v in row))
+        out: list[int] = []
+        pos = len(ids)
+        while len(out) < max_new:
+            out.append(await eng.argmax())
+            if out[-1] in stop or len(out) == max_new:
+                break
+            eng.step([out[-1]], pos, edit=edit)
+            pos += 1
+        return raw, lse, out
+
+    async def expert_ablation(self, ids: list[int], layer: int, expert: int, max_new: int,
+                              stop: set[int] = frozenset()) -> dict:
+        """Expert `expert` of routed layer `layer` left out of the weighted sum at every position (the "expert" site:
+        its weight zeroed where a token chose it, the other chosen experts' not renormalised), against the plain run:
+        {"layer", "expert", "top5_before", "top5_after" ([id, log p]), "kl_bits" (KL(before || after) of the next
+        token's distribution), "greedy_before", "greedy_after" (up to max_new ids), "first_change" (the first step
+        where the greedy ids differ, or None), "seconds"}. The caller keeps the chat's cache aside (`kept`)."""
+        t0 = time.perf_counter()
+        iv = Intervention("expert", layer, "zero", experts=(expert,))
+        self.runner.check([iv])
+        raw0, lse0, plain = await self.continuation(ids, [], max_new, stop)
+        raw1, lse1, ablated = await self.continuation(ids, [iv], max_new, stop)
+        kl = 0.0
+        for a, b in zip(array("f", raw0), array("f", raw1)):
+            if math.isfinite(a) and math.isfinite(b):
+                lp, lq = a - lse0, b - lse1
+                kl += math.exp(lp) * (lp - lq)
+        first = next((i for i, (a, b) in enumerate(zip(plain, ablated)) if a != b),
+                     None if len(plain) == len(ablated) else min(len(plain), len(ablated)))
+        return {"layer": layer, "expert": expert, "top5_before": top_logprobs(raw0, lse0),
+                "top5_after": top_logprobs(raw1, lse1), "kl_bits": max(0.0, kl) / math.log(2),
+                "greedy_before": plain, "greedy_after": ablated, "first_change": first,
+                "seconds": time.perf_counter() - t0}
+
     # -- steering ----------------------------------------------------------------------------------------------
     def _bos(self) -> int | None:
         return self.engine.header.metadata.get("tokenizer.ggml.bos_token_id")

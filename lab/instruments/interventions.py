@@ -4,10 +4,15 @@ model's insides (ablation, activation patching; lab/host/experiments.py drives t
 An intervention is data, `Intervention(site, layer, op, heads, positions, values, scale)`:
 - site: "attn" (the attention output before the output projection, llama.cpp's `kqv_out-L`, [t, n_head x head_dim]:
   a query head's slice is its columns), "mlp" (the FFN's hidden after the GLU, before `ffn_down`: `ffn_swiglu-L` or
-  `ffn_geglu-L`, [t, n_ff]), or "resid" (the residual after block L, `l_out-L`, [t, n_embd]);
-- op: "zero", "set" (to `values`), "add" (`values`), "scale" (by `scale`);
+  `ffn_geglu-L`, [t, n_ff]), "resid" (the residual after block L, `l_out-L`, [t, n_embd]), or, in a mixture of
+  experts, "expert" (a routed layer's experts' outputs as their weighted sum adds them up: `experts` names those
+  left out, "zero", or whose share is scaled, "scale", by zeroing or scaling their weight where a token chose them,
+  right after `route` completes `ffn_moe_weights_norm-L`; the other chosen experts keep their own weights, NOT
+  renormalised to sum to 1, so the layer's output is the plain run's less that expert's term, lab.ops.moe.mute);
+- op: "zero", "set" (to `values`), "add" (`values`), "scale" (by `scale`); the expert site takes zero and scale;
 - heads: for "attn", the query heads whose columns change (GQA: query heads, not their KV group); None: every column;
   values then hold len(heads) x head_dim floats, head after head;
+- experts: for "expert", the experts (0 .. n_expert - 1) it changes, one slot each;
 - positions: (first, end) absolute positions; None: every position.
 
 The plan is found by the traced names the plan builders record (`Plan.at`): each intervention's op (wgsl/intervene.wgsl)
@@ -28,6 +33,7 @@ import struct
 from dataclasses import dataclass
 
 from lab import gpu, ops
+from lab.ops import moe
 from lab.ops.intervene import OPS, PARAMS, intervene
 
 MAX_SLOTS = 64          # interventions (one per head for "attn" with heads) in one run
@@ -48,6 +54,7 @@ class Intervention:
     positions: tuple[int, int] | None = None
     values: tuple[float, ...] | None = None
     scale: float = 1.0
+    experts: tuple[int, ...] | None = None
 
 
 class Interventions:
@@ -63,6 +70,10 @@ class Interventions:
         # site -> (traced name prefix, the buffer, its row width)
         self.sites = {"attn": ("kqv_out", s.att, cfg.q_dim), "mlp": (glu, s.h, cfg.n_ff),
                       "resid": ("l_out", s.x, cfg.n_embd)}
+        if s.h is None:         # every feed-forward routed (qwen3moe, a Mixtral-style llama): no dense hidden to change
+            del self.sites["mlp"]
+        if cfg.n_expert:        # the weights of a routed layer's chosen experts, k a token, as combine sums them
+            self.sites["expert"] = ("ffn_moe_weights_norm", s.moe_w, cfg.n_expert_used)
         self.width = max(w for _, _, w in self.sites.values())
         self._ops = None
         self._prepared: dict[tuple, object] = {}
@@ -83,8 +94,10 @@ class Interventions:
             self.vals = dev.buffer(4 * MAX_SLOTS * self.width, conv, f"intervene.values [{MAX_SLOTS}, width]")
             self.params = [dev.uniform(bytes(PARAMS.size), f"intervene.params {i}", kind=conv)
                            for i in range(MAX_SLOTS)]
-            self._ops = {(i, site): intervene(dev, kc, buf, self.vals, s.step, self.params[i], width,
-                                              f"intervene {i} {site}")
+            self._ops = {(i, site): moe.mute(dev, kc, s.moe_ids, buf, s.step, self.params[i], k=width,
+                                             max_tokens=self.engine.max_batch, label=f"intervene {i} {site}")
+                         if site == "expert" else
+                         intervene(dev, kc, buf, self.vals, s.step, self.params[i], width, f"intervene {i} {site}")
                          for i in range(MAX_SLOTS) for site, (_, buf, width) in self.sites.items()}
 
     def check(self, ivs: list[Intervention]) -> None:
@@ -96,11 +109,20 @@ class Interventions:
         cfg, out = self.engine.cfg, []
         for iv in ivs:
             if iv.site not in self.sites:
-                raise InterventionError(f"site {iv.site!r}: one of {', '.join(self.sites)}")
+                why = " (the expert site is a mixture of experts' only)" if iv.site == "expert" else ""
+                raise InterventionError(f"site {iv.site!r}: one of {', '.join(self.sites)}{why}")
             if not 0 <= iv.layer < cfg.n_layer:
                 raise InterventionError(f"layer {iv.layer}: the model has layers 0 .. {cfg.n_layer - 1}")
             if iv.op not in OPS:
                 raise InterventionError(f"op {iv.op!r}: one of {', '.join(OPS)}")
+            if (iv.site == "expert") != (iv.experts is not None):
+                raise InterventionError("experts name what the expert site changes, and only it")
+            if iv.site == "expert":
+                out += self._expert_slots(iv)
+                continue
+            if iv.site == "mlp" and cfg.routed(iv.layer):
+                raise InterventionError(f"layer {iv.layer}'s feed-forward is routed experts, with no one hidden "
+                                        f"activation: the expert site changes its experts")
             width = self.sites[iv.site][2]
             if iv.heads is not None:
                 if iv.site != "attn":
@@ -126,6 +148,23 @@ class Interventions:
         if len(out) > MAX_SLOTS:
             raise InterventionError(f"{len(out)} intervention slots in one run: at most {MAX_SLOTS}")
         return out
+
+    def _expert_slots(self, iv: Intervention) -> list[tuple[str, int, tuple, None]]:
+        """An expert intervention's slots, one an expert: (c0, c1) = (e, e + 1) names it (lab.ops.moe.mute)."""
+        cfg = self.engine.cfg
+        if iv.heads is not None:
+            raise InterventionError("heads are columns of the attention output: site 'attn' only")
+        if not cfg.routed(iv.layer):
+            raise InterventionError(f"layer {iv.layer} has no router (a dense feed-forward): the expert site is at "
+                                    f"layers {', '.join(map(str, cfg.routed_layers))}")
+        if iv.op not in moe.MUTE_OPS:
+            raise InterventionError(f"the expert site takes {' or '.join(moe.MUTE_OPS)} (an expert's share of the "
+                                    f"weighted sum left out or scaled), not {iv.op!r}")
+        bad = [e for e in iv.experts if not 0 <= e < cfg.n_expert]
+        if bad or not iv.experts:
+            raise InterventionError(f"experts {list(iv.experts)}: the model has experts 0 .. {cfg.n_expert - 1}")
+        r0, r1 = iv.positions or EVERY
+        return [("expert", iv.layer, (e, e + 1, r0, r1, OPS[iv.op], iv.scale), None) for e in iv.experts]
 
     def ops_for(self, plan, ivs: list[Intervention], tail: tuple = (), resume=None) -> tuple[list[ops.Op], list]:
         """`plan`'s op list with the interventions in place, then `tail` (a token-picking tail, the pick op), and the

@@ -1,6 +1,8 @@
 """A routed layer's ops (mixtures of experts): the gating and top-k (`route`, wgsl/moe.wgsl), the chosen experts'
 products (`expert_matvec`, wgsl/matvec.wgsl's EXPERT variant: every weight type the matvec reads), and their weighted
-sum into the residual (`combine`). The router's logits are a plain projection (lab.ops.matmul).
+sum into the residual (`combine`). The router's logits are a plain projection (lab.ops.matmul). The experiments' op
+`mute` (one expert's weight zeroed or scaled between `route` and `combine`) is spliced in by
+lab/instruments/interventions.py, never by the plans.
 
 A step of t tokens with k experts a token has t * k (token, slot) pairs, pair q = token * k + slot: `route` writes each
 pair's expert and weight, `expert_matvec` runs one workgroup row of the grid per pair, reading the rows of that pair's
@@ -30,6 +32,7 @@ GATINGS = ("softmax", "sigmoid")
 _ROUTE = struct.Struct("<8I")       # n_expert, k, gating, bias, norm, pad x3
 _COMBINE = struct.Struct("<4I")     # n, k, acc, pad
 _EXPERT = struct.Struct("<8I")      # k, x_stride, y_stride, first, count, x_div, pad x2
+MUTE_OPS = ("zero", "scale")        # what `mute` does to an expert's weight (lab.ops.intervene.OPS numbers them)
 
 
 def _check(buf: gpu.Buffer, floats: int, what: str) -> None:
@@ -52,7 +55,7 @@ def route(device: gpu.Device, kernels: KernelCache, logits: gpu.Buffer, bias: gp
     _check(weights, max_tokens * k, "route weights")
     if bias is not None:
         _check(bias, n_expert, "route bias")
-    kern = kernels.get("moe", "route", WG=WG, ROUTE="", COMBINE="// ", B_STEP=5)
+    kern = kernels.get("moe", "route", WG=WG, ROUTE="", COMBINE="// ", MUTE="// ", B_STEP=5)
     params = device.uniform(_ROUTE.pack(n_expert, k, GATINGS.index(gating), int(bias is not None), int(norm), 0, 0, 0),
                             "moe.route")
     bound = device.bind(kern, [logits, bias if bias is not None else logits, ids, weights, params, step], "moe.route")
@@ -65,11 +68,24 @@ def combine(device: gpu.Device, kernels: KernelCache, down: gpu.Buffer, weights:
     _check(down, max_tokens * k * n, "combine down")
     _check(weights, max_tokens * k, "combine weights")
     _check(y, max_tokens * n, "combine y")
-    kern = kernels.get("moe", "combine", WG=WG, ROUTE="// ", COMBINE="", B_STEP=4)
+    kern = kernels.get("moe", "combine", WG=WG, ROUTE="// ", COMBINE="", MUTE="// ", B_STEP=4)
     params = device.uniform(_COMBINE.pack(n, k, int(accumulate), 0), "moe.combine")
     bound = device.bind(kern, [down, weights, y, params, step], "moe.combine")
     gx = -(-n // WG)
     return [Op(kern, bound, lambda t: (gx, max(1, t), 1))]
+
+
+def mute(device: gpu.Device, kernels: KernelCache, ids: gpu.Buffer, weights: gpu.Buffer, step: gpu.Buffer,
+         params: gpu.Buffer, *, k: int, max_tokens: int, label: str = "moe.mute") -> Op:
+    """For each (token, slot) pair of the step whose expert (ids [t, k]) is the one `params` names, at a position in
+    its range: its weight (weights [t, k]) zeroed or scaled, the others' left as they are (no renormalising), so that
+    `combine` leaves that expert out of the sum. `params` is an intervention slot's uniform (lab.ops.intervene.PARAMS:
+    stride k, c0 the expert, r0, r1, op 0 zero or 3 scale, scale), written by its caller before each run."""
+    _check(ids, max_tokens * k, "mute ids")
+    _check(weights, max_tokens * k, "mute weights")
+    kern = kernels.get("moe", "mute", WG=WG, ROUTE="// ", COMBINE="// ", MUTE="", B_STEP=2)
+    return Op(kern, device.bind(kern, [ids, weights, step, params], label),
+              lambda t: (max(1, -(-(t * k) // WG)), 1, 1))
 
 
 def expert_matvec(device: gpu.Device, kernels: KernelCache, experts: Experts, x: gpu.Buffer, y: gpu.Buffer,

@@ -220,8 +220,9 @@ def _float(msg: dict, key: str) -> float:
 
 
 # -- the Experiments object of the loaded engine -----------------------------------------------------------------
-def _of(lo: Loaded) -> Experiments:
-    """The loaded model's experiments (`cards.EXPERIMENTS`), made on the first experiment."""
+def bench(lo: Loaded) -> Experiments:
+    """The loaded model's experiments (`cards.EXPERIMENTS`), made on the first experiment (this card's, or the Router
+    card's ablation of an expert, lab/worker/routing.py)."""
     return lo.made(EXPERIMENTS, lambda: Experiments(lo.engine))
 
 
@@ -247,7 +248,7 @@ async def run(msg: dict, w: Worker) -> None:
     lo = w.loaded()
     seq = msg.get("seq")
     plan = Plan(msg, lo)
-    exp = _of(lo)
+    exp = bench(lo)
     tok = lo.tokenizer
     async with exp.kept(lo.session):
         spr = await exp.seconds_per_run(plan.timed)

@@ -10,7 +10,7 @@ What it does not know: where the weights came from (a File, the GPU's own draw),
 from __future__ import annotations
 
 from lab.engine.session import Session
-from lab.instruments import memory, probes
+from lab.instruments import memory, probes, routing
 from lab.worker import embedder, retrieval, training
 from lab.worker.state import Loaded, State, Worker
 
@@ -41,6 +41,7 @@ def arrived(w: Worker, engine, header, tok, seq, *, upload_s: float, build_s: fl
                "layers": list(engine.kv_layers),
                "window": [cfg.sliding_window if s else 0 for s in cfg.sliding]},
         "memory": memory.describe(engine),
+        "experts": routing.describe(engine),
         "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "probe": {"window": probes.WINDOW, "lens_positions": probes.LENS_POSITIONS},
         "rope": {"base": cfg.rope_base, "neox": cfg.rope_neox, "n_rot": cfg.n_rot, "head_dim": cfg.head_dim,

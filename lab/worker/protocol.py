@@ -67,6 +67,11 @@ INCOMING: dict[str, str] = {      # type -> what it carries and asks, and what a
                   "loaded model, the chat's KV cache set aside and put back; a sweep over ASK_S waits for confirm; its "
                   "cancel is stop -> experiment-plan, then experiment-progress..., experiment-token... (steer), "
                   "experiment-result",
+    "router": "{seq}: the Router card's reading of a mixture of experts' routing over the conversation, the chat's "
+              "KV cache set aside and put back (lab/worker/routing.py) -> router",
+    "router-ablate": "{layer, expert, max_new, seq}: one expert of a routed layer left out of the weighted sum, the "
+                     "next token's distribution and the greedy continuation of the conversation with and without it "
+                     "-> router-ablation",
     "train": "{text, rank, steps, lr, ctx, batch, optimizer, full, chat, seq}: the Training card's run, a new LoRA "
              "adapter on the text (chat true: a .jsonl of chat turns, its assistant's tokens alone trained), or (full "
              "true) every weight of the loaded F32 model trained in place, its weights the "
@@ -173,6 +178,10 @@ OUTGOING: dict[str, str] = {      # type -> what it carries
     "experiment-token": "{seq, which (steered | plain), piece}: one generated token of a steering reply",
     "experiment-result": "{seq, kind, result (lab/instruments/experiments.py's dict, with the prompts' pieces), "
                          "pieces {id: piece}}",
+    "router": "{seq, layers, n_expert, k, gating, tokens (pieces), experts, weights (f32 [layers, t, k]; experts "
+              "holds ids), entropy (f32 [layers, t], bits), load, share ([layer][expert]), mean_entropy, seconds}",
+    "router-ablation": "{seq, layer, expert, top5_before, top5_after, kl_bits, greedy_before, greedy_after, "
+                       "first_change, seconds, tokens, n_expert, pieces {id: piece}}",
     "train-plan": "{seq, tokens, windows, train, held, ctx, batch, steps, rank (null: every weight), lr, optimizer, "
                   "params, targets, full (every weight trained), made (a model from scratch: its shape) | null, memory {adapter | model, "
                   "gradients, optimizer, tokens, activations: bytes}, labels (its buffers')}: the run's windows and "

@@ -2,8 +2,8 @@
 each by its type to one handler in ROUTES. The messages, in and out, are catalogued in lab/worker/protocol.py.
 
 Here: the product's own handlers (the GPU device, the load, the chat, the panels, Forget). Elsewhere: the cards'
-(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, embedder.py, grounded.py, experiments.py, training.py,
-tokenizer.py) and the tests' and benchmarks' (lab/worker/hooks.py).
+(lab/worker/rope.py, verify.py, perplexity.py, retrieval.py, embedder.py, grounded.py, experiments.py, routing.py,
+training.py, tokenizer.py) and the tests' and benchmarks' (lab/worker/hooks.py).
 Every handler takes the message as a dict and the one `Worker` (lab/worker/state.py), whose ways out this module binds
 to JS.
 
@@ -31,8 +31,8 @@ from lab.instruments import forget, kvview, memory, selftest
 from lab.ops.weights import UPLOAD_CHUNK
 from lab.settings import MAX_NEW, Settings, context_for
 from lab.text import chat
-from lab.worker import (embedder, experiments, grounded, hooks, perplexity, retrieval, rope, scratch, tokenizer, training,
-                        verify)
+from lab.worker import (embedder, experiments, grounded, hooks, perplexity, retrieval, rope, routing, scratch,
+                        tokenizer, training, verify)
 from lab.worker.cards import KV_VIEW, MEMORY
 from lab.worker.loading import arrived, unload
 from lab.worker.protocol import IN
@@ -453,6 +453,8 @@ ROUTES: dict[str, Handler] = {
     IN.RETRIEVAL_TUNE_DOWNLOAD: embedder.download,
     IN.EXPERIMENT_TOKENS: experiments.tokens,
     IN.EXPERIMENT: experiments.run,
+    IN.ROUTER: routing.run,
+    IN.ROUTER_ABLATE: routing.ablate,
     IN.TRAIN: training.run,
     IN.TRAIN_COMPARE: training.compare,
     IN.TRAIN_ADAPTER: training.adapter,

@@ -6,7 +6,8 @@ Llama 3 (tests/conftest.py `tiny`: a reply and a probe take a second or two on S
   being typed into keeps for itself;
 - a folded card asks the worker for nothing: every message the page posts is recorded (Worker.prototype.postMessage
   wrapped in the page), and with the cards inside the model and the Experiments card folded and on screen, a load, a
-  reply, a click on a token and the arrow keys post none of their messages; opened, each asks for what it lacks;
+  reply, a click on a token and the arrow keys post none of their messages; opened, each asks for what it lacks; the
+  Router card of this dense model says, folded and open, that it has no router, and asks for nothing;
 - what is folded survives a reply and New chat;
 - the context strip and Forget stay on screen (their boxes inside the viewport) while the last card is, at 1400 x 900
   and at 800 x 1000, and a token of the strip can be clicked there.
@@ -29,7 +30,7 @@ SLOW = 300_000                  # ms: a reply or a probe on SwiftShader, the mac
 SHOTS = Path(os.environ.get("LAB_SHOTS", "/tmp/llm-lab-shots"))
 # the cards in the template's order, by group, with the short name the navigator shows
 GROUPS = {
-    "inside": ["embedding", "residual", "attention", "lens", "kv", "rope"],
+    "inside": ["embedding", "residual", "attention", "lens", "kv", "rope", "router"],
     "change": ["experiments", "training"],
     "trust": ["verify", "perplexity", "forget-card", "gpu"],
     "files": ["retrieval", "grounded", "tokenizer"],
@@ -37,7 +38,8 @@ GROUPS = {
 ORDER = [c for cards in GROUPS.values() for c in cards]
 # what each card asks the worker for by itself: none of it may go while the card is folded
 ASKS = {"embedding": {"probe-embedding"}, "residual": {"probe-inspect"}, "attention": {"probe-inspect"},
-        "lens": {"probe-inspect"}, "kv": {"kv-picture", "memory-head"}, "experiments": {"experiment-tokens"}}
+        "lens": {"probe-inspect"}, "kv": {"kv-picture", "memory-head"}, "router": {"router", "router-ablate"},
+        "experiments": {"experiment-tokens"}}
 CARD_MESSAGES = set().union(*ASKS.values())
 
 # Every message the page posts to its worker, as {type, kv_view, attention, lens, residual}: Worker.prototype.postMessage
@@ -207,6 +209,16 @@ def test_a_folded_card_asks_the_worker_nothing(nav, tiny_path):
     assert kv_columns == used
     page.wait_for_function("document.querySelector('[data-testid=exp-pa-clean-tokens]').dataset.count > 0",
                            timeout=SLOW)                              # the patching prompts' tokens came back
+    # the Router card of a dense model: folded, its line says there is no router; opened and on screen, it says so
+    # and asks for nothing (tests/browser/test_router_page.py drives it on a mixture of experts)
+    assert "has no router" in page.inner_text("#router [data-testid=fold-line]")
+    go(nav, "router")
+    clear_sent(nav)
+    page.click("#router [data-testid=fold]")
+    page.wait_for_timeout(1000)                        # a request would leave at once
+    assert "has no router" in page.inner_text("[data-testid=router-none]")
+    assert [m for m in sent(nav) if m["type"].startswith("router")] == []
+    assert page.locator("[data-testid=router-heatmap]").count() == 0
     assert nav.errors() == [] and nav.foreign_requests() == []
 
 

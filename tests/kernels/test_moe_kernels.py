@@ -2,10 +2,12 @@
 gating and top-k (`route`, both gating functions, with and without the selection bias, and the tie rule), the
 experts' products (`expert_matvec`: the token-row and the GLU-row forms, every type the mixes use and a grid type,
 stacks cut over bindings by whole experts, the experts no pair chose filled with NaN so a read of them shows), and the
-weighted sum (`combine`). Shapes fill no workgroup evenly: 5 tokens, 37 experts (route), 37 rows an expert, 300
-outputs (combine). Broken variants must fail: an expert other than the chosen one, the weights not renormalised, the
-bias in the weights, ties to the higher expert, a part's first expert ignored, the weights or the residual left out of
-the sum."""
+weighted sum (`combine`), and the experiments' `mute` (one expert left out of the sum, or its share scaled, the other
+weights not renormalised: mute then combine against the float64 sum without that expert's terms). Shapes fill no
+workgroup evenly: 5 tokens, 37 experts (route), 37 rows an expert, 300 outputs (combine). Broken variants must fail: an
+expert other than the chosen one, the weights not renormalised, the bias in the weights, ties to the higher expert, a
+part's first expert ignored, the weights or the residual left out of the sum, and for mute the step's position
+forgotten, every chosen expert muted, the slot taken for the expert."""
 
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ from lab.host.reference.kernels import (
     ROUTE_TOL,
     combine_ref,
     expert_matvec_ref,
+    mute_ref,
     rel_err,
     route_margin,
     route_ref,
 )
 from lab.ops import Experts, make_step, step_bytes
-from lab.ops.moe import combine, expert_matvec, route
+from lab.ops.intervene import OPS, PARAMS
+from lab.ops.moe import combine, expert_matvec, mute, route
 from lab.ops.weights import alloc_weight, upload_weight
 
 T = 5               # tokens of the step
@@ -210,6 +214,54 @@ def test_combine(env1):  # noqa: F811
     print(f"combine: {check_combine(env1):.3g}")
 
 
+# -- an expert left out of the sum (mute, then combine) --------------------------------------------------------------
+MUTED = 2               # the expert muted, chosen by every token at a slot that moves with the token
+MUTE_POS = 3            # the step's first position: a kernel that forgot step.pos would mute other rows
+MUTE_RANGE = (4, 7)     # positions 4 .. 6: rows 1 .. 3 of the 5 (rows 0 and 4 chose the expert too, outside)
+
+
+def mute_case(seed=0):
+    """ids [T, K] of 6 experts, each row distinct, MUTED at slot t % K of row t; down, w, y0 random."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((T, K), np.uint32)
+    for t in range(T):
+        row = [e for e in rng.permutation(6) if e != MUTED][:K]
+        row[t % K] = MUTED
+        ids[t] = row
+    return (ids, rng.standard_normal((T * K, N_OUT)).astype(np.float32), rng.random((T, K)).astype(np.float32),
+            rng.standard_normal((T, N_OUT)).astype(np.float32))
+
+
+def check_mute(e, op="zero", scale=0.0, seed=0):
+    dev = e.device
+    ids, down, w, y0 = mute_case(seed)
+    bufs = [upload(dev, ids), upload(dev, w), upload(dev, down), upload(dev, y0), make_step(dev)]
+    params = dev.uniform(PARAMS.pack(K, MUTED, MUTED + 1, *MUTE_RANGE, OPS[op], 0, scale), "test mute")
+    try:
+        op_list = [mute(dev, e.kernels, bufs[0], bufs[1], bufs[4], params, k=K, max_tokens=T)]
+        op_list += combine(dev, e.kernels, bufs[2], bufs[1], bufs[3], bufs[4], n=N_OUT, k=K, max_tokens=T)
+        dev.run([o.at(T) for o in op_list], writes=[(bufs[4], 0, step_bytes(MUTE_POS, T, 64))])
+        got_w, got = read(dev, bufs[1]).reshape(T, K), read(dev, bufs[3]).reshape(T, N_OUT)
+    finally:
+        free(dev, *bufs, params)
+    want_w = mute_ref(ids, w, MUTED, *MUTE_RANGE, pos=MUTE_POS, scale=0.0 if op == "zero" else scale)
+    assert np.array_equal(got_w, want_w.astype(np.float32)), f"weights:\n{got_w}\n{want_w}"
+    err = rel_err(got, combine_ref(down, want_w, y0))
+    assert err <= COMBINE_TOL, f"mute + combine off by {err:.3g}"
+    return want_w
+
+
+@pytest.mark.parametrize("op, scale", [("zero", 0.0), ("scale", 0.375)])
+def test_mute_leaves_the_expert_out_and_the_others_as_they_were(env1, op, scale):  # noqa: F811
+    w = check_mute(env1, op, scale)
+    ids, _, w0, _ = mute_case()
+    hit = ids == MUTED
+    inside = np.arange(MUTE_POS, MUTE_POS + T)[:, None]
+    inside = (inside >= MUTE_RANGE[0]) & (inside < MUTE_RANGE[1])
+    assert (hit & inside).sum() == 3 and (hit & ~inside).sum() == 2      # the case holds both kinds of rows
+    assert np.array_equal(w[~(hit & inside)], w0[~(hit & inside)])     # every other weight as route left it
+
+
 # -- broken variants: each must fail --------------------------------------------------------------------------------
 ROUTE_TRAPS = {
     "the smallest chosen (a wrong expert)": ("v > best_v", "v < best_v"),
@@ -255,3 +307,17 @@ COMBINE_TRAPS = {
 def test_combine_traps(env1, trap):  # noqa: F811
     with pytest.raises(AssertionError):
         check_combine(patched(env1, "moe", *COMBINE_TRAPS[trap]))
+
+
+MUTE_TRAPS = {
+    "the step's position forgotten": ("let pos = step.pos + q / m.k;", "let pos = q / m.k;"),
+    # (each keeps reading idm: a binding the shader no longer uses leaves its layout, and the bind group is refused)
+    "every chosen expert muted": ("idm[q] != m.expert", "(idm[q] & 0u) != 0u"),
+    "the slot taken for the expert": ("idm[q] != m.expert", "idm[q] * 0u + q % m.k != m.expert"),
+}
+
+
+@pytest.mark.parametrize("trap", list(MUTE_TRAPS))
+def test_mute_traps(env1, trap):  # noqa: F811
+    with pytest.raises(AssertionError):
+        check_mute(patched(env1, "moe", *MUTE_TRAPS[trap]))

@@ -8,8 +8,9 @@ Buffers (B rows of a step, k experts a token, pair q = token * k + slot):
     moe_w       [B, k]                  their weights (traced as ffn_moe_weights_norm-L)
     moe_gu      [B * k, 2 n_ff_exp]     each pair's [gate | up] row
     moe_down    [B * k, n_embd]         each pair's expert output, before its weight
-Traced names: ffn_norm-L, ffn_moe_logits-L, ffn_moe_weights_norm-L, l_out-L (the sum goes straight into x: no
-ffn_moe_out row of its own).
+Traced names: ffn_norm-L, ffn_moe_logits-L, ffn_moe_topk-L (the chosen experts, u32), ffn_moe_weights_norm-L, l_out-L
+(the sum goes straight into x: no ffn_moe_out row of its own). The experiments' "expert" site splices its op after
+`route` (lab/instruments/interventions.py), where ffn_moe_weights_norm-L is complete.
 
 What it does not know: which layers route (Config.routed), the experts' types (lab.ops.moe reads each).
 """
@@ -42,6 +43,7 @@ class RoutedFeedForward(Block):
         bias = w.vectors.get(b + "exp_probs_b.bias")
         p.add(moe.route(p.dev, p.kernels, s.moe_logits, bias, s.moe_ids, s.moe_w, s.step, n_expert=E, k=k,
                         gating=cfg.gating, max_tokens=B), f"ffn_moe_weights_norm-{il}", s.moe_w, k)
+        p.trace(f"ffn_moe_topk-{il}", s.moe_ids, k, dtype="u32")
         # 3. each pair's [gate | up] row from its token's normed x, reading the chosen experts' rows only
         for experts, col in w.experts[b + "gate_up"]:
             p.add(moe.expert_matvec(p.dev, p.kernels, experts, s.xn, s.moe_gu, s.moe_ids, k=k, max_tokens=B,

@@ -438,7 +438,10 @@ class Reference:
         logits = self._cb(f"ffn_moe_logits-{il}", self._mm(cur, b + "ffn_gate_inp.weight"))
         ids, w, probs = route(logits, hp.gating, hp.n_expert_used, self._lw(il, "exp_probs_b.bias"))
         self._cb(f"ffn_moe_probs-{il}", probs)
-        self._cb(f"ffn_moe_weights_norm-{il}", w)
+        ids = self._cb(f"ffn_moe_topk-{il}", ids)
+        # the weights the sum takes: an "expert" intervention's hook (lab/host/reference/interventions.py) zeroes or
+        # scales the chosen expert's here, the others not renormalised
+        w = self._cb(f"ffn_moe_weights_norm-{il}", w)
         gate, up, down = (self.w.get(b + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
         out = np.zeros_like(cur)
         for t in range(cur.shape[0]):

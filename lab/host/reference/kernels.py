@@ -142,6 +142,17 @@ def expert_matvec_ref(W, x, ids, x_div: int, glu: str | None = None):
     return np.array(out)
 
 
+def mute_ref(ids, weights, expert: int, r0: int, r1: int, pos: int = 0, scale: float = 0.0) -> np.ndarray:
+    """weights [t, k] in float64 with those of the pairs that chose `expert` at a position pos + j in [r0, r1) times
+    `scale` (0: zeroed, the expert left out of combine's sum); the other pairs' weights as they were, not
+    renormalised. The op itself is exact in f32 (a zero, or one product), so mute then combine keeps COMBINE_TOL."""
+    w = np.array(weights, np.float64)
+    at = pos + np.arange(w.shape[0])[:, None]
+    hit = (np.asarray(ids) == expert) & (at >= r0) & (at < r1)
+    w[hit] *= scale
+    return w
+
+
 def combine_ref(down, weights, y0=None):
     """y [t, n] = (y0 or 0) + sum_s weights[t, s] * down[t k + s] in float64 (down: [t k, n], weights [t, k])."""
     w = np.asarray(weights, np.float64)
