@@ -125,8 +125,11 @@ def test_smollm3_in_the_page_and_its_layers_without_rope(arch_lab):
 
 
 # qwen35 with --slow: by default the verification card holds the same file in the page to llama.cpp's exact logits and
-# 16 greedy ids (tests/browser/test_verify_page.py test_card_on_a_hybrid)
-@pytest.mark.parametrize("spec", [pytest.param("qwen35", marks=pytest.mark.slow), "gemma4", "qwen3moe",
+# 16 greedy ids (tests/browser/test_verify_page.py test_card_on_a_hybrid); the MoE files with --slow: by default the
+# Router card runs qwen3moe in the page, every routed layer's choices and weights against the numpy reference
+# (tests/browser/test_router_page.py)
+@pytest.mark.parametrize("spec", [pytest.param("qwen35", marks=pytest.mark.slow), "gemma4",
+                                  pytest.param("qwen3moe", marks=pytest.mark.slow),
                                   pytest.param("mixtral", marks=pytest.mark.slow),
                                   pytest.param("lfm2moe", marks=pytest.mark.slow)])
 def test_a_2026_architecture_in_the_page_is_llama_cpps(arch_lab, spec):
@@ -135,7 +138,7 @@ def test_a_2026_architecture_in_the_page_is_llama_cpps(arch_lab, spec):
     sliding and full layers with heads of their own size, the shared-KV tail attending earlier layers' caches, the
     per-layer embeddings, layer_output_scale (read with rope_freqs from the file by the worker's slices); the mixtures
     of experts' router, top-k and the chosen experts' products (wgsl/moe.wgsl and matvec's EXPERT variant through
-    Tint: qwen3moe by default, the Mixtral-style llama and lfm2moe's sigmoid gating with --slow)."""
+    Tint: qwen3moe, the Mixtral-style llama and lfm2moe's sigmoid gating, with --slow)."""
     lab = arch_lab
     _load(lab, spec)
     _held_to_llama_cpp(lab.page, spec, positions={1, 16, 24})
