@@ -206,3 +206,12 @@ def test_conv_silu(t, n, taps):
     dx, dw = grads_deltanet.conv_silu_grad(x, w, dy)
     _agree(f"conv_silu dx t={t} n={n} taps={taps}", dx, lambda v: np.sum(dy * grads_deltanet.conv_silu(v, w)), x)
     _agree(f"conv_silu dw t={t} n={n} taps={taps}", dw, lambda v: np.sum(dy * grads_deltanet.conv_silu(x, v)), w)
+
+
+def test_sigmoid_gate():
+    """dx and dg of qwen35's attention output gate y = x sigmoid(g)."""
+    rng = np.random.default_rng(16)
+    x, g, dy = rng.standard_normal((3, 7)) * 2.0, rng.standard_normal((3, 7)) * 3.0, rng.standard_normal((3, 7))
+    dx, dg = grads.sigmoid_gate_grad(x, g, dy)
+    _agree("sigmoid_gate dx", dx, lambda v: np.sum(dy * grads.sigmoid_gate(v, g)), x)
+    _agree("sigmoid_gate dg", dg, lambda v: np.sum(dy * grads.sigmoid_gate(x, v)), g)
