@@ -15,7 +15,8 @@ window is cut into chunks of CHUNK tokens: a forward pass keeps the state at eac
 backward, a chunk at a time from the last, computes the chunk's states again from its checkpoint and walks its
 tokens backward. The states held are (ceil(t / CHUNK) - 1) checkpoints and CHUNK states of one chunk, n_v_heads S^2
 floats each, for the layer in hand (the layers' backward runs one at a time, so one set serves them all): at
-t = 512, 31 + 16 states, 47 MiB for Qwen3.5-0.8B, 0.56 MiB for the synthetic qwen35 file (4 heads of 64) at t = 16.
+t = 512 for Qwen3.5-0.8B, 31 + 16 states and dS, 48 MiB, and 32 MiB of rows of t; 1.2 MiB in all for the synthetic
+qwen35 file (2 key and 4 value heads of 64) at t = 16.
 The cost is one more forward scan (the checkpoints' pass) and, inside the backward, the chunk's again: the
 recurrence runs three times a step where it ran once. `scratch_floats` is the whole layout, counted by the training
 budget (lab.engine.backward.TrainScratch) before anything is made.
