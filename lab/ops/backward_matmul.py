@@ -215,8 +215,8 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
     branch's. x, dy, dx rows as dw_back's and dx_back's (strides default to n_in, n_out, n_in). `kind` forces
     gemm's choice of kernel for all five (tests; default: gemm's). `pieces`: where B's rows lie in dy, each (dy's
     column from dy_offset, B's first row, rows) (lab.engine.lora.members: qwen35's attn_q, whose rows the run holds
-    apart); du's GEMM and dB's then run a piece at a time, du's adding from the second. Default: B whole at
-    dy_offset."""
+    apart; gemma4's K rows read again as V, two pieces of the same rows); du's GEMM and dB's then run a piece at a
+    time, du's adding from the second. Default: B whole at dy_offset."""
     (a, ao), (b, bo), (da, dao), (db, dbo) = (_at(v) for v in (*lora, *grads))
     u, du = scratch
     xs = n_in if x_stride is None else x_stride
@@ -224,8 +224,8 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
     dxs = n_in if dx_stride is None else dx_stride
     t, r = max_tokens, rank
     pieces = pieces or [(0, 0, n_out)]
-    if sum(n for _, _, n in pieces) != n_out:
-        raise ValueError(f"lora_back: the pieces hold {sum(n for _, _, n in pieces)} of B's {n_out} rows")
+    if any(at < 0 or n < 1 or at + n > n_out for _, at, n in pieces):
+        raise ValueError(f"lora_back: pieces {pieces} reach past B's {n_out} rows")
     out = [gemm(device, kernels, (x, x_offset, xs, 1), (a, ao, 1, n_in), (u, 0, r, 1), step, t, r, n_in, tok=TOK_M,
                 label="lora_back.u", kind=kind)]
     out += [gemm(device, kernels, (dy, dy_offset + col, ys, 1), (b, bo + at * r, r, 1), (du, 0, r, 1), step, t, r, n,

@@ -383,11 +383,11 @@ def test_a_runs_pieces_name_the_files_rows():
     """lab.ops.weights.run_pieces (LoRA's members, the full fine-tune's write-back and gradients): qwen35's gated
     attention row [q heads | k | v | gate heads] holds attn_q's [q | gate] rows a head apart, two pieces a head;
     phi3's fused attn_qkv, three views in the file's order, one piece; a delta-net layer's four tensors one each."""
-    from lab.format.model import tensor_views
+    from lab.format.model import from_gguf, tensor_views
     from lab.ops.weights import Piece, run_pieces
     for spec in ("qwen35", "phi3"):
         header = gguf.read_file(synthetic(spec))
-        cfg = validate(header)[0]
+        cfg = from_gguf(header)
         views = tensor_views(cfg, {t.name: t for t in header.tensors})
         starts = {t.offset: t.name for t in header.tensors}
         if spec == "phi3":
