@@ -1,4 +1,5 @@
-// Elementwise backward: the soft-cap's (the forward is elementwise.wgsl softcap_to, y = c * tanh(x / c), in place).
+// Elementwise backward: the soft-cap's (the forward is elementwise.wgsl softcap_to, y = c * tanh(x / c), in place),
+// and the attention output gate's (gate_back, at the end).
 // The gradient is scaled in place; the saved forward value is read. The forward overwrites x with y, so the caller
 // keeps whichever it has: a copy of x (softcap_back_x) or the capped values themselves (softcap_back_y).
 // Bindings (both entries): 0 dy (storage, read_write: the gradient, becomes dx)  1 p (uniform Params)
@@ -43,4 +44,33 @@ fn softcap_back_y(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     if (i == 0xffffffffu) { return; }
     let th = s[i] / p.cap;
     dy[i] = dy[i] * ((1.0 - th) * (1.0 + th));
+}
+
+// qwen35's attention output gate (the forward is elementwise.wgsl gate_to: y = x * sigmoid(g), x the attention's
+// output, g its slice of the fused projection row):
+//   gate_back: 0 dy (storage, read_write: the gradient at y, becomes the gradient at x)  1 pg (uniform GateParams)
+//              2 step (uniform Step)  3 s (storage, read: x, the attention's output before the gate)
+//              4 gate (storage, read: rows of pg.stride, g at pg.offset)  5 dgate (storage, read_write: rows of
+//              pg.stride, dg written at pg.offset)
+//   dx = dy s(g);  dg = dy x s(g) s(-g), s = sigmoid (lab/host/reference/grads.py sigmoid_gate_grad), s(-g) with its
+//   own exp, as silu_grad does, so it keeps its relative precision where s(g) rounds to 1.
+// GateParams { n, stride, offset, _p: u32 }: i < n * n_tokens, row j = i / n, column c = i % n.
+struct GateParams { n: u32, stride: u32, offset: u32, _p: u32 };
+
+@group(0) @binding(1) var<uniform> pg: GateParams;
+@group(0) @binding(4) var<storage, read> gate: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dgate: array<f32>;
+
+@compute @workgroup_size(WG)
+fn gate_back(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * (nwg.x * WG);
+    if (i >= pg.n * step.n_tokens) { return; }
+    let j = i / pg.n;
+    let at = j * pg.stride + pg.offset + i % pg.n;
+    let g = gate[at];
+    let sp = 1.0 / (1.0 + exp(-g));
+    let sm = 1.0 / (1.0 + exp(g));
+    let d = dy[i];
+    dgate[at] = d * s[i] * sp * sm;
+    dy[i] = d * sp;
 }

@@ -27,13 +27,6 @@ const WG: u32 = {{WG}}u;
 
 //!include act.wgsl
 
-fn silu_grad(g: f32) -> f32 {
-    // exp overflows to +inf past |g| = 88: s(g) = 0 and s(-g) = 1 there (or the reverse), never inf * 0.
-    let s = 1.0 / (1.0 + exp(-g));
-    let sm = 1.0 / (1.0 + exp(g));
-    return s * (1.0 + g * sm);
-}
-
 fn gelu_tanh_grad(g: f32) -> f32 {
     let z0 = 0.7978845608028654 * (g + 0.044715 * g * g * g);
     let z = clamp(z0, -10.0, 10.0);

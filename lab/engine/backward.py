@@ -34,11 +34,12 @@ from lab.engine.plans import Prefill
 from lab.format.model import expected_tensors, is_flat
 from lab.ops import WeightPart, backward_attention, backward_head, backward_matmul, elementwise, norm
 from lab.ops.backward import embed_back, rms_norm_back
+from lab.ops.backward_deltanet import DeltaScratch
 
 
 # Kept activations (TrainScratch.kept): per layer the rows its mixer's backward reads (an attention layer's fused
-# [q | k | v] row with Q and K rotated and its output; a short-conv layer's in_proj row [B | C | x] and C * conv), x
-# after the mixer, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
+# [q | k | v] row with Q and K rotated and its output; a short-conv layer's in_proj row [B | C | x] and C * conv; a
+# delta-net layer's in-projection row, its conv's output and its gated norm's), x after the mixer, the feed-forward's normed input, its [gate | up] row and the GLU's output, t rows each. At
 # most this many bytes in all; past it the backward computes each layer's forward again (that second forward cost
 # SmolLM2's window on the H100 45.0 against 38.0 ms at T = 128, 87.6 against 71.3 at T = 512: docs/performance.md).
 # SmolLM2 at T = 512 keeps 448 MB, Qwen2.5-0.5B 905 MB; Llama-3.1-8B would keep 4 GB and recomputes.
@@ -60,9 +61,10 @@ class TrainError(ValueError):
     """A training run this engine cannot do, in words a user reads."""
 
 
-# The mixers whose blocks have a backward (Block.build_backward): attention, and lfm2's short conv; qwen35's gated
-# delta-net has none yet (its recurrence's backward: the state's gradient carried back through every token).
-TRAINED_MIXERS = ("attention", "shortconv")
+# The mixers whose blocks have a backward (Block.build_backward): attention, lfm2's short conv and qwen35's gated
+# delta-net (its recurrence's backward carries the state's gradient back through every token of the window:
+# lab.ops.backward_deltanet).
+TRAINED_MIXERS = ("attention", "shortconv", "deltanet")
 
 
 def untrainable(cfg) -> str | None:
@@ -71,7 +73,7 @@ def untrainable(cfg) -> str | None:
     parts = [f"{k} layers" for k in kinds]
     if cfg.routed_layers:           # lab/engine/blocks/moe.py has no backward yet (issue #48)
         parts.append("routed experts")
-    for flag, what in (("v_norm", "a V norm"), ("attn_gate", "gated attention"), ("block_tail", "per-layer inputs")):
+    for flag, what in (("v_norm", "a V norm"), ("block_tail", "per-layer inputs")):
         if getattr(cfg, flag):
             parts.append(what)
     if any(not cfg.has_kv(il) for il in range(cfg.n_layer) if cfg.mixer(il) == "attention"):
@@ -79,7 +81,7 @@ def untrainable(cfg) -> str | None:
     if not parts:
         return None
     return (f"{cfg.arch}: training has no backward yet for its {', '.join(parts)} (llama, qwen2, qwen3, phi3, "
-            f"smollm3, gemma2, gemma3 and lfm2 have one)")
+            f"smollm3, gemma2, gemma3, lfm2 and qwen35 have one)")
 
 
 def untrainable_full(cfg, matrix_types) -> str | None:
@@ -97,13 +99,14 @@ def untrainable_full(cfg, matrix_types) -> str | None:
 def trained_vectors(cfg) -> list[str]:
     """The parameters full fine-tuning trains that the engine holds as vectors (ModelWeights.vectors), by the
     engine's names, in the file's order: every norm's weight (each layer's input norms, the per-head Q/K norms and the
-    post-norms where the architecture has them, the final norm), the conv kernels read whole (lfm2's
-    shortconv.conv.weight [n_embd, l_cache], lab.format.model is_flat) and, with qkv_bias, each layer's fused
-    [q | k | v] bias (lab.ops.weights: "blk.N.attn_qkv.bias", the file's three biases side by side, in attn_q.bias's
-    place); rope_freqs is a constant."""
+    post-norms where the architecture has them, the final norm; qwen35's gated norm ssm_norm), the conv kernels read
+    whole (lfm2's shortconv.conv.weight [n_embd, l_cache], qwen35's ssm_conv1d.weight [conv channels, l_cache],
+    lab.format.model is_flat), qwen35's per-head dt bias and A (ssm_dt.bias, ssm_a) and, with qkv_bias, each layer's
+    fused [q | k | v] bias (lab.ops.weights: "blk.N.attn_qkv.bias", the file's three biases side by side, in
+    attn_q.bias's place); rope_freqs is a constant."""
     out = []
     for name, shape in expected_tensors(cfg).items():
-        if (len(shape) == 1 and name.endswith("norm.weight")) or is_flat(name):
+        if (len(shape) == 1 and name.endswith(("norm.weight", ".ssm_dt.bias", ".ssm_a"))) or is_flat(name):
             out.append(name)
         elif name.endswith(".attn_q.bias"):
             out.append(name.removesuffix("attn_q.bias") + "attn_qkv.bias")
@@ -119,7 +122,7 @@ class TrainScratch:
     dx: gpu.Buffer          # [T, n_embd] the loss's gradient with respect to the residual stream
     dxn: gpu.Buffer         # [T, n_embd] ... to a normed x
     dqkv: gpu.Buffer        # [T, qkv_width] ... to the fused [q | k | v] row
-    datt: gpu.Buffer        # [T, q] ... to the attention's output
+    datt: gpu.Buffer        # [T, max(q, ssm_inner)] ... to the attention's output (a delta-net's gated norm's)
     dgu: gpu.Buffer         # [T, 2 n_ff] ... to the [gate | up] row
     dh: gpu.Buffer          # [T, n_ff] ... to the GLU's output
     rs: gpu.Buffer          # [T, n_head] the norm backward's 1 / rms (a row's, or each head's)
@@ -136,6 +139,9 @@ class TrainScratch:
     branch: gpu.Buffer | None = None    # [T, n_embd] a branch's output before its post-norm (post_norms)
     dbranch: gpu.Buffer | None = None   # [T, n_embd] ... its gradient
     dbcx: gpu.Buffer | None = None      # [T, 3 n_embd] the gradient at a short-conv layer's in_proj row [B | C | x]
+    ddelta: gpu.Buffer | None = None    # [T, delta_width] ... at a delta-net layer's in-projection row
+    dconv: gpu.Buffer | None = None     # [T, conv_channels] ... at its conv's output (q, k, v)
+    delta: DeltaScratch | None = None   # the delta-net backward's own (lab.ops.backward_deltanet.scratch_floats)
     kept: tuple = ()        # per layer {name: buffer [T, kept_widths]}: the forward's rows its backward reads; ()
                             # where they are computed again (recomputation)
 
@@ -156,6 +162,11 @@ class TrainScratch:
         post = {"branch": rows(E, "branch before post-norm"),
                 "dbranch": rows(E, "dbranch before post-norm")} if cfg.post_norms else {}
         shortconv = {"dbcx": rows(3 * E, "dbcx")} if any(map(cfg.is_conv, range(cfg.n_layer))) else {}
+        delta = {"ddelta": rows(cfg.delta_width, "d delta-net in-projection"),
+                 "dconv": rows(cfg.conv_channels, "d delta-net conv out"),
+                 "delta": DeltaScratch.alloc(dev, T, cfg.ssm_k_heads, cfg.ssm_v_heads, cfg.ssm_head_dim,
+                                             label="train delta-net backward")} \
+            if any(map(cfg.is_delta, range(cfg.n_layer))) else {}
         saved = tuple(dev.buffer(4 * T * E, conv, f"train layer input {il} [T, {E}]") for il in range(cfg.n_layer))
         if keep is None:
             keep = kept_bytes(cfg, T) <= KEEP_BYTES
@@ -163,9 +174,9 @@ class TrainScratch:
                       for name, n in kept_widths(cfg, il).items()} for il in range(cfg.n_layer)) if keep else ()
         return cls(T=T, saved=saved, kept=kept,
                    mid=rows(E, "x mid"), dx=rows(E, "dx"), dxn=rows(E, "dxn"), dqkv=rows(qkv_width, "dqkv"),
-                   datt=rows(cfg.q_dim, "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"), dh=rows(cfg.n_ff, "dh"),
-                   rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
-                   sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post, **shortconv,
+                   datt=rows(max(cfg.q_dim, cfg.ssm_inner if delta else 0), "datt"), dgu=rows(2 * cfg.n_ff, "dgate|up"),
+                   dh=rows(cfg.n_ff, "dh"), rs=rows(max(1, cfg.n_head, cfg.n_head_kv), "1/rms"),
+                   sums=dev.buffer(4 * sums, conv, "train dx partial sums"), **qk, **post, **shortconv, **delta,
                    stats=dev.buffer(backward_attention.stats_bytes(T, cfg.n_head), conv, "train attention stats"),
                    targets=dev.buffer(4 * T, conv, "train targets [T] u32"), **cls._grads(dev, cfg, weights, lora, rows))
 
@@ -305,14 +316,15 @@ class Backward(Prefill):
         if self.lora is None:
             return
         ys = dy_stride or w.rows
-        for member, row in lora_members(name, self.weights.tensors, self.starts):
+        for member, pieces in lora_members(name, self.weights.tensors, self.starts):
             if member not in self.lora.targets:
                 continue
             t, p, g = self.lora.targets[member], self.lora.params, ts.grads
             self.add(backward_matmul.lora_back(self.dev, self.kernels, ((p, t.a), (p, t.b)), ((g, t.a), (g, t.b)),
                                                ts.du, x, dy, dx, self.scratch.step, n_in=t.n_in, n_out=t.n_out,
                                                rank=t.rank, scale=self.lora.scale(member), max_tokens=self.T,
-                                               dy_offset=dy_offset + row, dy_stride=ys))
+                                               dy_offset=dy_offset, dy_stride=ys,
+                                               pieces=[(q.row, q.at, q.rows) for q in pieces]))
 
     def stacked_back(self, key: str, x: gpu.Buffer, dy: gpu.Buffer, width: int, dx: gpu.Buffer) -> None:
         """The fused projections `key` (rows of `width` floats of dy, each part from its column): dx written."""

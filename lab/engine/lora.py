@@ -20,14 +20,19 @@ from dataclasses import dataclass
 from lab import gpu
 from lab.ops import Op
 from lab.ops.backward_matmul import TOK_M, gemm
+from lab.ops.weights import Piece, run_pieces
 
 # The projections a LoRA adapts unless told otherwise: every attention and feed-forward matrix (phi3's fused
 # attn_qkv and gate|up rows included), the targets the issue names and PEFT's usual "all linear" choice; on lfm2 the
 # short-conv blocks' two projections too, the matrices in attention's place on those layers (llama.cpp multiplies both
 # through build_lora_mm, so its adapters on them load there; the conv kernel between them is no matrix product, and
-# lab.format.adapter refuses a pair on it, as llama.cpp would load it and never apply it).
+# lab.format.adapter refuses a pair on it, as llama.cpp would load it and never apply it); on qwen35's delta-net layers
+# the q k v projection (attn_qkv), the output gate's (attn_gate) and ssm_out, the wide ones. Its beta and alpha
+# projections (ssm_beta, ssm_alpha: one output a value head, 16 in the releases) are targets when named
+# (--lora-targets): llama.cpp multiplies all five through build_lora_mm (src/models/qwen35.cpp), but a rank-8 factor
+# on a 16-row matrix is half the matrix, and on the synthetic file's 4 heads no rank past 4 fits.
 DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "shortconv.in_proj", "shortconv.out_proj",
-                   "ffn_gate", "ffn_up", "ffn_down")
+                   "attn_gate", "ssm_out", "ffn_gate", "ffn_up", "ffn_down")
 MAX_RANK = 1024
 
 
@@ -78,20 +83,17 @@ def choose(tensors: dict, n_layer: int, kinds=DEFAULT_TARGETS, rank: int = 8) ->
     return out
 
 
-def members(run: str, views: dict, starts: dict) -> list[tuple[str, int]]:
-    """(file tensor, first output row) of each file tensor that starts inside a projection the engine runs as one
-    weight. `run` is the engine's name for it (views joined with "+": lab.ops.weights.ModelWeights._stack), `views`
-    the engine's tensor table (lab.format.model.tensor_views: phi3's fused attn_qkv seen as attn_q, attn_k, attn_v),
-    `starts` the file's tensors by byte offset. An adapter names the file's tensors, as llama.cpp's do: a target on
-    phi3's attn_qkv covers the rows of all three views, from the first."""
-    out, row = [], 0
-    for name in run.split("+"):
-        view = views[name]
-        source = starts.get(view.offset)
-        if source is not None:
-            out.append((source, row))
-        row += int(view.shape[1])
-    return out
+def members(run: str, views: dict, starts: dict) -> list[tuple[str, tuple[Piece, ...]]]:
+    """(file tensor, its pieces) of each file tensor a projection the engine runs as one weight holds rows of, in
+    the order they first appear (lab.ops.weights.run_pieces: `run` is the engine's name for the weight, `views` the
+    engine's tensor table, `starts` the file's tensors by byte offset). An adapter names the file's tensors, as
+    llama.cpp's do: a target on phi3's attn_qkv covers the rows of all three views, one piece; on qwen35's attn_q,
+    whose heads' [q | gate] rows the run holds apart ([q heads | k | v | gate heads]), two pieces a head, each its
+    rows of B."""
+    out: dict[str, list[Piece]] = {}
+    for p in run_pieces(run, views, starts):
+        out.setdefault(p.tensor, []).append(p)
+    return [(name, tuple(pieces)) for name, pieces in out.items()]
 
 
 def layout(shapes: list[tuple]) -> tuple[dict[str, Target], int]:
@@ -165,15 +167,20 @@ class Lora:
 
     def forward(self, kernels, name: str, x: gpu.Buffer, y: gpu.Buffer, step: gpu.Buffer, *, x_offset: int = 0,
                 x_stride: int | None = None, y_offset: int = 0, y_stride: int | None = None,
-                max_tokens: int | None = None) -> list[Op]:
+                max_tokens: int | None = None, pieces: tuple[Piece, ...] | None = None) -> list[Op]:
         """y[t, y_offset + o] += scale * sum_k B[o, k] sum_c A[k, c] x[t, c] for the step's tokens: the target's term
         added to its projection's output rows (strides default to n_out and n_in). max_tokens: the most rows a step
-        runs (default the adapter's; a training window's T where x or y hold T rows)."""
+        runs (default the adapter's; a training window's T where x or y hold T rows). pieces: where B's rows land
+        (`members`: B's rows from `at`, at y's columns y_offset + `row`; default all of B from y_offset), one GEMM a
+        piece after the one u = x A^T."""
         t = self.targets[name]
         xs = t.n_in if x_stride is None else x_stride
         ys = t.n_out if y_stride is None else y_stride
         T, r, dev = self.max_tokens if max_tokens is None else min(max_tokens, self.max_tokens), t.rank, self.device
-        return [gemm(dev, kernels, (x, x_offset, xs, 1), (self.params, t.a, 1, t.n_in), (self.u, 0, r, 1), step,
-                     T, r, t.n_in, tok=TOK_M, label=f"{name}.lora_u"),
-                gemm(dev, kernels, (self.u, 0, r, 1), (self.params, t.b, 1, r), (y, y_offset, ys, 1), step,
-                     T, t.n_out, r, tok=TOK_M, scale=self.scale(name), accumulate=True, label=f"{name}.lora_y")]
+        out = [gemm(dev, kernels, (x, x_offset, xs, 1), (self.params, t.a, 1, t.n_in), (self.u, 0, r, 1), step,
+                    T, r, t.n_in, tok=TOK_M, label=f"{name}.lora_u")]
+        for p in pieces or (Piece(name, 0, 0, t.n_out),):
+            out.append(gemm(dev, kernels, (self.u, 0, r, 1), (self.params, t.b + p.at * r, 1, r),
+                            (y, y_offset + p.row, ys, 1), step, T, p.rows, r, tok=TOK_M, scale=self.scale(name),
+                            accumulate=True, label=f"{name}.lora_y"))
+        return out

@@ -106,10 +106,10 @@ class PlanBuilder:
         if self.lora is None:
             return []
         stride = y_stride or self.weights.matrices[name].rows
-        return [op for member, row in lora_members(name, self.weights.tensors, self.starts)
+        return [op for member, pieces in lora_members(name, self.weights.tensors, self.starts)
                 if member in self.lora.targets
-                for op in self.lora.forward(self.kernels, member, x, y, self.scratch.step, y_offset=y_offset + row,
-                                            y_stride=stride, max_tokens=self.max_rows)]
+                for op in self.lora.forward(self.kernels, member, x, y, self.scratch.step, y_offset=y_offset,
+                                            y_stride=stride, max_tokens=self.max_rows, pieces=pieces)]
 
     def lora_on(self, *names: str) -> bool:
         """Whether the adapter names a tensor of these projections (single or stacked runs)."""

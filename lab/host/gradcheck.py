@@ -100,15 +100,14 @@ def model_grads(tr) -> dict:
     """{file tensor name: its gradient as numpy shapes it (rows first)} of a full fine-tune's Trainer: each matrix's
     rows read out of its weight's (a stacked run's tensors each their own rows), each trained vector's (a fused
     vector's file tensors each their own floats: qwen2's attn_q/k/v.bias)."""
-    from lab.instruments.training import _run_rows
+    from lab.instruments.training import tensor_pieces
     dev, w, header = tr.device, tr.engine.weights, tr.engine.header
     shapes = {t.name: tuple(reversed(t.shape)) for t in header.tensors}
+    runs = {run: np.concatenate([np.frombuffer(dev.read_sync(p.buffer), np.float32).reshape(p.n_rows, m.cols)
+                                 for p in tr.ts.wgrads[run]]) for run, m in w.matrices.items()}
     out = {}
-    for run, m in w.matrices.items():
-        g = np.concatenate([np.frombuffer(dev.read_sync(p.buffer), np.float32).reshape(p.n_rows, m.cols)
-                            for p in tr.ts.wgrads[run]])
-        for name, row in _run_rows(m, header, w.tensors):
-            out[name] = g[row:row + shapes[name][0]]
+    for name, pieces in tensor_pieces(w, header).items():     # a tensor's rows from its pieces, in its own order
+        out[name] = np.concatenate([runs[m.name][p.row:p.row + p.rows] for m, p in pieces])[:shapes[name][0]]
     for name, buf in tr.ts.vgrads.items():     # a norm [n], a conv kernel [n_embd, l_cache] (lfm2) as its file shape
         out[name] = np.frombuffer(dev.read_sync(buf), np.float32).reshape(shapes.get(name, (-1,)))
     inside = w.in_vectors()

@@ -34,6 +34,7 @@ from lab.format.adapter import write_adapter
 from lab.format.ggml import BY_NAME
 from lab.format.writer import write_gguf
 from lab.ops import backward_head, optimizer
+from lab.ops.weights import run_pieces
 
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -159,7 +160,7 @@ async def model_bytes(engine) -> bytes:
     bias of the fused Q/K/V biases its floats of them; rope_freqs, a constant the plans hold, its values. Only F32
     files (full fine-tuning's) are written: a quantized weight has no F32 master copy to read."""
     w, header, dev = engine.weights, engine.header, engine.device
-    runs = {n: (m, row) for m in w.matrices.values() for n, row in _run_rows(m, header, w.tensors)}
+    pieces = tensor_pieces(w, header)
     inside = w.in_vectors()
     tensors = []
     for t in header.tensors:
@@ -170,10 +171,10 @@ async def model_bytes(engine) -> bytes:
         elif t.name in inside:      # qwen2's attn_q/k/v.bias: its bytes of the fused bias
             vector, offset, _ = inside[t.name]
             raw = await dev.read(w.vectors[vector], offset, t.nbytes)
-        elif t.name in runs:
-            m, row = runs[t.name]
-            rows = t.n_elements // t.shape[0]
-            raw = await _matrix_rows(dev, m, row, rows)
+        elif t.name in pieces:
+            raw = b"".join([await _matrix_rows(dev, m, p.row, p.rows) for m, p in pieces[t.name]])
+            if len(raw) != t.nbytes:
+                raise TrainError(f"{t.name}: the engine holds {len(raw)} of its {t.nbytes} bytes")
         elif t.name == "rope_freqs.weight" and engine.rope_freqs is not None:
             raw = array("f", engine.rope_freqs).tobytes()
         else:
@@ -188,19 +189,17 @@ async def model_bytes(engine) -> bytes:
     return write_gguf(kvs, tensors, alignment=header.alignment)
 
 
-def _run_rows(m, header, views) -> list[tuple[str, int]]:
-    """(file tensor name, first row in the weight) of each file tensor a weight holds whole: its own, each of a
-    stacked run's, or one the engine reads as views (`views`: the weights' tensor table, lab.format.model tensor_views;
-    phi3's fused attn_qkv and ffn_up), whose rows the run holds in the file's order. A file tensor is found by its
-    first byte: the view or tensor that starts where it starts."""
+def tensor_pieces(weights, header) -> dict[str, list[tuple]]:
+    """{file tensor: [(weight, Piece), ...]} of every file tensor the weights' matrices hold rows of, its pieces in the
+    tensor's row order (lab.ops.weights.run_pieces): its own weight, its rows of a stacked run, or the views the
+    engine reads it as (phi3's fused attn_qkv and ffn_up: one piece; qwen35's attn_q: two a head, apart in the run).
+    A view read twice (gemma4's V rows that are K's) gives its rows once."""
     starts = {t.offset: t.name for t in header.tensors if t.nbytes}
-    out, row = [], 0
-    for name in m.name.split("+"):
-        v = views[name]
-        if v.offset in starts:
-            out.append((starts[v.offset], row))
-        row += v.shape[1]
-    return out
+    out: dict[str, dict[int, tuple]] = {}
+    for m in weights.matrices.values():
+        for p in run_pieces(m.name, weights.tensors, starts):
+            out.setdefault(p.tensor, {}).setdefault(p.at, (m, p))
+    return {name: [by_at[at] for at in sorted(by_at)] for name, by_at in out.items()}
 
 
 async def _matrix_rows(dev, m, first: int, rows: int) -> bytes:

@@ -27,6 +27,7 @@ EW_WG = 256       # the soft-cap's, as the forward's elementwise kernels
 NORM_PARAMS = struct.Struct("<IIfI4I")   # group, n_groups, eps, acc, stride, offset, _p0, _p1
 GLU_PARAMS = struct.Struct("<4I")        # n, _p0, _p1, _p2
 SOFTCAP_PARAMS = struct.Struct("<IfII")  # n, cap, rows, _p
+GATE_PARAMS = struct.Struct("<4I")       # n, stride, offset, _p
 EMBED_PARAMS = struct.Struct("<4If3I")   # first_row, n_rows, cols, x_off, scale, _p0, _p1, _p2
 GLU_ACTS = ("swiglu", "geglu")
 SOFTCAP_SAVED = ("x", "y")
@@ -106,6 +107,23 @@ def softcap_back(device: gpu.Device, kernels, grad: gpu.Buffer, saved: gpu.Buffe
     k = kernels.get("backward_elementwise", f"softcap_back_{saved_is}", WG=EW_WG)
     return [Op(k, device.bind(k, [grad, params, step, saved], f"softcap_back_{saved_is}"),
                lambda t: groups_1d(max(1, (rows or t) * n), EW_WG, max_dim))]
+
+
+def sigmoid_gate_back(device: gpu.Device, kernels, grad: gpu.Buffer, x: gpu.Buffer, gate: gpu.Buffer,
+                      dgate: gpu.Buffer, step: gpu.Buffer, n: int, stride: int, offset: int) -> list[Op]:
+    """The gradient of lab.ops.elementwise.sigmoid_gate (y = x sigmoid(g) over rows of n, g from rows of `stride` at
+    `offset`): grad (at y) becomes the gradient at x in place, dg = grad x s(g) s(-g) written into dgate's rows of
+    `stride` at `offset`. x: the forward's input, the values before the gate."""
+    if offset < 0 or offset + n > stride:
+        raise ValueError(f"sigmoid_gate_back: {n} floats from {offset} do not fit rows of {stride}")
+    if dgate in (grad, x, gate) or grad in (x, gate):
+        raise ValueError("sigmoid_gate_back: the gradients must be buffers of their own (WebGPU refuses a buffer bound "
+                         "read-only and writable in one dispatch)")
+    max_dim = device.info.limits["max_compute_workgroups_per_dimension"]
+    params = device.uniform(GATE_PARAMS.pack(n, stride, offset, 0), "gate_back.params")
+    k = kernels.get("backward_elementwise", "gate_back", WG=EW_WG)
+    return [Op(k, device.bind(k, [grad, params, step, x, gate, dgate], "gate_back"),
+               lambda t: groups_1d(max(1, t * n), EW_WG, max_dim))]
 
 
 def embed_back(device: gpu.Device, kernels, table: Sequence[WeightPart], cols: int, ids: gpu.Buffer,

@@ -205,7 +205,7 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
               x: gpu.Buffer, dy: gpu.Buffer, dx: gpu.Buffer, step: gpu.Buffer, *, n_in: int, n_out: int, rank: int,
               scale: float, max_tokens: int, x_offset: int = 0, x_stride: int | None = None, dy_offset: int = 0,
               dy_stride: int | None = None, dx_offset: int = 0, dx_stride: int | None = None,
-              kind: str | None = None) -> list[Op]:
+              kind: str | None = None, pieces: Sequence[tuple[int, int, int]] | None = None) -> list[Op]:
     """Gradients of y = W x + scale * B (A x) with respect to the adapter and the input, for the step's tokens.
     lora = (A, B): f32, A [rank, n_in] and B [n_out, rank] row-major, each a buffer or (buffer, offset in floats);
     grads = (dA, dB) of their shapes, the same way, added into; scratch = (u, du), max_tokens * rank floats each.
@@ -213,22 +213,28 @@ def lora_back(device: gpu.Device, kernels: KernelCache, lora: tuple, grads: tupl
     cheaper than keeping it: t x rank x n_in), du = scale * dy B, then dA += du^T x, dB += scale * dy^T u and
     dx += du A, the input's extra gradient, always added: it joins the base projection's dx (dx_back) or another
     branch's. x, dy, dx rows as dw_back's and dx_back's (strides default to n_in, n_out, n_in). `kind` forces
-    gemm's choice of kernel for all five (tests; default: gemm's)."""
+    gemm's choice of kernel for all five (tests; default: gemm's). `pieces`: where B's rows lie in dy, each (dy's
+    column from dy_offset, B's first row, rows) (lab.engine.lora.members: qwen35's attn_q, whose rows the run holds
+    apart; gemma4's K rows read again as V, two pieces of the same rows); du's GEMM and dB's then run a piece at a
+    time, du's adding from the second. Default: B whole at dy_offset."""
     (a, ao), (b, bo), (da, dao), (db, dbo) = (_at(v) for v in (*lora, *grads))
     u, du = scratch
     xs = n_in if x_stride is None else x_stride
     ys = n_out if dy_stride is None else dy_stride
     dxs = n_in if dx_stride is None else dx_stride
     t, r = max_tokens, rank
-    return [
-        gemm(device, kernels, (x, x_offset, xs, 1), (a, ao, 1, n_in), (u, 0, r, 1), step, t, r, n_in, tok=TOK_M,
-             label="lora_back.u", kind=kind),
-        gemm(device, kernels, (dy, dy_offset, ys, 1), (b, bo, r, 1), (du, 0, r, 1), step, t, r, n_out, tok=TOK_M,
-             scale=scale, label="lora_back.du", kind=kind),
-        gemm(device, kernels, (du, 0, 1, r), (x, x_offset, xs, 1), (da, dao, n_in, 1), step, r, n_in, t, tok=TOK_K,
-             accumulate=True, label="lora_back.dA", kind=kind),
-        gemm(device, kernels, (dy, dy_offset, 1, ys), (u, 0, r, 1), (db, dbo, r, 1), step, n_out, r, t, tok=TOK_K,
-             scale=scale, accumulate=True, label="lora_back.dB", kind=kind),
-        gemm(device, kernels, (du, 0, r, 1), (a, ao, n_in, 1), (dx, dx_offset, dxs, 1), step, t, n_in, r, tok=TOK_M,
-             accumulate=True, label="lora_back.dx", kind=kind),
-    ]
+    pieces = pieces or [(0, 0, n_out)]
+    if any(at < 0 or n < 1 or at + n > n_out for _, at, n in pieces):
+        raise ValueError(f"lora_back: pieces {pieces} reach past B's {n_out} rows")
+    out = [gemm(device, kernels, (x, x_offset, xs, 1), (a, ao, 1, n_in), (u, 0, r, 1), step, t, r, n_in, tok=TOK_M,
+                label="lora_back.u", kind=kind)]
+    out += [gemm(device, kernels, (dy, dy_offset + col, ys, 1), (b, bo + at * r, r, 1), (du, 0, r, 1), step, t, r, n,
+                 tok=TOK_M, scale=scale, accumulate=i > 0, label="lora_back.du", kind=kind)
+            for i, (col, at, n) in enumerate(pieces)]
+    out.append(gemm(device, kernels, (du, 0, 1, r), (x, x_offset, xs, 1), (da, dao, n_in, 1), step, r, n_in, t,
+                    tok=TOK_K, accumulate=True, label="lora_back.dA", kind=kind))
+    out += [gemm(device, kernels, (dy, dy_offset + col, 1, ys), (u, 0, r, 1), (db, dbo + at * r, r, 1), step, n, r, t,
+                 tok=TOK_K, scale=scale, accumulate=True, label="lora_back.dB", kind=kind) for col, at, n in pieces]
+    out.append(gemm(device, kernels, (du, 0, r, 1), (a, ao, n_in, 1), (dx, dx_offset, dxs, 1), step, t, n_in, r,
+                    tok=TOK_M, accumulate=True, label="lora_back.dx", kind=kind))
+    return out

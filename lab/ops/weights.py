@@ -15,6 +15,7 @@ weight bytes: the native loader (`upload_file`) and the browser's `labUpload` (w
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from lab import gpu
@@ -120,6 +121,39 @@ class Upload:
         """The piece as web/worker.js's labUpload reads it (the buffer as the backend's handle)."""
         return {"fileOffset": self.file_offset, "size": self.size, "buffer": self.buffer.handle,
                 "bufferOffset": self.buffer_offset}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows of a file tensor inside a weight the engine runs: `rows` rows from the weight's row `row`, the tensor's
+    from its row `at`."""
+    tensor: str
+    row: int
+    at: int
+    rows: int
+
+
+def run_pieces(run: str, views: dict, starts: dict[int, str]) -> list[Piece]:
+    """The file tensors' rows a weight holds, in its row order (`run`: the weight's name, its views joined with "+"
+    as ModelWeights._stack names a stacked run; `views`: the engine's tensor table, lab.format.model.tensor_views;
+    `starts`: the file's tensors by their first byte). A view belongs to the file tensor it lies in (the last to
+    start at or before it), at the rows its bytes say: phi3's fused attn_qkv is one piece of three views, qwen35's
+    attn_q ([q | gate] a head in the file) two pieces a head, apart in the run ([q heads | k | v | gate heads]).
+    Rows that follow each other in the weight and in the tensor are one piece."""
+    offsets = sorted(starts)
+    out: list[Piece] = []
+    row = 0
+    for name in run.split("+"):
+        v = views[name]
+        first = offsets[bisect_right(offsets, v.offset) - 1]
+        source, at, n = starts[first], (v.offset - first) // v.type.row_bytes(v.shape[0]), int(v.shape[1])
+        last = out[-1] if out else None
+        if last is not None and last.tensor == source and last.row + last.rows == row and last.at + last.rows == at:
+            out[-1] = Piece(source, last.row, last.at, last.rows + n)
+        else:
+            out.append(Piece(source, row, at, n))
+        row += n
+    return out
 
 
 class ModelWeights:

@@ -32,7 +32,7 @@ from lab.host.models import cache_dir
 from lab.host.reference import optim as ref_optim
 from lab.host.synthetic import arch as synthetic_arch
 from lab.instruments.training import Optim, Trainer, model_bytes
-from lab.ops import backward_shortconv
+from lab.ops import backward_deltanet, backward_shortconv
 from tests.conftest import FIXTURES, ROOT
 
 FIX = FIXTURES / "full-ft"
@@ -58,9 +58,10 @@ def _check(device, spec: str = "llama3", **kw) -> dict:
 # big vocabulary makes the float64 differences 30 s to a minute each) qwen3 (the per-head Q/K norms), gemma3 (Q/K norms,
 # post-norms, sliding windows), phi3 (attn_qkv and ffn_up fused in the file, read as views), gemma2 (post-norms,
 # soft-capping), smollm3 (layers without RoPE), mistral (GQA 4:1, an untied head), lfm2 (short-conv blocks beside
-# attention layers with Q/K norms). By default the tensors past llama's alone (below).
+# attention layers with Q/K norms), qwen35 (gated delta-net layers beside gated attention layers). By default the
+# tensors past llama's alone (below).
 FULL_SPECS = ["llama3", *(pytest.param(s, marks=pytest.mark.slow)
-                          for s in ("qwen3", "gemma3", "phi3", "gemma2", "smollm3", "mistral", "lfm2"))]
+                          for s in ("qwen3", "gemma3", "phi3", "gemma2", "smollm3", "mistral", "lfm2", "qwen35"))]
 
 
 @pytest.mark.parametrize("spec", FULL_SPECS)
@@ -75,13 +76,17 @@ def test_every_weights_gradient_matches_central_differences(device, spec):
     assert not r["missing"]
 
 
-@pytest.mark.parametrize("spec,only,count", [("qwen3", ("_q_norm", "_k_norm"), 8), ("gemma2", ("post_",), 8),
-                                             ("lfm2", ("shortconv",), 12)])
+@pytest.mark.parametrize("spec,only,count", [
+    ("qwen3", ("_q_norm", "_k_norm"), 8), ("gemma2", ("post_",), 8), ("lfm2", ("shortconv",), 12),
+    ("qwen35", ("blk.0.ssm_conv1d", "blk.0.ssm_dt", "blk.0.ssm_a", "blk.0.ssm_norm", "blk.2.attn_q.weight"), 6)])
 def test_the_norms_past_llamas_match_central_differences(device, spec, only, count):
     """By default, the tensors llama has not: qwen3's per-head Q/K norms (their dw over the fused row's heads),
-    gemma2's post-norms (their dw handed by `branch_back`) and lfm2's 4 short-conv blocks (each's conv kernel, its dw
-    from lab.ops.backward_shortconv, in_proj and out_proj), the central differences of those tensors alone (a big
-    vocabulary's float64 forward is slow: the whole checks are in the deep set above)."""
+    gemma2's post-norms (their dw handed by `branch_back`), lfm2's 4 short-conv blocks (each's conv kernel, its dw
+    from lab.ops.backward_shortconv, in_proj and out_proj) and qwen35's delta-net parameters held as vectors (layer 0's
+    conv kernel, dt's bias, A ("ssm_a" names ssm_alpha too), the gated norm's weight: lab.ops.backward_deltanet) with a
+    gated attention layer's attn_q (its [q | gate] rows read back from their pieces of the engine's row), the central
+    differences of those tensors alone (a big vocabulary's float64 forward is slow: the whole checks are in the deep
+    set above)."""
     r = _check(device, spec, batch=1, samples=1, only=only)
     names = [row["tensor"] for row in r["tensors"]]
     print(f"\n{spec} f32, {', '.join(only)}: {len(names)} tensors, worst {r['worst_rel_err']:.2e}")
@@ -142,6 +147,22 @@ def test_the_conv_kernels_gradient_left_out_fails(device, monkeypatch):
     assert not r["ok"] and len(bad) == 4 and all("shortconv.conv.weight" in b for b in bad), bad
 
 
+def _delta_params_left_out(*a, **k):
+    return _REAL_DELTANET_BACK(*a, **{**k, "dnorm_w": None, "ddt": None, "da": None})
+
+
+_REAL_DELTANET_BACK = backward_deltanet.deltanet_back
+
+
+@SLOW
+def test_the_delta_nets_parameters_gradients_left_out_fail(device, monkeypatch):
+    monkeypatch.setattr("lab.engine.blocks.deltanet.backward_deltanet.deltanet_back", _delta_params_left_out)
+    r = _check(device, "qwen35", batch=1, samples=1, only=("ssm_dt", "ssm_a", "ssm_norm"))
+    bad = [row["tensor"] for row in r["tensors"] if row["worst_rel_err"] > r["tolerance"]]
+    print(f"\nthe delta-net's dt bias, A and norm weight left out: {len(bad)} of {len(r['tensors'])} tensors fail")
+    assert not r["ok"] and len(bad) == 12, bad
+
+
 @pytest.mark.parametrize("kind", ["adamw", pytest.param("sgd", marks=SLOW)])
 def test_one_step_is_the_optimizers(device, kind):
     """Every piece's parameters after one step against the float64 oracle's step from the gradients the step left:
@@ -177,7 +198,8 @@ def test_one_step_is_the_optimizers(device, kind):
         engine.close()
 
 
-@pytest.mark.parametrize("spec", ["llama3", "qwen3", "phi3", "lfm2", pytest.param("gemma3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("spec", ["llama3", "qwen3", "phi3", "lfm2", "qwen35",
+                                  pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_the_untrained_model_is_written_back_byte_for_byte(device, spec):
     path = synthetic_arch.build(spec, "f32", cache_dir() / "synthetic")
     engine = gradcheck.open_engine(path, 8, device=device)

@@ -148,8 +148,8 @@ def test_windows_the_step_cannot_take_or_too_short_for_a_query(device):
 
 def test_nothing_indexed_an_untrainable_model_and_a_quantized_one(device):
     plain = Page(device)
-    # qwen35's gated delta-net layers have no backward yet (lab.engine.backward.untrainable)
-    hybrid = Page(device, path=synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic"))
+    # gemma4's per-layer inputs have no backward yet (lab.engine.backward.untrainable)
+    hybrid = Page(device, path=synthetic_arch.build("gemma4", "f32", cache_dir() / "synthetic"))
     quant = Page(device, "q8_0")
     try:
         with pytest.raises(RetrievalError, match="no index: index some files first"):

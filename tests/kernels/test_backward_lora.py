@@ -146,6 +146,43 @@ def test_projection_back(env1, name, n_out, n_in, rank, t, s, kind):  # noqa: F8
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_lora_back_in_pieces(env1, kind):  # noqa: F811
+    """lora_back(pieces=...): B's rows lying apart in dy's row, as qwen35's attn_q's do in the engine's fused row
+    (each head's q rows first, its gate rows after the other tensors'; lab.engine.lora.members), against lora_grad on
+    dy's columns gathered back into B's order; the columns between them must not count."""
+    dev, rng = env1.device, np.random.default_rng(21)
+    hd, rank, n_in, t, s, other = 12, 5, 72, 7, 1.5, 20
+    n_out, width, mt = 4 * hd, 4 * hd + other, t + 2
+    # the file's rows [q0 g0 q1 g1], the row's columns [q0 q1 | other | g0 g1]: (dy's column, B's row, rows)
+    pieces = [(0, 0, hd), (hd, 2 * hd, hd), (2 * hd + other, hd, hd), (3 * hd + other, 3 * hd, hd)]
+    c = _lora_inputs(rng, n_out, n_in, rank)
+    x, xb = _tokens(rng, t, n_in, 2)
+    dy, dyb = _tokens(rng, t, width, 2, 2.0)
+    dx0 = f32(rng.standard_normal((mt, n_in)))
+    bufs = {k: upload(dev, v) for k, v in dict(x=xb, dy=dyb, A=c["A"], B=c["B"], dA=c["dA0"], dB=c["dB0"], dx=dx0,
+                                                 u=np.full(mt * rank, np.nan, np.float32),
+                                                 du=np.full(mt * rank, np.nan, np.float32)).items()}
+    run(env1, lora_back(dev, env1.kernels, (bufs["A"], bufs["B"]), (bufs["dA"], bufs["dB"]), (bufs["u"], bufs["du"]),
+                        bufs["x"], bufs["dy"], bufs["dx"], ops_step(env1), n_in=n_in, n_out=n_out, rank=rank,
+                        scale=s, max_tokens=mt, dy_stride=width, kind=kind, pieces=pieces), 0, t)
+    got = {k: read(dev, bufs[k]) for k in ("dx", "dA", "dB")}
+    free(dev, *bufs.values())
+    gathered = np.zeros((t, n_out))
+    for col, at, n in pieces:
+        gathered[:, at:at + n] = dy[:, col:col + n]
+    zero = np.zeros((n_out, n_in))
+    dx, da, db = lora_grad(zero, c["A"], c["B"], x, gathered, s)
+    sx, sa, sb = lora_grad(zero, np.abs(c["A"]), np.abs(c["B"]), np.abs(x), np.abs(gathered), abs(s))
+    what = f"lora_back in pieces kind={kind}"
+    within_terms(what + " dx", got["dx"].reshape(mt, n_in)[:t], dx0[:t] + dx, sx + np.abs(dx0[:t]),
+                 gemm_tol(n_out) + gemm_tol(rank))
+    within_terms(what + " dA", got["dA"].reshape(rank, n_in), c["dA0"] + da, sa + np.abs(c["dA0"]),
+                 gemm_tol(n_out) + gemm_tol(t))
+    within_terms(what + " dB", got["dB"].reshape(n_out, rank), c["dB0"] + db, sb + np.abs(c["dB0"]),
+                 gemm_tol(n_in) + gemm_tol(t))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_lora_bit_reproducible(env1, kind):  # noqa: F811
     a = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, kind=kind)
     b = run_projection_back(env1, "Q5_K", 131, 768, 5, 13, 2.0, seed=3, kind=kind)

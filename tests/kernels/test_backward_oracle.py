@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lab.host.reference import grads, grads_shortconv, ops, quant
+from lab.host.reference import grads, grads_deltanet, grads_shortconv, ops, quant
 from lab.host.reference.kernels import rel_err
 
 H = 1e-5
@@ -149,3 +149,69 @@ def test_a_wrong_shortconv_derivation_fails():
     wrong[:, :3] = dy * c * x
     e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * grads_shortconv.shortconv(v, w)), bcx, H))
     assert e > 1e3 * ORACLE_TOL
+
+
+def _delta_case(t: int, nk: int, nv: int, S: int, seed: int, past_20: bool = False):
+    """A delta-net window's inputs: proj rows [q k v | z | beta | alpha] (q k v unread here), the conv's output, the
+    gates' parameters and dy; `past_20`: some alpha + dt_bias past softplus's threshold (its identity branch)."""
+    rng = np.random.default_rng(seed)
+    K, V = nk * S, nv * S
+    C = 2 * K + V
+    sh = grads_deltanet.Shape(nk, nv, S, C, C + V, C + V + nv, 1e-6)
+    proj = rng.standard_normal((t, C + V + 2 * nv))
+    conv = ops.silu(rng.standard_normal((t, C)) * 1.5)
+    dt, a = rng.standard_normal(nv), -np.exp(0.5 * rng.standard_normal(nv))
+    if past_20:
+        proj[::2, sh.alpha_offset] = 24.0 + rng.standard_normal(len(proj[::2]))
+    return sh, proj, conv, dt, a, rng.uniform(0.5, 1.5, S), rng.standard_normal((t, V))
+
+
+@pytest.mark.parametrize("t,nk,nv,S,past_20", [(5, 2, 4, 4, False), (3, 1, 3, 4, True), (6, 1, 1, 3, False)])
+def test_deltanet(t, nk, nv, S, past_20):
+    """Every gradient of the gated delta-net layer between its conv and ssm_out, over a window from a zero state: the
+    z, beta and alpha columns of the projection row, the conv's q, k (L2-normed, shared by nv / nk value heads) and
+    v, dt's bias, A, the gated norm's weight; past_20: softplus's identity branch."""
+    sh, proj, conv, dt, a, w, dy = _delta_case(t, nk, nv, S, t * 100 + nv, past_20)
+    got = grads_deltanet.deltanet_grad(proj, conv, dt, a, w, dy, sh)
+    f = grads_deltanet.deltanet
+    what = f"deltanet t={t} nk={nk} nv={nv} S={S}"
+    _agree(f"{what} dproj", got.dproj, lambda v: np.sum(dy * f(v, conv, dt, a, w, sh)), proj)
+    _agree(f"{what} dconv", got.dconv, lambda v: np.sum(dy * f(proj, v, dt, a, w, sh)), conv)
+    _agree(f"{what} ddt", got.ddt, lambda v: np.sum(dy * f(proj, conv, v, a, w, sh)), dt)
+    _agree(f"{what} dA", got.da, lambda v: np.sum(dy * f(proj, conv, dt, v, w, sh)), a)
+    _agree(f"{what} dnorm_w", got.dnorm_w, lambda v: np.sum(dy * f(proj, conv, dt, a, v, sh)), w)
+
+
+def test_a_wrong_deltanet_derivation_fails():
+    """And for the delta-net: the state's gradient not carried back to the tokens before (each token's dS from its own
+    read-out alone) is far from central differences at the conv's inputs."""
+    sh, proj, conv, dt, a, w, dy = _delta_case(5, 2, 4, 4, 15)
+    right = grads_deltanet.deltanet_grad(proj, conv, dt, a, w, dy, sh).dconv
+    last = grads_deltanet.deltanet_grad(proj[-1:], conv[-1:], dt, a, w, dy[-1:], sh).dconv
+    wrong = right.copy()
+    wrong[-1] = last[0]                 # the last token alone is right without the carry: a one-token window's
+    wrong[:-1] = np.stack([grads_deltanet.deltanet_grad(proj[j:j + 1], conv[j:j + 1], dt, a, w, dy[j:j + 1],
+                                                        sh).dconv[0] for j in range(4)])
+    e = rel_err(wrong, grads.numeric_grad(lambda v: np.sum(dy * grads_deltanet.deltanet(proj, v, dt, a, w, sh)),
+                                          conv, H))
+    assert e > 1e3 * ORACLE_TOL
+
+
+@pytest.mark.parametrize("t,n,taps", [(6, 4, 4), (2, 3, 4), (5, 2, 3)])
+def test_conv_silu(t, n, taps):
+    """dx and dw of Qwen3.5's conv y = silu(conv(x)) over a window from a zero state (t = 2: every output reaches back
+    into the zero rows)."""
+    rng = np.random.default_rng(t * 100 + n * 10 + taps + 7)
+    x, w, dy = rng.standard_normal((t, n)), rng.standard_normal((n, taps)), rng.standard_normal((t, n))
+    dx, dw = grads_deltanet.conv_silu_grad(x, w, dy)
+    _agree(f"conv_silu dx t={t} n={n} taps={taps}", dx, lambda v: np.sum(dy * grads_deltanet.conv_silu(v, w)), x)
+    _agree(f"conv_silu dw t={t} n={n} taps={taps}", dw, lambda v: np.sum(dy * grads_deltanet.conv_silu(x, v)), w)
+
+
+def test_sigmoid_gate():
+    """dx and dg of qwen35's attention output gate y = x sigmoid(g)."""
+    rng = np.random.default_rng(16)
+    x, g, dy = rng.standard_normal((3, 7)) * 2.0, rng.standard_normal((3, 7)) * 3.0, rng.standard_normal((3, 7))
+    dx, dg = grads.sigmoid_gate_grad(x, g, dy)
+    _agree("sigmoid_gate dx", dx, lambda v: np.sum(dy * grads.sigmoid_gate(v, g)), x)
+    _agree("sigmoid_gate dg", dg, lambda v: np.sum(dy * grads.sigmoid_gate(x, v)), g)

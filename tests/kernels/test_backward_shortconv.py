@@ -4,7 +4,9 @@ test_backward_oracle.py): windows from position 0 shorter than the conv (t = 1, 
 fill no workgroup of 64; l_cache 3 (every LFM2 release), 2 and 8 (the range lfm2's reader takes); rows past the step
 NaN in bcx and dy (no sum may read them) and a sentinel in dbcx's (none may be written); the conv weight's gradient
 added into one already holding an earlier window's sum; the page's case (lab/host/reference/kernel_cases.py) natively.
-Then broken variants the same check must catch.
+Then broken variants the same check must catch. The same kernels' silu mode (Qwen3.5's conv in front of its
+delta-net: y = silu(conv(x)) over the first n floats of rows of `stride`) against grads_deltanet.conv_silu_grad, with
+the row's floats past n neither read into the sums nor written, and its own broken variants.
 
 Error per element against the sum of its terms' magnitudes (the oracle on the inputs' absolute values, plus |dw0| for
 the weight), in units of 2^-24; tolerances grads_shortconv.dbcx_tol(l_cache) and dw_tol(t), each with its count of
@@ -21,6 +23,7 @@ from checks import Env, env1, free, ops_step, patched, read, run, upload, within
 
 from lab import gpu
 from lab.host.reference import kernel_cases
+from lab.host.reference.grads_deltanet import conv_dw_tol, conv_dx_tol, conv_silu_grad
 from lab.host.reference.grads_shortconv import dbcx_tol, dw_tol, shortconv_grad
 from lab.host.reference.kernels import f32
 from lab.instruments import kernelcheck
@@ -151,3 +154,73 @@ def test_the_pages_case_natively(device, kernels):
 def test_broken_variants_fail(env1, what, old, new):  # noqa: F811
     with pytest.raises(AssertionError, match="exceeds|non-finite"):
         check_shortconv_back(patched(env1, "backward_shortconv", old, new), 13, 200, 3, seed=3)
+
+
+# -- the silu mode ---------------------------------------------------------------------------------------------------
+def check_silu_back(env: Env, t: int, n: int, taps: int, stride: int, seed: int = 0, full: bool = True) -> tuple:
+    """(dx error, dw error) in units of 2^-24 for the silu mode over rows of `stride` floats (x the first n; the rest
+    NaN, as rows past the step: no sum may read them); AssertionError past a tolerance, at a non-finite value, or at
+    a float written past a row's first n or past the step."""
+    rng = np.random.default_rng(seed)
+    dev, rows = env.device, t + SPARE
+    src = np.full((rows, stride), np.nan, np.float32)
+    src[:t, :n] = rng.standard_normal((t, n)) * rng.uniform(0.5, 3.0, (1, n))
+    dy = np.full((rows, n), np.nan, np.float32)
+    dy[:t] = rng.standard_normal((t, n)) * rng.uniform(0.5, 2.0, (t, 1))
+    w, dw0 = f32(rng.standard_normal((n, taps))), f32(rng.standard_normal((n, taps)))
+    sb, wb, dyb = upload(dev, src, "src"), upload(dev, w, "w"), upload(dev, dy, "dy")
+    outb = upload(dev, np.full((rows, stride), SENTINEL, np.float32), "dsrc")
+    dwb = upload(dev, dw0, "dw") if full else None
+    run(env, shortconv_back(dev, env.kernels, sb, wb, dyb, outb, dwb, ops_step(env), n=n, l_cache=taps,
+                            max_tokens=rows, mode="silu", stride=stride), 0, t)
+    got = read(dev, outb).reshape(rows, stride)
+    got_dw = read(dev, dwb).reshape(n, taps) if full else None
+    free(dev, sb, wb, dyb, outb, *([dwb] if full else []))
+    want, want_dw = conv_silu_grad(src[:t, :n], w, dy[:t])
+    scale, scale_dw = conv_silu_grad(src[:t, :n], w, dy[:t], magnitudes=True)
+    what = f"silu conv back t={t} n={n} l_cache={taps} stride={stride}"
+    e = within(f"{what} dx", got[:t, :n], want, scale, conv_dx_tol(taps), "its terms' magnitudes")
+    if not (np.all(got[t:] == SENTINEL) and np.all(got[:, n:] == SENTINEL)):
+        raise AssertionError(f"{what}: wrote past the step's tokens or a row's first n floats")
+    if not full:
+        return e, None
+    e_dw = within(f"{what} dw", got_dw, dw0 + want_dw, np.abs(dw0) + scale_dw, conv_dw_tol(t, taps),
+                  "its terms' magnitudes")
+    return e, e_dw
+
+
+@pytest.mark.parametrize("t,n,taps,stride", [(1, 67, 4, 80), (2, 67, 4, 67), (13, 200, 4, 230), (40, 130, 3, 140),
+                                             (11, 70, 8, 75)])
+def test_silu_back(env1, t, n, taps, stride):  # noqa: F811
+    e, e_dw = check_silu_back(env1, t, n, taps, stride, seed=t * 1000 + n + taps)
+    print(f"silu conv back t={t} n={n} l_cache={taps}: dx {e:.2f}, dw {e_dw:.2f} units of 2^-24 "
+          f"(tolerances {conv_dx_tol(taps) * 2 ** 24:.0f}, {conv_dw_tol(t, taps) * 2 ** 24:.0f})")
+
+
+def test_silu_without_the_weights_gradient(env1):  # noqa: F811
+    check_silu_back(env1, 5, 67, 4, 80, seed=5, full=False)
+
+
+def test_silu_arguments_are_checked(env1):  # noqa: F811
+    dev, k, step = env1.device, env1.kernels, ops_step(env1)
+    b = [upload(dev, np.zeros(40, np.float32)) for _ in range(4)]
+    try:
+        with pytest.raises(ValueError, match="mode"):
+            shortconv_back(dev, k, b[0], b[1], b[2], b[3], None, step, n=2, l_cache=3, max_tokens=4, mode="tanh")
+        with pytest.raises(ValueError, match="cannot hold"):
+            shortconv_back(dev, k, b[0], b[1], b[2], b[3], None, step, n=4, l_cache=3, max_tokens=2, mode="silu",
+                           stride=3)
+        with pytest.raises(ValueError, match="gated"):
+            shortconv_back(dev, k, b[0], b[1], b[2], b[3], None, step, n=2, l_cache=3, max_tokens=2, stride=7)
+    finally:
+        free(dev, *b)
+
+
+@pytest.mark.parametrize("what,old,new", [
+    ("silu' taken as silu", "(dy[k * p.n + c] * silu_grad(silu_pre(c, k)))", "(dy[k * p.n + c] * silu(silu_pre(c, k)))"),
+    ("the pre-activation at the token, not the output it feeds", "silu_grad(silu_pre(c, k))", "silu_grad(silu_pre(c, j))"),
+    ("dw without silu'", "let d = dy[j * p.n + c] * silu_grad(a);", "let d = dy[j * p.n + c];"),
+])
+def test_silu_broken_variants_fail(env1, what, old, new):  # noqa: F811
+    with pytest.raises(AssertionError, match="exceeds|non-finite"):
+        check_silu_back(patched(env1, "backward_shortconv", old, new), 13, 200, 4, 230, seed=3)

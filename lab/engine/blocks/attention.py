@@ -131,14 +131,19 @@ class Attention(Block):
 
     def build_backward(self, q, il):
         """Given dx (the loss's gradient after the attention's residual add), right after `build` recomputed the
-        layer (the fused row with Q and K rotated, the cache, the attention's output): the output projection,
-        attention, RoPE, the fused projection and the norm, dx then holding the gradient at the layer's input.
+        layer (the fused row with Q and K rotated, the cache, the attention's output): the output projection, the
+        output gate (attn_gate: the attention's output computed again before it), attention, RoPE, the fused
+        projection and the norm, dx then holding the gradient at the layer's input.
         The layers training refuses (lab.engine.backward.untrainable) are not handled here."""
         cfg, s, ts, eng = self.cfg, q.scratch, q.ts, q.eng
         Q, KV, W, HD = cfg.q_dim_of(il), cfg.kv_dim_of(il), qkv_width(cfg, il), cfg.head_dim_of(il)
         nkv, b = cfg.n_head_kv_of(il), f"blk.{il}."
         dy = q.branch_back(b + "attn_output.weight", s.att, b + "post_attention_norm.weight")
         q.proj_back(b + "attn_output.weight", s.att, dy, ts.datt)
+        if cfg.attn_gate:   # the attention's output before its gate (the forward gated att in place), then the gate's
+            q.add(eng.attention_op(il, True))       # backward: datt at the attention's output, dgate into the row
+            q.add(backward.sigmoid_gate_back(q.dev, q.kernels, ts.datt, s.att, s.qkv, ts.dqkv, s.step, Q, W,
+                                             Q + 2 * KV))
         q.add(backward_attention.attention_back(
             q.dev, q.kernels, (s.qkv, 0, W), (s.k_cache[il], 0, KV), (s.v_cache[il], 0, KV), (s.att, 0, Q),
             (ts.datt, 0, Q), (ts.dqkv, 0, W), (ts.dqkv, Q, W), (ts.dqkv, Q + KV, W), ts.stats, s.step,

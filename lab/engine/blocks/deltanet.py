@@ -9,6 +9,11 @@ one buffer holding every recurrent, then every conv state, in layer order).
 
 Traced: attn_norm-L, linear_attn_qkv_mixed-L (the in-projection's q, k, v), conv_output_silu-L, final_output-L (the
 gated norm of the recurrence's output, ssm_out's input), ffn_inp-L.
+
+Its backward (training, lab.engine.backward): ssm_out, the recurrence and the gated norm (lab.ops.backward_deltanet:
+its states in reverse from per-chunk checkpoints), the conv's silu mode (lab.ops.backward_shortconv), the four input
+projections and the norm, over a window that starts at position 0 from zero states, as every training window does;
+the kept rows are the in-projection row, the conv's output and the gated norm's (in att).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from lab import gpu
 from lab.engine.blocks.base import Block
 from lab.engine.scratch import SNAPSHOTS, conv_ring
+from lab.ops import backward_deltanet, backward_shortconv, norm
 from lab.ops import deltanet as deltanet_ops
 from lab.ops import shortconv as shortconv_ops
 
@@ -55,6 +61,39 @@ class DeltaNet(Block):
                                     label=f"deltanet {il}"),
               f"final_output-{il}", s.att, V)
         p.add(p.mm(b + "ssm_out.weight", s.att, s.x, accumulate=True), f"ffn_inp-{il}", s.x, E)
+
+    @staticmethod
+    def kept(cfg, il):
+        """The in-projection row [q k v | z | beta | alpha], the conv's output silu(conv(q k v)) and the gated norm's
+        output (ssm_out's input, in att)."""
+        return {"delta_in": cfg.delta_width, "delta_conv": cfg.conv_channels, "att": cfg.ssm_inner}
+
+    def build_backward(self, q, il):
+        """Given dx (the loss's gradient after the block's residual add), right after `build` recomputed the layer
+        (delta_in, delta_conv and the gated norm's output in att; or the kept rows put back): ssm_out, the recurrence
+        and the gated norm into the gradient of the in-projection row's z, beta and alpha and of the conv's output,
+        the conv into the row's q k v (and in full fine-tuning dt's bias, A, the norm's weight and the conv kernel's
+        gradients), the four projections and the norm, dx then holding the gradient at the layer's input. The window
+        starts at position 0 from zero states (training's windows always do), so no gradient reaches a state."""
+        cfg, s, ts, vec = self.cfg, q.scratch, q.ts, q.weights.vectors
+        E, C, V, H, W = cfg.n_embd, cfg.conv_channels, cfg.ssm_inner, cfg.ssm_v_heads, cfg.delta_width
+        b = f"blk.{il}."
+        q.proj_back(b + "ssm_out.weight", s.att, ts.dx, ts.datt)
+        q.add(backward_deltanet.deltanet_back(
+            q.dev, q.kernels, s.delta_in, s.delta_conv, vec[b + "ssm_dt.bias"], vec[b + "ssm_a"],
+            vec[b + "ssm_norm.weight"], ts.datt, ts.ddelta, ts.dconv, ts.delta, s.step, n_k_heads=cfg.ssm_k_heads,
+            n_v_heads=H, head_dim=cfg.ssm_head_dim, proj_stride=W, z_offset=C, beta_offset=C + V,
+            alpha_offset=C + V + H, eps=cfg.eps, max_tokens=q.T, dnorm_w=q.vgrad(b + "ssm_norm.weight"),
+            ddt=q.vgrad(b + "ssm_dt.bias"), da=q.vgrad(b + "ssm_a"), label=f"{b}deltanet_back"))
+        conv = b + "ssm_conv1d.weight"
+        q.add(backward_shortconv.shortconv_back(q.dev, q.kernels, s.delta_in, vec[conv], ts.dconv, ts.ddelta,
+                                                q.vgrad(conv), s.step, n=C, l_cache=cfg.l_cache, max_tokens=q.T,
+                                                mode="silu", stride=W, label=f"{b}conv_back"))
+        # the normed input, which the feed-forward's norm overwrote: the saved x through the norm again
+        q.restore(il)
+        q.add(norm.rms_norm(q.dev, q.kernels, s.x, vec[b + "attn_norm.weight"], s.xn, s.step, E, cfg.eps))
+        q.stacked_back(b + "delta_in", s.xn, ts.ddelta, W, ts.dxn)
+        q.norm_back(s.x, b + "attn_norm.weight", ts.dxn)
 
     def resumes(self, held, snaps, pos):
         return any(h is not None and h[1] == pos for h in (held, *snaps))

@@ -226,6 +226,7 @@ def f32_copy(sub, name):
 
 
 def gradcheck(sub, name):
+    from lab.engine.lora import DEFAULT_TARGETS
     s = sub.add_parser(name, help="the whole model's LoRA gradients (or with --full every weight's) on the GPU against "
                                   "float64 central differences")
     model_arg(s)
@@ -235,6 +236,9 @@ def gradcheck(sub, name):
     s.add_argument("--ctx", type=int, default=16, help="tokens a window holds")
     s.add_argument("--batch", type=int, default=1)
     s.add_argument("--rank", type=int, default=4)
+    s.add_argument("--lora-targets", default=",".join(DEFAULT_TARGETS),
+                   help="the projections the adapter takes, by their tensor names' kind (qwen35's ssm_beta and "
+                        "ssm_alpha are not default targets)")
     s.add_argument("--samples", type=int, default=2, help="entries checked a tensor (the largest gradient first)")
     s.add_argument("--seed", type=int, default=0)
     json_flag(s)

@@ -241,7 +241,8 @@ def f32_copy(args) -> int:
 def gradcheck(args) -> int:
     from lab.host import gradcheck as gc
     r = gc.check(args.model, T=args.ctx, batch=args.batch, rank=args.rank, samples=args.samples, seed=args.seed,
-                 disable=args.disable, full=args.full, masked=args.masked)
+                 disable=args.disable, full=args.full, masked=args.masked,
+                 targets=tuple(t for t in args.lora_targets.split(",") if t))
     if args.json:
         print(json.dumps(r))
     else:

@@ -105,6 +105,29 @@ def softcap_grad(x, dy, cap: float) -> np.ndarray:
     return _f64(dy) * (1.0 - th * th)
 
 
+# qwen35's attention output gate, y = x sigmoid(g) (elementwise.wgsl gate_to), backward: per element against the sum
+# of its terms' magnitudes (`sigmoid_gate_grad(..., magnitudes=True)`: there is no sum, so the value's own), in f32
+# roundings of 2^-24: s(g) takes an exp within 3 + 2 |g| ulp on Vulkan (|g| <= 12 in the tests: 27), an add and a
+# quotient, 29; s(-g) the same with its own exp (so it keeps its precision where s(g) rounds to 1); dx = dy s(g) one
+# product more, dg = dy x s(g) s(-g) three: 2 x 29 + 3, one more for margin. lavapipe measures <= 9.1. A gate whose
+# derivative forgets s(-g), or an input gradient left ungated, errs by O(1).
+GATE_BACK_TOL = 62 * 2.0 ** -24     # 62 u, u = 2^-24 (U32, below)
+
+
+def sigmoid_gate(x, g) -> np.ndarray:
+    """The forward: y = x sigmoid(g), elementwise (ops.sigmoid, as the reference's attention gate)."""
+    return _f64(x) * ops.sigmoid(_f64(g))
+
+
+def sigmoid_gate_grad(x, g, dy, magnitudes: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dg) of y = x sigmoid(g): dx = dy s(g), dg = dy x s(g) (1 - s(g)); magnitudes: their absolute values
+    (each is one product of terms, no sum)."""
+    x, g, dy = _f64(x), _f64(g), _f64(dy)
+    s = ops.sigmoid(g)
+    dx, dg = dy * s, dy * x * s * (1.0 - s)
+    return (np.abs(dx), np.abs(dg)) if magnitudes else (dx, dg)
+
+
 # Embedding backward, held over the rows of the ids seen to their largest value: each element is the earlier value
 # plus, per token of its id in order, one rounded product scale * dx and one rounded add, 2k + 1 roundings of 2^-24
 # for an id seen k times (4 at most in the tests), each relative to a running sum no larger than the sum of the terms'
