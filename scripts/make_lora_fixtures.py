@@ -3,7 +3,17 @@ of CI.
 
 Runs only with a Python that has llama-cpp-python 0.3.36 (and numpy, gguf), the lab on its path:
 
-    PYTHONPATH=. /work/llamavenv/bin/python scripts/make_lora_fixtures.py
+    PYTHONPATH=. /work/llamavenv/bin/python scripts/make_lora_fixtures.py              # tests/fixtures/lora/
+    PYTHONPATH=. /work/llamavenv/bin/python scripts/make_lora_fixtures.py --spec lfm2  # tests/fixtures/lora-lfm2/
+
+`--spec lfm2`: the same on the synthetic LFM2 file (6 layers: short-conv blocks at 0, 1, 3, 4, attention at 2 and 5,
+SmolLM2's vocabulary), the adapter on every projection a layer has, the short conv's `shortconv.in_proj` and
+`shortconv.out_proj` (rank 4) among them, under llama.cpp's names (LLM_TENSOR_SHORTCONV_INPROJ / _OUTPROJ, both
+through build_lora_mm in src/models/lfm2.cpp); the hostile loader cases are the llama3 fixture's alone.
+`--spec qwen35` (tests/fixtures/lora-qwen35/): the synthetic Qwen3.5 file (delta-net layers and gated attention), the
+adapter on the delta-net's attn_qkv, attn_gate and ssm_out, and on the attention layers' attn_q, whose rows are each
+head's [q | gate] in the file (the lab holds them apart in its run: lab.ops.weights.run_pieces), attn_k, attn_v,
+attn_output, and every ffn.
 
 The model: lab.host.synthetic.arch's "llama3" in F32 (4 layers of 256, 4 query heads over 2 KV heads of 64, n_ff 512,
 llama 3's rope_freqs, SmolLM2's real vocabulary and tokenizer; 61 MB, the tests' `tiny()` file), built under
@@ -49,11 +59,15 @@ from lab.host.models import cache_dir
 from lab.host.synthetic import arch as synthetic_arch
 from tests.unit.adapterkit import loader_cases
 
-OUT = ROOT / "tests" / "fixtures" / "lora"
-SPEC, MIX = "llama3", "f32"
+OUTS = {"llama3": ROOT / "tests" / "fixtures" / "lora", "lfm2": ROOT / "tests" / "fixtures" / "lora-lfm2",
+        "qwen35": ROOT / "tests" / "fixtures" / "lora-qwen35"}
+SPEC, MIX = "llama3", "f32"     # --spec changes SPEC and OUT
+OUT = OUTS[SPEC]
 SEED = 43               # issue #43
 ALPHA = 8.0
-RANKS = {"attn_q": 4, "attn_k": 4, "attn_v": 4, "attn_output": 4, "ffn_gate": 2, "ffn_up": 2, "ffn_down": 2}
+# a layer's projections that it has (lfm2: the conv blocks have no attn_*, the attention blocks no shortconv.*)
+RANKS = {"attn_q": 4, "attn_k": 4, "attn_v": 4, "attn_output": 4, "shortconv.in_proj": 4, "shortconv.out_proj": 4,
+         "attn_qkv": 4, "attn_gate": 4, "ssm_out": 4, "ffn_gate": 2, "ffn_up": 2, "ffn_down": 2}
 DELTA = 0.3
 TEXT = "The old lighthouse keeper climbed the stairs every evening, counting the steps."
 N_TOKENS = 12
@@ -77,6 +91,8 @@ def adapter_pairs(cfg) -> list[tuple[str, int, int, int, bytes, bytes]]:
     for il in range(cfg.n_layer):
         for role, rank in RANKS.items():
             name = f"blk.{il}.{role}.weight"
+            if name not in table:
+                continue
             n_in, n_out = table[name]
             rng = np.random.default_rng([SEED, il, list(RANKS).index(role)])
             scale = ALPHA / rank
@@ -140,6 +156,10 @@ def top2(logits: np.ndarray) -> tuple[list[int], list[float]]:
 
 
 def main() -> None:
+    global SPEC, OUT
+    if sys.argv[1:2] == ["--spec"]:
+        SPEC = sys.argv[2]
+        OUT = OUTS[SPEC]
     path = model_path()
     cfg = model.from_gguf(gguf.read_file(path))
     OUT.mkdir(parents=True, exist_ok=True)
@@ -171,8 +191,12 @@ def main() -> None:
         "effect_max_abs": round(effect, 4), "effect_max_abs_whole_vocabulary": round(effect_all, 4),
         "argmax_with": am_w, "argmax_without": am_o,
         "changed_argmax": sum(a != b for a, b in zip(am_w, am_o)),
-        "llama_cpp_loader": loader_verdicts(path),
+        "ranks_used": sorted({(n.split(".", 2)[2].removesuffix(".weight"), r) for n, _, _, r, _, _ in
+                              adapter_pairs(cfg)}),
+        "pairs": len(adapter_pairs(cfg)),
     }
+    if SPEC == "llama3":
+        meta["llama_cpp_loader"] = loader_verdicts(path)
     (OUT / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     for p in sorted(OUT.iterdir()):
         print(f"{p.name}: {p.stat().st_size:,} bytes")

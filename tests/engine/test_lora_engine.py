@@ -35,8 +35,8 @@ LLAMA_TOL = 2e-3    # engine vs llama.cpp on the F32 file with an F32 KV cache: 
                     # (tests/engine/test_architectures.py measured ~1e-5 relative; logits here reach ~20)
 
 
-def _llama3(device, n_ctx=16, max_batch=12, logits_all=True):
-    meta = json.loads((FIX / "meta.json").read_text())
+def _llama3(device, n_ctx=16, max_batch=12, logits_all=True, fix=FIX):
+    meta = json.loads((fix / "meta.json").read_text())
     path = synthetic_arch.build(meta["spec"], meta["mix"], cache_dir() / "synthetic")
     return gradcheck.open_engine(path, n_ctx, device=device, max_batch=max_batch, logits_all=logits_all), path
 
@@ -52,14 +52,19 @@ def _logits(engine, ids) -> np.ndarray:
     return np.concatenate(rows)
 
 
-def test_the_committed_adapter_gives_llama_cpp_logits(device):
-    with np.load(FIX / "logits.npz") as z:
+# lora: the synthetic Llama 3; lora-lfm2: the synthetic LFM2, the short conv's in_proj and out_proj adapted too;
+# lora-qwen35: the synthetic Qwen3.5, the delta-net's attn_qkv, attn_gate, ssm_out and the gated attention's attn_q
+# (its heads' [q | gate] rows apart in the lab's run) among them (scripts/make_lora_fixtures.py --spec lfm2 / qwen35)
+@pytest.mark.parametrize("fix", [FIX, FIXTURES / "lora-lfm2", FIXTURES / "lora-qwen35"],
+                         ids=["llama3", "lfm2", "qwen35"])
+def test_the_committed_adapter_gives_llama_cpp_logits(device, fix):
+    with np.load(fix / "logits.npz") as z:
         golden = {k: z[k] for k in z.files}
     ids = [int(i) for i in golden["ids"]]
-    engine, _ = _llama3(device)
+    engine, _ = _llama3(device, fix=fix)
     try:
         without = _logits(engine, ids)[:, golden["cols"]]
-        attach_lora(engine, str(FIX / "adapter.gguf"))
+        attach_lora(engine, str(fix / "adapter.gguf"))
         with_adapter = _logits(engine, ids)[:, golden["cols"]]
     finally:
         engine.close()

@@ -264,8 +264,8 @@ def test_an_lfm2_adapter_file_has_llama_cpps_names_and_its_function(device, tmp_
     """An lfm2 adapter of the default targets: its pairs under llama.cpp's tensor names (the short-conv blocks'
     `blk.N.shortconv.in_proj.weight.lora_a` ..., llama.cpp's LLM_TENSOR_SHORTCONV_INPROJ / _OUTPROJ, both multiplied
     through build_lora_mm in src/models/lfm2.cpp), read back onto a fresh engine with the same logits bit for bit
-    (prefill and decode), and those logits the float64 reference's with the merged weights. No llama.cpp run here: its
-    fixture for an lfm2 adapter is not made yet (docs/training.md)."""
+    (prefill and decode), and those logits the float64 reference's with the merged weights. llama.cpp's logits with such an
+    adapter: tests/engine/test_lora_engine.py on tests/fixtures/lora-lfm2."""
     names, adapted, again, want, base = _adapter_round_trip(device, "lfm2", tmp_path)
     cfg = validate(gguf.read_file(synthetic("lfm2")))[0]
     conv = [il for il in range(cfg.n_layer) if cfg.is_conv(il)]
