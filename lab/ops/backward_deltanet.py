@@ -92,6 +92,49 @@ class DeltaScratch:
         return cls(**{name: device.buffer(4 * n, kind, f"{label} {name} [{n}]") for name, n in floats.items()})
 
 
+def _check(device: gpu.Device, label: str, *, S: int, nk: int, nv: int, T: int, proj_stride: int, offsets: dict,
+           bufs: dict, scratch: DeltaScratch) -> None:
+    """deltanet_back's arguments, refused in words before any op is made: the head size, the heads' ratio, the
+    projection's columns, every buffer's size for T tokens, no buffer both read and written, the device's storage
+    bindings and (SwiftShader, lavapipe) its loop budget."""
+    if not (MIN_HEAD <= S <= MAX_HEAD and S % 16 == 0):
+        raise ValueError(f"{label}: head_dim {S} must be a multiple of 16 in {MIN_HEAD}..{MAX_HEAD}")
+    if nk < 1 or nv % nk:
+        raise ValueError(f"{label}: {nv} value heads are not a multiple of {nk} key heads")
+    full = [bufs[k] is not None for k in ("dnorm_w", "ddt", "da")]
+    if any(full) != all(full):
+        raise ValueError(f"{label}: the parameters' gradients come together (full fine-tuning) or not at all")
+    K, V = nk * S, nv * S
+    cw = 2 * K + V
+    for name, (offset, width) in offsets.items():
+        if offset < 0 or offset + width > proj_stride:
+            raise ValueError(f"{label}: {name} [{width}] at {offset} does not fit proj rows of {proj_stride} floats")
+    need = {"proj": T * proj_stride, "conv": T * cw, "dy": T * V, "dproj": T * proj_stride, "dconv": T * cw,
+            "dt_bias": nv, "ssm_a": nv, "norm_w": S, "dnorm_w": S, "ddt": nv, "da": nv}
+    sized = [(k, bufs[k], n) for k, n in need.items()]
+    sized += [(f"scratch {k}", getattr(scratch, k), n) for k, n in scratch_floats(T, nk, nv, S).items()]
+    for name, buf, n in sized:
+        if buf is not None and buf.size < 4 * n:
+            raise ValueError(f"{label}: {name} holds {buf.size} bytes, {4 * n} needed for {T} tokens")
+    reads = [bufs[k] for k in ("proj", "conv", "dt_bias", "ssm_a", "norm_w", "dy")]
+    writes = [bufs["dproj"], bufs["dconv"], *(bufs[k] for k in ("dnorm_w", "ddt", "da") if bufs[k] is not None),
+              *vars(scratch).values()]
+    if any(w is r for w in writes for r in reads) or len({id(w) for w in writes}) < len(writes):
+        raise ValueError(f"{label}: the gradients and the scratch must be buffers of their own (WebGPU refuses a "
+                         f"buffer bound read-only and writable in one dispatch)")
+    if device.info.limits["max_storage_buffers_per_shader_stage"] < STORAGE:
+        raise gpu.GpuError(f"{label}: the kernels bind {STORAGE} storage buffers, {device.info.name} allows "
+                           f"{device.info.limits['max_storage_buffers_per_shader_stage']}")
+    if device.info.loop_budget:
+        walks = {"a chunk's backward": back_iterations(S)}
+        if all(full):           # full fine-tuning's sums over the window: (token, head) pairs, tokens
+            walks.update({"the gated norm's weight": T * nv + T, "dt's bias and A": T})
+        for what, n in walks.items():
+            if n > LOOP_LIMIT:
+                raise gpu.GpuError(f"{label}: {what} runs {n:,} loop iterations an invocation at {T} tokens and "
+                                   f"{nv} heads of {S}, past the {LOOP_LIMIT:,} where {device.info.name} stops loops")
+
+
 def deltanet_back(device: gpu.Device, kernels, proj: gpu.Buffer, conv: gpu.Buffer, dt_bias: gpu.Buffer,
                   ssm_a: gpu.Buffer, norm_w: gpu.Buffer, dy: gpu.Buffer, dproj: gpu.Buffer, dconv: gpu.Buffer,
                   scratch: DeltaScratch, step: gpu.Buffer, *, n_k_heads: int, n_v_heads: int, head_dim: int,
@@ -105,41 +148,12 @@ def deltanet_back(device: gpu.Device, kernels, proj: gpu.Buffer, conv: gpu.Buffe
     into them. The ops in order: the inputs prepared, the chunks forward, the gated norm's backward, the chunks
     backward (last first), the key heads' and gates' gradients into dconv and dproj, then the parameters'."""
     S, nk, nv = head_dim, n_k_heads, n_v_heads
-    if not (MIN_HEAD <= S <= MAX_HEAD and S % 16 == 0):
-        raise ValueError(f"{label}: head_dim {S} must be a multiple of 16 in {MIN_HEAD}..{MAX_HEAD}")
-    if nk < 1 or nv % nk:
-        raise ValueError(f"{label}: {nv} value heads are not a multiple of {nk} key heads")
-    if (dnorm_w is None) != (ddt is None) or (ddt is None) != (da is None):
-        raise ValueError(f"{label}: the parameters' gradients come together (full fine-tuning) or not at all")
-    K, V = nk * S, nv * S
-    cw = 2 * K + V
-    for name, offset, width in (("z", z_offset, V), ("beta", beta_offset, nv), ("alpha", alpha_offset, nv)):
-        if offset < 0 or offset + width > proj_stride:
-            raise ValueError(f"{label}: {name} [{width}] at {offset} does not fit proj rows of {proj_stride} floats")
+    V = nv * S
     T = max_tokens
-    for name, buf, need in (("proj", proj, T * proj_stride), ("conv", conv, T * cw), ("dy", dy, T * V),
-                            ("dproj", dproj, T * proj_stride), ("dconv", dconv, T * cw), ("dt_bias", dt_bias, nv),
-                            ("ssm_a", ssm_a, nv), ("norm_w", norm_w, S), ("dnorm_w", dnorm_w, S), ("ddt", ddt, nv),
-                            ("da", da, nv), *((f"scratch {k}", getattr(scratch, k), n) for k, n in
-                                              scratch_floats(T, nk, nv, S).items())):
-        if buf is not None and buf.size < 4 * need:
-            raise ValueError(f"{label}: {name} holds {buf.size} bytes, {4 * need} needed for {T} tokens")
-    reads = (proj, conv, dt_bias, ssm_a, norm_w, dy)
-    writes = [dproj, dconv, *(b for b in (dnorm_w, ddt, da) if b is not None), *vars(scratch).values()]
-    if any(w is r for w in writes for r in reads) or len({id(w) for w in writes}) < len(writes):
-        raise ValueError(f"{label}: the gradients and the scratch must be buffers of their own (WebGPU refuses a "
-                         f"buffer bound read-only and writable in one dispatch)")
-    if device.info.limits["max_storage_buffers_per_shader_stage"] < STORAGE:
-        raise gpu.GpuError(f"{label}: the kernels bind {STORAGE} storage buffers, {device.info.name} allows "
-                           f"{device.info.limits['max_storage_buffers_per_shader_stage']}")
-    if device.info.loop_budget:
-        walks = {"a chunk's backward": back_iterations(S)}
-        if dnorm_w is not None:         # full fine-tuning's sums over the window: (token, head) pairs, tokens
-            walks.update({"the gated norm's weight": T * nv + T, "dt's bias and A": T})
-        for what, n in walks.items():
-            if n > LOOP_LIMIT:
-                raise gpu.GpuError(f"{label}: {what} runs {n:,} loop iterations an invocation at {T} tokens and "
-                                   f"{nv} heads of {S}, past the {LOOP_LIMIT:,} where {device.info.name} stops loops")
+    _check(device, label, S=S, nk=nk, nv=nv, T=T, proj_stride=proj_stride,
+           offsets={"z": (z_offset, V), "beta": (beta_offset, nv), "alpha": (alpha_offset, nv)},
+           bufs={"proj": proj, "conv": conv, "dy": dy, "dproj": dproj, "dconv": dconv, "dt_bias": dt_bias,
+                 "ssm_a": ssm_a, "norm_w": norm_w, "dnorm_w": dnorm_w, "ddt": ddt, "da": da}, scratch=scratch)
 
     def kernel(entry: str):
         return kernels.get("backward_deltanet", entry, S=S, C=CHUNK, WG=WG)
