@@ -326,6 +326,8 @@ def test_steering_streams_both_replies_and_the_plain_one_is_the_chats(lab_exp):
     print(f"\nsteered {steered!r}, unsteered {plain!r}")
 
 
+# with --slow (36 s): by default the card's patching is held to the native one in the page (the test above)
+@pytest.mark.slow
 def test_the_cli_runs_the_cards_patching_in_the_page(path, native):
     """`lab patch --backend browser` (the H200 sweep's command) posts the card's message to a page of its own, twice,
     and prints the native command's JSON with the sweep's timings: the same recovery as natively. (A process of its

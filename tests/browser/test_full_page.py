@@ -45,6 +45,8 @@ def _refusal(page) -> str:
     return page.inner_text('[data-testid="train-refusal"]')
 
 
+# with --slow (64 s of SwiftShader): by default tests/engine/test_full_card.py runs the same worker handlers natively
+@pytest.mark.slow
 def test_every_weight_trained_used_and_forgotten(lab, tiny_path, tmp_path):
     page = lab.page
     notes = tmp_path / "notes.txt"

@@ -194,6 +194,9 @@ def _send_watching(lab, text: str, max_tokens: int) -> None:
                            timeout=SLOW)
 
 
+# with --slow (38 s): by default lfm2's memory card runs in the page, and the verification card holds qwen35's file
+# there to llama.cpp (tests/browser/test_verify_page.py test_card_on_a_hybrid)
+@pytest.mark.slow
 def test_qwen35_memory_card_two_turns_delta_states_and_forget(hybrid_lab):
     path = synthetic_arch.build("qwen35", "f32", cache_dir() / "synthetic")
     lab = hybrid_lab

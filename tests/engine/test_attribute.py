@@ -48,7 +48,9 @@ def _shares(a: dict) -> np.ndarray:
     return np.array([[r["attn"], r["mlp"]] + r["heads"] for r in a["rows"]])
 
 
-@pytest.mark.parametrize("model,target", [("smollm2_path", " Paris"), ("gemma_path", " Paris")])
+# gemma3's (its post-norms frozen at the run's scale) with --slow: 29 s of the default run
+@pytest.mark.parametrize("model,target", [("smollm2_path", " Paris"),
+                                          pytest.param("gemma_path", " Paris", marks=pytest.mark.slow)])
 def test_gpu_attribution_matches_the_reference(request, device, model, target):
     gpu, want = _attribution(device, request.getfixturevalue(model), target)
     scale = max(1.0, abs(want["logit"]))
