@@ -20,6 +20,7 @@ import struct
 
 from lab import gpu
 from lab.ops import Op
+from lab.ops.shortconv import row_stride
 
 WG = 64
 PARAMS = struct.Struct("<4I")   # n, stride, _p0, _p1
@@ -43,13 +44,7 @@ def shortconv_back(device: gpu.Device, kernels, bcx: gpu.Buffer, weight: gpu.Buf
     (the rest left as they are), given rows bcx [t, stride] whose first n floats are the conv's input. Both from the
     conv kernel weight [n, l_cache] f32 and the gradient at y, dy [t, n]; with dw ([n, l_cache] f32: full
     fine-tuning) the kernel's gradient added into it, a second op after the first."""
-    if mode not in ("gated", "silu"):
-        raise ValueError(f"{label}: mode {mode!r} is not gated or silu")
-    if mode == "gated" and stride not in (None, 3 * n):
-        raise ValueError(f"{label}: the gated mode reads rows [B | C | x] of 3n = {3 * n} floats, not {stride}")
-    stride = 3 * n if mode == "gated" else n if stride is None else stride
-    if stride < n:
-        raise ValueError(f"{label}: rows of {stride} floats cannot hold the {n} channels")
+    stride = row_stride(mode, n, stride, label)
     if l_cache < 2:
         raise ValueError(f"{label}: l_cache {l_cache} must be at least 2")
     if dbcx is bcx or dbcx is dy or dw is not None and dw in (bcx, dy, dbcx, weight):

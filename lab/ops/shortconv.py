@@ -19,6 +19,19 @@ PARAMS = struct.Struct("<4I")   # n, stride, _p0, _p1
 MODES = {"gated": 0, "silu": 1}  # the shader's MODE constant
 
 
+def row_stride(mode: str, n: int, stride: int | None, label: str) -> int:
+    """The floats between two tokens' conv input rows, checked: mode "gated" reads rows [B | C | x] of 3n, mode
+    "silu" rows of `stride` >= n floats whose first n are x (default n). The forward's and the backward's alike."""
+    if mode not in MODES:
+        raise ValueError(f"{label}: mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "gated" and stride not in (None, 3 * n):
+        raise ValueError(f"{label}: the gated mode reads rows [B | C | x] of 3n = {3 * n} floats, not {stride}")
+    stride = 3 * n if mode == "gated" else n if stride is None else stride
+    if stride < n:
+        raise ValueError(f"{label}: rows of {stride} floats cannot hold the {n} channels")
+    return stride
+
+
 def state_bytes(n: int, ring: int) -> int:
     """The conv state of one layer: `ring` rows of n f32 (the conv input of the latest positions, row q % ring)."""
     return 4 * ring * n
@@ -31,13 +44,7 @@ def shortconv(device: gpu.Device, kernels, src: gpu.Buffer, weight: gpu.Buffer, 
     mode "silu" silu(conv(x)), src rows of `stride` >= n floats, x the first n of each. weight [n, l_cache] f32;
     state [ring, n], ring >= l_cache - 1: read for the positions before pos (zero before position 0), then the step's
     last min(t, ring) conv inputs (B*x, or x) written into it."""
-    if mode not in MODES:
-        raise ValueError(f"{label}: mode {mode!r} is not one of {', '.join(MODES)}")
-    if mode == "gated" and stride not in (None, 3 * n):
-        raise ValueError(f"{label}: the gated mode reads rows [B | C | x] of 3n = {3 * n} floats, not {stride}")
-    stride = 3 * n if mode == "gated" else n if stride is None else stride
-    if stride < n:
-        raise ValueError(f"{label}: src rows of {stride} floats cannot hold the {n} channels")
+    stride = row_stride(mode, n, stride, label)
     if l_cache < 2 or ring < l_cache - 1:
         raise ValueError(f"{label}: l_cache {l_cache} must be at least 2 and the ring {ring} at least l_cache - 1")
     if weight.size < 4 * n * l_cache:
