@@ -10,7 +10,7 @@
 // Everything that comes from the user (prompts, tokens, replies) is set as text (textContent), never parsed as HTML.
 // Its state is store.experiments (freshExperiments): main.js hands the worker's messages to the update functions
 // below; its `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderExperiments.
-import { BLUE, GREEN, node as el, RED, rgba, shown, withTestid as testid } from "/web/panels.js";
+import { BLUE, GREEN, node as el, RED, rgba, shown, top5Table, withTestid as testid } from "/web/panels.js";
 import { drawHeatmap, drawLines, heatmapSize, linesHeight, MONO, sheet, textWidth } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -279,23 +279,6 @@ function grid({ corner, cols, rows, cell, scale, vertical, select }) {
   return g;
 }
 
-function top5Table(r) {
-  const t = testid(el("table", "exp-top5"), "exp-top5");
-  const head = el("tr");
-  head.append(el("th", null, "#"), el("th", null, "before"), el("th", null, "log p"), el("th", null, "after"),
-    el("th", null, "log p"));
-  t.append(head);
-  for (let i = 0; i < 5; i++) {
-    const tr = el("tr");
-    const [b, bp] = r.top5_before[i] || [null, null], [a, ap] = (r.top5_after || [])[i] || [null, null];
-    tr.append(el("td", "muted", String(i + 1)), el("td", b === r.target_id ? "exp-target" : null, b == null ? "" : piece(r, b)),
-      el("td", null, bp == null ? "" : bp.toFixed(3)), el("td", a === r.target_id ? "exp-target" : null, a == null ? "" : piece(r, a)),
-      el("td", null, ap == null ? "" : ap.toFixed(3)));
-    t.append(tr);
-  }
-  return t;
-}
-
 // Ablation's layers (rows) and units (columns: heads, or the one block) as the sweep made them.
 function ablationAxes(r) {
   const layers = [...new Set(r.rows.map((x) => x.layer))];
@@ -327,7 +310,9 @@ function renderAblation(r) {
     },
     select: block ? null : (ri, c) => ({ selectLayer: layers[ri], selectHead: heads[c] }),
   }));
-  if (r.top5_after) out.push(el("h3", null, "Top 5 next tokens before and after"), top5Table(r));
+  if (r.top5_after) out.push(el("h3", null, "Top 5 next tokens before and after"),
+    top5Table({ before: r.top5_before, after: r.top5_after, heads: ["before", "after"], text: (id) => piece(r, id),
+      id: "exp-top5", mark: (id) => (id != null && id === r.target_id ? "exp-target" : null) }));
   else out.push(el("p", "muted hint", "Run one head or one block (a layer and a head) to see the top 5 before and after."));
   return out;
 }

@@ -38,6 +38,28 @@ export function shown(piece) {
   return (piece ?? "").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/ /g, "·") || "∅";
 }
 
+
+// Two next-token top-5 lists side by side, [id, log p] each (the experiments' before / after an intervention, the
+// Router card's with / without an expert): `heads` names the two columns, `text(id)` a token's text, `mark(id)` a
+// cell's class (or null), `id` the table's testid and `rowId` each row's (with the two ids in its data).
+export function top5Table({ before, after, heads, text, id, rowId = null, mark = () => null }) {
+  const t = withTestid(node("table", "exp-top5"), id);
+  const head = node("tr");
+  head.append(node("th", null, "#"), node("th", null, heads[0]), node("th", null, "log p"), node("th", null, heads[1]),
+    node("th", null, "log p"));
+  t.append(head);
+  for (let i = 0; i < 5; i++) {
+    const tr = node("tr");
+    const [b, bp] = before[i] || [null, null], [a, ap] = (after || [])[i] || [null, null];
+    if (rowId) Object.assign(withTestid(tr, rowId).dataset, { before: b ?? "", after: a ?? "" });
+    tr.append(node("td", "muted", String(i + 1)), node("td", mark(b), b == null ? "" : text(b)),
+      node("td", null, bp == null ? "" : bp.toFixed(3)), node("td", mark(a), a == null ? "" : text(a)),
+      node("td", null, ap == null ? "" : ap.toFixed(3)));
+    t.append(tr);
+  }
+  return t;
+}
+
 const fmt = (x, d = 4) => (Number.isFinite(x) ? x.toFixed(d) : String(x));
 
 // A count with a decimal prefix: si(1.36e8, "B") is "136.0 MB".

@@ -10,7 +10,7 @@
 // Its state is store.router (freshRouter): main.js hands the worker's messages to the update functions below; its
 // `card` (web/cards.js, at the end) says what a model's life does to it, and draws it with renderRouter.
 import { computes } from "/web/navigator.js";
-import { BLUE, GREEN, node as el, rgba, shown, withTestid as testid } from "/web/panels.js";
+import { BLUE, GREEN, node as el, rgba, shown, top5Table, withTestid as testid } from "/web/panels.js";
 import { drawBars, drawHeatmap, drawLines, heatmapSize, linesHeight, sheet, textWidth, MONO } from "/web/pictures.js";
 
 const $ = (id) => document.getElementById(id);
@@ -225,24 +225,6 @@ function entropyBars(d, chosen) {
 
 const piece = (a, id) => shown(a.pieces[String(id)]);
 
-function top5Table(a) {
-  const t = testid(el("table", "exp-top5"), "router-top5");
-  const head = el("tr");
-  head.append(el("th", null, "#"), el("th", null, "with it"), el("th", null, "log p"), el("th", null, "without"),
-    el("th", null, "log p"));
-  t.append(head);
-  for (let i = 0; i < 5; i++) {
-    const tr = testid(el("tr"), "router-top5-row");
-    const [b, bp] = a.top5_before[i] || [null, null], [c, cp] = a.top5_after[i] || [null, null];
-    Object.assign(tr.dataset, { before: b ?? "", after: c ?? "" });
-    tr.append(el("td", "muted", String(i + 1)), el("td", null, b == null ? "" : piece(a, b)),
-      el("td", null, bp == null ? "" : bp.toFixed(3)), el("td", null, c == null ? "" : piece(a, c)),
-      el("td", null, cp == null ? "" : cp.toFixed(3)));
-    t.append(tr);
-  }
-  return t;
-}
-
 // The two greedy continuations, token by token; in the one without the expert, the tokens from the first that differs
 // on are marked.
 function continuation(a, ids, which, title) {
@@ -281,7 +263,8 @@ function renderAblation(s) {
     + (a.first_change == null ? `the ${a.greedy_before.length} greedy tokens are the same.`
       : `the greedy continuation changes from token ${a.first_change + 1} on.`) + ` (${a.seconds.toFixed(1)} s)`),
     "router-ablation-summary");
-  box.replaceChildren(summary, el("h3", null, "The next token, with and without it"), top5Table(a),
+  box.replaceChildren(summary, el("h3", null, "The next token, with and without it"), top5Table({ before: a.top5_before, after: a.top5_after, heads: ["with it", "without"],
+    text: (id) => piece(a, id), id: "router-top5", rowId: "router-top5-row" }),
     el("h3", null, "The greedy continuation of the conversation"),
     continuation(a, a.greedy_before, "before", "with it:"),
     continuation(a, a.greedy_after, "after", `without expert ${a.expert}:`));
